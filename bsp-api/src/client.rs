@@ -1,0 +1,1 @@
+//! The async REST client (filled in by the CLI work).

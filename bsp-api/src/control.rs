@@ -1,0 +1,161 @@
+//! The peer ↔ supernode control plane: JSON over HTTP under `/api/v1/peer`.
+//!
+//! A peer logs in and gets a lease (a JWT with audience `bspweb-peer`); every
+//! other call carries it as `Authorization: Bearer <lease token>`.
+//!
+//! | method | path | body → answer |
+//! |---|---|---|
+//! | POST | `/api/v1/peer/login` | [`PeerLogin`] → [`Lease`] |
+//! | POST | `/api/v1/peer/renew` | [`PeerRenew`] → [`Lease`] (401 once the lease has expired: log in again) |
+//! | GET | `/api/v1/peer/commands?after=SEQ&wait_ms=MS` | long poll → [`Commands`] |
+//! | POST | `/api/v1/peer/report` | [`PeerReport`] → 204 |
+//! | GET | `/api/v1/peer/modules/{hash}` | → the module's bytes |
+//!
+//! The supernode is not on the data path: processes exchange messages directly
+//! between peers ([`crate::wire`]). It is consulted to start and stop jobs, to
+//! collect output, and when something fails.
+
+use serde::{Deserialize, Serialize};
+
+use crate::rest::JobLimits;
+use crate::{JobId, PeerId, Pid};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeerLogin {
+    /// A name for people (host name by default).
+    pub name: String,
+    /// Where other peers reach this peer's data-plane listener, `host:port`.
+    pub addr: String,
+    /// Benchmarked speed weight (1.0 = the reference machine).
+    pub speed: f64,
+    /// Idle-CPU fraction in `[0, 1]`.
+    pub idle: f64,
+    pub cores: u32,
+    /// The peer's protocol version, [`crate::API_VERSION`].
+    pub version: u32,
+    /// The id this peer had before, to keep it across restarts.
+    #[serde(default)]
+    pub previous_id: Option<PeerId>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeerRenew {
+    pub speed: f64,
+    pub idle: f64,
+    /// Jobs the peer is currently running processes of.
+    pub jobs: Vec<JobId>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Lease {
+    pub peer_id: PeerId,
+    /// Bearer token for the control plane.
+    pub token: String,
+    /// The lease ends this many milliseconds after it was granted unless renewed.
+    pub ttl_ms: u64,
+    /// How often the peer should renew, in milliseconds (a fraction of the TTL).
+    pub renew_every_ms: u64,
+}
+
+/// Answer of the long poll: commands with sequence numbers greater than `after`.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct Commands {
+    pub commands: Vec<SeqCommand>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SeqCommand {
+    /// Strictly increasing per peer; pass the largest seen as `after`.
+    pub seq: u64,
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Command {
+    /// Run the processes of this job that are placed on you.
+    StartJob(JobAssignment),
+    /// Stop every process of this job now and forget it.
+    KillJob { job: JobId, reason: String },
+}
+
+/// Everything a peer needs to run its share of a job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobAssignment {
+    pub job: JobId,
+    /// Hex SHA-256 of the module; fetch it from `/api/v1/peer/modules/{hash}`.
+    pub program_hash: String,
+    pub nprocs: u32,
+    /// The program's arguments as JSON text.
+    pub args: String,
+    pub seed: u64,
+    pub limits: JobLimits,
+    /// A secret every peer of this job shows in its [`crate::wire::Frame::Hello`].
+    pub job_token: String,
+    /// `placement[pid]` is the index into `peers` of the peer that runs `pid`.
+    pub placement: Vec<u32>,
+    /// The peers of the job.
+    pub peers: Vec<JobPeer>,
+    /// Named resources, base64.
+    pub resources: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct JobPeer {
+    pub id: PeerId,
+    /// Data-plane address `host:port`.
+    pub addr: String,
+}
+
+/// `POST /api/v1/peer/report`: what happened on the peer, in order.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct PeerReport {
+    pub events: Vec<PeerEvent>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+    Raw,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum PeerEvent {
+    /// One output record. `seq` counts a process's output records from 0;
+    /// the supernode stores each `(job, pid, seq)` once, so repeats are dropped.
+    Output {
+        job: JobId,
+        pid: Pid,
+        seq: u64,
+        stream: Stream,
+        /// Text for stdout and stderr, base64 for raw.
+        data: String,
+    },
+    /// The process returned from `main` after `superstep` syncs. Every output
+    /// record of the process precedes this event.
+    ProcessExited { job: JobId, pid: Pid, superstep: u32 },
+    /// The program ended itself: `abort`, an error returned from `main`, or a panic.
+    ProcessAborted {
+        job: JobId,
+        pid: Pid,
+        superstep: u32,
+        reason: String,
+    },
+    /// The runtime ended the process: trap, time or memory limit, bad host call,
+    /// or a failure of the peer's messaging for this job.
+    ProcessFailed {
+        job: JobId,
+        pid: Option<Pid>,
+        superstep: u32,
+        reason: String,
+    },
+    /// A status line for people (e.g. "superstep 10 done").
+    Status {
+        job: JobId,
+        pid: Option<Pid>,
+        text: String,
+    },
+}

@@ -1,0 +1,306 @@
+//! The user-facing REST API under `/api/v1` (JSON bodies).
+//!
+//! | method | path | body → answer |
+//! |---|---|---|
+//! | POST | `/api/v1/login` | [`LoginRequest`] → [`LoginResponse`] |
+//! | POST | `/api/v1/users` | [`CreateUserRequest`] → [`UserInfo`] (admin only) |
+//! | GET | `/api/v1/me` | → [`UserInfo`] |
+//! | POST | `/api/v1/programs?name=NAME` | raw `.wasm` bytes → [`ProgramInfo`] |
+//! | GET | `/api/v1/programs` | → `Vec<ProgramInfo>` |
+//! | POST | `/api/v1/jobs` | [`SubmitJob`] → [`JobInfo`] |
+//! | GET | `/api/v1/jobs?state=waiting\|active\|finished` | → `Vec<JobInfo>` |
+//! | GET | `/api/v1/jobs/{id}` | → [`JobInfo`] |
+//! | POST | `/api/v1/jobs/{id}/kill` | → [`JobInfo`] |
+//! | DELETE | `/api/v1/jobs/{id}` | dispose a finished job → 204 |
+//! | GET | `/api/v1/jobs/{id}/events` | Server-Sent Events of [`JobEvent`], resumable with `Last-Event-ID` |
+//! | GET | `/api/v1/peers` | → `Vec<PeerInfo>` |
+//! | GET | `/api/v1/health` | → [`Health`] |
+//!
+//! Every error answer is an [`ApiError`] body with a matching HTTP status.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{JobId, PeerId, Pid};
+
+/// The body of every non-2xx answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ApiError {
+    /// A short machine-readable code, e.g. `unauthorized`, `invalid_module`, `not_found`.
+    pub code: String,
+    /// What was wrong and what to do, in words for a person.
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LoginRequest {
+    pub name: String,
+    pub password: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LoginResponse {
+    /// A JWT to send as `Authorization: Bearer <token>`.
+    pub token: String,
+    /// Unix seconds at which the token stops being accepted.
+    pub expires_at: i64,
+    pub user: UserInfo,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreateUserRequest {
+    pub name: String,
+    pub password: String,
+    #[serde(default)]
+    pub admin: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UserInfo {
+    pub id: i64,
+    pub name: String,
+    pub admin: bool,
+}
+
+/// A stored program: a validated module, addressed by the SHA-256 of its bytes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProgramInfo {
+    /// The name it is registered under for this user (examples are shared by everyone).
+    pub name: Option<String>,
+    /// Hex SHA-256 of the module bytes.
+    pub hash: String,
+    pub size: u64,
+    /// True for the bundled example programs every user can run.
+    pub builtin: bool,
+    pub description: Option<String>,
+}
+
+/// Per-job limits a user may ask for; the peers cap them with their own maxima.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct JobLimits {
+    /// Wall-clock limit for one superstep of one process, in milliseconds.
+    pub superstep_ms: u64,
+    /// Linear-memory cap per process, in MiB.
+    pub memory_mib: u32,
+    /// Total stdout + stderr + raw output per process, in MiB.
+    pub output_mib: u32,
+}
+
+impl Default for JobLimits {
+    fn default() -> Self {
+        JobLimits {
+            superstep_ms: 10 * 60 * 1000,
+            memory_mib: 512,
+            output_mib: 64,
+        }
+    }
+}
+
+/// `POST /api/v1/jobs`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmitJob {
+    /// A registered program name (yours or a bundled example) or a hex SHA-256 hash.
+    pub program: String,
+    /// Number of BSP processes, at least 1.
+    pub nprocs: u32,
+    /// Arguments handed to the program's `main`, any JSON value (default `null`).
+    #[serde(default)]
+    pub args: serde_json::Value,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Named resources the program reads with `Bsp::resource(name)`; base64 bytes.
+    #[serde(default)]
+    pub resources: BTreeMap<String, String>,
+    /// Seed of the deterministic per-process RNGs; random when absent.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    #[serde(default)]
+    pub limits: Option<JobLimits>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Accepted, waiting for peers (the ready queue of §4.4).
+    Waiting,
+    /// Placed on peers and running.
+    Active,
+    /// Over, see [`JobOutcome`].
+    Finished,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Waiting => "waiting",
+            JobState::Active => "active",
+            JobState::Finished => "finished",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        match s {
+            "waiting" => Some(JobState::Waiting),
+            "active" => Some(JobState::Active),
+            "finished" => Some(JobState::Finished),
+            _ => None,
+        }
+    }
+}
+
+/// How a finished job ended.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum JobOutcome {
+    /// Every process returned from `main` normally.
+    Exited,
+    /// A process called `abort` (or `main` returned an error, or panicked).
+    Aborted,
+    /// The runtime ended it: trap, time limit, memory limit, lost peer, bad message.
+    Failed,
+    /// The owner killed it.
+    Killed,
+}
+
+impl JobOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobOutcome::Exited => "exited",
+            JobOutcome::Aborted => "aborted",
+            JobOutcome::Failed => "failed",
+            JobOutcome::Killed => "killed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobOutcome> {
+        match s {
+            "exited" => Some(JobOutcome::Exited),
+            "aborted" => Some(JobOutcome::Aborted),
+            "failed" => Some(JobOutcome::Failed),
+            "killed" => Some(JobOutcome::Killed),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobInfo {
+    pub id: JobId,
+    pub owner: String,
+    pub program: String,
+    pub program_hash: String,
+    pub nprocs: u32,
+    pub args: serde_json::Value,
+    pub description: Option<String>,
+    pub state: JobState,
+    pub outcome: Option<JobOutcome>,
+    /// Why the job did not exit normally, in words.
+    pub error: Option<String>,
+    /// The pid the error came from, when one did.
+    pub error_pid: Option<Pid>,
+    pub seed: u64,
+    pub limits: JobLimits,
+    /// Unix milliseconds.
+    pub submitted_at: i64,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    /// For active and finished jobs: the peer each pid ran on, indexed by pid.
+    pub placement: Vec<PeerId>,
+    /// Number of processes that have exited normally.
+    pub exited: u32,
+}
+
+/// One event of a job's stream, as sent in the `data:` line of the SSE stream.
+/// The SSE `id:` is [`JobEvent::id`], the SSE `event:` is the kind's name.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobEvent {
+    /// Strictly increasing per supernode; resume with `Last-Event-ID`.
+    pub id: i64,
+    pub job: JobId,
+    pub pid: Option<Pid>,
+    /// Unix milliseconds at which the supernode stored the event.
+    pub at: i64,
+    #[serde(flatten)]
+    pub kind: JobEventKind,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum JobEventKind {
+    /// A line the process printed with `println`.
+    Stdout { text: String },
+    /// A line the process printed with `eprintln`.
+    Stderr { text: String },
+    /// Bytes the process wrote with `write_raw`, base64-encoded.
+    Raw { data: String },
+    /// A status line from the system (placement, progress), meant for people.
+    Status { text: String },
+    /// The process returned from `main`.
+    ProcessExited { superstep: u32 },
+    /// The process was restored from its checkpoint of `superstep`.
+    ProcessRolledBack { superstep: u32 },
+    /// Every process exited normally; the last event of the stream.
+    JobExited,
+    /// The program aborted (abort, error from `main`, panic); the last event.
+    JobAborted { reason: String },
+    /// The runtime ended the job; the last event.
+    JobFailed { reason: String },
+    /// The owner killed the job; the last event.
+    JobKilled,
+}
+
+impl JobEventKind {
+    /// The SSE `event:` name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            JobEventKind::Stdout { .. } => "stdout",
+            JobEventKind::Stderr { .. } => "stderr",
+            JobEventKind::Raw { .. } => "raw",
+            JobEventKind::Status { .. } => "status",
+            JobEventKind::ProcessExited { .. } => "process_exited",
+            JobEventKind::ProcessRolledBack { .. } => "process_rolled_back",
+            JobEventKind::JobExited => "job_exited",
+            JobEventKind::JobAborted { .. } => "job_aborted",
+            JobEventKind::JobFailed { .. } => "job_failed",
+            JobEventKind::JobKilled => "job_killed",
+        }
+    }
+
+    /// True for the event that ends a job's stream.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            JobEventKind::JobExited
+                | JobEventKind::JobAborted { .. }
+                | JobEventKind::JobFailed { .. }
+                | JobEventKind::JobKilled
+        )
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PeerInfo {
+    pub id: PeerId,
+    pub name: String,
+    /// Address other peers reach its data-plane listener at.
+    pub addr: String,
+    /// Benchmarked speed weight (1.0 = the reference machine).
+    pub speed: f64,
+    /// Idle-CPU fraction in `[0, 1]` at the last renewal.
+    pub idle: f64,
+    pub cores: u32,
+    /// `online` while its lease is valid, `gone` after it expired.
+    pub state: String,
+    /// Unix milliseconds at which the current lease expires.
+    pub lease_expires_at: i64,
+    /// Number of processes currently placed on it.
+    pub processes: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Health {
+    pub version: String,
+    pub api_version: u32,
+    pub peers_online: u32,
+}
