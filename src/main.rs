@@ -1,1 +1,216 @@
-fn main() {}
+//! `bspweb`: the one user-facing binary.
+//!
+//! `bspweb up` runs a supernode with local peers; `bspweb supernode` and
+//! `bspweb peer` run one of each; the other subcommands are the client.
+
+mod cli_client;
+mod local;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "bspweb",
+    version,
+    about = "Run bulk-synchronous parallel programs on donated computers",
+    long_about = "Run bulk-synchronous parallel (BSP) programs, compiled to WebAssembly, \
+on computers that volunteers donate.\n\nQuick start: `bspweb up` in one terminal, then \
+`bspweb submit ring -n 8 --follow` in another."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a supernode and N local peers in one command (embedded defaults)
+    Up(UpArgs),
+    /// Run a supernode
+    Supernode(SupernodeArgs),
+    /// Run a peer that donates this machine's idle time to a supernode
+    Peer(PeerArgs),
+    /// Log in and remember the session for later commands
+    Login(LoginArgs),
+    /// Submit a job: a registered program name or a `.wasm` file
+    Submit(cli_client::SubmitArgs),
+    /// List your jobs
+    Jobs(cli_client::JobsArgs),
+    /// Show a job's output and events
+    Logs(cli_client::LogsArgs),
+    /// Kill a waiting or running job
+    Kill(cli_client::JobRef),
+    /// Delete a finished job and its output
+    Dispose(cli_client::JobRef),
+    /// Upload a `.wasm` program, optionally under a name
+    Upload(cli_client::UploadArgs),
+    /// List the programs you can run
+    Programs,
+    /// List the peers of the supernode
+    Peers,
+}
+
+#[derive(Args)]
+struct UpArgs {
+    /// Number of local peers to start
+    #[arg(long, default_value_t = 4)]
+    peers: usize,
+    /// Address of the supernode's HTTP listener (API and web UI)
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    listen: SocketAddr,
+    /// Directory for the database, logs and secrets [default: ~/.local/share/bspweb]
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Lease time-to-live of peers, in seconds
+    #[arg(long, default_value_t = 15)]
+    lease_ttl_secs: u64,
+}
+
+#[derive(Args)]
+pub struct SupernodeArgs {
+    /// Address of the HTTP listener (API and web UI)
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    listen: SocketAddr,
+    /// Directory for the database and secrets [default: ~/.local/share/bspweb]
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Lease time-to-live of peers, in seconds
+    #[arg(long, default_value_t = 15)]
+    lease_ttl_secs: u64,
+    /// Processes per online core before new jobs wait in the ready queue
+    #[arg(long, default_value_t = 4.0)]
+    overload_factor: f64,
+    /// Do not register the bundled example programs
+    #[arg(long)]
+    no_examples: bool,
+    /// Stop when standard input closes (for supervisors and tests)
+    #[arg(long, hide = true)]
+    exit_on_stdin_eof: bool,
+}
+
+#[derive(Args)]
+pub struct PeerArgs {
+    /// Base URL of the supernode, e.g. http://127.0.0.1:7878
+    #[arg(long, env = "BSPWEB_SUPERNODE")]
+    supernode: String,
+    /// Address of the peer-to-peer listener
+    #[arg(long, default_value = "0.0.0.0:0")]
+    listen: SocketAddr,
+    /// host:port other peers should dial (default: the listen address)
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Name shown in peer lists (default: host name)
+    #[arg(long)]
+    name: Option<String>,
+    /// Memory cap per process, in MiB
+    #[arg(long, default_value_t = 1024)]
+    max_memory_mib: u32,
+    /// Cap of the wall-clock limit of one superstep, in seconds
+    #[arg(long, default_value_t = 3600)]
+    max_superstep_secs: u64,
+    /// Processes run at once (default: number of cores)
+    #[arg(long)]
+    slots: Option<usize>,
+    /// OS niceness (0 = normal, 19 = lowest priority)
+    #[arg(long, default_value_t = 10)]
+    nice: i32,
+    /// Override the benchmarked speed weight (1.0 = reference machine)
+    #[arg(long)]
+    speed: Option<f64>,
+    /// Stop when standard input closes (for supervisors and tests)
+    #[arg(long, hide = true)]
+    exit_on_stdin_eof: bool,
+}
+
+#[derive(Args)]
+struct LoginArgs {
+    /// Supernode URL
+    #[arg(long, env = "BSPWEB_URL", default_value = cli_client::DEFAULT_URL)]
+    url: String,
+    /// User name
+    #[arg(long, env = "BSPWEB_USER")]
+    user: String,
+}
+
+fn init_tracing(default: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("BSPWEB_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Up(a) => {
+                init_tracing("warn,bspweb_supernode=info");
+                local::up(a.peers, a.listen, a.data, a.lease_ttl_secs).await
+            }
+            Command::Supernode(a) => {
+                init_tracing("info");
+                local::supernode(a).await
+            }
+            Command::Peer(a) => {
+                init_tracing("info");
+                local::peer(a).await
+            }
+            Command::Login(a) => {
+                init_tracing("warn");
+                cli_client::login(&a.url, &a.user).await
+            }
+            Command::Submit(a) => {
+                init_tracing("warn");
+                cli_client::submit(a).await
+            }
+            Command::Jobs(a) => {
+                init_tracing("warn");
+                cli_client::jobs(a).await
+            }
+            Command::Logs(a) => {
+                init_tracing("warn");
+                cli_client::logs(a).await
+            }
+            Command::Kill(a) => {
+                init_tracing("warn");
+                cli_client::kill(a).await
+            }
+            Command::Dispose(a) => {
+                init_tracing("warn");
+                cli_client::dispose(a).await
+            }
+            Command::Upload(a) => {
+                init_tracing("warn");
+                cli_client::upload(a).await
+            }
+            Command::Programs => {
+                init_tracing("warn");
+                cli_client::programs().await
+            }
+            Command::Peers => {
+                init_tracing("warn");
+                cli_client::peers().await
+            }
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

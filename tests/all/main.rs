@@ -1,1 +1,11 @@
+//! End-to-end tests: real supernodes and peer processes on loopback.
+//!
+//! One binary for all of them (CRAFT §8). Tests that only run well-behaved
+//! jobs share one cluster; tests that break things start their own.
 
+mod harness;
+
+mod cli;
+mod errors;
+mod examples;
+mod security;

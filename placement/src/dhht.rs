@@ -1,0 +1,276 @@
+//! The lower envelope of a distributed heterogeneous hash table (§4.2.2).
+
+use std::collections::BTreeMap;
+
+use crate::{PlacementError, Position};
+
+/// A peer in the table: its id, ring position and current power.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Peer {
+    /// The peer id (the supernode's `PeerId`).
+    pub id: i64,
+    /// The peer's point on the ring.
+    pub position: Position,
+    /// Current power: benchmark speed × availability. Must be finite and
+    /// greater than zero (see [`is_eligible_weight`]).
+    pub weight: f64,
+}
+
+/// Whether `weight` may be a peer's weight: finite and greater than zero.
+///
+/// A peer whose availability drops to zero has no power to offer; the caller
+/// removes it from the table (and inserts it again when it comes back).
+pub fn is_eligible_weight(weight: f64) -> bool {
+    weight.is_finite() && weight > 0.0
+}
+
+/// The value at process position `x` of the linear function of a peer at
+/// `peer` with weight `weight`: `((x − peer) mod 1) / weight`.
+///
+/// The DHHT assigns `x` to the peer with the smallest value (ties: smaller
+/// peer id). The value is computed the same way everywhere, so every
+/// supernode derives the same assignment. It is monotone: non-decreasing in
+/// the distance and non-increasing in the weight, which is what makes the
+/// pruned walk of [`Dhht::lookup`] exact.
+pub fn envelope_value(x: Position, peer: Position, weight: f64) -> f64 {
+    x.ccw_distance_to(peer).to_f64() / weight
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    position: Position,
+    id: i64,
+    weight: f64,
+}
+
+impl Entry {
+    fn peer(self) -> Peer {
+        Peer {
+            id: self.id,
+            position: self.position,
+            weight: self.weight,
+        }
+    }
+}
+
+/// A DHHT: peers on the unit ring, each owning the part of the ring where
+/// its linear function is the lowest (the lower envelope, §4.2.2, Fig. 4.1).
+///
+/// Lookups walk counter-clockwise from the process position and stop as soon
+/// as no further peer can win, so they cost O(log n) plus a walk whose length
+/// depends on the weight spread, not on the number of peers. Changes cost
+/// O(n) (a sorted vector), which suits tables of thousands of peers that
+/// change far less often than they are looked up.
+///
+/// Peers whose weight is not finite and positive are not eligible:
+/// [`insert`](Dhht::insert) and [`update`](Dhht::update) reject them with
+/// [`PlacementError::InvalidWeight`] and leave the table unchanged.
+#[derive(Debug, Clone, Default)]
+pub struct Dhht {
+    /// All peers, sorted by `(position, id)`.
+    ring: Vec<Entry>,
+    /// Peer id → (position, weight).
+    by_id: BTreeMap<i64, (Position, f64)>,
+    /// Multiset of weights, keyed by their bits (for positive finite `f64`,
+    /// the bit order is the numeric order), for the maximum weight.
+    weights: BTreeMap<u64, usize>,
+}
+
+impl Dhht {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The number of peers.
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+
+    /// Whether the table has no peers.
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+
+    /// Whether peer `id` is in the table.
+    pub fn contains(&self, id: i64) -> bool {
+        self.by_id.contains_key(&id)
+    }
+
+    /// Peer `id`, if it is in the table.
+    pub fn get(&self, id: i64) -> Option<Peer> {
+        self.by_id.get(&id).map(|&(position, weight)| Peer {
+            id,
+            position,
+            weight,
+        })
+    }
+
+    /// All peers, in ring order (by position, then id).
+    pub fn peers(&self) -> impl ExactSizeIterator<Item = Peer> + '_ {
+        self.ring.iter().map(|e| e.peer())
+    }
+
+    /// The largest weight, if the table is not empty.
+    pub fn max_weight(&self) -> Option<f64> {
+        self.weights
+            .last_key_value()
+            .map(|(&bits, _)| f64::from_bits(bits))
+    }
+
+    /// The sum of all weights (summed in id order, so it is reproducible).
+    pub fn total_weight(&self) -> f64 {
+        self.by_id.values().map(|&(_, w)| w).sum()
+    }
+
+    /// Adds a peer.
+    ///
+    /// # Errors
+    ///
+    /// [`PlacementError::InvalidWeight`] if the weight is not finite and
+    /// positive, [`PlacementError::DuplicatePeer`] if the id is present.
+    pub fn insert(&mut self, peer: Peer) -> Result<(), PlacementError> {
+        check_weight(peer)?;
+        if self.contains(peer.id) {
+            return Err(PlacementError::DuplicatePeer { peer: peer.id });
+        }
+        self.add(peer);
+        Ok(())
+    }
+
+    /// Changes the position and weight of a peer already in the table, and
+    /// returns its previous state.
+    ///
+    /// # Errors
+    ///
+    /// [`PlacementError::InvalidWeight`] if the weight is not finite and
+    /// positive (remove the peer instead), [`PlacementError::UnknownPeer`] if
+    /// the id is absent.
+    pub fn update(&mut self, peer: Peer) -> Result<Peer, PlacementError> {
+        check_weight(peer)?;
+        let Some(old) = self.remove(peer.id) else {
+            return Err(PlacementError::UnknownPeer { peer: peer.id });
+        };
+        self.add(peer);
+        Ok(old)
+    }
+
+    /// Removes peer `id` and returns it, or `None` if it was absent.
+    pub fn remove(&mut self, id: i64) -> Option<Peer> {
+        let (position, weight) = self.by_id.remove(&id)?;
+        if let Ok(at) = self
+            .ring
+            .binary_search_by(|e| (e.position, e.id).cmp(&(position, id)))
+        {
+            self.ring.remove(at);
+        }
+        let key = weight.to_bits();
+        if let Some(count) = self.weights.get_mut(&key) {
+            *count -= 1;
+            if *count == 0 {
+                self.weights.remove(&key);
+            }
+        }
+        Some(Peer {
+            id,
+            position,
+            weight,
+        })
+    }
+
+    /// The peer that process position `x` is assigned to: the one minimizing
+    /// `((x − p_i) mod 1) / w_i`, ties broken by the smaller peer id; `None`
+    /// if the table is empty.
+    ///
+    /// Exact (always equal to [`lookup_naive`](Dhht::lookup_naive)) without
+    /// scanning all peers: binary-search the gap containing `x`, walk
+    /// counter-clockwise, and stop once `distance / w_max` exceeds the best
+    /// value found. The walk continues while the bound *equals* the best
+    /// value, because a peer further away could still tie and win by id.
+    pub fn lookup(&self, x: Position) -> Option<i64> {
+        self.walk(x).0
+    }
+
+    /// The reference model of [`lookup`](Dhht::lookup): a linear scan over
+    /// all peers. For tests and simulations.
+    pub fn lookup_naive(&self, x: Position) -> Option<i64> {
+        let mut best: Option<(f64, i64)> = None;
+        for e in &self.ring {
+            let value = envelope_value(x, e.position, e.weight);
+            if better(value, e.id, best) {
+                best = Some((value, e.id));
+            }
+        }
+        best.map(|(_, id)| id)
+    }
+
+    /// The lookup, also returning how many peers it examined.
+    pub(crate) fn walk(&self, x: Position) -> (Option<i64>, usize) {
+        let n = self.ring.len();
+        let Some(w_max) = self.max_weight() else {
+            return (None, 0);
+        };
+        // Entries at or before `x` in ring order; the walk starts at the last.
+        let after = self.ring.partition_point(|e| e.position <= x);
+        let mut best: Option<(f64, i64)> = None;
+        let mut examined = 0;
+        for step in 0..n {
+            let e = self.ring[(after + n - 1 - step) % n];
+            // Distances never decrease along the walk, and no peer's value is
+            // below distance / w_max, so once that bound exceeds the best value
+            // no later peer can win.
+            let distance = x.ccw_distance_to(e.position).to_f64();
+            if let Some((best_value, _)) = best
+                && distance / w_max > best_value
+            {
+                break;
+            }
+            examined += 1;
+            let value = distance / e.weight;
+            if better(value, e.id, best) {
+                best = Some((value, e.id));
+            }
+        }
+        (best.map(|(_, id)| id), examined)
+    }
+
+    fn add(&mut self, peer: Peer) {
+        let at = self
+            .ring
+            .partition_point(|e| (e.position, e.id) < (peer.position, peer.id));
+        self.ring.insert(
+            at,
+            Entry {
+                position: peer.position,
+                id: peer.id,
+                weight: peer.weight,
+            },
+        );
+        self.by_id.insert(peer.id, (peer.position, peer.weight));
+        *self.weights.entry(peer.weight.to_bits()).or_insert(0) += 1;
+    }
+}
+
+/// Assigns each process position to its peer ([`Dhht::lookup`]); `None`
+/// entries only when the table is empty.
+pub fn place(dhht: &Dhht, positions: &[Position]) -> Vec<Option<i64>> {
+    positions.iter().map(|&x| dhht.lookup(x)).collect()
+}
+
+fn check_weight(peer: Peer) -> Result<(), PlacementError> {
+    if is_eligible_weight(peer.weight) {
+        Ok(())
+    } else {
+        Err(PlacementError::InvalidWeight {
+            peer: peer.id,
+            weight: peer.weight,
+        })
+    }
+}
+
+fn better(value: f64, id: i64, best: Option<(f64, i64)>) -> bool {
+    match best {
+        None => true,
+        Some((best_value, best_id)) => value < best_value || (value == best_value && id < best_id),
+    }
+}

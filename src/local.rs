@@ -1,0 +1,318 @@
+//! `bspweb up`, `bspweb supernode` and `bspweb peer`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use base64::Engine;
+use bsp_api::client::Client;
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+
+use crate::cli_client::{Session, home, save_session, write_private};
+use crate::{PeerArgs, SupernodeArgs};
+
+fn default_data_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_DATA_HOME") {
+        return PathBuf::from(d).join("bspweb");
+    }
+    home().join(".local").join("share").join("bspweb")
+}
+
+/// Credentials `bspweb up` generated, kept so a restart can print them again.
+#[derive(Serialize, Deserialize)]
+struct SavedCredentials {
+    user: String,
+    password: String,
+}
+
+async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            anyhow::anyhow!(
+                "cannot listen on {addr}: the address is in use; is another bspweb supernode running? choose another with --listen"
+            )
+        } else {
+            anyhow::anyhow!("cannot listen on {addr}: {e}")
+        }
+    })
+}
+
+fn open_supernode(
+    data: &Path,
+    lease_ttl_secs: u64,
+    overload_factor: f64,
+    public_url: String,
+) -> anyhow::Result<bspweb_supernode::Supernode> {
+    if lease_ttl_secs == 0 {
+        bail!("--lease-ttl-secs must be at least 1");
+    }
+    let config = bspweb_supernode::Config {
+        data_dir: data.to_path_buf(),
+        lease_ttl: Duration::from_secs(lease_ttl_secs),
+        overload_factor,
+        public_url: Some(public_url),
+    };
+    bspweb_supernode::Supernode::open(config)
+        .with_context(|| format!("cannot open the supernode's state in {}", data.display()))
+}
+
+async fn register_examples(node: &bspweb_supernode::Supernode) -> anyhow::Result<usize> {
+    let mut n = 0;
+    for p in bspweb_programs::builtin() {
+        node.register_builtin(p.name, p.description, p.wasm)
+            .await
+            .with_context(|| format!("cannot register the example program {}", p.name))?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Make sure the first user exists; returns its name and password.
+async fn ensure_user(
+    node: &bspweb_supernode::Supernode,
+    data: &Path,
+) -> anyhow::Result<(String, String)> {
+    let user = std::env::var("BSPWEB_USER").unwrap_or_else(|_| "bspweb".to_string());
+    let saved_path = data.join("credentials.json");
+    let password = match std::env::var("BSPWEB_PASSWORD") {
+        Ok(p) => p,
+        Err(_) => {
+            let saved: Option<SavedCredentials> = std::fs::read(&saved_path)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok());
+            match saved {
+                Some(s) if s.user == user => s.password,
+                _ => {
+                    let mut bytes = [0u8; 18];
+                    rand::rng().fill_bytes(&mut bytes);
+                    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+                }
+            }
+        }
+    };
+    if node.check_password(&user, &password).await?.is_some() {
+        return Ok((user, password));
+    }
+    match node.create_user(&user, &password, true).await {
+        Ok(_) => {}
+        Err(e) => bail!(
+            "user {user} exists with a different password ({e}); set BSPWEB_PASSWORD to its password, or choose another BSPWEB_USER"
+        ),
+    }
+    if std::env::var("BSPWEB_PASSWORD").is_err() {
+        let creds = SavedCredentials {
+            user: user.clone(),
+            password: password.clone(),
+        };
+        write_private(&saved_path, &serde_json::to_vec_pretty(&creds)?)?;
+    }
+    Ok((user, password))
+}
+
+pub async fn up(
+    peers: usize,
+    listen: SocketAddr,
+    data: Option<PathBuf>,
+    lease_ttl_secs: u64,
+) -> anyhow::Result<ExitCode> {
+    let data = data.unwrap_or_else(default_data_dir);
+    std::fs::create_dir_all(&data)
+        .with_context(|| format!("cannot create the data directory {}", data.display()))?;
+    let listener = bind(listen).await?;
+    let addr = listener.local_addr()?;
+    let url = format!("http://{addr}");
+    let node = open_supernode(&data, lease_ttl_secs, 4.0, url.clone())?;
+    let examples = register_examples(&node).await?;
+    let (user, password) = ensure_user(&node, &data).await?;
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(node.clone().serve(listener, async move {
+        let _ = stop_rx.await;
+    }));
+
+    // The peers are separate OS processes, as a volunteer's would be.
+    let exe = std::env::current_exe().context("cannot find the bspweb executable")?;
+    let logs = data.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let mut children = Vec::new();
+    for i in 0..peers {
+        let log_path = logs.join(format!("peer-{i}.log"));
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("cannot create {}", log_path.display()))?;
+        let child = tokio::process::Command::new(&exe)
+            .args(["peer", "--supernode", &url, "--listen", "127.0.0.1:0"])
+            .args(["--name", &format!("local-{i}")])
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start a local peer")?;
+        children.push((i, child, log_path));
+    }
+
+    let client = Client::login(&url, &user, &password).await?;
+    let me = Client::login_full(&url, &user, &password).await?.1;
+    let session = Session {
+        url: url.clone(),
+        user: user.clone(),
+        token: me.token,
+        expires_at: me.expires_at,
+    };
+    let session_path = save_session(&session)?;
+
+    // Show progress until the peers are online.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut online = 0;
+    while Instant::now() < deadline {
+        online = client
+            .peers()
+            .await
+            .map(|ps| ps.iter().filter(|p| p.state == "online").count())
+            .unwrap_or(0);
+        if online >= peers {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("bspweb is up: supernode at {url} with {online} of {peers} local peers online");
+    println!("  web UI and API:  {url}  (API under {url}/api/v1)");
+    println!("  user:            {user}");
+    println!("  password:        {password}");
+    println!("  data directory:  {}", data.display());
+    println!("  peer logs:       {}", logs.display());
+    println!("  {examples} example programs registered; session saved in {}", session_path.display());
+    println!();
+    println!("Try, in another terminal:");
+    println!("  bspweb submit ring -n 8 --follow");
+    println!("  bspweb submit sample-sort -n 8 --args '{{\"n\": 1000000}}' --follow");
+    println!("Stop with Ctrl-C.");
+    if online < peers {
+        eprintln!(
+            "warning: only {online} of {peers} peers came online; see the peer logs in {}",
+            logs.display()
+        );
+    }
+
+    let mut server = server;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            r = &mut server => {
+                match r {
+                    Ok(Ok(())) => bail!("the supernode stopped unexpectedly"),
+                    Ok(Err(e)) => return Err(e.context("the supernode failed")),
+                    Err(e) => bail!("the supernode crashed: {e}"),
+                }
+            }
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                for (i, child, log) in children.iter_mut() {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        eprintln!("warning: local peer {i} stopped ({status}); see {}", log.display());
+                        *child = tokio::process::Command::new(&exe)
+                            .args(["peer", "--supernode", &url, "--listen", "127.0.0.1:0"])
+                            .args(["--name", &format!("local-{i}")])
+                            .stdin(std::process::Stdio::null())
+                            .stdout(std::fs::File::options().append(true).open(&*log)?)
+                            .stderr(std::fs::File::options().append(true).open(&*log)?)
+                            .kill_on_drop(true)
+                            .spawn()
+                            .context("cannot restart a local peer")?;
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("stopping…");
+    for (_, child, _) in children.iter_mut() {
+        let _ = child.start_kill();
+    }
+    for (_, child, _) in children.iter_mut() {
+        let _ = child.wait().await;
+    }
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn supernode(a: SupernodeArgs) -> anyhow::Result<ExitCode> {
+    let data = a.data.unwrap_or_else(default_data_dir);
+    std::fs::create_dir_all(&data)
+        .with_context(|| format!("cannot create the data directory {}", data.display()))?;
+    let listener = bind(a.listen).await?;
+    let addr = listener.local_addr()?;
+    let url = format!("http://{addr}");
+    let node = open_supernode(&data, a.lease_ttl_secs, a.overload_factor, url.clone())?;
+    if !a.no_examples {
+        register_examples(&node).await?;
+    }
+    if std::env::var("BSPWEB_USER").is_ok() {
+        let (user, _) = ensure_user(&node, &data).await?;
+        tracing::info!(%user, "user ready");
+    }
+    tracing::info!(%url, "supernode listening");
+    // Supervisors and tests read the URL from the first line of stdout.
+    println!("bspweb supernode listening on {url}");
+    node.serve(listener, shutdown_signal(a.exit_on_stdin_eof))
+        .await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn peer(a: PeerArgs) -> anyhow::Result<ExitCode> {
+    let name = a.name.unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "peer".to_string())
+    });
+    let config = bspweb_peer::PeerConfig {
+        supernode: a.supernode,
+        listen: a.listen,
+        advertise: a.advertise,
+        name,
+        max_memory_mib: a.max_memory_mib,
+        max_superstep_ms: a.max_superstep_secs.saturating_mul(1000),
+        slots: a.slots.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        }),
+        nice: a.nice,
+        speed: a.speed,
+    };
+    bspweb_peer::run(config, shutdown_signal(a.exit_on_stdin_eof)).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves on Ctrl-C, on SIGTERM, and (when asked) when stdin closes.
+async fn shutdown_signal(exit_on_stdin_eof: bool) {
+    use tokio::io::AsyncReadExt;
+    let stdin_eof = async {
+        if !exit_on_stdin_eof {
+            return std::future::pending::<()>().await;
+        }
+        let mut stdin = tokio::io::stdin();
+        let mut buf = [0u8; 256];
+        loop {
+            match stdin.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+        _ = stdin_eof => {}
+    }
+}

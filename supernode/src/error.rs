@@ -1,0 +1,137 @@
+//! The supernode's error type and its mapping to [`ApiError`] answers.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use bsp_api::rest::ApiError;
+
+/// What went wrong in a supernode operation.
+///
+/// Every variant but [`Error::Database`] and [`Error::Internal`] carries a
+/// message meant for the person who made the request; those two are logged
+/// in full and answered with a generic 500 that reveals nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request is malformed (400).
+    #[error("{message}")]
+    BadRequest {
+        /// Machine-readable code, e.g. `bad_request`, `bad_json`.
+        code: &'static str,
+        /// What was wrong.
+        message: String,
+    },
+    /// No credentials, bad credentials, or an expired token or lease (401).
+    #[error("{message}")]
+    Unauthorized {
+        /// `unauthorized`, `token_expired` or `lease_expired`.
+        code: &'static str,
+        /// What was wrong.
+        message: String,
+    },
+    /// Authenticated, but not allowed (403).
+    #[error("{0}")]
+    Forbidden(String),
+    /// The thing does not exist, or is not visible to the caller (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The thing exists already, or is in the wrong state (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// The request body or a part of it is too large (413).
+    #[error("{0}")]
+    TooLarge(String),
+    /// The request is well-formed but its content is refused (422).
+    #[error("{message}")]
+    Unprocessable {
+        /// Machine-readable code, e.g. `invalid_module`.
+        code: &'static str,
+        /// What was wrong.
+        message: String,
+    },
+    /// SQLite failed.
+    #[error("database error: {0}")]
+    Database(#[from] rusqlite::Error),
+    /// Anything else that is the supernode's fault.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// A 400 with code `bad_request`.
+    pub fn bad_request(message: impl Into<String>) -> Error {
+        Error::BadRequest {
+            code: "bad_request",
+            message: message.into(),
+        }
+    }
+
+    /// A 401 with code `unauthorized`.
+    pub fn unauthorized(message: impl Into<String>) -> Error {
+        Error::Unauthorized {
+            code: "unauthorized",
+            message: message.into(),
+        }
+    }
+
+    /// The HTTP status this error is answered with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Error::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            Error::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            Error::Forbidden(_) => StatusCode::FORBIDDEN,
+            Error::NotFound(_) => StatusCode::NOT_FOUND,
+            Error::Conflict(_) => StatusCode::CONFLICT,
+            Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Error::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Error::Database(_) | Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The body this error is answered with.
+    pub fn to_api_error(&self) -> ApiError {
+        let (code, message) = match self {
+            Error::BadRequest { code, message }
+            | Error::Unauthorized { code, message }
+            | Error::Unprocessable { code, message } => (*code, message.clone()),
+            Error::Forbidden(m) => ("forbidden", m.clone()),
+            Error::NotFound(m) => ("not_found", m.clone()),
+            Error::Conflict(m) => ("conflict", m.clone()),
+            Error::TooLarge(m) => ("too_large", m.clone()),
+            Error::Database(_) | Error::Internal(_) => (
+                "internal",
+                "internal error in the supernode; its log has the details".to_string(),
+            ),
+        };
+        ApiError {
+            code: code.to_string(),
+            message,
+        }
+    }
+}
+
+/// An [`ApiError`] answer with a status.
+pub(crate) fn api_error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (
+        status,
+        axum::Json(ApiError {
+            code: code.to_string(),
+            message: message.into(),
+        }),
+    )
+        .into_response()
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        if matches!(self, Error::Database(_) | Error::Internal(_)) {
+            tracing::error!(error = %self, "request failed");
+        }
+        let status = self.status();
+        (status, axum::Json(self.to_api_error())).into_response()
+    }
+}
+
+impl From<tokio::task::JoinError> for Error {
+    fn from(e: tokio::task::JoinError) -> Error {
+        Error::Internal(format!("background task failed: {e}"))
+    }
+}

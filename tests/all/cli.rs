@@ -1,0 +1,86 @@
+//! The `bspweb` CLI as a user runs it.
+
+use crate::harness::{ADMIN, ADMIN_PASSWORD, bspweb, shared};
+
+#[test]
+fn submit_follow_prints_every_process_and_exits_zero() {
+    let c = shared();
+    let config = tempfile::tempdir().unwrap();
+    let out = bspweb()
+        .args(["submit", "ring", "-n", "8", "--follow"])
+        .env("BSPWEB_URL", &c.url)
+        .env("BSPWEB_USER", ADMIN)
+        .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
+        .env("BSPWEB_CONFIG_DIR", config.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}\n{stdout}\n{stderr}", out.status);
+    for pid in 0..8 {
+        assert!(
+            stdout.contains(&format!("[{pid}] got in total 2 messages")),
+            "pid {pid} missing:\n{stdout}"
+        );
+    }
+    assert!(stderr.contains("exited"), "{stderr}");
+}
+
+#[test]
+fn a_failing_job_makes_submit_follow_exit_non_zero() {
+    let c = shared();
+    let config = tempfile::tempdir().unwrap();
+    let wasm = bspweb_programs::get("misbehave").unwrap().wasm;
+    let path = config.path().join("misbehave.wasm");
+    std::fs::write(&path, wasm).unwrap();
+    let out = bspweb()
+        .arg("submit")
+        .arg(&path)
+        .args(["-n", "2", "--args", r#"{"mode": "abort"}"#, "--follow"])
+        .env("BSPWEB_URL", &c.url)
+        .env("BSPWEB_USER", ADMIN)
+        .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
+        .env("BSPWEB_CONFIG_DIR", config.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("deliberate abort"), "{stderr}");
+}
+
+#[test]
+fn cli_errors_say_what_to_do() {
+    let c = shared();
+    let config = tempfile::tempdir().unwrap();
+    let out = bspweb()
+        .args(["jobs"])
+        .env_remove("BSPWEB_USER")
+        .env_remove("BSPWEB_PASSWORD")
+        .env("BSPWEB_URL", &c.url)
+        .env("BSPWEB_CONFIG_DIR", config.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("bspweb login"), "{stderr}");
+    let out = bspweb()
+        .args(["submit", "ring", "-n", "2", "--args", "{not json"])
+        .env("BSPWEB_URL", &c.url)
+        .env("BSPWEB_USER", ADMIN)
+        .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
+        .env("BSPWEB_CONFIG_DIR", config.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not valid JSON"));
+    let out = bspweb()
+        .args(["submit", "no-such-program", "-n", "2"])
+        .env("BSPWEB_URL", &c.url)
+        .env("BSPWEB_USER", ADMIN)
+        .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
+        .env("BSPWEB_CONFIG_DIR", config.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-program"));
+}
