@@ -1,1 +1,150 @@
-fn main() {}
+//! Measure the BSP machine parameters of a local bspweb cluster.
+//!
+//! For p = 4, 8 and 16 processes on 4 peers (separate OS processes on
+//! loopback), time supersteps that each carry an h-relation (every process
+//! sends h bytes and receives h bytes), for a range of h, and fit
+//! T(h) = g·h + l by least squares. The time of one superstep is the
+//! difference between jobs of k₂ and k₁ supersteps divided by k₂ − k₁, so job
+//! start-up (placement, module compilation, connections) cancels out.
+//!
+//! For scale, the same run measures the loopback TCP round trip and
+//! single-stream bandwidth: the physical limits of this machine.
+//!
+//! Run: `cargo bench --bench bsp_params` (add `-- --quick` for fewer points).
+
+#[path = "../tests/all/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+fn loopback_rtt() -> Duration {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let echo = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_nodelay(true).unwrap();
+        let mut b = [0u8; 1];
+        while s.read_exact(&mut b).is_ok() {
+            if s.write_all(&b).is_err() {
+                break;
+            }
+        }
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    let mut b = [7u8; 1];
+    for _ in 0..1000 {
+        s.write_all(&b).unwrap();
+        s.read_exact(&mut b).unwrap();
+    }
+    let n = 20_000;
+    let t = Instant::now();
+    for _ in 0..n {
+        s.write_all(&b).unwrap();
+        s.read_exact(&mut b).unwrap();
+    }
+    let rtt = t.elapsed() / n;
+    drop(s);
+    echo.join().unwrap();
+    rtt
+}
+
+fn loopback_bandwidth() -> f64 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let total: usize = 2 << 30;
+    let sink = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0;
+        while got < total {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+        s.write_all(&[1]).unwrap();
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    let buf = vec![0u8; 1 << 20];
+    let t = Instant::now();
+    let mut sent = 0;
+    while sent < total {
+        s.write_all(&buf).unwrap();
+        sent += buf.len();
+    }
+    let mut ack = [0u8; 1];
+    s.read_exact(&mut ack).unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    sink.join().unwrap();
+    total as f64 / secs
+}
+
+async fn job_time(client: &bsp_api::client::Client, p: u32, k: u32, h: u64) -> Duration {
+    let t = Instant::now();
+    let r = harness::run(client, harness::job("supersteps", p, json!({"k": k, "h": h}))).await;
+    let elapsed = t.elapsed();
+    r.assert_exited();
+    elapsed
+}
+
+/// Least-squares fit of y = g·x + l.
+fn fit(points: &[(f64, f64)]) -> (f64, f64) {
+    let n = points.len() as f64;
+    let sx: f64 = points.iter().map(|p| p.0).sum();
+    let sy: f64 = points.iter().map(|p| p.1).sum();
+    let sxx: f64 = points.iter().map(|p| p.0 * p.0).sum();
+    let sxy: f64 = points.iter().map(|p| p.0 * p.1).sum();
+    let g = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+    let l = (sy - g * sx) / n;
+    (g, l)
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let rtt = loopback_rtt();
+    let bw = loopback_bandwidth();
+    println!("loopback TCP: round trip {:.1} µs, single-stream bandwidth {:.2} GB/s", rtt.as_secs_f64() * 1e6, bw / 1e9);
+    println!("(a byte at loopback bandwidth costs {:.3} ns)", 1e9 / bw);
+
+    let cluster = harness::Cluster::start(harness::Options { peers: 4, ..Default::default() });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = cluster.admin().await;
+        let hs: &[u64] = if quick { &[0, 65_536, 262_144] } else { &[0, 4_096, 65_536, 262_144, 1_048_576] };
+        let (k1, k2) = if quick { (2u32, 12u32) } else { (5u32, 45u32) };
+        println!();
+        println!("{:>4} {:>10} {:>14}", "p", "h (bytes)", "T(h) (µs)");
+        let mut summary = vec![];
+        for p in [4u32, 8, 16] {
+            // Warm the module cache of every peer for this program.
+            job_time(&client, p, 1, 0).await;
+            let mut pts = vec![];
+            for &h in hs {
+                let mut best = f64::INFINITY;
+                for _ in 0..if quick { 1 } else { 3 } {
+                    let a = job_time(&client, p, k1, h).await;
+                    let b = job_time(&client, p, k2, h).await;
+                    let per = (b.as_secs_f64() - a.as_secs_f64()) / f64::from(k2 - k1);
+                    best = best.min(per);
+                }
+                println!("{p:>4} {h:>10} {:>14.1}", best * 1e6);
+                pts.push((h as f64, best));
+            }
+            let (g, l) = fit(&pts);
+            summary.push((p, g, l));
+        }
+        println!();
+        println!("{:>4} {:>10} {:>12} {:>26}", "p", "l (µs)", "g (ns/byte)", "g / loopback byte time");
+        for (p, g, l) in summary {
+            println!("{p:>4} {:>10.1} {:>12.3} {:>26.1}", l * 1e6, g * 1e9, g / (1.0 / bw));
+        }
+        println!();
+        println!("l in units of the loopback round trip: see l (µs) / {:.1} µs", rtt.as_secs_f64() * 1e6);
+    });
+}

@@ -1,1 +1,360 @@
-//! placeholder
+//! The bspweb supernode: users, programs, jobs, peer leases, placement, the
+//! REST API with its Server-Sent Events, and the peer control plane.
+//!
+//! # Structure
+//!
+//! - State lives in SQLite (`migrations/`), behind one mutex together with
+//!   the in-memory placement tables ([`placement::Dhht`] and two
+//!   [`placement::IndexAllocator`]s, rebuilt from SQLite at start). Every SQL
+//!   statement runs on a blocking thread ([`tokio::task::spawn_blocking`]),
+//!   never on the async runtime.
+//! - Each operation that changes state runs in one SQLite transaction and
+//!   returns *effects* (commands for peers, jobs whose event streams grew,
+//!   whether the scheduler should run), applied after the commit while the
+//!   lock is still held, so peers see commands in the order the state changed.
+//! - Peer command queues and lease records are kept in memory (`Live`), so
+//!   the long poll and lease checks need no SQL.
+//! - Background tasks started by [`Supernode::serve`]: the scheduler (woken
+//!   on submit, peer login, availability change and job end) and the lease
+//!   sweeper (every TTL/4, see [`lease`]).
+//!
+//! **Architecture Invariant:** the lease rules ([`lease`]) and the placement
+//! rules (`placement` crate) are pure; this crate feeds them the clock and
+//! the tables.
+
+mod auth;
+mod control;
+mod db;
+mod error;
+mod http;
+pub mod lease;
+mod rest;
+mod sse;
+mod state;
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bsp_api::control::SeqCommand;
+use bsp_api::rest::{ProgramInfo, UserInfo};
+use bsp_api::{JobId, PeerId};
+use tokio::sync::{Notify, watch};
+
+pub use error::Error;
+
+/// How a supernode is set up.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Directory holding `bspweb.sqlite3` and `jwt-secret` (created if missing).
+    pub data_dir: PathBuf,
+    /// How long a peer's lease lasts without renewal; peers renew every TTL/3.
+    pub lease_ttl: Duration,
+    /// Processes per online core before new jobs wait in the ready queue
+    /// (dissertation §4.4).
+    pub overload_factor: f64,
+    /// The URL people and peers reach this supernode at, for logs.
+    pub public_url: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: PathBuf::from("bspweb-data"),
+            lease_ttl: Duration::from_secs(15),
+            overload_factor: 4.0,
+            public_url: None,
+        }
+    }
+}
+
+/// A running supernode's shared state. Cheap to clone.
+#[derive(Clone)]
+pub struct Supernode {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Supernode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Supernode")
+            .field("data_dir", &self.inner.config.data_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: Config,
+    core: Mutex<state::Core>,
+    live: Mutex<Live>,
+    pub(crate) keys: auth::Keys,
+    /// Wakes the scheduler task.
+    sched_wake: Notify,
+    /// Per-job watchers of the event stream, created on demand by SSE readers.
+    job_watch: Mutex<HashMap<JobId, watch::Sender<()>>>,
+    /// Becomes `true` when the server shuts down.
+    shutdown: watch::Sender<bool>,
+}
+
+/// In-memory state of the online peers: leases and command queues.
+#[derive(Default)]
+pub(crate) struct Live {
+    pub(crate) peers: HashMap<PeerId, LivePeer>,
+}
+
+pub(crate) struct LivePeer {
+    pub(crate) lease_id: String,
+    pub(crate) expires_at: i64,
+    /// Sequence number of the last command queued (persisted in `peers.cmd_seq`).
+    pub(crate) last_seq: u64,
+    /// Commands not yet acknowledged by a poll with a larger `after`.
+    pub(crate) queue: VecDeque<SeqCommand>,
+    pub(crate) notify: Arc<Notify>,
+}
+
+/// What a state change asks for once it is committed.
+#[derive(Default)]
+pub(crate) struct Effects {
+    pub(crate) commands: Vec<(PeerId, SeqCommand)>,
+    pub(crate) jobs: BTreeSet<JobId>,
+    pub(crate) wake_scheduler: bool,
+}
+
+/// Unix time in milliseconds.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl Inner {
+    pub(crate) fn live(&self) -> MutexGuard<'_, Live> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_core(&self) -> MutexGuard<'_, state::Core> {
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies committed effects: queues commands, wakes pollers, SSE readers
+    /// and the scheduler.
+    pub(crate) fn apply(&self, fx: Effects) {
+        if !fx.commands.is_empty() {
+            let mut live = self.live();
+            for (peer, cmd) in fx.commands {
+                if let Some(p) = live.peers.get_mut(&peer) {
+                    p.queue.push_back(cmd);
+                    p.notify.notify_waiters();
+                }
+            }
+        }
+        if !fx.jobs.is_empty() {
+            let mut watch = self.job_watch.lock().unwrap_or_else(|e| e.into_inner());
+            for job in fx.jobs {
+                if let Some(tx) = watch.get(&job) {
+                    if tx.receiver_count() == 0 {
+                        watch.remove(&job);
+                    } else {
+                        tx.send_replace(());
+                    }
+                }
+            }
+        }
+        if fx.wake_scheduler {
+            self.sched_wake.notify_one();
+        }
+    }
+
+    /// A receiver that sees every change of `job`'s event stream from now on.
+    pub(crate) fn watch_job(&self, job: JobId) -> watch::Receiver<()> {
+        let mut watch = self.job_watch.lock().unwrap_or_else(|e| e.into_inner());
+        watch
+            .entry(job)
+            .or_insert_with(|| watch::channel(()).0)
+            .subscribe()
+    }
+
+    pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+}
+
+impl Supernode {
+    /// Opens the supernode's state in `config.data_dir`: the SQLite database
+    /// (write-ahead log, foreign keys on, migrations applied) and the JWT
+    /// secret (generated with mode 0600 on first start). Peers and running
+    /// jobs recorded there carry on.
+    pub fn open(config: Config) -> anyhow::Result<Supernode> {
+        use anyhow::Context;
+        if !(config.overload_factor.is_finite() && config.overload_factor > 0.0) {
+            anyhow::bail!(
+                "the overload factor must be a positive number, not {}",
+                config.overload_factor
+            );
+        }
+        if config.lease_ttl < Duration::from_millis(30) {
+            anyhow::bail!("the lease TTL must be at least 30 ms, not {:?}", config.lease_ttl);
+        }
+        std::fs::create_dir_all(&config.data_dir).with_context(|| {
+            format!("cannot create the data directory {}", config.data_dir.display())
+        })?;
+        let secret = auth::load_or_create_secret(&config.data_dir.join("jwt-secret"))?;
+        let conn = db::open(&config.data_dir.join("bspweb.sqlite3"))?;
+        let (core, live) = state::Core::load(conn)?;
+        Ok(Supernode {
+            inner: Arc::new(Inner {
+                config,
+                core: Mutex::new(core),
+                live: Mutex::new(live),
+                keys: auth::Keys::from_secret(&secret),
+                sched_wake: Notify::new(),
+                job_watch: Mutex::new(HashMap::new()),
+                shutdown: watch::channel(false).0,
+            }),
+        })
+    }
+
+    /// Runs `f` on the core state on a blocking thread, then applies the
+    /// effects it produced (still under the lock, so command order follows
+    /// state order).
+    pub(crate) async fn with_core<T, F>(&self, f: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut state::Core, &Inner, &mut Effects) -> Result<T, Error> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut core = inner.lock_core();
+            let mut fx = Effects::default();
+            let out = f(&mut core, &inner, &mut fx);
+            match &out {
+                Ok(_) => inner.apply(fx),
+                // The transaction rolled back; the in-memory placement tables
+                // may have moved ahead of it, so rebuild them from SQLite.
+                Err(Error::Database(e)) => {
+                    tracing::error!(error = %e, "database operation failed; rebuilding the placement tables");
+                    if let Err(e) = core.rebuild_placement() {
+                        tracing::error!(error = %e, "cannot rebuild the placement tables");
+                    }
+                }
+                Err(_) => {}
+            }
+            out
+        })
+        .await?
+    }
+
+    /// Creates a user. Fails with [`Error::Conflict`] if the name is taken and
+    /// [`Error::BadRequest`] for a bad name or password.
+    pub async fn create_user(
+        &self,
+        name: &str,
+        password: &str,
+        admin: bool,
+    ) -> Result<UserInfo, Error> {
+        state::check_user_name(name)?;
+        state::check_password(password)?;
+        let password = password.to_string();
+        let hash = tokio::task::spawn_blocking(move || auth::hash_password(&password)).await??;
+        let name = name.to_string();
+        self.with_core(move |core, _, _| core.create_user(&name, &hash, admin))
+            .await
+    }
+
+    /// The user with this name and password, or `None` if there is no such
+    /// user or the password is wrong.
+    pub async fn check_password(
+        &self,
+        name: &str,
+        password: &str,
+    ) -> Result<Option<UserInfo>, Error> {
+        let lookup = name.to_string();
+        let found = self
+            .with_core(move |core, _, _| core.user_with_hash(&lookup))
+            .await?;
+        let Some((user, hash)) = found else {
+            // Spend the same effort as for a real user, so timing does not
+            // reveal which names exist.
+            let password = password.to_string();
+            tokio::task::spawn_blocking(move || {
+                auth::verify_password(&password, DUMMY_HASH.as_str())
+            })
+            .await?;
+            return Ok(None);
+        };
+        let password = password.to_string();
+        let ok = tokio::task::spawn_blocking(move || auth::verify_password(&password, &hash)).await?;
+        Ok(ok.then_some(user))
+    }
+
+    /// Registers a bundled example program under `name`, visible to every
+    /// user. Validates the module; registering the same name again replaces
+    /// the module and description (so upgrades ship new builtins).
+    pub async fn register_builtin(
+        &self,
+        name: &str,
+        description: &str,
+        wasm: &[u8],
+    ) -> Result<ProgramInfo, Error> {
+        state::check_program_name(name)?;
+        let wasm = wasm.to_vec();
+        let (hash, wasm) = tokio::task::spawn_blocking(move || {
+            state::validate_module(&wasm).map(|h| (h, wasm))
+        })
+        .await??;
+        let name = name.to_string();
+        let description = description.to_string();
+        self.with_core(move |core, _, _| {
+            core.store_program(None, Some(&name), Some(&description), &hash, &wasm)
+        })
+        .await
+    }
+
+    /// The HTTP routes: the REST API, the peer control plane and the web UI.
+    /// The scheduler and the lease sweeper only run under [`Supernode::serve`].
+    pub fn router(&self) -> axum::Router {
+        http::router(self.clone())
+    }
+
+    /// Serves HTTP on `listener` and runs the scheduler and the lease sweeper
+    /// until `shutdown` completes; then ends open event streams and long
+    /// polls, and returns once the connections are closed.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let addr = listener.local_addr()?;
+        match &self.inner.config.public_url {
+            Some(url) => tracing::info!(%addr, public_url = %url, "supernode listening"),
+            None => tracing::info!(%addr, "supernode listening"),
+        }
+        let scheduler = tokio::spawn(state::scheduler_task(self.clone()));
+        let sweeper = tokio::spawn(state::lease_task(self.clone()));
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            inner.shutdown.send_replace(true);
+        });
+        let mut stop = self.inner.shutdown_signal();
+        let app = self.router();
+        let result = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await;
+        scheduler.abort();
+        sweeper.abort();
+        result?;
+        tracing::info!("supernode stopped");
+        Ok(())
+    }
+}
+
+/// An Argon2id hash of a random password, verified against when a user name
+/// does not exist so that a login takes as long either way.
+static DUMMY_HASH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let password: [u8; 16] = rand::random();
+    auth::hash_password(&hex::encode(password)).unwrap_or_default()
+});

@@ -1,0 +1,534 @@
+//! The peer ↔ peer data plane: one TCP listener per peer, one outbound
+//! connection per (job, remote peer), postcard [`Frame`]s in length-delimited
+//! framing (see [`bsp_api::wire`]).
+//!
+//! The listener admits a connection only after a `Hello` that names a job
+//! this peer holds an assignment for, shows that job's token and comes from
+//! one of the job's other peers; it then forwards the connection's frames to
+//! the job as [`Inbound`] events. A malformed frame closes that one
+//! connection and tells its job; other connections and jobs are unaffected.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bsp_api::wire::{Frame, MAX_FRAME_BYTES, RejectReason, WIRE_VERSION};
+use bsp_api::{JobId, PeerId};
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, timeout};
+use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tokio_util::sync::CancellationToken;
+
+/// How long a new connection may take to send its `Hello`, and a dialer to
+/// get its answer.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Frames queued from the listener to a job before the connection is paused.
+const INBOUND_QUEUE: usize = 256;
+
+/// A framed data-plane connection.
+pub type FramedConn = Framed<TcpStream, LengthDelimitedCodec>;
+
+/// The data plane's framing: 4-byte big-endian length, at most [`MAX_FRAME_BYTES`].
+pub fn codec() -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .max_frame_length(MAX_FRAME_BYTES)
+        .new_codec()
+}
+
+/// Encode a frame with postcard.
+pub fn encode(frame: &Frame) -> Result<Bytes, postcard::Error> {
+    postcard::to_allocvec(frame).map(Bytes::from)
+}
+
+/// Decode a frame; trailing bytes are an error.
+pub fn decode(bytes: &[u8]) -> Result<Frame, postcard::Error> {
+    let (frame, rest) = postcard::take_from_bytes::<Frame>(bytes)?;
+    if rest.is_empty() {
+        Ok(frame)
+    } else {
+        Err(postcard::Error::DeserializeBadEncoding)
+    }
+}
+
+/// What the data plane tells a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inbound {
+    /// Peer `from` opened its connection to us and was welcomed.
+    Connected { from: PeerId },
+    /// A frame from peer `from`, in the order it was sent.
+    Frame { from: PeerId, frame: Frame },
+    /// The connection from `from` ended: `None` for a clean close, else why.
+    Closed { from: PeerId, error: Option<String> },
+    /// Our connection to `to` could not be opened or broke.
+    SendFailed { to: PeerId, error: String },
+}
+
+struct Entry {
+    token: String,
+    me: PeerId,
+    peers: HashSet<PeerId>,
+    connected: HashSet<PeerId>,
+    tx: mpsc::Sender<Inbound>,
+}
+
+/// The jobs this peer's listener admits connections for.
+#[derive(Default)]
+pub struct Registry {
+    jobs: Mutex<HashMap<JobId, Entry>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").finish_non_exhaustive()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, Entry>> {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Admit connections for `job` from `peers` (other than `me`) showing
+    /// `token`. Returns the job's event channel: a sender (for the job's own
+    /// outbound writers) and the receiver. Replaces an earlier registration.
+    pub fn register(
+        &self,
+        job: JobId,
+        token: &str,
+        me: PeerId,
+        peers: impl IntoIterator<Item = PeerId>,
+    ) -> (mpsc::Sender<Inbound>, mpsc::Receiver<Inbound>) {
+        let (tx, rx) = mpsc::channel(INBOUND_QUEUE);
+        let entry = Entry {
+            token: token.to_string(),
+            me,
+            peers: peers.into_iter().filter(|p| *p != me).collect(),
+            connected: HashSet::new(),
+            tx: tx.clone(),
+        };
+        self.lock().insert(job, entry);
+        (tx, rx)
+    }
+
+    /// Stop admitting connections for `job`.
+    pub fn unregister(&self, job: JobId) {
+        self.lock().remove(&job);
+    }
+
+    fn admit(
+        &self,
+        job: JobId,
+        from: PeerId,
+        token: &str,
+    ) -> Result<mpsc::Sender<Inbound>, (RejectReason, String)> {
+        let mut jobs = self.lock();
+        let Some(e) = jobs.get_mut(&job) else {
+            return Err((
+                RejectReason::UnknownJob,
+                format!("this peer has no assignment for job {job} (yet); retry later"),
+            ));
+        };
+        if !constant_time_eq(e.token.as_bytes(), token.as_bytes()) {
+            return Err((
+                RejectReason::NotAuthorized,
+                format!("wrong token for job {job}"),
+            ));
+        }
+        if from == e.me || !e.peers.contains(&from) {
+            return Err((
+                RejectReason::NotAuthorized,
+                format!("peer #{from} is not one of the other peers of job {job}"),
+            ));
+        }
+        if !e.connected.insert(from) {
+            return Err((
+                RejectReason::Protocol,
+                format!("peer #{from} is already connected for job {job}"),
+            ));
+        }
+        Ok(e.tx.clone())
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Accept data-plane connections until `shutdown` is cancelled.
+pub async fn serve(listener: TcpListener, registry: Arc<Registry>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, addr)) => {
+                    let registry = registry.clone();
+                    let shutdown = shutdown.clone();
+                    tokio::spawn(async move {
+                        handle_connection(stream, addr, registry, shutdown).await;
+                    });
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: back off briefly.
+                    tracing::warn!("data-plane listener: cannot accept a connection: {e}");
+                    sleep(Duration::from_millis(100)).await;
+                }
+            },
+        }
+    }
+}
+
+async fn reject(mut conn: FramedConn, reason: RejectReason, message: String) {
+    tracing::debug!("data plane: rejecting a connection ({reason:?}): {message}");
+    if let Ok(bytes) = encode(&Frame::Reject { reason, message }) {
+        let _ = timeout(HANDSHAKE_TIMEOUT, async {
+            let _ = conn.send(bytes).await;
+            let _ = conn.close().await;
+        })
+        .await;
+    }
+}
+
+async fn handle_connection(
+    stream: TcpStream,
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    shutdown: CancellationToken,
+) {
+    let _ = stream.set_nodelay(true);
+    let mut conn = Framed::new(stream, codec());
+    let first = match timeout(HANDSHAKE_TIMEOUT, conn.next()).await {
+        Ok(Some(Ok(bytes))) => decode(&bytes),
+        Ok(Some(Err(e))) => {
+            tracing::debug!("data plane: connection from {addr} sent a bad first frame: {e}");
+            return;
+        }
+        Ok(None) | Err(_) => return,
+    };
+    let (job, from, token) = match first {
+        Ok(Frame::Hello {
+            version,
+            job,
+            from,
+            token,
+        }) => {
+            if version != WIRE_VERSION {
+                let msg = format!(
+                    "data-plane protocol version {version} is not supported; this peer speaks version {WIRE_VERSION}"
+                );
+                return reject(conn, RejectReason::Version, msg).await;
+            }
+            (job, from, token)
+        }
+        Ok(_) | Err(_) => {
+            let msg = "the first frame on a data-plane connection must be Hello".to_string();
+            return reject(conn, RejectReason::Protocol, msg).await;
+        }
+    };
+    let tx = match registry.admit(job, from, &token) {
+        Ok(tx) => tx,
+        Err((reason, msg)) => return reject(conn, reason, msg).await,
+    };
+    let welcomed = match encode(&Frame::Welcome) {
+        Ok(b) => conn.send(b).await,
+        Err(e) => Err(std::io::Error::other(e)),
+    };
+    if let Err(e) = welcomed {
+        let _ = tx
+            .send(Inbound::Closed {
+                from,
+                error: Some(format!("cannot answer its hello: {e}")),
+            })
+            .await;
+        return;
+    }
+    if tx.send(Inbound::Connected { from }).await.is_err() {
+        return;
+    }
+    loop {
+        let item = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tx.closed() => return,
+            item = conn.next() => item,
+        };
+        let event = match item {
+            None => Inbound::Closed { from, error: None },
+            Some(Err(e)) => Inbound::Closed {
+                from,
+                error: Some(e.to_string()),
+            },
+            Some(Ok(bytes)) => match decode(&bytes) {
+                Ok(frame) => Inbound::Frame { from, frame },
+                Err(e) => Inbound::Closed {
+                    from,
+                    error: Some(format!("it sent a malformed frame ({e})")),
+                },
+            },
+        };
+        let closing = matches!(event, Inbound::Closed { .. });
+        if tx.send(event).await.is_err() || closing {
+            return;
+        }
+    }
+}
+
+/// Open a data-plane connection to `addr` for `job` and get it welcomed.
+/// Retries refused connections and `Reject{UnknownJob}` with backoff until
+/// `deadline`; other rejections fail at once.
+pub async fn connect(
+    addr: &str,
+    job: JobId,
+    from: PeerId,
+    token: &str,
+    deadline: Instant,
+) -> Result<FramedConn, String> {
+    let hello = encode(&Frame::Hello {
+        version: WIRE_VERSION,
+        job,
+        from,
+        token: token.to_string(),
+    })
+    .map_err(|e| format!("cannot encode hello: {e}"))?;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let attempt = timeout(left.min(HANDSHAKE_TIMEOUT), async {
+            let stream = TcpStream::connect(addr)
+                .await
+                .map_err(|e| (true, format!("cannot connect: {e}")))?;
+            let _ = stream.set_nodelay(true);
+            let mut conn = Framed::new(stream, codec());
+            conn.send(hello.clone())
+                .await
+                .map_err(|e| (true, format!("cannot send hello: {e}")))?;
+            match conn.next().await {
+                Some(Ok(bytes)) => match decode(&bytes) {
+                    Ok(Frame::Welcome) => Ok(conn),
+                    Ok(Frame::Reject {
+                        reason: RejectReason::UnknownJob,
+                        message,
+                    }) => Err((true, format!("it does not know the job yet: {message}"))),
+                    Ok(Frame::Reject { reason, message }) => {
+                        Err((false, format!("it rejected us ({reason:?}): {message}")))
+                    }
+                    Ok(other) => Err((false, format!("it answered hello with {other:?}"))),
+                    Err(e) => Err((false, format!("it sent a malformed answer: {e}"))),
+                },
+                Some(Err(e)) => Err((true, format!("the handshake failed: {e}"))),
+                None => Err((true, "it closed the connection during the handshake".into())),
+            }
+        })
+        .await;
+        let error = match attempt {
+            Ok(Ok(conn)) => return Ok(conn),
+            Ok(Err((false, e))) => return Err(e),
+            Ok(Err((true, e))) => e,
+            Err(_) => "the handshake timed out".to_string(),
+        };
+        if Instant::now() + backoff >= deadline {
+            return Err(error);
+        }
+        sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// What a job needs to dial one remote peer.
+#[derive(Debug, Clone)]
+pub struct Dial {
+    pub addr: String,
+    pub job: JobId,
+    pub from: PeerId,
+    pub to: PeerId,
+    pub token: String,
+    pub deadline: Instant,
+}
+
+/// Spawn the writer of one outbound connection: it connects, then sends the
+/// frames queued on `frames` in order until the queue is closed (then it
+/// flushes and closes the connection). A failure is reported on `events` as
+/// [`Inbound::SendFailed`].
+pub fn spawn_writer(
+    dial: Dial,
+    mut frames: mpsc::UnboundedReceiver<Frame>,
+    events: mpsc::Sender<Inbound>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let result: Result<(), String> = async {
+            let mut conn =
+                connect(&dial.addr, dial.job, dial.from, &dial.token, dial.deadline).await?;
+            while let Some(frame) = frames.recv().await {
+                let mut next = Some(frame);
+                // Feed everything queued, then flush once.
+                while let Some(f) = next {
+                    let bytes = encode(&f).map_err(|e| format!("cannot encode a frame: {e}"))?;
+                    conn.feed(bytes).await.map_err(|e| e.to_string())?;
+                    next = frames.try_recv().ok();
+                }
+                conn.flush().await.map_err(|e| e.to_string())?;
+            }
+            let _ = conn.close().await;
+            Ok(())
+        }
+        .await;
+        if let Err(error) = result {
+            let _ = events
+                .send(Inbound::SendFailed { to: dial.to, error })
+                .await;
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn listener() -> (SocketAddr, Arc<Registry>, CancellationToken) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let reg = Arc::new(Registry::new());
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(l, reg.clone(), stop.clone()));
+        (addr, reg, stop)
+    }
+
+    async fn raw(addr: SocketAddr) -> FramedConn {
+        Framed::new(TcpStream::connect(addr).await.unwrap(), codec())
+    }
+
+    async fn answer(conn: &mut FramedConn) -> Option<Frame> {
+        match timeout(Duration::from_secs(10), conn.next()).await.unwrap() {
+            Some(Ok(b)) => Some(decode(&b).unwrap()),
+            _ => None,
+        }
+    }
+
+    fn hello(job: JobId, from: PeerId, token: &str) -> Bytes {
+        encode(&Frame::Hello {
+            version: WIRE_VERSION,
+            job,
+            from,
+            token: token.into(),
+        })
+        .unwrap()
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(10)
+    }
+
+    #[test]
+    fn frames_round_trip_and_trailing_bytes_are_refused() {
+        let f = Frame::Marker {
+            superstep: 3,
+            frames: 9,
+        };
+        let mut b = encode(&f).unwrap().to_vec();
+        assert_eq!(decode(&b).unwrap(), f);
+        b.push(0);
+        assert!(decode(&b).is_err());
+        assert!(decode(&[0xff, 0xff, 0xff]).is_err());
+    }
+
+    #[tokio::test]
+    async fn the_listener_rejects_bad_hellos_and_keeps_serving_others() {
+        let (addr, reg, _stop) = listener().await;
+        let (_tx, mut rx) = reg.register(7, "secret", 1, [1, 2]);
+
+        // Wrong token.
+        let mut c = raw(addr).await;
+        c.send(hello(7, 2, "guess")).await.unwrap();
+        assert!(matches!(
+            answer(&mut c).await,
+            Some(Frame::Reject { reason: RejectReason::NotAuthorized, .. })
+        ));
+        assert_eq!(answer(&mut c).await, None, "the connection is closed after a reject");
+
+        // Unknown job.
+        let mut c = raw(addr).await;
+        c.send(hello(8, 2, "secret")).await.unwrap();
+        assert!(matches!(
+            answer(&mut c).await,
+            Some(Frame::Reject { reason: RejectReason::UnknownJob, .. })
+        ));
+
+        // A sender that is not a peer of the job.
+        let mut c = raw(addr).await;
+        c.send(hello(7, 99, "secret")).await.unwrap();
+        assert!(matches!(
+            answer(&mut c).await,
+            Some(Frame::Reject { reason: RejectReason::NotAuthorized, .. })
+        ));
+
+        // A first frame that is not Hello.
+        let mut c = raw(addr).await;
+        c.send(encode(&Frame::Welcome).unwrap()).await.unwrap();
+        assert!(matches!(
+            answer(&mut c).await,
+            Some(Frame::Reject { reason: RejectReason::Protocol, .. })
+        ));
+
+        // Garbage as a first frame.
+        let mut c = raw(addr).await;
+        c.send(Bytes::from_static(b"\xff\xff\xff\xff")).await.unwrap();
+        assert!(matches!(
+            answer(&mut c).await,
+            Some(Frame::Reject { reason: RejectReason::Protocol, .. })
+        ));
+
+        // The listener still serves the real peer.
+        let mut c = connect(&addr.to_string(), 7, 2, "secret", soon()).await.unwrap();
+        let data = Frame::Marker {
+            superstep: 0,
+            frames: 0,
+        };
+        c.send(encode(&data).unwrap()).await.unwrap();
+        assert_eq!(rx.recv().await, Some(Inbound::Connected { from: 2 }));
+        assert_eq!(rx.recv().await, Some(Inbound::Frame { from: 2, frame: data }));
+
+        // A second connection for the same peer and job is refused.
+        let err = connect(&addr.to_string(), 7, 2, "secret", soon()).await.unwrap_err();
+        assert!(err.contains("already connected"), "{err}");
+
+        // A malformed frame closes that connection and tells the job.
+        c.send(Bytes::from_static(b"\x09")).await.unwrap();
+        assert!(matches!(
+            rx.recv().await,
+            Some(Inbound::Closed { from: 2, error: Some(e) }) if e.contains("malformed")
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_dialer_retries_until_the_job_is_known() {
+        let (addr, reg, _stop) = listener().await;
+        let dial = tokio::spawn(async move {
+            connect(&addr.to_string(), 5, 3, "t", soon()).await.map(|_| ())
+        });
+        // Let the dialer be refused at least once, then register the job.
+        sleep(Duration::from_millis(120)).await;
+        let (_tx, mut rx) = reg.register(5, "t", 4, [3, 4]);
+        dial.await.unwrap().unwrap();
+        assert_eq!(rx.recv().await, Some(Inbound::Connected { from: 3 }));
+    }
+
+    #[tokio::test]
+    async fn a_dialer_gives_up_at_its_deadline() {
+        let (addr, _reg, _stop) = listener().await;
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let err = connect(&addr.to_string(), 5, 3, "t", deadline).await.unwrap_err();
+        assert!(err.contains("does not know the job"), "{err}");
+    }
+}

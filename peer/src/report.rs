@@ -1,0 +1,215 @@
+//! The ordered queue of [`PeerEvent`]s from the peer to the supernode.
+//!
+//! Processes emit output records and status events into one [`Reporter`]
+//! while they run (from the wasm thread); the uploader takes them out in
+//! batches, in order, and marks them delivered once the supernode accepted
+//! them. `flush` (the guest's `flush` host call) blocks until every event
+//! emitted so far has been delivered, with a bounded wait.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bsp_api::control::PeerEvent;
+use tokio::sync::Notify;
+
+/// A cloneable handle to the peer's outgoing event queue.
+#[derive(Clone, Default)]
+pub struct Reporter {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    state: Mutex<State>,
+    delivered: Condvar,
+    ready: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<PeerEvent>,
+    /// Events ever emitted.
+    emitted: u64,
+    /// Events ever confirmed delivered (a prefix of the emitted ones).
+    delivered: u64,
+}
+
+impl std::fmt::Debug for Reporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.lock();
+        f.debug_struct("Reporter")
+            .field("queued", &s.queue.len())
+            .field("emitted", &s.emitted)
+            .field("delivered", &s.delivered)
+            .finish()
+    }
+}
+
+impl Reporter {
+    /// An empty queue.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock cannot leave the queue half-updated
+        // (every critical section is a push, a drain or a counter update), so
+        // a poisoned lock is still usable.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Append an event to the queue.
+    pub fn emit(&self, event: PeerEvent) {
+        let mut s = self.lock();
+        s.queue.push_back(event);
+        s.emitted += 1;
+        drop(s);
+        self.inner.ready.notify_one();
+    }
+
+    /// Block the calling (non-async) thread until every event emitted before
+    /// this call has been delivered, `timeout` has passed, or `cancel` is set.
+    /// Returns whether everything was delivered.
+    pub fn flush_blocking(&self, timeout: Duration, cancel: &AtomicBool) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.lock();
+        let target = s.emitted;
+        loop {
+            if s.delivered >= target {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline || cancel.load(Ordering::Relaxed) {
+                return false;
+            }
+            // Wake at least every 50 ms to notice `cancel`.
+            let wait = (deadline - now).min(Duration::from_millis(50));
+            s = match self.inner.delivered.wait_timeout(s, wait) {
+                Ok((guard, _)) => guard,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+    }
+
+    /// Wait until at least one event is queued, then take up to `max_events`
+    /// events whose estimated JSON size stays under `max_bytes` (at least one
+    /// event is always taken). The caller must call [`Reporter::delivered`]
+    /// with the batch's length once the batch has been accepted, and must not
+    /// take another batch before that.
+    pub async fn next_batch(&self, max_events: usize, max_bytes: usize) -> Vec<PeerEvent> {
+        loop {
+            // Register interest before checking, so a concurrent `emit` is not missed.
+            let notified = self.inner.ready.notified();
+            {
+                let s = self.lock();
+                if !s.queue.is_empty() {
+                    let mut size = 0usize;
+                    let mut n = 0usize;
+                    for e in s.queue.iter().take(max_events.max(1)) {
+                        let sz = estimated_size(e);
+                        if n > 0 && size + sz > max_bytes {
+                            break;
+                        }
+                        size += sz;
+                        n += 1;
+                    }
+                    return s.queue.iter().take(n).cloned().collect();
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Mark the first `n` queued events as delivered (they were the batch
+    /// returned by [`Reporter::next_batch`]) and wake `flush` waiters.
+    pub fn delivered(&self, n: usize) {
+        let mut s = self.lock();
+        let n = n.min(s.queue.len());
+        s.queue.drain(..n);
+        s.delivered += n as u64;
+        drop(s);
+        self.inner.delivered.notify_all();
+    }
+
+    /// Number of events not yet delivered.
+    pub fn pending(&self) -> usize {
+        self.lock().queue.len()
+    }
+}
+
+/// A cheap upper estimate of an event's JSON size, for batching.
+fn estimated_size(e: &PeerEvent) -> usize {
+    const OVERHEAD: usize = 128;
+    match e {
+        PeerEvent::Output { data, .. } => OVERHEAD + data.len() * 6 / 5,
+        PeerEvent::ProcessAborted { reason, .. } | PeerEvent::ProcessFailed { reason, .. } => {
+            OVERHEAD + reason.len() * 6 / 5
+        }
+        PeerEvent::Status { text, .. } => OVERHEAD + text.len() * 6 / 5,
+        PeerEvent::ProcessExited { .. } => OVERHEAD,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(i: usize) -> PeerEvent {
+        PeerEvent::Status {
+            job: 1,
+            pid: None,
+            text: format!("event {i}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn batches_are_taken_in_order_and_flush_waits_for_delivery() {
+        let r = Reporter::new();
+        for i in 0..5 {
+            r.emit(status(i));
+        }
+        let batch = r.next_batch(3, usize::MAX).await;
+        assert_eq!(batch.len(), 3);
+        assert!(matches!(&batch[0], PeerEvent::Status { text, .. } if text == "event 0"));
+        let cancel = AtomicBool::new(false);
+        assert!(!r.flush_blocking(Duration::from_millis(1), &cancel));
+        r.delivered(3);
+        let batch = r.next_batch(10, usize::MAX).await;
+        assert_eq!(batch.len(), 2);
+        assert!(matches!(&batch[0], PeerEvent::Status { text, .. } if text == "event 3"));
+
+        // A flush on another thread returns once the rest is delivered.
+        let r2 = r.clone();
+        let waiter = std::thread::spawn(move || {
+            r2.flush_blocking(Duration::from_secs(30), &AtomicBool::new(false))
+        });
+        r.delivered(2);
+        assert!(waiter.join().unwrap());
+        assert_eq!(r.pending(), 0);
+    }
+
+    #[tokio::test]
+    async fn batches_respect_the_byte_budget_but_always_take_one() {
+        let r = Reporter::new();
+        for i in 0..4 {
+            r.emit(status(i));
+        }
+        assert_eq!(r.next_batch(10, 1).await.len(), 1);
+        assert_eq!(r.next_batch(10, 300).await.len(), 2);
+    }
+
+    #[test]
+    fn flush_gives_up_when_cancelled() {
+        let r = Reporter::new();
+        r.emit(status(0));
+        let cancel = AtomicBool::new(true);
+        let started = Instant::now();
+        assert!(!r.flush_blocking(Duration::from_secs(30), &cancel));
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,354 @@
+//! Passwords (Argon2id), tokens (JWT HS256) and the request extractors that
+//! check them.
+//!
+//! Users get a token with audience [`USER_AUDIENCE`], valid for
+//! [`USER_TOKEN_TTL`]; peers get a lease token with audience
+//! [`PEER_AUDIENCE`] that also names the lease it belongs to. Neither is
+//! accepted in place of the other. The algorithm is pinned to HS256 and the
+//! issuer to [`ISSUER`].
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use argon2::Argon2;
+use argon2::password_hash::{PasswordHasher, PasswordVerifier};
+use axum::extract::FromRequestParts;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use bsp_api::PeerId;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Supernode, lease, now_ms};
+
+/// The `iss` of every token.
+pub const ISSUER: &str = "bspweb";
+/// The `aud` of user tokens.
+pub const USER_AUDIENCE: &str = "bspweb-user";
+/// The `aud` of peer lease tokens.
+pub const PEER_AUDIENCE: &str = "bspweb-peer";
+/// How long a user token is valid.
+pub const USER_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
+/// How long a peer token outlives its lease; the lease itself (checked on
+/// every call) is what really limits it.
+const PEER_TOKEN_GRACE: Duration = Duration::from_secs(3600);
+
+/// Hashes a password with Argon2id (default parameters). Slow by design: call
+/// from a blocking thread.
+pub(crate) fn hash_password(password: &str) -> Result<String, Error> {
+    Argon2::default()
+        .hash_password(password.as_bytes())
+        .map(|h| h.to_string())
+        .map_err(|e| Error::Internal(format!("cannot hash a password: {e}")))
+}
+
+/// Checks a password against a stored hash. Slow by design: call from a
+/// blocking thread. A malformed stored hash never matches.
+pub(crate) fn verify_password(password: &str, hash: &str) -> bool {
+    Argon2::default()
+        .verify_password(password.as_bytes(), hash)
+        .is_ok()
+}
+
+/// The JWT signing keys.
+pub(crate) struct Keys {
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+}
+
+impl Keys {
+    pub(crate) fn from_secret(secret: &[u8]) -> Keys {
+        Keys {
+            encoding: EncodingKey::from_secret(secret),
+            decoding: DecodingKey::from_secret(secret),
+        }
+    }
+
+    fn validation(audience: &str) -> Validation {
+        let mut v = Validation::new(Algorithm::HS256);
+        v.set_issuer(&[ISSUER]);
+        v.set_audience(&[audience]);
+        v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+        v.leeway = 5;
+        v
+    }
+
+    fn sign<T: Serialize>(&self, claims: &T) -> Result<String, Error> {
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), claims, &self.encoding)
+            .map_err(|e| Error::Internal(format!("cannot sign a token: {e}")))
+    }
+
+    /// A user token; returns it with its expiry in Unix seconds.
+    pub(crate) fn user_token(&self, user_id: i64, name: &str) -> Result<(String, i64), Error> {
+        let now = now_ms() / 1000;
+        let exp = now + USER_TOKEN_TTL.as_secs() as i64;
+        let claims = UserClaims {
+            iss: ISSUER.into(),
+            aud: USER_AUDIENCE.into(),
+            sub: user_id.to_string(),
+            iat: now,
+            exp,
+            name: name.into(),
+        };
+        Ok((self.sign(&claims)?, exp))
+    }
+
+    /// A lease token of `peer` for lease `lease_id`, which ends at
+    /// `lease_expires_at` (Unix ms).
+    pub(crate) fn peer_token(
+        &self,
+        peer: PeerId,
+        lease_id: &str,
+        lease_expires_at: i64,
+    ) -> Result<String, Error> {
+        let now = now_ms() / 1000;
+        let claims = PeerClaims {
+            iss: ISSUER.into(),
+            aud: PEER_AUDIENCE.into(),
+            sub: peer.to_string(),
+            iat: now,
+            exp: lease_expires_at / 1000 + PEER_TOKEN_GRACE.as_secs() as i64,
+            lid: lease_id.into(),
+        };
+        self.sign(&claims)
+    }
+
+    fn decode<T: for<'de> Deserialize<'de>>(&self, token: &str, audience: &str) -> Result<T, Error> {
+        match jsonwebtoken::decode::<T>(token, &self.decoding, &Self::validation(audience)) {
+            Ok(data) => Ok(data.claims),
+            Err(e) => Err(match e.kind() {
+                ErrorKind::ExpiredSignature => Error::Unauthorized {
+                    code: "token_expired",
+                    message: if audience == USER_AUDIENCE {
+                        "your login has expired; log in again".into()
+                    } else {
+                        "the lease token has expired; log in again".into()
+                    },
+                },
+                ErrorKind::InvalidAudience if audience == USER_AUDIENCE => Error::unauthorized(
+                    "this token is not a user token (it is a peer lease token); log in with a user name and password",
+                ),
+                ErrorKind::InvalidAudience => Error::unauthorized(
+                    "this token is not a peer lease token; peers log in with POST /api/v1/peer/login",
+                ),
+                _ => Error::unauthorized("the token is not valid here; log in again"),
+            }),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct UserClaims {
+    iss: String,
+    aud: String,
+    sub: String,
+    iat: i64,
+    exp: i64,
+    name: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct PeerClaims {
+    iss: String,
+    aud: String,
+    sub: String,
+    iat: i64,
+    exp: i64,
+    lid: String,
+}
+
+/// Loads the JWT secret from `path`, or creates one (32 random bytes, hex,
+/// mode 0600) when the file does not exist.
+pub(crate) fn load_or_create_secret(path: &Path) -> anyhow::Result<Vec<u8>> {
+    use anyhow::Context;
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let secret = hex::decode(text.trim()).with_context(|| {
+                format!(
+                    "the JWT secret {} is not hex; delete it to have a new one generated (every login becomes invalid)",
+                    path.display()
+                )
+            })?;
+            if secret.len() < 32 {
+                anyhow::bail!(
+                    "the JWT secret {} is shorter than 32 bytes; delete it to have a new one generated",
+                    path.display()
+                );
+            }
+            Ok(secret)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let secret: [u8; 32] = rand::random();
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create_new(true);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                options.mode(0o600);
+            }
+            let mut file = options
+                .open(path)
+                .with_context(|| format!("cannot create the JWT secret {}", path.display()))?;
+            writeln!(file, "{}", hex::encode(secret))
+                .and_then(|()| file.sync_all())
+                .with_context(|| format!("cannot write the JWT secret {}", path.display()))?;
+            Ok(secret.to_vec())
+        }
+        Err(e) => {
+            Err(e).with_context(|| format!("cannot read the JWT secret {}", path.display()))
+        }
+    }
+}
+
+fn bearer(parts: &Parts) -> Result<&str, Error> {
+    let Some(value) = parts.headers.get(AUTHORIZATION) else {
+        return Err(Error::unauthorized(
+            "missing `Authorization: Bearer <token>` header; log in first",
+        ));
+    };
+    let value = value
+        .to_str()
+        .map_err(|_| Error::unauthorized("the Authorization header is not valid text"))?;
+    match value.split_once(' ') {
+        Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() => {
+            Ok(token.trim())
+        }
+        _ => Err(Error::unauthorized(
+            "the Authorization header must be `Bearer <token>`",
+        )),
+    }
+}
+
+/// A request made by a logged-in user.
+#[derive(Debug, Clone)]
+pub(crate) struct AuthUser {
+    pub id: i64,
+    pub name: String,
+}
+
+impl FromRequestParts<Supernode> for AuthUser {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Supernode) -> Result<Self, Error> {
+        let token = bearer(parts)?;
+        let claims: UserClaims = state.inner.keys.decode(token, USER_AUDIENCE)?;
+        let id = claims
+            .sub
+            .parse()
+            .map_err(|_| Error::unauthorized("the token is not valid here; log in again"))?;
+        Ok(AuthUser {
+            id,
+            name: claims.name,
+        })
+    }
+}
+
+/// A request made by a peer holding a valid lease.
+#[derive(Debug, Clone)]
+pub(crate) struct AuthPeer {
+    pub id: PeerId,
+}
+
+impl FromRequestParts<Supernode> for AuthPeer {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Supernode) -> Result<Self, Error> {
+        let token = bearer(parts)?;
+        let claims: PeerClaims = state.inner.keys.decode(token, PEER_AUDIENCE)?;
+        let id: PeerId = claims
+            .sub
+            .parse()
+            .map_err(|_| Error::unauthorized("the lease token is not valid here; log in again"))?;
+        let live = state.inner.live();
+        let valid = live
+            .peers
+            .get(&id)
+            .is_some_and(|p| p.lease_id == claims.lid && lease::is_valid(now_ms(), p.expires_at));
+        drop(live);
+        if valid {
+            Ok(AuthPeer { id })
+        } else {
+            Err(Error::Unauthorized {
+                code: "lease_expired",
+                message: format!("the lease of peer {id} has expired; log in again"),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_verify_only_with_the_right_password() {
+        let hash = hash_password("correct horse").unwrap();
+        assert!(hash.starts_with("$argon2id$"), "{hash}");
+        assert!(verify_password("correct horse", &hash));
+        assert!(!verify_password("Correct horse", &hash));
+        assert!(!verify_password("correct horse", "not a phc string"));
+    }
+
+    #[test]
+    fn user_and_peer_tokens_are_not_interchangeable() {
+        let keys = Keys::from_secret(&[7u8; 32]);
+        let (user, _) = keys.user_token(1, "alice").unwrap();
+        let peer = keys.peer_token(3, "lease", now_ms() + 10_000).unwrap();
+        assert!(keys.decode::<UserClaims>(&user, USER_AUDIENCE).is_ok());
+        assert!(keys.decode::<PeerClaims>(&peer, PEER_AUDIENCE).is_ok());
+        let e = keys.decode::<UserClaims>(&peer, USER_AUDIENCE).unwrap_err();
+        assert!(e.to_string().contains("not a user token"), "{e}");
+        let e = keys.decode::<PeerClaims>(&user, PEER_AUDIENCE).unwrap_err();
+        assert!(e.to_string().contains("not a peer lease token"), "{e}");
+    }
+
+    #[test]
+    fn tokens_signed_with_another_key_or_expired_are_refused() {
+        let keys = Keys::from_secret(&[7u8; 32]);
+        let other = Keys::from_secret(&[8u8; 32]);
+        let (token, _) = other.user_token(1, "alice").unwrap();
+        assert!(matches!(
+            keys.decode::<UserClaims>(&token, USER_AUDIENCE),
+            Err(Error::Unauthorized { .. })
+        ));
+        let old = UserClaims {
+            iss: ISSUER.into(),
+            aud: USER_AUDIENCE.into(),
+            sub: "1".into(),
+            iat: 0,
+            exp: now_ms() / 1000 - 3600,
+            name: "alice".into(),
+        };
+        let token = keys.sign(&old).unwrap();
+        match keys.decode::<UserClaims>(&token, USER_AUDIENCE) {
+            Err(Error::Unauthorized { code, .. }) => assert_eq!(code, "token_expired"),
+            other => panic!("expected an expired token, got {other:?}"),
+        }
+        // A token with `alg: none` or another algorithm is refused.
+        let unsigned = format!(
+            "eyJhbGciOiJub25lIn0.{}.",
+            token.split('.').nth(1).unwrap()
+        );
+        assert!(keys.decode::<UserClaims>(&unsigned, USER_AUDIENCE).is_err());
+    }
+
+    #[test]
+    fn the_secret_is_created_once_with_owner_only_permissions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwt-secret");
+        let a = load_or_create_secret(&path).unwrap();
+        let b = load_or_create_secret(&path).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.len(), 32);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        std::fs::write(&path, "zz").unwrap();
+        assert!(load_or_create_secret(&path).is_err());
+    }
+}

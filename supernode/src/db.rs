@@ -1,0 +1,263 @@
+//! SQLite: opening, migrations, and mapping rows to API types.
+
+use std::path::Path;
+
+use bsp_api::rest::{JobEvent, JobEventKind, JobInfo, JobLimits, JobOutcome, JobState};
+use bsp_api::{JobId, PeerId, Pid};
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::Error;
+
+/// The numbered migration files, applied in order. `PRAGMA user_version` is
+/// the number already applied.
+const MIGRATIONS: &[(&str, &str)] = &[(
+    "0001_init.sql",
+    include_str!("../../migrations/0001_init.sql"),
+)];
+
+/// Opens (creating if needed) the database and brings its schema up to date.
+pub(crate) fn open(path: &Path) -> anyhow::Result<Connection> {
+    use anyhow::Context;
+    let mut conn = Connection::open(path)
+        .with_context(|| format!("cannot open the database {}", path.display()))?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        tracing::warn!(mode, "SQLite refused write-ahead logging");
+    }
+    conn.execute_batch("PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;")?;
+    migrate(&mut conn).with_context(|| format!("cannot migrate the database {}", path.display()))?;
+    Ok(conn)
+}
+
+/// Applies the migrations the database has not seen yet, each in its own
+/// transaction together with the `user_version` bump.
+pub(crate) fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let known = MIGRATIONS.len() as i64;
+    if version > known {
+        anyhow::bail!(
+            "the database has schema version {version} but this supernode knows only {known}; \
+             it was written by a newer bspweb, so run that version (or start with a fresh data directory)"
+        );
+    }
+    for (i, (name, sql)) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)
+            .map_err(|e| anyhow::anyhow!("migration {name} failed: {e}"))?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+        tx.commit()?;
+        tracing::info!(migration = name, "applied database migration");
+    }
+    Ok(())
+}
+
+/// A u64 stored in an INTEGER column as its two's-complement bits.
+pub(crate) fn u64_to_sql(v: u64) -> i64 {
+    v as i64
+}
+
+/// The inverse of [`u64_to_sql`].
+pub(crate) fn u64_from_sql(v: i64) -> u64 {
+    v as u64
+}
+
+const JOB_COLUMNS: &str = "j.id, u.name, j.program, j.program_hash, j.nprocs, j.args, j.description, \
+     j.state, j.outcome, j.error, j.error_pid, j.seed, j.superstep_ms, j.memory_mib, j.output_mib, \
+     j.submitted_at, j.started_at, j.finished_at, j.exited";
+
+fn job_from_row(row: &Row<'_>) -> rusqlite::Result<JobInfo> {
+    let args: String = row.get(5)?;
+    let state: String = row.get(7)?;
+    let outcome: Option<String> = row.get(8)?;
+    Ok(JobInfo {
+        id: row.get(0)?,
+        owner: row.get(1)?,
+        program: row.get(2)?,
+        program_hash: row.get(3)?,
+        nprocs: row.get(4)?,
+        args: serde_json::from_str(&args).unwrap_or(serde_json::Value::Null),
+        description: row.get(6)?,
+        state: JobState::parse(&state).unwrap_or(JobState::Finished),
+        outcome: outcome.as_deref().and_then(JobOutcome::parse),
+        error: row.get(9)?,
+        error_pid: row.get(10)?,
+        seed: u64_from_sql(row.get(11)?),
+        limits: JobLimits {
+            superstep_ms: u64_from_sql(row.get(12)?),
+            memory_mib: row.get(13)?,
+            output_mib: row.get(14)?,
+        },
+        submitted_at: row.get(15)?,
+        started_at: row.get(16)?,
+        finished_at: row.get(17)?,
+        placement: Vec::new(),
+        exited: row.get(18)?,
+    })
+}
+
+fn placement_of(conn: &Connection, job: JobId) -> rusqlite::Result<Vec<PeerId>> {
+    let mut stmt =
+        conn.prepare_cached("SELECT peer_id FROM placements WHERE job = ?1 ORDER BY pid")?;
+    let rows = stmt.query_map([job], |r| r.get(0))?;
+    rows.collect()
+}
+
+/// Job `id` if it belongs to `owner` (any owner when `None`).
+pub(crate) fn job_info(
+    conn: &Connection,
+    id: JobId,
+    owner: Option<i64>,
+) -> Result<Option<JobInfo>, Error> {
+    let sql = format!(
+        "SELECT {JOB_COLUMNS} FROM jobs j JOIN users u ON u.id = j.owner \
+         WHERE j.id = ?1 AND (?2 IS NULL OR j.owner = ?2)"
+    );
+    let job = conn
+        .query_row(&sql, params![id, owner], job_from_row)
+        .optional()?;
+    match job {
+        Some(mut job) => {
+            job.placement = placement_of(conn, id)?;
+            Ok(Some(job))
+        }
+        None => Ok(None),
+    }
+}
+
+/// The jobs of `owner`, oldest first, optionally in one state.
+pub(crate) fn jobs_of(
+    conn: &Connection,
+    owner: i64,
+    state: Option<JobState>,
+) -> Result<Vec<JobInfo>, Error> {
+    let sql = format!(
+        "SELECT {JOB_COLUMNS} FROM jobs j JOIN users u ON u.id = j.owner \
+         WHERE j.owner = ?1 AND (?2 IS NULL OR j.state = ?2) ORDER BY j.id"
+    );
+    let mut stmt = conn.prepare(&sql)?;
+    let rows = stmt.query_map(params![owner, state.map(JobState::as_str)], job_from_row)?;
+    let mut jobs = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+    for job in &mut jobs {
+        if job.state != JobState::Waiting {
+            job.placement = placement_of(conn, job.id)?;
+        }
+    }
+    Ok(jobs)
+}
+
+/// Stores one event; returns its id, or `None` when `(job, pid, seq)` was
+/// stored before.
+pub(crate) fn insert_event(
+    conn: &Connection,
+    job: JobId,
+    pid: Option<Pid>,
+    seq: Option<i64>,
+    kind: &JobEventKind,
+    at: i64,
+) -> Result<Option<i64>, Error> {
+    let payload =
+        serde_json::to_string(kind).map_err(|e| Error::Internal(format!("event payload: {e}")))?;
+    let mut stmt = conn.prepare_cached(
+        "INSERT OR IGNORE INTO events (job, pid, kind, seq, payload, at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
+    let n = stmt.execute(params![job, pid, kind.name(), seq, payload, at])?;
+    Ok((n == 1).then(|| conn.last_insert_rowid()))
+}
+
+/// Up to `limit` events of `job` with an id greater than `after`, in order.
+pub(crate) fn events_after(
+    conn: &Connection,
+    job: JobId,
+    after: i64,
+    limit: u32,
+) -> Result<Vec<JobEvent>, Error> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, pid, payload, at FROM events WHERE job = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
+    )?;
+    let rows = stmt.query_map(params![job, after, limit], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, Option<Pid>>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, i64>(3)?,
+        ))
+    })?;
+    let mut events = Vec::new();
+    for row in rows {
+        let (id, pid, payload, at) = row?;
+        match serde_json::from_str::<JobEventKind>(&payload) {
+            Ok(kind) => events.push(JobEvent {
+                id,
+                job,
+                pid,
+                at,
+                kind,
+            }),
+            Err(e) => tracing::error!(job, event = id, error = %e, "skipping an unreadable stored event"),
+        }
+    }
+    Ok(events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_apply_once_and_record_the_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite3");
+        let conn = open(&path).unwrap();
+        let v: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, MIGRATIONS.len() as i64);
+        drop(conn);
+        // Opening again applies nothing (a second CREATE TABLE would fail).
+        let conn = open(&path).unwrap();
+        let fk: i64 = conn.query_row("PRAGMA foreign_keys", [], |r| r.get(0)).unwrap();
+        assert_eq!(fk, 1);
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_with_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite3");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.pragma_update(None, "user_version", 99).unwrap();
+        }
+        let err = open(&path).unwrap_err();
+        assert!(format!("{err:#}").contains("newer bspweb"), "{err:#}");
+    }
+
+    #[test]
+    fn repeated_output_records_are_stored_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open(&dir.path().join("db.sqlite3")).unwrap();
+        conn.execute_batch(
+            "INSERT INTO users (id, name, password_hash, created_at) VALUES (1, 'a', 'x', 0);
+             INSERT INTO programs (hash, bytes, size, created_at)
+                VALUES ('0000000000000000000000000000000000000000000000000000000000000000', x'00', 1, 0);
+             INSERT INTO jobs (id, owner, program, program_hash, nprocs, args, seed, superstep_ms,
+                memory_mib, output_mib, state, submitted_at)
+                VALUES (1, 1, 'p', '0000000000000000000000000000000000000000000000000000000000000000',
+                        2, 'null', 0, 1, 1, 1, 'active', 0);",
+        )
+        .unwrap();
+        let line = |t: &str| JobEventKind::Stdout { text: t.into() };
+        let a = insert_event(&conn, 1, Some(0), Some(0), &line("a"), 1).unwrap();
+        let again = insert_event(&conn, 1, Some(0), Some(0), &line("a"), 2).unwrap();
+        let other_pid = insert_event(&conn, 1, Some(1), Some(0), &line("b"), 3).unwrap();
+        let status1 = insert_event(&conn, 1, None, None, &JobEventKind::Status { text: "s".into() }, 4).unwrap();
+        let status2 = insert_event(&conn, 1, None, None, &JobEventKind::Status { text: "s".into() }, 5).unwrap();
+        assert!(a.is_some() && other_pid.is_some() && status1.is_some() && status2.is_some());
+        assert_eq!(again, None);
+        let events = events_after(&conn, 1, 0, 100).unwrap();
+        assert_eq!(events.len(), 4);
+        assert!(events.windows(2).all(|w| w[0].id < w[1].id));
+        assert_eq!(events_after(&conn, 1, a.unwrap(), 100).unwrap().len(), 3);
+    }
+}

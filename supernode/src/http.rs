@@ -1,0 +1,169 @@
+//! The router, body limits, and extractors whose rejections are [`ApiError`]s.
+//!
+//! [`ApiError`]: bsp_api::rest::ApiError
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use serde::de::DeserializeOwned;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::TraceLayer;
+
+use crate::error::api_error;
+use crate::{Error, Supernode, control, rest, sse};
+
+/// Body limit for program uploads and job submissions.
+pub(crate) const LARGE_BODY: usize = 64 << 20;
+/// Body limit for peer reports.
+pub(crate) const REPORT_BODY: usize = 8 << 20;
+/// Body limit for everything else.
+pub(crate) const SMALL_BODY: usize = 1 << 20;
+
+const INDEX_HTML: &str = include_str!("../../web-ui/index.html");
+
+pub(crate) fn router(sn: Supernode) -> Router {
+    let api = Router::new()
+        .route("/login", post(rest::login))
+        .route("/users", post(rest::create_user))
+        .route("/me", get(rest::me))
+        .route(
+            "/programs",
+            post(rest::upload_program)
+                .layer(DefaultBodyLimit::max(LARGE_BODY))
+                .get(rest::programs),
+        )
+        .route(
+            "/jobs",
+            post(rest::submit)
+                .layer(DefaultBodyLimit::max(LARGE_BODY))
+                .get(rest::jobs),
+        )
+        .route("/jobs/{id}", get(rest::job).delete(rest::dispose))
+        .route("/jobs/{id}/kill", post(rest::kill))
+        .route("/jobs/{id}/events", get(sse::events))
+        .route("/peers", get(rest::peers))
+        .route("/health", get(rest::health))
+        .route("/peer/login", post(control::login))
+        .route("/peer/renew", post(control::renew))
+        .route("/peer/commands", get(control::commands))
+        .route(
+            "/peer/report",
+            post(control::report).layer(DefaultBodyLimit::max(REPORT_BODY)),
+        )
+        .route("/peer/modules/{hash}", get(control::module));
+    Router::new()
+        .route("/", get(|| async { Html(INDEX_HTML) }))
+        .route("/index.html", get(|| async { Html(INDEX_HTML) }))
+        .nest("/api/v1", api)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(SMALL_BODY))
+        .with_state(sn)
+        .layer(TraceLayer::new_for_http())
+        .layer(CatchPanicLayer::custom(on_panic))
+}
+
+async fn not_found() -> Response {
+    api_error(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such endpoint; the API lives under /api/v1",
+    )
+}
+
+async fn method_not_allowed() -> Response {
+    api_error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this endpoint does not accept that HTTP method",
+    )
+}
+
+fn on_panic(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    tracing::error!("a request handler panicked");
+    api_error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "internal error in the supernode; its log has the details",
+    )
+}
+
+/// A JSON body. Does not insist on a content type; malformed JSON is a 400
+/// `bad_json`, well-formed JSON of the wrong shape a 422 `invalid_body`.
+pub(crate) struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Error> {
+        let ApiBytes(bytes) = ApiBytes::from_request(req, state).await?;
+        match serde_json::from_slice(&bytes) {
+            Ok(v) => Ok(ApiJson(v)),
+            Err(e) if e.is_data() => Err(Error::Unprocessable {
+                code: "invalid_body",
+                message: format!("the request body does not have the expected fields: {e}"),
+            }),
+            Err(e) => Err(Error::BadRequest {
+                code: "bad_json",
+                message: format!("the request body is not valid JSON: {e}"),
+            }),
+        }
+    }
+}
+
+/// A raw body within the route's limit; too large is a 413 `too_large`.
+pub(crate) struct ApiBytes(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for ApiBytes {
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Error> {
+        match Bytes::from_request(req, state).await {
+            Ok(b) => Ok(ApiBytes(b)),
+            Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(Error::TooLarge(
+                "the request body is larger than this endpoint accepts".into(),
+            )),
+            Err(r) => Err(Error::bad_request(format!(
+                "cannot read the request body: {}",
+                r.body_text()
+            ))),
+        }
+    }
+}
+
+/// Query parameters; a bad one is a 400.
+pub(crate) struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Error> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| ApiQuery(q.0))
+            .map_err(|r| Error::bad_request(r.body_text()))
+    }
+}
+
+/// A path parameter; a bad one (a job id that is not a number) is a 400.
+pub(crate) struct ApiPath<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Error> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| ApiPath(p.0))
+            .map_err(|r| Error::bad_request(r.body_text()))
+    }
+}
+
+/// `204 No Content`.
+pub(crate) fn no_content() -> Response {
+    StatusCode::NO_CONTENT.into_response()
+}

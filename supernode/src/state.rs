@@ -1,0 +1,1526 @@
+//! The supernode's state transitions: users, programs, jobs, scheduling,
+//! peer leases and peer reports. Each runs in one SQLite transaction on a
+//! blocking thread and records its [`Effects`].
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bsp_api::control::{
+    Command, JobAssignment, JobPeer, Lease, PeerEvent, PeerLogin, PeerRenew, SeqCommand, Stream,
+};
+use bsp_api::rest::{JobEventKind, JobInfo, JobLimits, JobOutcome, PeerInfo, ProgramInfo, UserInfo};
+use bsp_api::{JobId, PeerId, Pid};
+use placement::{Dhht, IndexAllocator, golden_position};
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
+use sha2::{Digest, Sha256};
+use tokio::sync::Notify;
+
+use crate::db::{self, u64_from_sql, u64_to_sql};
+use crate::{Effects, Error, Inner, Live, LivePeer, Supernode, lease, now_ms};
+
+/// Largest number of processes of one job.
+pub(crate) const MAX_NPROCS: u32 = 4096;
+/// Largest JSON text of a job's arguments.
+pub(crate) const MAX_ARGS_BYTES: usize = 1 << 20;
+/// Largest total decoded size of a job's resources.
+pub(crate) const MAX_RESOURCE_BYTES: usize = 64 << 20;
+/// Largest description, in characters.
+const MAX_DESCRIPTION_CHARS: usize = 4096;
+/// Longest reason or status text kept from a peer, in characters.
+const MAX_REASON_CHARS: usize = 4096;
+/// Lowest availability used in a peer's weight, so an idle-less peer still
+/// has a (small) share of the ring.
+const MIN_AVAILABILITY: f64 = 0.05;
+
+/// The state behind the supernode's lock: the database and the placement
+/// tables derived from it.
+pub(crate) struct Core {
+    pub(crate) conn: Connection,
+    place: Place,
+}
+
+/// The in-memory DHHT of the online peers and the golden-index allocators
+/// (dissertation §4.2.2, §4.2.4), mirrors of what SQLite records.
+#[derive(Default)]
+struct Place {
+    dhht: Dhht,
+    peer_indices: IndexAllocator,
+    process_indices: IndexAllocator,
+}
+
+/// A peer's weight in the DHHT: speed × availability, availability at least 5 %.
+fn weight(speed: f64, idle: f64) -> f64 {
+    speed * idle.max(MIN_AVAILABILITY)
+}
+
+fn truncate(text: &str, max_chars: usize) -> String {
+    match text.char_indices().nth(max_chars) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
+    }
+}
+
+// ---------------------------------------------------------------- validation
+
+fn is_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// User names: 1 to 64 of `A-Z a-z 0-9 _ . -`.
+pub(crate) fn check_user_name(name: &str) -> Result<(), Error> {
+    if is_name(name) {
+        Ok(())
+    } else {
+        Err(Error::bad_request(
+            "a user name is 1 to 64 characters of letters, digits, `_`, `.` and `-`",
+        ))
+    }
+}
+
+/// Passwords: 8 to 1024 bytes.
+pub(crate) fn check_password(password: &str) -> Result<(), Error> {
+    if (8..=1024).contains(&password.len()) {
+        Ok(())
+    } else {
+        Err(Error::bad_request(
+            "a password is 8 to 1024 characters long",
+        ))
+    }
+}
+
+/// Program names: 1 to 64 of `A-Z a-z 0-9 _ . -`.
+pub(crate) fn check_program_name(name: &str) -> Result<(), Error> {
+    if is_name(name) {
+        Ok(())
+    } else {
+        Err(Error::bad_request(format!(
+            "`{}` is not a valid program name: use 1 to 64 letters, digits, `_`, `.` and `-`",
+            truncate(name, 80)
+        )))
+    }
+}
+
+/// Validates a module against the `bspweb_v1` contract and returns its hex
+/// SHA-256. Slow for big modules: call from a blocking thread.
+pub(crate) fn validate_module(wasm: &[u8]) -> Result<String, Error> {
+    bspweb_abi::validate(wasm).map_err(|e| Error::Unprocessable {
+        code: "invalid_module",
+        message: e.to_string(),
+    })?;
+    Ok(hex::encode(Sha256::digest(wasm)))
+}
+
+fn is_hash(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A submitted job after validation.
+pub(crate) struct NewJob {
+    program: String,
+    nprocs: u32,
+    args: String,
+    description: Option<String>,
+    seed: u64,
+    limits: JobLimits,
+    resources: Vec<(String, Vec<u8>)>,
+}
+
+/// Limits clamped to what the supernode accepts.
+pub(crate) fn clamp_limits(limits: JobLimits) -> JobLimits {
+    JobLimits {
+        superstep_ms: limits.superstep_ms.clamp(100, 86_400_000),
+        memory_mib: limits.memory_mib.clamp(1, 4096),
+        output_mib: limits.output_mib.clamp(1, 1024),
+    }
+}
+
+/// Checks a submission; decodes its resources. CPU-bound for big resources:
+/// call from a blocking thread.
+pub(crate) fn validate_submit(job: bsp_api::rest::SubmitJob) -> Result<NewJob, Error> {
+    let program = job.program.trim().to_string();
+    if program.is_empty() || program.len() > 128 {
+        return Err(Error::bad_request(
+            "`program` must name one of your programs, a bundled example, or a module hash",
+        ));
+    }
+    if job.nprocs == 0 || job.nprocs > MAX_NPROCS {
+        return Err(Error::bad_request(format!(
+            "`nprocs` must be between 1 and {MAX_NPROCS}, not {}",
+            job.nprocs
+        )));
+    }
+    let args = serde_json::to_string(&job.args)
+        .map_err(|e| Error::bad_request(format!("`args` cannot be stored: {e}")))?;
+    if args.len() > MAX_ARGS_BYTES {
+        return Err(Error::TooLarge(format!(
+            "`args` is {} bytes of JSON; the limit is {MAX_ARGS_BYTES} (pass big inputs as resources)",
+            args.len()
+        )));
+    }
+    if let Some(d) = &job.description
+        && d.chars().count() > MAX_DESCRIPTION_CHARS
+    {
+        return Err(Error::bad_request(format!(
+            "`description` is longer than {MAX_DESCRIPTION_CHARS} characters"
+        )));
+    }
+    let mut resources = Vec::with_capacity(job.resources.len());
+    let mut total = 0usize;
+    for (name, data) in job.resources {
+        if name.is_empty() || name.len() > 256 || name.chars().any(char::is_control) {
+            return Err(Error::bad_request(format!(
+                "resource name `{}` is not valid: use 1 to 256 printable characters",
+                truncate(&name, 80)
+            )));
+        }
+        let bytes = BASE64.decode(data.as_bytes()).map_err(|e| {
+            Error::bad_request(format!(
+                "resource `{name}` is not valid base64 ({e}); encode its bytes with standard base64"
+            ))
+        })?;
+        total += bytes.len();
+        if total > MAX_RESOURCE_BYTES {
+            return Err(Error::TooLarge(format!(
+                "the job's resources add up to more than {} MiB",
+                MAX_RESOURCE_BYTES >> 20
+            )));
+        }
+        resources.push((name, bytes));
+    }
+    Ok(NewJob {
+        program,
+        nprocs: job.nprocs,
+        args,
+        description: job.description,
+        // Below 2^53, so the seed survives JavaScript's numbers in the web UI.
+        seed: job.seed.unwrap_or_else(|| rand::random::<u64>() >> 11),
+        limits: clamp_limits(job.limits.unwrap_or_default()),
+        resources,
+    })
+}
+
+fn check_peer_numbers(speed: f64, idle: f64) -> Result<(), Error> {
+    if !(speed.is_finite() && speed > 0.0 && speed <= 1e9) {
+        return Err(Error::bad_request(format!(
+            "`speed` must be a positive number (1.0 = the reference machine), not {speed}"
+        )));
+    }
+    if !(idle.is_finite() && (0.0..=1.0).contains(&idle)) {
+        return Err(Error::bad_request(format!(
+            "`idle` must be a fraction between 0 and 1, not {idle}"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `addr` is `host:port` with a non-zero port (IPv6 hosts in brackets).
+fn is_host_port(addr: &str) -> bool {
+    if addr.parse::<std::net::SocketAddr>().is_ok() {
+        return !addr.ends_with(":0");
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return false;
+    };
+    let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0);
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
+    port_ok && host_ok
+}
+
+/// Checks a peer's login.
+pub(crate) fn validate_login(login: &PeerLogin) -> Result<(), Error> {
+    if login.version != bsp_api::API_VERSION {
+        return Err(Error::bad_request(format!(
+            "this supernode speaks protocol version {}, the peer {}; run matching bspweb versions",
+            bsp_api::API_VERSION,
+            login.version
+        )));
+    }
+    if login.name.trim().is_empty()
+        || login.name.chars().count() > 128
+        || login.name.chars().any(char::is_control)
+    {
+        return Err(Error::bad_request(
+            "`name` must be 1 to 128 printable characters",
+        ));
+    }
+    if !is_host_port(&login.addr) {
+        return Err(Error::bad_request(format!(
+            "`addr` must be `host:port` where other peers reach this peer, not `{}`",
+            truncate(&login.addr, 80)
+        )));
+    }
+    check_peer_numbers(login.speed, login.idle)?;
+    if login.cores == 0 || login.cores > 65_536 {
+        return Err(Error::bad_request(format!(
+            "`cores` must be between 1 and 65536, not {}",
+            login.cores
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a renewal.
+pub(crate) fn validate_renew(renew: &PeerRenew) -> Result<(), Error> {
+    check_peer_numbers(renew.speed, renew.idle)?;
+    if renew.jobs.len() > 100_000 {
+        return Err(Error::bad_request("`jobs` lists more than 100000 jobs"));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- helpers
+
+/// Queues `command` for `peer` if it is online.
+fn queue(tx: &Connection, inner: &Inner, fx: &mut Effects, peer: PeerId, command: Command) -> Result<(), Error> {
+    let seq = {
+        let mut live = inner.live();
+        let Some(p) = live.peers.get_mut(&peer) else {
+            return Ok(());
+        };
+        p.last_seq += 1;
+        p.last_seq
+    };
+    tx.execute(
+        "UPDATE peers SET cmd_seq = max(cmd_seq, ?2) WHERE id = ?1",
+        params![peer, u64_to_sql(seq)],
+    )?;
+    fx.commands.push((peer, SeqCommand { seq, command }));
+    Ok(())
+}
+
+/// The distinct peers of a job, in order of their first process.
+fn peers_of_job(tx: &Connection, job: JobId) -> Result<Vec<PeerId>, Error> {
+    let mut stmt =
+        tx.prepare_cached("SELECT peer_id FROM placements WHERE job = ?1 ORDER BY pid")?;
+    let mut seen = HashSet::new();
+    let mut peers = Vec::new();
+    for peer in stmt.query_map([job], |r| r.get::<_, PeerId>(0))? {
+        let peer = peer?;
+        if seen.insert(peer) {
+            peers.push(peer);
+        }
+    }
+    Ok(peers)
+}
+
+/// How a job ends.
+struct Ending {
+    outcome: JobOutcome,
+    error: Option<String>,
+    error_pid: Option<Pid>,
+    event: JobEventKind,
+    /// Send `KillJob` with this reason to the job's peers.
+    kill: Option<String>,
+    /// A peer not to send `KillJob` to (one that is gone).
+    skip_peer: Option<PeerId>,
+}
+
+/// Ends an unfinished job: state, terminal event, golden indices, commands.
+/// Returns false (changing nothing) if the job was finished already.
+fn finish_job(
+    tx: &Connection,
+    place: &mut Place,
+    inner: &Inner,
+    fx: &mut Effects,
+    job: JobId,
+    ending: Ending,
+    now: i64,
+) -> Result<bool, Error> {
+    let n = tx.execute(
+        "UPDATE jobs SET state = 'finished', outcome = ?2, error = ?3, error_pid = ?4, finished_at = ?5 \
+         WHERE id = ?1 AND state != 'finished'",
+        params![job, ending.outcome.as_str(), ending.error, ending.error_pid, now],
+    )?;
+    if n == 0 {
+        return Ok(false);
+    }
+    db::insert_event(tx, job, None, None, &ending.event, now)?;
+    {
+        let mut stmt = tx.prepare_cached("SELECT position FROM placements WHERE job = ?1")?;
+        for k in stmt.query_map([job], |r| r.get::<_, i64>(0))? {
+            place.process_indices.free(u64_from_sql(k?));
+        }
+    }
+    if let Some(reason) = ending.kill {
+        for peer in peers_of_job(tx, job)? {
+            if Some(peer) != ending.skip_peer {
+                queue(tx, inner, fx, peer, Command::KillJob { job, reason: reason.clone() })?;
+            }
+        }
+    }
+    tracing::info!(job, outcome = ending.outcome.as_str(), error = ending.error.as_deref().unwrap_or(""), "job finished");
+    fx.jobs.insert(job);
+    fx.wake_scheduler = true;
+    Ok(true)
+}
+
+fn pid_list(pids: &[Pid]) -> String {
+    const SHOWN: usize = 20;
+    let mut text = pids
+        .iter()
+        .take(SHOWN)
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if pids.len() > SHOWN {
+        text.push_str(&format!(" and {} more", pids.len() - SHOWN));
+    }
+    if pids.len() == 1 {
+        format!("pid {text}")
+    } else {
+        format!("pids {text}")
+    }
+}
+
+/// What a report handler knows about a job the reporting peer may touch.
+struct ReportJob {
+    active: bool,
+    nprocs: u32,
+    /// The peer of each pid.
+    placement: Vec<PeerId>,
+}
+
+impl Core {
+    /// Builds the in-memory state from the database at start.
+    pub(crate) fn load(conn: Connection) -> anyhow::Result<(Core, Live)> {
+        let mut core = Core {
+            conn,
+            place: Place::default(),
+        };
+        core.rebuild_placement()?;
+        let mut live = Live::default();
+        {
+            let mut stmt = core.conn.prepare(
+                "SELECT id, lease_id, lease_expires_at, cmd_seq FROM peers WHERE state = 'online'",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok((
+                    r.get::<_, PeerId>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, i64>(3)?,
+                ))
+            })?;
+            for row in rows {
+                let (id, lease_id, expires_at, seq) = row?;
+                live.peers.insert(
+                    id,
+                    LivePeer {
+                        lease_id,
+                        expires_at,
+                        last_seq: u64_from_sql(seq),
+                        queue: VecDeque::new(),
+                        notify: Arc::new(Notify::new()),
+                    },
+                );
+            }
+        }
+        Ok((core, live))
+    }
+
+    /// Rebuilds the DHHT and the allocators from the database (at start, and
+    /// after a failed transaction may have left them out of step).
+    pub(crate) fn rebuild_placement(&mut self) -> Result<(), Error> {
+        let mut place = Place::default();
+        let mut unplaced = Vec::new();
+        {
+            let mut stmt = self.conn.prepare(
+                "SELECT id, golden, speed, idle FROM peers WHERE state = 'online' ORDER BY id",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok((
+                    r.get::<_, PeerId>(0)?,
+                    r.get::<_, Option<i64>>(1)?,
+                    r.get::<_, f64>(2)?,
+                    r.get::<_, f64>(3)?,
+                ))
+            })?;
+            for row in rows {
+                let (id, golden, speed, idle) = row?;
+                match golden.map(u64_from_sql).filter(|&k| place.peer_indices.restore(k)) {
+                    Some(k) => insert_peer(&mut place.dhht, id, k, speed, idle),
+                    None => unplaced.push((id, speed, idle)),
+                }
+            }
+        }
+        for (id, speed, idle) in unplaced {
+            let k = place.peer_indices.alloc();
+            self.conn.execute(
+                "UPDATE peers SET golden = ?2 WHERE id = ?1",
+                params![id, u64_to_sql(k)],
+            )?;
+            insert_peer(&mut place.dhht, id, k, speed, idle);
+        }
+        {
+            let mut stmt = self.conn.prepare(
+                "SELECT p.position FROM placements p JOIN jobs j ON j.id = p.job WHERE j.state = 'active'",
+            )?;
+            for k in stmt.query_map([], |r| r.get::<_, i64>(0))? {
+                place.process_indices.restore(u64_from_sql(k?));
+            }
+        }
+        self.place = place;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ users
+
+    pub(crate) fn create_user(&mut self, name: &str, hash: &str, admin: bool) -> Result<UserInfo, Error> {
+        let exists: bool = self
+            .conn
+            .query_row("SELECT EXISTS (SELECT 1 FROM users WHERE name = ?1)", [name], |r| r.get(0))?;
+        if exists {
+            return Err(Error::Conflict(format!("a user named `{name}` exists already")));
+        }
+        self.conn.execute(
+            "INSERT INTO users (name, password_hash, admin, created_at) VALUES (?1, ?2, ?3, ?4)",
+            params![name, hash, admin, now_ms()],
+        )?;
+        tracing::info!(user = name, admin, "created user");
+        Ok(UserInfo {
+            id: self.conn.last_insert_rowid(),
+            name: name.to_string(),
+            admin,
+        })
+    }
+
+    pub(crate) fn user_with_hash(&self, name: &str) -> Result<Option<(UserInfo, String)>, Error> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT id, name, admin, password_hash FROM users WHERE name = ?1",
+                [name],
+                |r| {
+                    Ok((
+                        UserInfo {
+                            id: r.get(0)?,
+                            name: r.get(1)?,
+                            admin: r.get(2)?,
+                        },
+                        r.get(3)?,
+                    ))
+                },
+            )
+            .optional()?)
+    }
+
+    pub(crate) fn user(&self, id: i64) -> Result<Option<UserInfo>, Error> {
+        Ok(self
+            .conn
+            .query_row("SELECT id, name, admin FROM users WHERE id = ?1", [id], |r| {
+                Ok(UserInfo {
+                    id: r.get(0)?,
+                    name: r.get(1)?,
+                    admin: r.get(2)?,
+                })
+            })
+            .optional()?)
+    }
+
+    // ------------------------------------------------------------ programs
+
+    /// Stores a validated module, records the upload for `owner`
+    /// (`None`: a builtin) and registers `name` if given.
+    pub(crate) fn store_program(
+        &mut self,
+        owner: Option<i64>,
+        name: Option<&str>,
+        description: Option<&str>,
+        hash: &str,
+        wasm: &[u8],
+    ) -> Result<ProgramInfo, Error> {
+        let now = now_ms();
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "INSERT OR IGNORE INTO programs (hash, bytes, size, created_at) VALUES (?1, ?2, ?3, ?4)",
+            params![hash, wasm, wasm.len() as i64, now],
+        )?;
+        if let Some(owner) = owner {
+            tx.execute(
+                "INSERT OR IGNORE INTO program_uploads (owner, hash, uploaded_at) VALUES (?1, ?2, ?3)",
+                params![owner, hash, now],
+            )?;
+        }
+        if let Some(name) = name {
+            let updated = tx.execute(
+                "UPDATE program_names SET hash = ?3, description = ?4, updated_at = ?5 \
+                 WHERE coalesce(owner, 0) = coalesce(?1, 0) AND name = ?2",
+                params![owner, name, hash, description, now],
+            )?;
+            if updated == 0 {
+                tx.execute(
+                    "INSERT INTO program_names (owner, name, hash, description, updated_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![owner, name, hash, description, now],
+                )?;
+            }
+        }
+        tx.commit()?;
+        Ok(ProgramInfo {
+            name: name.map(str::to_string),
+            hash: hash.to_string(),
+            size: wasm.len() as u64,
+            builtin: owner.is_none(),
+            description: description.map(str::to_string),
+        })
+    }
+
+    /// What `owner` can run: builtins not shadowed by their own names, their
+    /// named programs, and their unnamed uploads.
+    pub(crate) fn programs_of(&self, owner: i64) -> Result<Vec<ProgramInfo>, Error> {
+        let mut out = Vec::new();
+        let mut stmt = self.conn.prepare(
+            "SELECT n.name, n.hash, p.size, n.description, n.owner IS NULL FROM program_names n \
+             JOIN programs p ON p.hash = n.hash \
+             WHERE n.owner = ?1 OR (n.owner IS NULL AND n.name NOT IN \
+                 (SELECT name FROM program_names WHERE owner = ?1)) \
+             ORDER BY n.owner IS NOT NULL, n.name",
+        )?;
+        for row in stmt.query_map([owner], |r| {
+            Ok(ProgramInfo {
+                name: Some(r.get(0)?),
+                hash: r.get(1)?,
+                size: u64_from_sql(r.get(2)?),
+                description: r.get(3)?,
+                builtin: r.get(4)?,
+            })
+        })? {
+            out.push(row?);
+        }
+        let mut stmt = self.conn.prepare(
+            "SELECT u.hash, p.size FROM program_uploads u JOIN programs p ON p.hash = u.hash \
+             WHERE u.owner = ?1 AND u.hash NOT IN (SELECT hash FROM program_names WHERE owner = ?1) \
+             ORDER BY u.uploaded_at, u.hash",
+        )?;
+        for row in stmt.query_map([owner], |r| {
+            Ok(ProgramInfo {
+                name: None,
+                hash: r.get(0)?,
+                size: u64_from_sql(r.get(1)?),
+                description: None,
+                builtin: false,
+            })
+        })? {
+            out.push(row?);
+        }
+        Ok(out)
+    }
+
+    /// The module hash `program` means for `owner`: their own name, a builtin
+    /// name, or the hash of a module they uploaded or of a builtin.
+    fn resolve_program(tx: &Connection, owner: i64, program: &str) -> Result<String, Error> {
+        let by_name: Option<String> = tx
+            .query_row(
+                "SELECT hash FROM program_names WHERE name = ?2 AND (owner = ?1 OR owner IS NULL) \
+                 ORDER BY owner IS NULL LIMIT 1",
+                params![owner, program],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if let Some(hash) = by_name {
+            return Ok(hash);
+        }
+        if is_hash(program) {
+            let hash = program.to_ascii_lowercase();
+            let allowed: bool = tx.query_row(
+                "SELECT EXISTS (SELECT 1 FROM program_uploads WHERE owner = ?1 AND hash = ?2) \
+                     OR EXISTS (SELECT 1 FROM program_names WHERE owner IS NULL AND hash = ?2)",
+                params![owner, hash],
+                |r| r.get(0),
+            )?;
+            if allowed {
+                return Ok(hash);
+            }
+        }
+        Err(Error::NotFound(format!(
+            "no program `{program}`: it is neither one of your programs, nor a bundled example, \
+             nor the hash of a module you uploaded; list what you can run with GET /api/v1/programs \
+             (`bspweb programs`) or upload it first"
+        )))
+    }
+
+    // ------------------------------------------------------------ jobs
+
+    pub(crate) fn submit(&mut self, owner: i64, job: NewJob, fx: &mut Effects) -> Result<JobInfo, Error> {
+        let now = now_ms();
+        let tx = self.conn.transaction()?;
+        let hash = Self::resolve_program(&tx, owner, &job.program)?;
+        tx.execute(
+            "INSERT INTO jobs (owner, program, program_hash, nprocs, args, description, seed, \
+                 superstep_ms, memory_mib, output_mib, state, submitted_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'waiting', ?11)",
+            params![
+                owner,
+                job.program,
+                hash,
+                job.nprocs,
+                job.args,
+                job.description,
+                u64_to_sql(job.seed),
+                u64_to_sql(job.limits.superstep_ms),
+                job.limits.memory_mib,
+                job.limits.output_mib,
+                now
+            ],
+        )?;
+        let id = tx.last_insert_rowid();
+        {
+            let mut stmt =
+                tx.prepare("INSERT INTO job_resources (job, name, data) VALUES (?1, ?2, ?3)")?;
+            for (name, data) in &job.resources {
+                stmt.execute(params![id, name, data])?;
+            }
+        }
+        let info = db::job_info(&tx, id, None)?
+            .ok_or_else(|| Error::Internal("a job vanished while it was submitted".into()))?;
+        tx.commit()?;
+        tracing::info!(job = id, owner, program = %job.program, nprocs = job.nprocs, "job submitted");
+        fx.wake_scheduler = true;
+        Ok(info)
+    }
+
+    pub(crate) fn job(&self, owner: i64, id: JobId) -> Result<JobInfo, Error> {
+        db::job_info(&self.conn, id, Some(owner))?.ok_or_else(|| no_job(id))
+    }
+
+    pub(crate) fn jobs(&self, owner: i64, state: Option<bsp_api::rest::JobState>) -> Result<Vec<JobInfo>, Error> {
+        db::jobs_of(&self.conn, owner, state)
+    }
+
+    pub(crate) fn kill(&mut self, inner: &Inner, fx: &mut Effects, owner: i64, id: JobId) -> Result<JobInfo, Error> {
+        let now = now_ms();
+        let tx = self.conn.transaction()?;
+        let state: Option<(String, Option<String>)> = tx
+            .query_row(
+                "SELECT state, outcome FROM jobs WHERE id = ?1 AND owner = ?2",
+                params![id, owner],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        match state {
+            None => return Err(no_job(id)),
+            Some((state, outcome)) if state == "finished" => {
+                return Err(Error::Conflict(format!(
+                    "job {id} is already finished ({}); there is nothing to kill",
+                    outcome.unwrap_or_default()
+                )));
+            }
+            Some(_) => {}
+        }
+        let ending = Ending {
+            outcome: JobOutcome::Killed,
+            error: Some("killed by its owner".into()),
+            error_pid: None,
+            event: JobEventKind::JobKilled,
+            kill: Some("the job was killed by its owner".into()),
+            skip_peer: None,
+        };
+        finish_job(&tx, &mut self.place, inner, fx, id, ending, now)?;
+        let info = db::job_info(&tx, id, None)?.ok_or_else(|| no_job(id))?;
+        tx.commit()?;
+        Ok(info)
+    }
+
+    pub(crate) fn dispose(&mut self, fx: &mut Effects, owner: i64, id: JobId) -> Result<(), Error> {
+        let tx = self.conn.transaction()?;
+        let state: Option<String> = tx
+            .query_row(
+                "SELECT state FROM jobs WHERE id = ?1 AND owner = ?2",
+                params![id, owner],
+                |r| r.get(0),
+            )
+            .optional()?;
+        match state.as_deref() {
+            None => return Err(no_job(id)),
+            Some("finished") => {}
+            Some(state) => {
+                return Err(Error::Conflict(format!(
+                    "job {id} is {state}; kill it first, then dispose of it"
+                )));
+            }
+        }
+        tx.execute("DELETE FROM events WHERE job = ?1", [id])?;
+        tx.execute("DELETE FROM jobs WHERE id = ?1", [id])?;
+        tx.commit()?;
+        tracing::info!(job = id, "job disposed");
+        fx.jobs.insert(id);
+        Ok(())
+    }
+
+    /// Up to `limit` events of `owner`'s job `id` after event `after`, and
+    /// whether the job is finished; `None` if the job is not (or no longer)
+    /// theirs.
+    pub(crate) fn events(
+        &self,
+        owner: i64,
+        id: JobId,
+        after: i64,
+        limit: u32,
+    ) -> Result<Option<(Vec<bsp_api::rest::JobEvent>, bool)>, Error> {
+        let state: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT state FROM jobs WHERE id = ?1 AND owner = ?2",
+                params![id, owner],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let Some(state) = state else {
+            return Ok(None);
+        };
+        let events = db::events_after(&self.conn, id, after, limit)?;
+        Ok(Some((events, state == "finished")))
+    }
+
+    // ------------------------------------------------------------ scheduling
+
+    /// Places waiting jobs, oldest first, while the overload limit allows
+    /// (§4.4). Returns how many were placed.
+    pub(crate) fn schedule(&mut self, inner: &Inner, fx: &mut Effects) -> Result<usize, Error> {
+        let now = now_ms();
+        let tx = self.conn.transaction()?;
+        let online: HashMap<PeerId, (String, u32)> = {
+            let mut stmt = tx.prepare(
+                "SELECT id, addr, cores FROM peers WHERE state = 'online' AND lease_expires_at >= ?1",
+            )?;
+            stmt.query_map([now], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))?
+                .collect::<rusqlite::Result<_>>()?
+        };
+        if online.is_empty() || self.place.dhht.is_empty() {
+            return Ok(0);
+        }
+        let cores: f64 = online.values().map(|(_, c)| f64::from(*c)).sum();
+        let capacity = inner.config.overload_factor * cores;
+        let (mut running, mut active): (i64, i64) = tx.query_row(
+            "SELECT coalesce(sum(nprocs - exited), 0), count(*) FROM jobs WHERE state = 'active'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let waiting: Vec<(JobId, u32)> = {
+            let mut stmt =
+                tx.prepare("SELECT id, nprocs FROM jobs WHERE state = 'waiting' ORDER BY id")?;
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<_>>()?
+        };
+        let mut placed = 0;
+        for (job, nprocs) in waiting {
+            if active > 0 && (running + i64::from(nprocs)) as f64 > capacity {
+                tracing::debug!(job, running, capacity, "job waits: the peers are loaded");
+                break;
+            }
+            if !place_job(&tx, &mut self.place, inner, fx, &online, job, nprocs, now)? {
+                break;
+            }
+            running += i64::from(nprocs);
+            active += 1;
+            placed += 1;
+        }
+        tx.commit()?;
+        Ok(placed)
+    }
+
+    // ------------------------------------------------------------ peers
+
+    /// A peer logs in and gets a lease.
+    pub(crate) fn peer_login(&mut self, inner: &Inner, fx: &mut Effects, login: &PeerLogin) -> Result<Lease, Error> {
+        let now = now_ms();
+        let ttl = inner.config.lease_ttl;
+        let tx = self.conn.transaction()?;
+        // Settle overdue leases first, so a returning peer whose lease ran
+        // out is seen as gone (and its lost jobs are failed) before it is back.
+        let expired = expire_overdue(&tx, &mut self.place, inner, fx, now)?;
+        let reuse = match login.previous_id {
+            Some(id) => tx
+                .query_row("SELECT state FROM peers WHERE id = ?1", [id], |r| r.get::<_, String>(0))
+                .optional()?
+                .filter(|state| state == "gone")
+                .map(|_| id),
+            None => None,
+        };
+        let lease_id = hex::encode(rand::random::<[u8; 16]>());
+        let expires_at = lease::expiry(now, ttl);
+        let k = self.place.peer_indices.alloc();
+        let id = match reuse {
+            Some(id) => {
+                tx.execute(
+                    "UPDATE peers SET name = ?2, addr = ?3, speed = ?4, idle = ?5, cores = ?6, golden = ?7, \
+                         lease_id = ?8, lease_expires_at = ?9, state = 'online', last_seen = ?10 WHERE id = ?1",
+                    params![id, login.name, login.addr, login.speed, login.idle, login.cores,
+                        u64_to_sql(k), lease_id, expires_at, now],
+                )?;
+                id
+            }
+            None => {
+                tx.execute(
+                    "INSERT INTO peers (name, addr, speed, idle, cores, golden, lease_id, lease_expires_at, \
+                         state, first_seen, last_seen) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'online', ?9, ?9)",
+                    params![login.name, login.addr, login.speed, login.idle, login.cores,
+                        u64_to_sql(k), lease_id, expires_at, now],
+                )?;
+                tx.last_insert_rowid()
+            }
+        };
+        let seq: i64 = tx.query_row("SELECT cmd_seq FROM peers WHERE id = ?1", [id], |r| r.get(0))?;
+        tx.commit()?;
+        insert_peer(&mut self.place.dhht, id, k, login.speed, login.idle);
+        {
+            let mut live = inner.live();
+            for gone in expired {
+                if let Some(p) = live.peers.remove(&gone) {
+                    p.notify.notify_waiters();
+                }
+            }
+            live.peers.insert(
+                id,
+                LivePeer {
+                    lease_id: lease_id.clone(),
+                    expires_at,
+                    last_seq: u64_from_sql(seq),
+                    queue: VecDeque::new(),
+                    notify: Arc::new(Notify::new()),
+                },
+            );
+        }
+        tracing::info!(peer = id, name = %login.name, addr = %login.addr, speed = login.speed,
+            idle = login.idle, cores = login.cores, reused = reuse.is_some(), "peer logged in");
+        fx.wake_scheduler = true;
+        Ok(Lease {
+            peer_id: id,
+            token: inner.keys.peer_token(id, &lease_id, expires_at)?,
+            ttl_ms: ttl.as_millis() as u64,
+            renew_every_ms: lease::renew_every(ttl).as_millis() as u64,
+        })
+    }
+
+    /// A peer renews its lease and reports its availability.
+    pub(crate) fn peer_renew(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        peer: PeerId,
+        renew: &PeerRenew,
+    ) -> Result<Lease, Error> {
+        let now = now_ms();
+        let ttl = inner.config.lease_ttl;
+        let lease_id = {
+            let live = inner.live();
+            match live.peers.get(&peer) {
+                Some(p) if lease::is_valid(now, p.expires_at) => p.lease_id.clone(),
+                _ => {
+                    return Err(Error::Unauthorized {
+                        code: "lease_expired",
+                        message: format!("the lease of peer {peer} has expired; log in again"),
+                    });
+                }
+            }
+        };
+        let expires_at = lease::expiry(now, ttl);
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "UPDATE peers SET speed = ?2, idle = ?3, lease_expires_at = ?4, last_seen = ?5 \
+             WHERE id = ?1 AND state = 'online'",
+            params![peer, renew.speed, renew.idle, expires_at, now],
+        )?;
+        // Jobs the peer runs but should not: finished, unknown, or not placed there.
+        let mut stale = Vec::new();
+        {
+            let mut stmt = tx.prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM placements p JOIN jobs j ON j.id = p.job \
+                 WHERE p.job = ?1 AND p.peer_id = ?2 AND j.state = 'active')",
+            )?;
+            let mut seen = HashSet::new();
+            for &job in &renew.jobs {
+                if seen.insert(job) && !stmt.query_row(params![job, peer], |r| r.get::<_, bool>(0))? {
+                    stale.push(job);
+                }
+            }
+        }
+        for job in stale {
+            tracing::info!(peer, job, "peer runs a job that is not active there; telling it to stop");
+            queue(&tx, inner, fx, peer, Command::KillJob {
+                job,
+                reason: "the job is not running on this peer any more".into(),
+            })?;
+        }
+        tx.commit()?;
+        if let Some(p) = inner.live().peers.get_mut(&peer) {
+            p.expires_at = expires_at;
+        }
+        let w = weight(renew.speed, renew.idle);
+        if let Some(old) = self.place.dhht.get(peer)
+            && old.weight != w
+        {
+            let mut updated = old;
+            updated.weight = w;
+            if self.place.dhht.update(updated).is_ok() {
+                fx.wake_scheduler = true;
+            }
+        }
+        Ok(Lease {
+            peer_id: peer,
+            token: inner.keys.peer_token(peer, &lease_id, expires_at)?,
+            ttl_ms: ttl.as_millis() as u64,
+            renew_every_ms: lease::renew_every(ttl).as_millis() as u64,
+        })
+    }
+
+    /// Declares the peers whose lease ended by `now` gone and fails the jobs
+    /// that lost processes with them.
+    pub(crate) fn expire_leases(&mut self, inner: &Inner, fx: &mut Effects, now: i64) -> Result<Vec<PeerId>, Error> {
+        let tx = self.conn.transaction()?;
+        let expired = expire_overdue(&tx, &mut self.place, inner, fx, now)?;
+        tx.commit()?;
+        if !expired.is_empty() {
+            let mut live = inner.live();
+            for id in &expired {
+                if let Some(p) = live.peers.remove(id) {
+                    p.notify.notify_waiters();
+                }
+            }
+        }
+        Ok(expired)
+    }
+
+    /// Applies a peer's report, in order.
+    pub(crate) fn report(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        peer: PeerId,
+        events: Vec<PeerEvent>,
+    ) -> Result<(), Error> {
+        let now = now_ms();
+        let tx = self.conn.transaction()?;
+        let mut jobs: HashMap<JobId, Option<ReportJob>> = HashMap::new();
+        for event in events {
+            let job = match &event {
+                PeerEvent::Output { job, .. }
+                | PeerEvent::ProcessExited { job, .. }
+                | PeerEvent::ProcessAborted { job, .. }
+                | PeerEvent::ProcessFailed { job, .. }
+                | PeerEvent::Status { job, .. } => *job,
+            };
+            if !jobs.contains_key(&job) {
+                let info = load_report_job(&tx, job, peer)?;
+                if info.is_none() {
+                    tracing::warn!(peer, job, "ignoring a report about a job not placed on this peer");
+                }
+                jobs.insert(job, info);
+            }
+            let Some(Some(ctx)) = jobs.get_mut(&job) else {
+                continue;
+            };
+            if !ctx.active {
+                tracing::debug!(peer, job, "ignoring a report about a finished job");
+                continue;
+            }
+            let own = |pid: Pid| ctx.placement.get(pid as usize) == Some(&peer);
+            match event {
+                PeerEvent::Output { pid, seq, stream, data, .. } => {
+                    if !own(pid) {
+                        tracing::warn!(peer, job, pid, "ignoring output of a process not placed on this peer");
+                        continue;
+                    }
+                    let Ok(seq) = i64::try_from(seq) else {
+                        tracing::warn!(peer, job, pid, seq, "ignoring output with an impossible sequence number");
+                        continue;
+                    };
+                    let kind = match stream {
+                        Stream::Stdout => JobEventKind::Stdout { text: data },
+                        Stream::Stderr => JobEventKind::Stderr { text: data },
+                        Stream::Raw => {
+                            if BASE64.decode(data.as_bytes()).is_err() {
+                                tracing::warn!(peer, job, pid, seq, "ignoring raw output that is not base64");
+                                continue;
+                            }
+                            JobEventKind::Raw { data }
+                        }
+                    };
+                    if db::insert_event(&tx, job, Some(pid), Some(seq), &kind, now)?.is_some() {
+                        fx.jobs.insert(job);
+                    }
+                }
+                PeerEvent::Status { pid, text, .. } => {
+                    if pid.is_some_and(|p| p >= ctx.nprocs) {
+                        continue;
+                    }
+                    let kind = JobEventKind::Status { text: truncate(&text, MAX_REASON_CHARS) };
+                    db::insert_event(&tx, job, pid, None, &kind, now)?;
+                    fx.jobs.insert(job);
+                }
+                PeerEvent::ProcessExited { pid, superstep, .. } => {
+                    if !own(pid) {
+                        tracing::warn!(peer, job, pid, "ignoring the exit of a process not placed on this peer");
+                        continue;
+                    }
+                    let kind = JobEventKind::ProcessExited { superstep };
+                    // seq -1: a process exits once, however often it is reported.
+                    if db::insert_event(&tx, job, Some(pid), Some(-1), &kind, now)?.is_none() {
+                        continue;
+                    }
+                    fx.jobs.insert(job);
+                    let exited: u32 = tx.query_row(
+                        "UPDATE jobs SET exited = exited + 1 WHERE id = ?1 RETURNING exited",
+                        [job],
+                        |r| r.get(0),
+                    )?;
+                    if exited >= ctx.nprocs {
+                        let ending = Ending {
+                            outcome: JobOutcome::Exited,
+                            error: None,
+                            error_pid: None,
+                            event: JobEventKind::JobExited,
+                            kill: None,
+                            skip_peer: None,
+                        };
+                        finish_job(&tx, &mut self.place, inner, fx, job, ending, now)?;
+                        ctx.active = false;
+                    }
+                }
+                PeerEvent::ProcessAborted { pid, superstep, reason, .. } => {
+                    if !own(pid) {
+                        tracing::warn!(peer, job, pid, "ignoring the abort of a process not placed on this peer");
+                        continue;
+                    }
+                    let reason = format!(
+                        "process {pid} aborted in superstep {superstep}: {}",
+                        truncate(&reason, MAX_REASON_CHARS)
+                    );
+                    let ending = Ending {
+                        outcome: JobOutcome::Aborted,
+                        error: Some(reason.clone()),
+                        error_pid: Some(pid),
+                        event: JobEventKind::JobAborted { reason },
+                        kill: Some("another process of the job aborted".into()),
+                        skip_peer: None,
+                    };
+                    finish_job(&tx, &mut self.place, inner, fx, job, ending, now)?;
+                    ctx.active = false;
+                }
+                PeerEvent::ProcessFailed { pid, superstep, reason, .. } => {
+                    if pid.is_some_and(|p| !own(p)) {
+                        tracing::warn!(peer, job, ?pid, "ignoring the failure of a process not placed on this peer");
+                        continue;
+                    }
+                    let reason = truncate(&reason, MAX_REASON_CHARS);
+                    let reason = match pid {
+                        Some(pid) => format!("process {pid} failed in superstep {superstep}: {reason}"),
+                        None => format!("peer #{peer} failed the job in superstep {superstep}: {reason}"),
+                    };
+                    let ending = Ending {
+                        outcome: JobOutcome::Failed,
+                        error: Some(reason.clone()),
+                        error_pid: pid,
+                        event: JobEventKind::JobFailed { reason },
+                        kill: Some("another process of the job failed".into()),
+                        skip_peer: None,
+                    };
+                    finish_job(&tx, &mut self.place, inner, fx, job, ending, now)?;
+                    ctx.active = false;
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The bytes of module `hash`, if `peer` runs (or ran) a job of it.
+    pub(crate) fn module_for_peer(&self, peer: PeerId, hash: &str) -> Result<Vec<u8>, Error> {
+        let hash = hash.to_ascii_lowercase();
+        let bytes: Option<Vec<u8>> = if is_hash(&hash) {
+            self.conn
+                .query_row(
+                    "SELECT p.bytes FROM programs p WHERE p.hash = ?1 AND EXISTS ( \
+                         SELECT 1 FROM jobs j JOIN placements pl ON pl.job = j.id \
+                         WHERE j.program_hash = ?1 AND pl.peer_id = ?2)",
+                    params![hash, peer],
+                    |r| r.get(0),
+                )
+                .optional()?
+        } else {
+            None
+        };
+        bytes.ok_or_else(|| {
+            Error::NotFound(format!(
+                "no module `{}` for peer {peer}: peers fetch only the modules of jobs placed on them",
+                truncate(&hash, 80)
+            ))
+        })
+    }
+
+    /// Every peer the supernode knows, online first.
+    pub(crate) fn peers(&self) -> Result<Vec<PeerInfo>, Error> {
+        let mut stmt = self.conn.prepare(
+            "SELECT id, name, addr, speed, idle, cores, state, lease_expires_at, \
+                 (SELECT count(*) FROM placements pl JOIN jobs j ON j.id = pl.job \
+                  WHERE pl.peer_id = peers.id AND j.state = 'active') \
+             FROM peers ORDER BY state != 'online', id",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(PeerInfo {
+                id: r.get(0)?,
+                name: r.get(1)?,
+                addr: r.get(2)?,
+                speed: r.get(3)?,
+                idle: r.get(4)?,
+                cores: r.get(5)?,
+                state: r.get(6)?,
+                lease_expires_at: r.get(7)?,
+                processes: r.get(8)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+}
+
+fn no_job(id: JobId) -> Error {
+    Error::NotFound(format!("no job {id} among your jobs"))
+}
+
+fn insert_peer(dhht: &mut Dhht, id: PeerId, k: u64, speed: f64, idle: f64) {
+    let peer = placement::Peer {
+        id,
+        position: golden_position(k),
+        weight: weight(speed, idle),
+    };
+    if let Err(e) = dhht.insert(peer) {
+        tracing::error!(peer = id, error = %e, "cannot add a peer to the placement table");
+    }
+}
+
+fn load_report_job(tx: &Connection, job: JobId, peer: PeerId) -> Result<Option<ReportJob>, Error> {
+    let row: Option<(String, u32)> = tx
+        .query_row("SELECT state, nprocs FROM jobs WHERE id = ?1", [job], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()?;
+    let Some((state, nprocs)) = row else {
+        return Ok(None);
+    };
+    let mut stmt = tx.prepare_cached("SELECT peer_id FROM placements WHERE job = ?1 ORDER BY pid")?;
+    let placement = stmt
+        .query_map([job], |r| r.get::<_, PeerId>(0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    if !placement.contains(&peer) {
+        return Ok(None);
+    }
+    Ok(Some(ReportJob {
+        active: state == "active",
+        nprocs,
+        placement,
+    }))
+}
+
+/// Places one job: a golden index per process, its peer by DHHT lookup,
+/// placements stored, the job active, `StartJob` queued for each of its
+/// peers. Returns false if no peer could take it.
+#[allow(clippy::too_many_arguments)]
+fn place_job(
+    tx: &Transaction<'_>,
+    place: &mut Place,
+    inner: &Inner,
+    fx: &mut Effects,
+    online: &HashMap<PeerId, (String, u32)>,
+    job: JobId,
+    nprocs: u32,
+    now: i64,
+) -> Result<bool, Error> {
+    let mut indices = Vec::with_capacity(nprocs as usize);
+    let mut owners = Vec::with_capacity(nprocs as usize);
+    for _ in 0..nprocs {
+        let k = place.process_indices.alloc();
+        indices.push(k);
+        match place.dhht.lookup(golden_position(k)).filter(|p| online.contains_key(p)) {
+            Some(peer) => owners.push(peer),
+            None => {
+                for k in indices {
+                    place.process_indices.free(k);
+                }
+                tracing::warn!(job, "the placement table has no usable peer; the job waits");
+                return Ok(false);
+            }
+        }
+    }
+    // The job's peers in order of their first pid; `placement[pid]` indexes them.
+    let mut peers: Vec<JobPeer> = Vec::new();
+    let mut index_of: HashMap<PeerId, u32> = HashMap::new();
+    let mut placement = Vec::with_capacity(owners.len());
+    for &peer in &owners {
+        let i = *index_of.entry(peer).or_insert_with(|| {
+            peers.push(JobPeer {
+                id: peer,
+                addr: online.get(&peer).map(|(a, _)| a.clone()).unwrap_or_default(),
+            });
+            (peers.len() - 1) as u32
+        });
+        placement.push(i);
+    }
+    {
+        let mut stmt = tx.prepare_cached(
+            "INSERT INTO placements (job, pid, peer_id, position) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        for (pid, (&peer, &k)) in owners.iter().zip(&indices).enumerate() {
+            stmt.execute(params![job, pid as i64, peer, u64_to_sql(k)])?;
+        }
+    }
+    let job_token = hex::encode(rand::random::<[u8; 32]>());
+    tx.execute(
+        "UPDATE jobs SET state = 'active', started_at = ?2, job_token = ?3 WHERE id = ?1",
+        params![job, now, job_token],
+    )?;
+    let text = format!(
+        "placed {nprocs} process{} on {} peer{}",
+        if nprocs == 1 { "" } else { "es" },
+        peers.len(),
+        if peers.len() == 1 { "" } else { "s" }
+    );
+    db::insert_event(tx, job, None, None, &JobEventKind::Status { text }, now)?;
+    let (program_hash, args, seed, superstep_ms, memory_mib, output_mib): (String, String, i64, i64, u32, u32) =
+        tx.query_row(
+            "SELECT program_hash, args, seed, superstep_ms, memory_mib, output_mib FROM jobs WHERE id = ?1",
+            [job],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
+        )?;
+    let resources: Vec<(String, String)> = {
+        let mut stmt = tx.prepare_cached("SELECT name, data FROM job_resources WHERE job = ?1 ORDER BY name")?;
+        stmt.query_map([job], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?)))?
+            .map(|row| row.map(|(name, data)| (name, BASE64.encode(data))))
+            .collect::<rusqlite::Result<_>>()?
+    };
+    let assignment = JobAssignment {
+        job,
+        program_hash,
+        nprocs,
+        args,
+        seed: u64_from_sql(seed),
+        limits: JobLimits {
+            superstep_ms: u64_from_sql(superstep_ms),
+            memory_mib,
+            output_mib,
+        },
+        job_token,
+        placement,
+        peers: peers.clone(),
+        resources,
+    };
+    for peer in &peers {
+        queue(tx, inner, fx, peer.id, Command::StartJob(assignment.clone()))?;
+    }
+    let per_peer: BTreeMap<PeerId, usize> = owners.iter().fold(BTreeMap::new(), |mut m, p| {
+        *m.entry(*p).or_default() += 1;
+        m
+    });
+    tracing::info!(job, nprocs, peers = ?per_peer, "job placed");
+    fx.jobs.insert(job);
+    Ok(true)
+}
+
+/// Marks the online peers whose lease ended by `now` as gone: frees their
+/// golden index, removes them from the DHHT, and fails every active job
+/// that had a process on them. Returns their ids; the caller removes them
+/// from [`Live`] after the commit.
+fn expire_overdue(
+    tx: &Transaction<'_>,
+    place: &mut Place,
+    inner: &Inner,
+    fx: &mut Effects,
+    now: i64,
+) -> Result<Vec<PeerId>, Error> {
+    let table: Vec<lease::PeerLease> = {
+        let mut stmt =
+            tx.prepare_cached("SELECT id, lease_expires_at FROM peers WHERE state = 'online'")?;
+        stmt.query_map([], |r| {
+            Ok(lease::PeerLease {
+                id: r.get(0)?,
+                online: true,
+                expires_at: r.get(1)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?
+    };
+    let expired = lease::expired(now, table);
+    for &peer in &expired {
+        let (name, golden): (String, Option<i64>) = tx.query_row(
+            "SELECT name, golden FROM peers WHERE id = ?1",
+            [peer],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        tx.execute(
+            "UPDATE peers SET state = 'gone', golden = NULL WHERE id = ?1",
+            [peer],
+        )?;
+        if let Some(k) = golden {
+            place.peer_indices.free(u64_from_sql(k));
+        }
+        place.dhht.remove(peer);
+        tracing::warn!(peer, name = %name, "peer stopped renewing its lease; it is gone");
+        let lost: Vec<(JobId, Pid)> = {
+            let mut stmt = tx.prepare_cached(
+                "SELECT p.job, p.pid FROM placements p JOIN jobs j ON j.id = p.job \
+                 WHERE p.peer_id = ?1 AND j.state = 'active' ORDER BY p.job, p.pid",
+            )?;
+            stmt.query_map([peer], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<_>>()?
+        };
+        let mut by_job: BTreeMap<JobId, Vec<Pid>> = BTreeMap::new();
+        for (job, pid) in lost {
+            by_job.entry(job).or_default().push(pid);
+        }
+        for (job, pids) in by_job {
+            let reason = format!(
+                "peer {name} (#{peer}) stopped renewing its lease; its processes ({}) were lost",
+                pid_list(&pids)
+            );
+            let ending = Ending {
+                outcome: JobOutcome::Failed,
+                error: Some(reason.clone()),
+                error_pid: None,
+                event: JobEventKind::JobFailed { reason },
+                kill: Some(format!("peer #{peer} of the job is gone")),
+                skip_peer: Some(peer),
+            };
+            finish_job(tx, place, inner, fx, job, ending, now)?;
+        }
+        fx.wake_scheduler = true;
+    }
+    Ok(expired)
+}
+
+// ---------------------------------------------------------------- tasks
+
+/// Runs the scheduler whenever it is woken (and every few seconds as a
+/// safety net).
+pub(crate) async fn scheduler_task(sn: Supernode) {
+    loop {
+        match sn.with_core(|core, inner, fx| core.schedule(inner, fx)).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(placed = n, "scheduler placed jobs"),
+            Err(e) => {
+                tracing::error!(error = %e, "scheduling failed");
+                let _ = sn
+                    .with_core(|core, _, _| core.rebuild_placement())
+                    .await;
+            }
+        }
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            sn.inner.sched_wake.notified(),
+        )
+        .await;
+    }
+}
+
+/// Declares peers gone when their lease expires, every TTL/4.
+pub(crate) async fn lease_task(sn: Supernode) {
+    let mut tick = tokio::time::interval(lease::sweep_every(sn.inner.config.lease_ttl));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let result = sn
+            .with_core(|core, inner, fx| core.expire_leases(inner, fx, now_ms()))
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "lease sweep failed");
+            let _ = sn.with_core(|core, _, _| core.rebuild_placement()).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_short_and_plain() {
+        assert!(is_name("ring"));
+        assert!(is_name("My_prog-1.2"));
+        assert!(!is_name(""));
+        assert!(!is_name("a b"));
+        assert!(!is_name("../etc"));
+        assert!(!is_name(&"x".repeat(65)));
+        assert!(is_name(&"x".repeat(64)));
+    }
+
+    #[test]
+    fn addresses_must_be_host_and_port() {
+        for ok in ["127.0.0.1:7000", "[::1]:7000", "peer-3.example.org:80", "localhost:1"] {
+            assert!(is_host_port(ok), "{ok}");
+        }
+        for bad in ["127.0.0.1", ":80", "host:", "host:0", "host:99999", "a b:80", "127.0.0.1:0", ""] {
+            assert!(!is_host_port(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn limits_are_clamped_to_sane_ranges() {
+        let l = clamp_limits(JobLimits { superstep_ms: 0, memory_mib: 0, output_mib: 0 });
+        assert_eq!(l, JobLimits { superstep_ms: 100, memory_mib: 1, output_mib: 1 });
+        let l = clamp_limits(JobLimits { superstep_ms: u64::MAX, memory_mib: u32::MAX, output_mib: u32::MAX });
+        assert_eq!(l, JobLimits { superstep_ms: 86_400_000, memory_mib: 4096, output_mib: 1024 });
+        assert_eq!(clamp_limits(JobLimits::default()), JobLimits::default());
+    }
+
+    #[test]
+    fn weights_keep_a_floor_of_five_percent_availability() {
+        assert_eq!(weight(2.0, 0.5), 1.0);
+        assert_eq!(weight(2.0, 0.0), 2.0 * MIN_AVAILABILITY);
+    }
+
+    #[test]
+    fn lost_pids_are_listed_briefly() {
+        assert_eq!(pid_list(&[3]), "pid 3");
+        assert_eq!(pid_list(&[0, 2]), "pids 0, 2");
+        let many: Vec<Pid> = (0..25).collect();
+        assert!(pid_list(&many).ends_with("19 and 5 more"));
+    }
+
+    #[test]
+    fn long_texts_are_truncated_on_a_char_boundary() {
+        assert_eq!(truncate("héllo", 2), "hé…");
+        assert_eq!(truncate("abc", 3), "abc");
+    }
+
+    #[test]
+    fn submissions_are_checked() {
+        let base = || bsp_api::rest::SubmitJob {
+            program: "ring".into(),
+            nprocs: 4,
+            args: serde_json::Value::Null,
+            description: None,
+            resources: Default::default(),
+            seed: None,
+            limits: None,
+        };
+        assert!(validate_submit(base()).is_ok());
+        let mut j = base();
+        j.nprocs = 0;
+        assert!(matches!(validate_submit(j), Err(Error::BadRequest { .. })));
+        let mut j = base();
+        j.nprocs = MAX_NPROCS + 1;
+        assert!(matches!(validate_submit(j), Err(Error::BadRequest { .. })));
+        let mut j = base();
+        j.resources.insert("input".into(), "not base64!".into());
+        let e = validate_submit(j).err().unwrap();
+        assert!(e.to_string().contains("resource `input`"), "{e}");
+        let mut j = base();
+        j.args = serde_json::Value::String("x".repeat(MAX_ARGS_BYTES));
+        assert!(matches!(validate_submit(j), Err(Error::TooLarge(_))));
+        let mut j = base();
+        j.resources.insert("input".into(), BASE64.encode(b"hello"));
+        j.seed = Some(u64::MAX);
+        let ok = validate_submit(j).unwrap();
+        assert_eq!(ok.resources, vec![("input".to_string(), b"hello".to_vec())]);
+        assert_eq!(ok.seed, u64::MAX);
+        assert!(validate_submit(base()).unwrap().seed < 1 << 53);
+    }
+}
