@@ -12,7 +12,8 @@
 //! Output: one raw record per row, the row index as 4 little-endian bytes
 //! followed by `width` pixel bytes; then each process prints
 //! `pid {pid} computed {rows} rows`; after a sync pid 0 prints
-//! `mandelbrot {width}x{height} done`.
+//! `mandelbrot {width}x{height} done`. Every 16 rows it offers a migration
+//! point (`may_migrate`).
 
 use bspweb::{Bsp, Error, Result};
 use serde::Deserialize;
@@ -77,6 +78,10 @@ async fn main(bsp: &mut Bsp, args: Args) -> Result<()> {
         record.extend((0..args.width).map(|px| pixel(&args, px, r)));
         bsp.write_raw(&record)?;
         rows += 1;
+        if rows % 16 == 0 {
+            // A long superstep: let the runtime checkpoint or migrate us.
+            bsp.may_migrate().await;
+        }
     }
     bsp.println(format!("pid {pid} computed {rows} rows"));
     bsp.sync().await;

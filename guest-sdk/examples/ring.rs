@@ -55,6 +55,9 @@ async fn main(bsp: &mut Bsp, _args: ()) -> Result<()> {
     }
 
     // Method 2: all at once.
-    bsp.println(format!("got {} messages from pid 0", bsp.find_messages(0).count()));
+    bsp.println(format!(
+        "got {} messages from pid 0",
+        bsp.find_messages(0).count()
+    ));
     Ok(())
 }

@@ -37,7 +37,7 @@ pub struct Bsp {
     seed: u64,
     /// The messages of the current superstep, read from the host on first use
     /// and dropped by `sync`.
-    inbox: OnceCell<Vec<Message>>,
+    pub(crate) inbox: OnceCell<Vec<Message>>,
     rng: Option<Rng>,
 }
 
@@ -385,11 +385,9 @@ impl Bsp {
     fn check_send(&self, rc: i32, len: usize, what: impl FnOnce() -> String) -> Result<()> {
         match rc {
             0.. => Ok(()),
-            abi::ERR_BAD_PID | abi::ERR_BAD_RANGE => Err(Error::msg(format!(
-                "{}: {}",
-                what(),
-                job_size(self.nprocs)
-            ))),
+            abi::ERR_BAD_PID | abi::ERR_BAD_RANGE => {
+                Err(Error::msg(format!("{}: {}", what(), job_size(self.nprocs))))
+            }
             abi::ERR_TOO_LARGE => Err(too_large(len)),
             code => Err(Error::msg(format!(
                 "{}: the host refused with error code {code}",
@@ -728,12 +726,24 @@ pub(crate) mod tests {
 
     #[test]
     fn decode_round_trips_and_names_the_type_on_mismatch() {
-        let m = msg(3, &postcard::to_allocvec(&(7u32, "seven".to_string())).unwrap());
-        assert_eq!(m.decode::<(u32, String)>().unwrap(), (7, "seven".to_string()));
+        let m = msg(
+            3,
+            &postcard::to_allocvec(&(7u32, "seven".to_string())).unwrap(),
+        );
+        assert_eq!(
+            m.decode::<(u32, String)>().unwrap(),
+            (7, "seven".to_string())
+        );
         let e = m.decode::<u32>().unwrap_err().to_string();
-        assert!(e.contains("from pid 3") && e.contains("`u32`") && e.contains("left over"), "{e}");
+        assert!(
+            e.contains("from pid 3") && e.contains("`u32`") && e.contains("left over"),
+            "{e}"
+        );
         let e = msg(1, &[]).decode::<u64>().unwrap_err().to_string();
-        assert!(e.contains("0-byte message from pid 1") && e.contains("`u64`"), "{e}");
+        assert!(
+            e.contains("0-byte message from pid 1") && e.contains("`u64`"),
+            "{e}"
+        );
         let i: i128 = -170_141_183_460_469_231_731_687_303_715_884_105_728;
         let m = msg(0, &postcard::to_allocvec(&i).unwrap());
         assert_eq!(m.decode::<i128>().unwrap(), i);

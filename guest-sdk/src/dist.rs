@@ -73,7 +73,10 @@ mod tests {
             for parts in 1..=8u32 {
                 let s: Vec<u64> = (0..parts).map(|i| share(total, parts, i)).collect();
                 assert_eq!(s.iter().sum::<u64>(), total);
-                assert!(s.windows(2).all(|w| w[0] >= w[1] && w[0] - w[1] <= 1), "{s:?}");
+                assert!(
+                    s.windows(2).all(|w| w[0] >= w[1] && w[0] - w[1] <= 1),
+                    "{s:?}"
+                );
             }
         }
         assert_eq!(share(10, 4, 0), 3);

@@ -77,6 +77,10 @@ impl<E: std::error::Error> From<E> for Error {
 
 /// What a `#[bspweb::main]` function may return: `()` or `Result<(), E>` for
 /// any `E: Display` (such as [`Error`], `String` or `anyhow::Error`).
+#[diagnostic::on_unimplemented(
+    message = "a `#[bspweb::main]` function must return `()` or `Result<(), E>` with `E: Display`, not `{Self}`",
+    label = "returns `{Self}`"
+)]
 pub trait IntoOutcome {
     /// `Ok(())` if the program succeeded, else the message to abort the job
     /// with.
@@ -127,7 +131,10 @@ mod tests {
     fn conversion_keeps_the_source_chain() {
         let e = Error::from(Outer(std::io::Error::other("disk gone")));
         assert_eq!(e.to_string(), "cannot read input: disk gone");
-        assert_eq!(e.context("step 2").to_string(), "step 2: cannot read input: disk gone");
+        assert_eq!(
+            e.context("step 2").to_string(),
+            "step 2: cannot read input: disk gone"
+        );
     }
 
     #[test]
@@ -138,7 +145,10 @@ mod tests {
             Err::<(), _>(Error::msg("bad input")).into_outcome(),
             Err("bad input".to_string())
         );
-        assert_eq!(Err::<(), _>("plain str").into_outcome(), Err("plain str".to_string()));
+        assert_eq!(
+            Err::<(), _>("plain str").into_outcome(),
+            Err("plain str".to_string())
+        );
         assert_eq!(format!("{:?}", Error::msg("x")), "\"x\"");
     }
 }

@@ -146,7 +146,9 @@ where
 /// Panics end the job with `panicked at FILE:LINE:COL: MESSAGE`.
 fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
-        let message = info.payload_as_str().unwrap_or("(a panic payload that is not a string)");
+        let message = info
+            .payload_as_str()
+            .unwrap_or("(a panic payload that is not a string)");
         let text = match info.location() {
             Some(at) => format!(
                 "panicked at {}:{}:{}: {message}",
@@ -177,14 +179,17 @@ pub(crate) fn decode_args<A: DeserializeOwned>(bytes: &[u8]) -> Result<A, String
         return serde_json::from_str::<A>("null")
             .or_else(|_| serde_json::from_str::<A>("{}"))
             .map_err(|e| {
-                format!("this program needs arguments: expected a JSON value for `{type_name}`: {e}")
+                format!(
+                    "this program needs arguments: expected a JSON value for `{type_name}`: {e}"
+                )
             });
     }
     match serde_json::from_str::<A>(text) {
         Ok(args) => Ok(args),
         Err(e) => {
-            let empty_object = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text)
-                .is_ok_and(|m| m.is_empty());
+            let empty_object =
+                serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text)
+                    .is_ok_and(|m| m.is_empty());
             if empty_object && let Ok(args) = serde_json::from_str::<A>("null") {
                 return Ok(args);
             }
@@ -244,14 +249,26 @@ mod tests {
         decode_args::<()>(b"null").unwrap();
         decode_args::<()>(b"{}").unwrap();
         assert_eq!(decode_args::<Option<u32>>(b"").unwrap(), None);
-        assert_eq!(decode_args::<WithDefaults>(b"").unwrap(), WithDefaults::default());
-        assert_eq!(decode_args::<WithDefaults>(b"{}").unwrap(), WithDefaults::default());
+        assert_eq!(
+            decode_args::<WithDefaults>(b"").unwrap(),
+            WithDefaults::default()
+        );
+        assert_eq!(
+            decode_args::<WithDefaults>(b"{}").unwrap(),
+            WithDefaults::default()
+        );
     }
 
     #[test]
     fn arguments_decode_with_defaults_for_missing_fields() {
         let a: WithDefaults = decode_args(br#"{"width": 3}"#).unwrap();
-        assert_eq!(a, WithDefaults { width: 3, name: "x".into() });
+        assert_eq!(
+            a,
+            WithDefaults {
+                width: 3,
+                name: "x".into()
+            }
+        );
         let r: Required = decode_args(br#" {"mode":"panic"} "#).unwrap();
         assert_eq!(r.mode, "panic");
     }
@@ -259,9 +276,15 @@ mod tests {
     #[test]
     fn bad_arguments_name_the_expected_type() {
         let e = decode_args::<WithDefaults>(br#"{"width": "wide"}"#).unwrap_err();
-        assert!(e.starts_with("invalid job arguments: expected a JSON value for `"), "{e}");
+        assert!(
+            e.starts_with("invalid job arguments: expected a JSON value for `"),
+            "{e}"
+        );
         assert!(e.contains("WithDefaults"), "{e}");
-        assert!(e.contains(r#"the arguments were: {"width": "wide"}"#), "{e}");
+        assert!(
+            e.contains(r#"the arguments were: {"width": "wide"}"#),
+            "{e}"
+        );
         let e = decode_args::<Required>(b"").unwrap_err();
         assert!(e.starts_with("this program needs arguments"), "{e}");
         assert!(e.contains("missing field `mode`"), "{e}");
@@ -297,7 +320,10 @@ mod tests {
         let mut p: Program = Box::pin(async move {
             assert_eq!(b.message_count(), 1);
             b.sync().await;
-            Err(format!("inbox cached after sync: {}", b.inbox.get().is_some()))
+            Err(format!(
+                "inbox cached after sync: {}",
+                b.inbox.get().is_some()
+            ))
         });
         assert_eq!(poll_once(&mut p), Step::Suspended(abi::STATUS_SYNC));
         assert_eq!(
@@ -306,7 +332,8 @@ mod tests {
         );
 
         // An error from main ends the job with its message.
-        let mut p: Program = Box::pin(async { Err::<(), _>(crate::Error::msg("bad input")).into_outcome() });
+        let mut p: Program =
+            Box::pin(async { Err::<(), _>(crate::Error::msg("bad input")).into_outcome() });
         assert_eq!(poll_once(&mut p), Step::Failed("bad input".into()));
 
         // Awaiting anything else is refused with an explanation.
@@ -315,7 +342,10 @@ mod tests {
             Ok(())
         });
         match poll_once(&mut p) {
-            Step::Failed(m) => assert!(m.contains("neither `bsp.sync()` nor `bsp.may_migrate()`"), "{m}"),
+            Step::Failed(m) => assert!(
+                m.contains("neither `bsp.sync()` nor `bsp.may_migrate()`"),
+                "{m}"
+            ),
             other => panic!("expected a failure, got {other:?}"),
         }
     }

@@ -1,1 +1,377 @@
-//! placeholder
+//! The bspweb volunteer peer: runs BSP processes in a wasmtime sandbox,
+//! exchanges their messages directly with other peers, and reports to a
+//! supernode.
+//!
+//! - [`runtime`]: the engine, module cache, host functions and limits.
+//! - [`barrier`]: the barrier-with-counts state machine (pure).
+//! - [`net`]: the peer ↔ peer data plane (listener, handshake, writers).
+//! - [`job`]: the job driver (supersteps, routing, barrier, events).
+//! - [`control`]: the supernode client (lease, commands, reports, modules).
+//! - [`report`]: the ordered event queue to the supernode.
+//! - [`sysinfo`]: idle CPU and the speed benchmark.
+//!
+//! [`run`] puts them together: `bspweb peer` and `bspweb up` call it.
+
+pub mod barrier;
+pub mod control;
+pub mod job;
+pub mod net;
+pub mod report;
+pub mod runtime;
+pub mod sysinfo;
+
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bsp_api::control::{Command, PeerLogin, PeerRenew};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::control::Client;
+use crate::job::{JobEnv, Jobs};
+use crate::net::Registry;
+use crate::report::Reporter;
+use crate::runtime::Runtime;
+
+/// How long a peer keeps dialing another peer of a job that does not know
+/// the job yet.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Configuration of a peer.
+#[derive(Debug, Clone)]
+pub struct PeerConfig {
+    /// Base URL of the supernode, e.g. `http://127.0.0.1:7878`.
+    pub supernode: String,
+    /// The data-plane listener; port 0 picks any free port.
+    pub listen: SocketAddr,
+    /// `host:port` other peers dial; default: the listen IP (127.0.0.1 if
+    /// unspecified) and the bound port.
+    pub advertise: Option<String>,
+    /// A name for people; default: the host name.
+    pub name: String,
+    /// Cap of a process's memory, MiB (jobs ask for less).
+    pub max_memory_mib: u32,
+    /// Cap of the per-superstep wall-clock limit, ms.
+    pub max_superstep_ms: u64,
+    /// Processes run at once.
+    pub slots: usize,
+    /// OS niceness of the threads that run programs.
+    pub nice: i32,
+    /// Speed weight; `None` runs the benchmark.
+    pub speed: Option<f64>,
+}
+
+impl PeerConfig {
+    /// The defaults for a peer of the supernode at `supernode`.
+    pub fn new(supernode: impl Into<String>) -> Self {
+        PeerConfig {
+            supernode: supernode.into(),
+            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+            advertise: None,
+            name: host_name(),
+            max_memory_mib: 1024,
+            max_superstep_ms: 60 * 60 * 1000,
+            slots: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            nice: 10,
+            speed: None,
+        }
+    }
+}
+
+/// This machine's host name, or `"peer"`.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "peer".to_string())
+}
+
+/// The address other peers dial: `advertise`, or the listen IP (loopback if
+/// unspecified) with the bound port.
+pub fn advertised_addr(advertise: Option<&str>, listen: SocketAddr, bound: SocketAddr) -> String {
+    if let Some(a) = advertise {
+        return a.to_string();
+    }
+    let ip = if listen.ip().is_unspecified() {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        listen.ip()
+    };
+    SocketAddr::new(ip, bound.port()).to_string()
+}
+
+/// Run a peer until `shutdown` resolves: benchmark, listen, log in, then
+/// execute the supernode's commands. On shutdown every job is stopped.
+pub async fn run(config: PeerConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    if config.slots == 0 {
+        anyhow::bail!("slots must be at least 1");
+    }
+    runtime::set_guest_niceness(config.nice);
+    let speed = match config.speed {
+        Some(s) if s.is_finite() && s > 0.0 => s,
+        Some(s) => anyhow::bail!("speed must be a positive number, not {s}"),
+        None => tokio::task::spawn_blocking(|| {
+            let nice = runtime::guest_niceness();
+            if nice != 0
+                && let Err(e) = runtime::set_thread_niceness(nice)
+            {
+                tracing::warn!("cannot lower the benchmark's priority: {e}");
+            }
+            sysinfo::benchmark()
+        })
+        .await
+        .context("the speed benchmark failed")?,
+    };
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen for peer connections on {}", config.listen))?;
+    let bound = listener.local_addr()?;
+    let addr = advertised_addr(config.advertise.as_deref(), config.listen, bound);
+    let runtime = Runtime::new().map_err(|e| anyhow::anyhow!("cannot start wasmtime: {e}"))?;
+    let registry = Arc::new(Registry::new());
+    let reporter = Reporter::new();
+    let cancel = CancellationToken::new();
+    tokio::spawn(net::serve(listener, registry.clone(), cancel.clone()));
+
+    let mut idle = sysinfo::IdleMonitor::new();
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
+    let client = Client::new(
+        &config.supernode,
+        PeerLogin {
+            name: config.name.clone(),
+            addr: addr.clone(),
+            speed,
+            idle: idle.sample(),
+            cores,
+            version: bsp_api::API_VERSION,
+            previous_id: None,
+        },
+    )
+    .map_err(anyhow::Error::msg)?;
+    tracing::info!(
+        "peer `{}` listening on {bound} (advertised as {addr}), speed {speed:.2}, {} slots",
+        config.name,
+        config.slots
+    );
+
+    let env = JobEnv {
+        runtime: runtime.clone(),
+        registry,
+        reporter: reporter.clone(),
+        slots: Arc::new(Semaphore::new(config.slots)),
+        max_memory_mib: config.max_memory_mib,
+        max_superstep_ms: config.max_superstep_ms,
+        connect_timeout: CONNECT_TIMEOUT,
+    };
+    let jobs = Jobs::new(env);
+
+    let main = {
+        let cancel = cancel.clone();
+        let client = client.clone();
+        let jobs = jobs.clone();
+        let reporter = reporter.clone();
+        async move {
+            let Some(lease) = client.login_until_ok(&cancel).await else {
+                return;
+            };
+            tracing::info!(peer = lease.peer_id, "logged in to the supernode at {}", config.supernode);
+            tokio::spawn(renew_loop(client.clone(), jobs.clone(), speed, idle, cancel.clone()));
+            tokio::spawn(upload_loop(client.clone(), reporter, cancel.clone()));
+            command_loop(client, jobs, runtime, cancel).await;
+        }
+    };
+    let main = tokio::spawn(main);
+    shutdown.await;
+    tracing::info!("peer shutting down");
+    jobs.kill_all();
+    // Give the uploader a moment to deliver what is queued (final output, exits).
+    let r = reporter.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        r.flush_blocking(Duration::from_secs(2), &std::sync::atomic::AtomicBool::new(false))
+    })
+    .await;
+    cancel.cancel();
+    let _ = main.await;
+    Ok(())
+}
+
+async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = cancel.cancelled() => false,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
+async fn renew_loop(
+    client: Arc<Client>,
+    jobs: Arc<Jobs>,
+    speed: f64,
+    mut idle: sysinfo::IdleMonitor,
+    cancel: CancellationToken,
+) {
+    loop {
+        let every = client
+            .lease()
+            .map(|l| Duration::from_millis(l.renew_every_ms.max(100)))
+            .unwrap_or(Duration::from_secs(1));
+        if !sleep_or_cancel(every, &cancel).await {
+            return;
+        }
+        let idle_now = idle.sample();
+        client.update_login(speed, idle_now);
+        let body = PeerRenew {
+            speed,
+            idle: idle_now,
+            jobs: jobs.running(),
+        };
+        if let Err(e) = client.renew(&body).await {
+            tracing::warn!("cannot renew the lease: {e}");
+        }
+    }
+}
+
+async fn upload_loop(client: Arc<Client>, reporter: Reporter, cancel: CancellationToken) {
+    loop {
+        let batch = tokio::select! {
+            _ = cancel.cancelled() => return,
+            b = reporter.next_batch(512, 1 << 20) => b,
+        };
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            match client.report(&batch).await {
+                Ok(()) => {
+                    reporter.delivered(batch.len());
+                    break;
+                }
+                Err(e) if !e.is_transient() => {
+                    tracing::error!(
+                        "the supernode refused a report of {} events, dropping it: {e}",
+                        batch.len()
+                    );
+                    reporter.delivered(batch.len());
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!("cannot deliver a report, retrying in {backoff:?}: {e}");
+                    if !sleep_or_cancel(backoff, &cancel).await {
+                        return;
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+}
+
+async fn command_loop(
+    client: Arc<Client>,
+    jobs: Arc<Jobs>,
+    runtime: Arc<Runtime>,
+    cancel: CancellationToken,
+) {
+    let mut after = 0u64;
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let polled = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = client.commands(after, control::COMMAND_WAIT) => r,
+        };
+        let commands = match polled {
+            Ok(c) => {
+                backoff = Duration::from_millis(200);
+                c.commands
+            }
+            Err(e) => {
+                tracing::warn!("cannot fetch commands, retrying in {backoff:?}: {e}");
+                if !sleep_or_cancel(backoff, &cancel).await {
+                    return;
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        for c in commands {
+            if c.seq <= after {
+                continue;
+            }
+            after = c.seq;
+            match c.command {
+                Command::StartJob(assignment) => {
+                    let Some(me) = client.peer_id() else { continue };
+                    let job = assignment.job;
+                    let hash = assignment.program_hash.clone();
+                    let fetch = fetch_module(client.clone(), runtime.clone(), hash);
+                    if jobs.start(me, assignment, fetch).is_some() {
+                        tracing::info!(job, "starting job");
+                    }
+                }
+                Command::KillJob { job, reason } => {
+                    if jobs.kill(job) {
+                        tracing::info!(job, "killing job: {reason}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The compiled module for `hash`: from the cache, or downloaded and compiled.
+async fn fetch_module(
+    client: Arc<Client>,
+    runtime: Arc<Runtime>,
+    hash: String,
+) -> Result<wasmtime::Module, String> {
+    if let Some(m) = runtime.cached(&hash) {
+        return Ok(m);
+    }
+    let mut backoff = Duration::from_millis(200);
+    let bytes = loop {
+        match client.module(&hash).await {
+            Ok(b) => break b,
+            Err(e) if e.is_transient() && backoff < Duration::from_secs(10) => {
+                tracing::warn!("cannot download program {hash}, retrying: {e}");
+                tokio::time::sleep(backoff).await;
+                backoff *= 2;
+            }
+            Err(e) => return Err(format!("could not download the program {hash}: {e}")),
+        }
+    };
+    tokio::task::spawn_blocking(move || runtime.compile(&hash, &bytes))
+        .await
+        .map_err(|e| format!("compiling the program failed: {e}"))?
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_advertised_address_defaults_to_loopback_and_the_bound_port() {
+        let any: SocketAddr = "0.0.0.0:0".parse().unwrap();
+        let bound: SocketAddr = "0.0.0.0:4567".parse().unwrap();
+        assert_eq!(advertised_addr(None, any, bound), "127.0.0.1:4567");
+        let lan: SocketAddr = "10.0.0.5:0".parse().unwrap();
+        assert_eq!(advertised_addr(None, lan, bound), "10.0.0.5:4567");
+        assert_eq!(advertised_addr(Some("peer.example:9"), any, bound), "peer.example:9");
+    }
+
+    #[test]
+    fn defaults_are_volunteer_friendly() {
+        let c = PeerConfig::new("http://127.0.0.1:7878");
+        assert_eq!(c.nice, 10);
+        assert_eq!(c.max_memory_mib, 1024);
+        assert!(c.slots >= 1);
+        assert!(!c.name.is_empty());
+    }
+}

@@ -564,6 +564,11 @@ pub fn set_guest_niceness(nice: i32) {
     NICENESS.store(nice, Ordering::Relaxed);
 }
 
+/// The niceness set with [`set_guest_niceness`].
+pub fn guest_niceness() -> i32 {
+    NICENESS.load(Ordering::Relaxed)
+}
+
 fn set_thread_niceness_once() {
     let nice = NICENESS.load(Ordering::Relaxed);
     if nice == 0 || NICED.with(|n| n.get()) {
@@ -918,5 +923,3 @@ fn host_resource_read(
     }
 }
 
-#[cfg(test)]
-mod tests;

@@ -9,9 +9,17 @@ fn every_module_passes_the_validator() {
             .unwrap_or_else(|e| panic!("{} is refused by the validator: {e}", p.name));
         // Exactly one mutable global, the stack pointer; only bspweb_v1 imports
         // (the validator refuses everything else).
-        assert!(summary.stack_pointer_global.is_some(), "{}: no stack pointer", p.name);
+        assert!(
+            summary.stack_pointer_global.is_some(),
+            "{}: no stack pointer",
+            p.name
+        );
         for import in &summary.imports {
-            assert!(bspweb_abi::import(import).is_some(), "{}: imports {import}", p.name);
+            assert!(
+                bspweb_abi::import(import).is_some(),
+                "{}: imports {import}",
+                p.name
+            );
         }
         for needed in ["pid", "nprocs", "seed", "args_len", "args_read", "abort"] {
             assert!(
@@ -41,7 +49,15 @@ fn the_catalogue() {
     let names: Vec<&str> = PROGRAMS.iter().map(|p| p.name).collect();
     assert_eq!(
         names,
-        ["ring", "mandelbrot", "inner-product", "sample-sort", "broadcast", "supersteps", "misbehave"]
+        [
+            "ring",
+            "mandelbrot",
+            "inner-product",
+            "sample-sort",
+            "broadcast",
+            "supersteps",
+            "misbehave"
+        ]
     );
     let builtin: Vec<&str> = builtin().map(|p| p.name).collect();
     assert_eq!(builtin.len(), 6);
@@ -54,7 +70,11 @@ fn the_catalogue() {
     // Different programs, different modules.
     for (i, a) in PROGRAMS.iter().enumerate() {
         for b in &PROGRAMS[i + 1..] {
-            assert_ne!(a.wasm, b.wasm, "{} and {} are the same module", a.name, b.name);
+            assert_ne!(
+                a.wasm, b.wasm,
+                "{} and {} are the same module",
+                a.name, b.name
+            );
         }
     }
 }

@@ -8,7 +8,7 @@ use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;

@@ -55,7 +55,10 @@ fn find_async_fn_name(item: TokenStream) -> Result<Ident, (Span, String)> {
                     tokens.next();
                     continue;
                 }
-                return Err((tt.span(), format!("#[bspweb::main] must be applied to an `async fn`; {USAGE}")));
+                return Err((
+                    tt.span(),
+                    format!("#[bspweb::main] must be applied to an `async fn`; {USAGE}"),
+                ));
             }
             TokenTree::Ident(id) => match id.to_string().as_str() {
                 "pub" => {
@@ -71,7 +74,7 @@ fn find_async_fn_name(item: TokenStream) -> Result<Ident, (Span, String)> {
                     return Err((
                         id.span(),
                         format!(
-                            "#[bspweb::main] cannot be applied to a `{id}` function; {USAGE}"
+                            "#[bspweb::main] cannot be applied to a function marked `{id}`; {USAGE}"
                         ),
                     ));
                 }
@@ -91,7 +94,9 @@ fn find_async_fn_name(item: TokenStream) -> Result<Ident, (Span, String)> {
                             {
                                 return Err((
                                     p.span(),
-                                    format!("#[bspweb::main] cannot be applied to a generic function; {USAGE}"),
+                                    format!(
+                                        "#[bspweb::main] cannot be applied to a generic function; {USAGE}"
+                                    ),
                                 ));
                             }
                             Ok(name)
@@ -117,14 +122,18 @@ fn find_async_fn_name(item: TokenStream) -> Result<Ident, (Span, String)> {
             }
         }
     }
-    Err((last_span, format!("#[bspweb::main] must be applied to an `async fn`; {USAGE}")))
+    Err((
+        last_span,
+        format!("#[bspweb::main] must be applied to an `async fn`; {USAGE}"),
+    ))
 }
 
 /// `#[doc(hidden)] #[unsafe(no_mangle)] pub extern "C" fn bspweb_resume() -> i32 { ::bspweb::__rt::resume(NAME) }`
 fn resume_export(name: &Ident) -> TokenStream {
-    let head: TokenStream = "#[doc(hidden)] #[unsafe(no_mangle)] pub extern \"C\" fn bspweb_resume() -> i32"
-        .parse()
-        .expect("the resume export's signature is valid Rust");
+    let head: TokenStream =
+        "#[doc(hidden)] #[unsafe(no_mangle)] pub extern \"C\" fn bspweb_resume() -> i32"
+            .parse()
+            .expect("the resume export's signature is valid Rust");
     let mut body: TokenStream = "::bspweb::__rt::resume"
         .parse()
         .expect("the runtime path is valid Rust");
@@ -148,7 +157,10 @@ fn with_error(item: TokenStream, span: Span, msg: &str) -> TokenStream {
     };
     let mut lit = Literal::string(msg);
     lit.set_span(span);
-    let mut args = Group::new(Delimiter::Parenthesis, TokenStream::from(TokenTree::Literal(lit)));
+    let mut args = Group::new(
+        Delimiter::Parenthesis,
+        TokenStream::from(TokenTree::Literal(lit)),
+    );
     args.set_span(span);
     out.extend([
         punct(':', Spacing::Joint),

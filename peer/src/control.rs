@@ -1,0 +1,302 @@
+//! The supernode client of the control plane (see [`bsp_api::control`]):
+//! login and lease renewal, the command long poll, the ordered report
+//! uploader, and module downloads.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bsp_api::control::{Commands, Lease, PeerEvent, PeerLogin, PeerRenew, PeerReport};
+use bsp_api::PeerId;
+use reqwest::{RequestBuilder, Response, StatusCode};
+use tokio_util::sync::CancellationToken;
+
+/// Largest module the peer downloads.
+pub const MAX_MODULE_BYTES: usize = 256 << 20;
+
+/// How long the supernode may hold a command long poll.
+pub const COMMAND_WAIT: Duration = Duration::from_secs(20);
+
+/// Errors talking to the supernode.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("the supernode is unreachable: {0}")]
+    Unreachable(#[source] reqwest::Error),
+    #[error("the supernode refused the lease (401): log in again")]
+    Unauthorized,
+    #[error("the supernode answered {status} to {what}: {body}")]
+    Status {
+        what: &'static str,
+        status: StatusCode,
+        body: String,
+    },
+    #[error("the supernode's answer to {what} is invalid: {error}")]
+    Invalid { what: &'static str, error: String },
+    #[error("the program is larger than {} MiB", MAX_MODULE_BYTES >> 20)]
+    ModuleTooLarge,
+}
+
+impl ControlError {
+    /// Whether retrying the same request later may succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ControlError::Unreachable(_) | ControlError::Unauthorized => true,
+            ControlError::Status { status, .. } => {
+                status.is_server_error()
+                    || *status == StatusCode::REQUEST_TIMEOUT
+                    || *status == StatusCode::TOO_MANY_REQUESTS
+            }
+            ControlError::Invalid { .. } | ControlError::ModuleTooLarge => false,
+        }
+    }
+}
+
+/// A client of one supernode, holding the current lease.
+#[derive(Debug)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    login: RwLock<PeerLogin>,
+    lease: RwLock<Option<Lease>>,
+    relogin: tokio::sync::Mutex<()>,
+}
+
+impl Client {
+    /// A client for the supernode at `base` (e.g. `http://127.0.0.1:7878`)
+    /// that logs in with `login`.
+    pub fn new(base: &str, login: PeerLogin) -> Result<Arc<Client>, String> {
+        let url = reqwest::Url::parse(base)
+            .map_err(|e| format!("the supernode URL `{base}` is invalid: {e}"))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!(
+                "the supernode URL `{base}` must start with http:// or https://"
+            ));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(Arc::new(Client {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+            login: RwLock::new(login),
+            lease: RwLock::new(None),
+            relogin: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}/api/v1/peer/{path}", self.base)
+    }
+
+    /// The current lease token ("" before the first login).
+    pub fn token(&self) -> String {
+        self.lease
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|l| l.token.clone())
+            .unwrap_or_default()
+    }
+
+    /// This peer's id, once logged in.
+    pub fn peer_id(&self) -> Option<PeerId> {
+        self.lease
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|l| l.peer_id)
+    }
+
+    /// The current lease.
+    pub fn lease(&self) -> Option<Lease> {
+        self.lease.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_lease(&self, lease: Lease) {
+        *self.lease.write().unwrap_or_else(|p| p.into_inner()) = Some(lease);
+    }
+
+    /// Update what the next login reports.
+    pub fn update_login(&self, speed: f64, idle: f64) {
+        let mut l = self.login.write().unwrap_or_else(|p| p.into_inner());
+        l.speed = speed;
+        l.idle = idle;
+    }
+
+    /// Log in and store the lease.
+    pub async fn login(&self) -> Result<Lease, ControlError> {
+        let mut body = self.login.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(id) = self.peer_id() {
+            body.previous_id = Some(id);
+        }
+        let resp = self
+            .http
+            .post(self.url("login"))
+            .timeout(Duration::from_secs(30))
+            .json(&body)
+            .send()
+            .await
+            .map_err(ControlError::Unreachable)?;
+        let lease: Lease = json(check("login", resp).await?, "login").await?;
+        self.set_lease(lease.clone());
+        Ok(lease)
+    }
+
+    /// Log in, retrying with backoff until it works or `cancel` fires.
+    pub async fn login_until_ok(&self, cancel: &CancellationToken) -> Option<Lease> {
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            match self.login().await {
+                Ok(lease) => return Some(lease),
+                Err(e) => tracing::warn!(
+                    "cannot log in to the supernode at {}: {e}; retrying in {:?}",
+                    self.base,
+                    backoff
+                ),
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return None,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(10));
+        }
+    }
+
+    /// Log in again unless another task already did since `stale` was the token.
+    async fn relogin(&self, stale: &str) -> Result<(), ControlError> {
+        let _guard = self.relogin.lock().await;
+        if self.token() != stale {
+            return Ok(());
+        }
+        tracing::info!("the lease expired; logging in to the supernode again");
+        self.login().await.map(|_| ())
+    }
+
+    /// Send an authorized request; on 401 log in again and retry once.
+    async fn authorized(
+        &self,
+        what: &'static str,
+        build: impl Fn(&str) -> RequestBuilder,
+    ) -> Result<Response, ControlError> {
+        for attempt in 0..2 {
+            let token = self.token();
+            let resp = build(&token)
+                .bearer_auth(&token)
+                .send()
+                .await
+                .map_err(ControlError::Unreachable)?;
+            match check(what, resp).await {
+                Err(ControlError::Unauthorized) if attempt == 0 => self.relogin(&token).await?,
+                other => return other,
+            }
+        }
+        Err(ControlError::Unauthorized)
+    }
+
+    /// Renew the lease, reporting speed, idle fraction and running jobs.
+    pub async fn renew(&self, body: &PeerRenew) -> Result<Lease, ControlError> {
+        let resp = self
+            .authorized("renew", |_| {
+                self.http
+                    .post(self.url("renew"))
+                    .timeout(Duration::from_secs(30))
+                    .json(body)
+            })
+            .await?;
+        let lease: Lease = json(resp, "renew").await?;
+        self.set_lease(lease.clone());
+        Ok(lease)
+    }
+
+    /// Long-poll for commands with sequence numbers greater than `after`.
+    pub async fn commands(&self, after: u64, wait: Duration) -> Result<Commands, ControlError> {
+        let url = format!(
+            "{}?after={after}&wait_ms={}",
+            self.url("commands"),
+            wait.as_millis()
+        );
+        let resp = self
+            .authorized("commands", |_| {
+                self.http
+                    .get(&url)
+                    .timeout(wait + Duration::from_secs(15))
+            })
+            .await?;
+        json(resp, "commands").await
+    }
+
+    /// Deliver one batch of events.
+    pub async fn report(&self, events: &[PeerEvent]) -> Result<(), ControlError> {
+        let body = PeerReport {
+            events: events.to_vec(),
+        };
+        self.authorized("report", |_| {
+            self.http
+                .post(self.url("report"))
+                .timeout(Duration::from_secs(60))
+                .json(&body)
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Download a module by hash.
+    pub async fn module(&self, hash: &str) -> Result<Vec<u8>, ControlError> {
+        if !hash.chars().all(|c| c.is_ascii_hexdigit()) || hash.is_empty() {
+            return Err(ControlError::Invalid {
+                what: "module",
+                error: format!("`{hash}` is not a hex hash"),
+            });
+        }
+        let url = self.url(&format!("modules/{hash}"));
+        let mut resp = self
+            .authorized("module", |_| {
+                self.http.get(&url).timeout(Duration::from_secs(300))
+            })
+            .await?;
+        if resp
+            .content_length()
+            .is_some_and(|n| n > MAX_MODULE_BYTES as u64)
+        {
+            return Err(ControlError::ModuleTooLarge);
+        }
+        let mut bytes = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(ControlError::Unreachable)? {
+            if bytes.len() + chunk.len() > MAX_MODULE_BYTES {
+                return Err(ControlError::ModuleTooLarge);
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(bytes)
+    }
+}
+
+async fn check(what: &'static str, resp: Response) -> Result<Response, ControlError> {
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    if status == StatusCode::UNAUTHORIZED {
+        return Err(ControlError::Unauthorized);
+    }
+    let mut body = resp.text().await.unwrap_or_default();
+    if body.len() > 500 {
+        let mut cut = 500;
+        while !body.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        body.truncate(cut);
+    }
+    Err(ControlError::Status { what, status, body })
+}
+
+async fn json<T: serde::de::DeserializeOwned>(
+    resp: Response,
+    what: &'static str,
+) -> Result<T, ControlError> {
+    let bytes = resp.bytes().await.map_err(ControlError::Unreachable)?;
+    serde_json::from_slice(&bytes).map_err(|e| ControlError::Invalid {
+        what,
+        error: e.to_string(),
+    })
+}

@@ -1,0 +1,173 @@
+//! What the peer tells the supernode about its machine: the idle-CPU fraction
+//! (from `/proc/stat` deltas) and a benchmarked speed weight.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+/// Cumulative CPU time of all cores, in `/proc/stat` ticks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CpuTimes {
+    /// Time available to bspweb: idle, iowait and niced time (bspweb's own
+    /// processes run niced, so they do not make the machine look busy).
+    pub available: u64,
+    /// All time.
+    pub total: u64,
+}
+
+/// Parse the aggregate `cpu` line of `/proc/stat`.
+///
+/// Columns: user nice system idle iowait irq softirq steal guest guest_nice.
+/// Guest time is already included in user/nice and is not added again.
+pub fn parse_proc_stat(text: &str) -> Option<CpuTimes> {
+    let line = text.lines().find(|l| {
+        let mut w = l.split_whitespace();
+        w.next() == Some("cpu")
+    })?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse::<u64>())
+        .collect::<Result<_, _>>()
+        .ok()?;
+    if fields.len() < 4 {
+        return None;
+    }
+    let get = |i: usize| fields.get(i).copied().unwrap_or(0);
+    let total = (0..8).map(get).fold(0u64, u64::saturating_add);
+    let available = get(1).saturating_add(get(3)).saturating_add(get(4));
+    Some(CpuTimes { available, total })
+}
+
+/// Fraction of CPU time available between two samples, in `[0, 1]`; 1 when
+/// no time passed.
+pub fn idle_fraction(before: CpuTimes, after: CpuTimes) -> f64 {
+    let total = after.total.saturating_sub(before.total);
+    if total == 0 {
+        return 1.0;
+    }
+    let available = after.available.saturating_sub(before.available);
+    (available as f64 / total as f64).clamp(0.0, 1.0)
+}
+
+/// Samples `/proc/stat`; each call reports the idle fraction since the last.
+#[derive(Debug, Default)]
+pub struct IdleMonitor {
+    last: Option<CpuTimes>,
+}
+
+impl IdleMonitor {
+    /// A monitor that takes its first sample now.
+    pub fn new() -> Self {
+        IdleMonitor { last: read() }
+    }
+
+    /// Idle fraction since the previous sample; 1.0 where `/proc/stat` is
+    /// unavailable (non-Linux).
+    pub fn sample(&mut self) -> f64 {
+        let Some(now) = read() else {
+            return 1.0;
+        };
+        let f = match self.last {
+            Some(before) => idle_fraction(before, now),
+            None => 1.0,
+        };
+        self.last = Some(now);
+        f
+    }
+}
+
+fn read() -> Option<CpuTimes> {
+    std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|t| parse_proc_stat(&t))
+}
+
+/// Iterations of [`workload`] in one benchmark round.
+const ROUND_ITERATIONS: u64 = 8_000_000;
+
+/// How long one round takes on the reference machine (a 2020s server core,
+/// measured on the development machine), which defines speed 1.0.
+const REFERENCE_ROUND: Duration = Duration::from_millis(25);
+
+/// A fixed integer workload: xorshift, rotates and additions with a data
+/// dependency on every step, so it can neither be vectorized nor elided.
+pub fn workload(iterations: u64) -> u64 {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut acc: u64 = 0;
+    for i in 0..black_box(iterations) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        acc = acc.wrapping_add(x.rotate_left((i & 63) as u32) ^ i);
+    }
+    black_box(acc)
+}
+
+/// Benchmark this machine (about 100 ms): the speed weight relative to the
+/// reference machine, the best of four rounds.
+pub fn benchmark() -> f64 {
+    let best = (0..4)
+        .map(|_| {
+            let t = Instant::now();
+            workload(ROUND_ITERATIONS);
+            t.elapsed()
+        })
+        .min()
+        .unwrap_or(REFERENCE_ROUND);
+    let best = best.max(Duration::from_micros(1));
+    REFERENCE_ROUND.as_secs_f64() / best.as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "cpu  4705 356 584 3699 23 0 12 5 0 0\n\
+cpu0 1393280 32966 572056 13343292 6130 0 17875 0 0 0\n\
+intr 114930548 113199788 3 0 5 263 0 4 [... lots more numbers ...]\n\
+ctxt 1990473\n";
+
+    #[test]
+    fn parses_the_aggregate_cpu_line() {
+        let t = parse_proc_stat(SAMPLE).unwrap();
+        assert_eq!(t.total, 4705 + 356 + 584 + 3699 + 23 + 12 + 5);
+        assert_eq!(t.available, 356 + 3699 + 23);
+    }
+
+    #[test]
+    fn refuses_text_without_a_cpu_line() {
+        assert_eq!(parse_proc_stat("cpu0 1 2 3 4\nintr 5"), None);
+        assert_eq!(parse_proc_stat("cpu 1 2"), None);
+        assert_eq!(parse_proc_stat("cpu a b c d"), None);
+        assert_eq!(parse_proc_stat(""), None);
+    }
+
+    #[test]
+    fn idle_fraction_is_the_available_share_of_the_delta() {
+        let a = CpuTimes {
+            available: 100,
+            total: 200,
+        };
+        let b = CpuTimes {
+            available: 175,
+            total: 300,
+        };
+        assert!((idle_fraction(a, b) - 0.75).abs() < 1e-9);
+        assert_eq!(idle_fraction(a, a), 1.0);
+        // A counter that went backwards (e.g. a CPU went offline) stays in range.
+        assert!((0.0..=1.0).contains(&idle_fraction(b, a)));
+    }
+
+    #[test]
+    fn the_monitor_reports_a_fraction() {
+        let mut m = IdleMonitor::new();
+        let f = m.sample();
+        assert!((0.0..=1.0).contains(&f));
+    }
+
+    #[test]
+    fn the_benchmark_is_positive_and_the_workload_deterministic() {
+        assert_eq!(workload(1000), workload(1000));
+        assert!(benchmark() > 0.0);
+    }
+}

@@ -1,0 +1,1034 @@
+//! The supernode's REST API and peer control plane, driven over real HTTP on
+//! 127.0.0.1 with a fake peer.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bsp_api::control::{
+    Command, JobAssignment, Lease, PeerEvent, PeerLogin, PeerRenew, PeerReport, SeqCommand,
+    Stream,
+};
+use bsp_api::rest::{
+    ApiError, JobEvent, JobEventKind, JobInfo, JobOutcome, JobState, LoginResponse, PeerInfo,
+    ProgramInfo,
+};
+use bspweb_supernode::{Config, Supernode};
+use futures_util::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sha2::Digest;
+
+const GUEST: &str = r#"(module
+    (import "bspweb_v1" "pid" (func (result i32)))
+    (memory (export "memory") 1)
+    (global $sp (mut i32) (i32.const 1024))
+    (func (export "bspweb_resume") (result i32) i32.const 1))"#;
+
+const OTHER_GUEST: &str = r#"(module
+    (memory (export "memory") 2)
+    (func (export "bspweb_resume") (result i32) i32.const 1))"#;
+
+const WASI_GUEST: &str = r#"(module
+    (import "wasi_snapshot_preview1" "fd_write" (func (param i32 i32 i32 i32) (result i32)))
+    (memory (export "memory") 1)
+    (func (export "bspweb_resume") (result i32) i32.const 1))"#;
+
+fn wasm(wat: &str) -> Vec<u8> {
+    wat::parse_str(wat).expect("test module parses")
+}
+
+struct Harness {
+    base: String,
+    http: reqwest::Client,
+    sn: Supernode,
+    dir: tempfile::TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Harness {
+    async fn start() -> Harness {
+        Harness::start_with(|_| {}).await
+    }
+
+    async fn start_with(adjust: impl FnOnce(&mut Config)) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        Harness::start_in(dir, adjust, true).await
+    }
+
+    async fn start_in(
+        dir: tempfile::TempDir,
+        adjust: impl FnOnce(&mut Config),
+        create_users: bool,
+    ) -> Harness {
+        let mut config = Config {
+            data_dir: dir.path().to_path_buf(),
+            ..Config::default()
+        };
+        adjust(&mut config);
+        let sn = Supernode::open(config).unwrap();
+        if create_users {
+            sn.create_user("admin", "admin-password", true).await.unwrap();
+            sn.create_user("alice", "alice-password", false).await.unwrap();
+            sn.create_user("bob", "bob-password", false).await.unwrap();
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(sn.clone().serve(listener, async move {
+            let _ = stopped.await;
+        }));
+        Harness {
+            base,
+            http: reqwest::Client::new(),
+            sn,
+            dir,
+            stop: Some(stop),
+            server: Some(server),
+        }
+    }
+
+    /// Stops the server and waits for it to finish; returns the data directory.
+    async fn stop(mut self) -> tempfile::TempDir {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(server) = self.server.take() {
+            tokio::time::timeout(Duration::from_secs(10), server)
+                .await
+                .expect("the server stops promptly")
+                .unwrap()
+                .unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::mem::replace(&mut self.dir, dir)
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}/api/v1{}", self.base, path)
+    }
+
+    async fn login(&self, name: &str, password: &str) -> String {
+        let (status, body) = self
+            .call(reqwest::Method::POST, "/login", None, Some(json!({"name": name, "password": password})))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let login: LoginResponse = serde_json::from_value(body).unwrap();
+        login.token
+    }
+
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut req = self.http.request(method, self.url(path));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        let bytes = resp.bytes().await.unwrap();
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                panic!("{path}: not JSON ({e}): {}", String::from_utf8_lossy(&bytes))
+            })
+        };
+        (status, value)
+    }
+
+    async fn get(&self, path: &str, token: &str) -> (StatusCode, Value) {
+        self.call(reqwest::Method::GET, path, Some(token), None).await
+    }
+
+    async fn post(&self, path: &str, token: &str, body: Value) -> (StatusCode, Value) {
+        self.call(reqwest::Method::POST, path, Some(token), Some(body)).await
+    }
+
+    async fn upload(&self, token: &str, name: Option<&str>, bytes: Vec<u8>) -> (StatusCode, Value) {
+        let url = match name {
+            Some(n) => self.url(&format!("/programs?name={n}")),
+            None => self.url("/programs"),
+        };
+        let resp = self
+            .http
+            .post(url)
+            .bearer_auth(token)
+            .header("content-type", "application/wasm")
+            .body(bytes)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        (status, resp.json().await.unwrap())
+    }
+
+    async fn submit(&self, token: &str, program: &str, nprocs: u32) -> JobInfo {
+        let (status, body) = self
+            .post("/jobs", token, json!({"program": program, "nprocs": nprocs, "args": {"n": 5}}))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        serde_json::from_value(body).unwrap()
+    }
+
+    async fn job(&self, token: &str, id: i64) -> JobInfo {
+        let (status, body) = self.get(&format!("/jobs/{id}"), token).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        serde_json::from_value(body).unwrap()
+    }
+
+    /// Polls job `id` until `done` holds, failing after 10 s.
+    async fn wait_job(&self, token: &str, id: i64, what: &str, done: impl Fn(&JobInfo) -> bool) -> JobInfo {
+        poll(what, || async {
+            let job = self.job(token, id).await;
+            done(&job).then_some(job)
+        })
+        .await
+    }
+
+    /// The whole event stream of a finished job after `after`, read until the
+    /// server ends it.
+    async fn events(&self, token: &str, id: i64, last_event_id: Option<i64>) -> Vec<(String, String, JobEvent)> {
+        let mut req = self
+            .http
+            .get(self.url(&format!("/jobs/{id}/events")))
+            .bearer_auth(token);
+        if let Some(last) = last_event_id {
+            req = req.header("Last-Event-ID", last.to_string());
+        }
+        let resp = tokio::time::timeout(Duration::from_secs(10), req.send())
+            .await
+            .expect("events answer")
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+        let text = tokio::time::timeout(Duration::from_secs(10), resp.text())
+            .await
+            .expect("the stream of a finished job ends")
+            .unwrap();
+        parse_sse(&text)
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Parses complete SSE messages into (id, event name, decoded data).
+fn parse_sse(text: &str) -> Vec<(String, String, JobEvent)> {
+    let mut out = Vec::new();
+    for block in text.split("\n\n") {
+        let (mut id, mut name, mut data) = (None, None, String::new());
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("id:") {
+                id = Some(v.trim().to_string());
+            } else if let Some(v) = line.strip_prefix("event:") {
+                name = Some(v.trim().to_string());
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data.push_str(v.strip_prefix(' ').unwrap_or(v));
+            }
+        }
+        if let (Some(id), Some(name)) = (id, name) {
+            let event: JobEvent = serde_json::from_str(&data).unwrap();
+            out.push((id, name, event));
+        }
+    }
+    out
+}
+
+/// Polls `check` every 20 ms until it yields a value, failing after 10 s.
+async fn poll<T, F, Fut>(what: &str, check: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn api_error(body: &Value) -> ApiError {
+    serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("not an ApiError ({e}): {body}"))
+}
+
+// ------------------------------------------------------------------ fake peer
+
+struct FakePeer {
+    id: i64,
+    token: String,
+    seen: u64,
+}
+
+fn login_body(name: &str, cores: u32, previous_id: Option<i64>) -> PeerLogin {
+    PeerLogin {
+        name: name.into(),
+        addr: "127.0.0.1:9000".into(),
+        speed: 1.0,
+        idle: 1.0,
+        cores,
+        version: bsp_api::API_VERSION,
+        previous_id,
+    }
+}
+
+impl Harness {
+    async fn peer_login(&self, login: PeerLogin) -> FakePeer {
+        let resp = self.http.post(self.url("/peer/login")).json(&login).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let lease: Lease = resp.json().await.unwrap();
+        assert!(lease.renew_every_ms > 0 && lease.renew_every_ms < lease.ttl_ms);
+        FakePeer {
+            id: lease.peer_id,
+            token: lease.token,
+            seen: 0,
+        }
+    }
+
+    /// Long-polls until at least one command arrives.
+    async fn commands(&self, peer: &mut FakePeer) -> Vec<SeqCommand> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let resp = self
+                .http
+                .get(self.url(&format!("/peer/commands?after={}&wait_ms=2000", peer.seen)))
+                .bearer_auth(&peer.token)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            let cmds: bsp_api::control::Commands = resp.json().await.unwrap();
+            if let Some(last) = cmds.commands.last() {
+                assert!(cmds.commands.iter().all(|c| c.seq > peer.seen));
+                peer.seen = last.seq;
+                return cmds.commands;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no command for peer {}", peer.id);
+        }
+    }
+
+    async fn report(&self, peer: &FakePeer, events: Vec<PeerEvent>) -> StatusCode {
+        self.http
+            .post(self.url("/peer/report"))
+            .bearer_auth(&peer.token)
+            .json(&PeerReport { events })
+            .send()
+            .await
+            .unwrap()
+            .status()
+    }
+
+    async fn renew(&self, peer: &FakePeer) -> (StatusCode, Value) {
+        let renew = PeerRenew {
+            speed: 1.0,
+            idle: 1.0,
+            jobs: vec![],
+        };
+        let resp = self
+            .http
+            .post(self.url("/peer/renew"))
+            .bearer_auth(&peer.token)
+            .json(&renew)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        (status, resp.json().await.unwrap())
+    }
+}
+
+fn start_job(cmds: &[SeqCommand]) -> JobAssignment {
+    cmds.iter()
+        .find_map(|c| match &c.command {
+            Command::StartJob(a) => Some(a.clone()),
+            _ => None,
+        })
+        .expect("a StartJob command")
+}
+
+fn out(job: i64, pid: u32, seq: u64, text: &str) -> PeerEvent {
+    PeerEvent::Output {
+        job,
+        pid,
+        seq,
+        stream: Stream::Stdout,
+        data: text.into(),
+    }
+}
+
+fn exited(job: i64, pid: u32) -> PeerEvent {
+    PeerEvent::ProcessExited {
+        job,
+        pid,
+        superstep: 2,
+    }
+}
+
+// ------------------------------------------------------------------ tests
+
+#[tokio::test]
+async fn login_with_good_and_bad_passwords() {
+    let h = Harness::start().await;
+    let (status, body) = h
+        .call(reqwest::Method::POST, "/login", None, Some(json!({"name": "alice", "password": "alice-password"})))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let login: LoginResponse = serde_json::from_value(body).unwrap();
+    assert_eq!(login.user.name, "alice");
+    assert!(!login.user.admin);
+    assert!(login.expires_at > 0);
+
+    let (status, me) = h.get("/me", &login.token).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(me["name"], "alice");
+
+    for (name, password) in [("alice", "wrong-password"), ("nobody", "alice-password")] {
+        let (status, body) = h
+            .call(reqwest::Method::POST, "/login", None, Some(json!({"name": name, "password": password})))
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(api_error(&body).message, "wrong user name or password");
+    }
+}
+
+#[tokio::test]
+async fn user_and_peer_tokens_are_kept_apart() {
+    let h = Harness::start().await;
+    let user = h.login("alice", "alice-password").await;
+    let peer = h.peer_login(login_body("p1", 2, None)).await;
+
+    // A peer token is no user token.
+    let (status, body) = h.get("/me", &peer.token).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(api_error(&body).code, "unauthorized");
+    // A user token is no lease.
+    let (status, body) = h
+        .post("/peer/renew", &user, json!({"speed": 1.0, "idle": 1.0, "jobs": []}))
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(api_error(&body).message.contains("not a peer lease token"), "{body}");
+    // No token, a garbage token.
+    let (status, body) = h.call(reqwest::Method::GET, "/jobs", None, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(api_error(&body).message.contains("Authorization"));
+    let (status, _) = h.get("/jobs", "not.a.token").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // Each works where it belongs.
+    assert_eq!(h.get("/jobs", &user).await.0, StatusCode::OK);
+    assert_eq!(h.renew(&peer).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn only_admins_create_users() {
+    let h = Harness::start().await;
+    let alice = h.login("alice", "alice-password").await;
+    let admin = h.login("admin", "admin-password").await;
+    let carol = json!({"name": "carol", "password": "carol-password"});
+    let (status, body) = h.post("/users", &alice, carol.clone()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, body) = h.post("/users", &admin, carol.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["name"], "carol");
+    assert_eq!(body["admin"], false);
+    let (status, _) = h.post("/users", &admin, carol).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (status, _) = h
+        .post("/users", &admin, json!({"name": "bad name", "password": "long-enough"}))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    h.login("carol", "carol-password").await;
+}
+
+#[tokio::test]
+async fn programs_are_validated_stored_by_hash_and_private() {
+    let h = Harness::start().await;
+    let alice = h.login("alice", "alice-password").await;
+    let bob = h.login("bob", "bob-password").await;
+    let builtin = h
+        .sn
+        .register_builtin("ring", "messages around a ring", &wasm(GUEST))
+        .await
+        .unwrap();
+    // Registering again is harmless.
+    assert_eq!(
+        h.sn.register_builtin("ring", "messages around a ring", &wasm(GUEST)).await.unwrap(),
+        builtin
+    );
+    assert!(h.sn.register_builtin("junk", "", b"junk").await.is_err());
+
+    let module = wasm(OTHER_GUEST);
+    let (status, body) = h.upload(&alice, Some("mine"), module.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let info: ProgramInfo = serde_json::from_value(body).unwrap();
+    assert_eq!(info.hash, hex::encode(sha2::Sha256::digest(&module)));
+    assert_eq!(info.size, module.len() as u64);
+    assert_eq!(info.name.as_deref(), Some("mine"));
+    assert!(!info.builtin);
+
+    let (status, body) = h.upload(&alice, None, b"hello, not wasm".to_vec()).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let e = api_error(&body);
+    assert_eq!(e.code, "invalid_module");
+    assert!(e.message.contains("not a WebAssembly module"), "{}", e.message);
+
+    let (status, body) = h.upload(&alice, Some("wasi"), wasm(WASI_GUEST)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(api_error(&body).message.contains("wasi_snapshot_preview1.fd_write"), "{body}");
+
+    let (status, _) = h.upload(&alice, Some("../evil"), module.clone()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // Alice sees the builtin and her program; Bob only the builtin.
+    let (_, list) = h.get("/programs", &alice).await;
+    let list: Vec<ProgramInfo> = serde_json::from_value(list).unwrap();
+    let names: Vec<_> = list.iter().map(|p| (p.name.clone().unwrap(), p.builtin)).collect();
+    assert_eq!(names, vec![("ring".to_string(), true), ("mine".to_string(), false)]);
+    let (_, list) = h.get("/programs", &bob).await;
+    let list: Vec<ProgramInfo> = serde_json::from_value(list).unwrap();
+    assert_eq!(list, vec![builtin.clone()]);
+
+    // Bob can run neither Alice's name nor her hash; both can run the builtin by hash.
+    let (status, body) = h.post("/jobs", &bob, json!({"program": "mine", "nprocs": 1})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(api_error(&body).message.contains("no program `mine`"));
+    let (status, _) = h.post("/jobs", &bob, json!({"program": info.hash, "nprocs": 1})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let job = h.submit(&bob, &builtin.hash, 1).await;
+    assert_eq!(job.program_hash, builtin.hash);
+    let job = h.submit(&alice, &info.hash.to_uppercase(), 1).await;
+    assert_eq!(job.program_hash, info.hash);
+
+    // A user's own name shadows a builtin of the same name.
+    let (status, _) = h.upload(&alice, Some("ring"), module.clone()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(h.submit(&alice, "ring", 1).await.program_hash, info.hash);
+    assert_eq!(h.submit(&bob, "ring", 1).await.program_hash, builtin.hash);
+    let (_, list) = h.get("/programs", &alice).await;
+    let list: Vec<ProgramInfo> = serde_json::from_value(list).unwrap();
+    assert!(list.iter().all(|p| !p.builtin), "the shadowed builtin is not listed: {list:?}");
+}
+
+#[tokio::test]
+async fn jobs_are_submitted_listed_killed_and_disposed() {
+    let h = Harness::start().await;
+    let alice = h.login("alice", "alice-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST)).await.unwrap();
+
+    let (status, body) = h
+        .post(
+            "/jobs",
+            &alice,
+            json!({"program": "ring", "nprocs": 4, "args": [1, 2], "description": "first",
+                   "seed": 42, "limits": {"superstep_ms": 1, "memory_mib": 100000, "output_mib": 8}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let job: JobInfo = serde_json::from_value(body).unwrap();
+    assert_eq!(job.state, JobState::Waiting);
+    assert_eq!((job.nprocs, job.seed, job.owner.as_str()), (4, 42, "alice"));
+    assert_eq!(job.args, json!([1, 2]));
+    assert_eq!(job.description.as_deref(), Some("first"));
+    assert_eq!((job.limits.superstep_ms, job.limits.memory_mib, job.limits.output_mib), (100, 4096, 8));
+    assert!(job.placement.is_empty());
+
+    let (_, list) = h.get("/jobs?state=waiting", &alice).await;
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    let (_, list) = h.get("/jobs?state=finished", &alice).await;
+    assert!(list.as_array().unwrap().is_empty());
+    let (status, body) = h.get("/jobs?state=sleeping", &alice).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(api_error(&body).message.contains("sleeping"));
+
+    // Only finished jobs can be disposed of.
+    let (status, _) = h
+        .call(reqwest::Method::DELETE, &format!("/jobs/{}", job.id), Some(&alice), None)
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+
+    let (status, body) = h.post(&format!("/jobs/{}/kill", job.id), &alice, Value::Null).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let killed: JobInfo = serde_json::from_value(body).unwrap();
+    assert_eq!((killed.state, killed.outcome), (JobState::Finished, Some(JobOutcome::Killed)));
+    assert!(killed.finished_at.is_some());
+    let (status, _) = h.post(&format!("/jobs/{}/kill", job.id), &alice, Value::Null).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+
+    let events = h.events(&alice, job.id, None).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].1, "job_killed");
+    assert_eq!(events[0].2.kind, JobEventKind::JobKilled);
+
+    let (status, body) = h
+        .call(reqwest::Method::DELETE, &format!("/jobs/{}", job.id), Some(&alice), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    let (status, body) = h.get(&format!("/jobs/{}", job.id), &alice).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(api_error(&body).code, "not_found");
+
+    // Bad submissions.
+    for (body, status, needle) in [
+        (json!({"program": "ring", "nprocs": 0}), StatusCode::BAD_REQUEST, "nprocs"),
+        (json!({"program": "ring", "nprocs": 5000}), StatusCode::BAD_REQUEST, "nprocs"),
+        (json!({"program": "nope", "nprocs": 1}), StatusCode::NOT_FOUND, "no program `nope`"),
+        (
+            json!({"program": "ring", "nprocs": 1, "resources": {"input.txt": "%%%"}}),
+            StatusCode::BAD_REQUEST,
+            "resource `input.txt`",
+        ),
+        (json!({"program": "ring"}), StatusCode::UNPROCESSABLE_ENTITY, "nprocs"),
+    ] {
+        let (got, answer) = h.post("/jobs", &alice, body.clone()).await;
+        assert_eq!(got, status, "{body} → {answer}");
+        assert!(api_error(&answer).message.contains(needle), "{answer}");
+    }
+}
+
+#[tokio::test]
+async fn another_users_jobs_are_invisible() {
+    let h = Harness::start().await;
+    let alice = h.login("alice", "alice-password").await;
+    let bob = h.login("bob", "bob-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST)).await.unwrap();
+    let job = h.submit(&alice, "ring", 2).await;
+
+    let (status, _) = h.get(&format!("/jobs/{}", job.id), &bob).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = h.post(&format!("/jobs/{}/kill", job.id), &bob, Value::Null).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = h
+        .call(reqwest::Method::DELETE, &format!("/jobs/{}", job.id), Some(&bob), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = h.get(&format!("/jobs/{}/events", job.id), &bob).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, list) = h.get("/jobs", &bob).await;
+    assert!(list.as_array().unwrap().is_empty());
+    // Still alive and well for Alice.
+    assert_eq!(h.job(&alice, job.id).await.state, JobState::Waiting);
+}
+
+#[tokio::test]
+async fn a_waiting_job_is_placed_when_a_peer_logs_in_and_runs_to_its_end() {
+    let h = Harness::start().await;
+    let alice = h.login("alice", "alice-password").await;
+    let builtin = h.sn.register_builtin("ring", "", &wasm(GUEST)).await.unwrap();
+    let job = h.submit(&alice, "ring", 3).await;
+    // No peer: the job waits (the scheduler ran on submit and found none).
+    let (_, health) = h.call(reqwest::Method::GET, "/health", None, None).await;
+    assert_eq!(health["peers_online"], 0);
+    assert_eq!(h.job(&alice, job.id).await.state, JobState::Waiting);
+
+    let mut peer = h.peer_login(login_body("p1", 4, None)).await;
+    let cmds = h.commands(&mut peer).await;
+    let a = start_job(&cmds);
+    assert_eq!(a.job, job.id);
+    assert_eq!(a.nprocs, 3);
+    assert_eq!(a.program_hash, builtin.hash);
+    assert_eq!(a.peers.len(), 1);
+    assert_eq!(a.peers[0].id, peer.id);
+    assert_eq!(a.peers[0].addr, "127.0.0.1:9000");
+    assert_eq!(a.placement, vec![0, 0, 0]);
+    assert_eq!(a.job_token.len(), 64);
+    assert_eq!(serde_json::from_str::<Value>(&a.args).unwrap(), json!({"n": 5}));
+
+    let active = h.job(&alice, job.id).await;
+    assert_eq!(active.state, JobState::Active);
+    assert_eq!(active.placement, vec![peer.id; 3]);
+    assert!(active.started_at.is_some());
+    let (_, peers) = h.get("/peers", &alice).await;
+    let peers: Vec<PeerInfo> = serde_json::from_value(peers).unwrap();
+    assert_eq!((peers.len(), peers[0].processes, peers[0].state.as_str()), (1, 3, "online"));
+
+    // The peer fetches the module of its job, and nothing else.
+    let resp = h
+        .http
+        .get(h.url(&format!("/peer/modules/{}", a.program_hash)))
+        .bearer_auth(&peer.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.bytes().await.unwrap().to_vec(), wasm(GUEST));
+    let other = h.peer_login(login_body("p2", 1, None)).await;
+    let resp = h
+        .http
+        .get(h.url(&format!("/peer/modules/{}", a.program_hash)))
+        .bearer_auth(&other.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+
+    // Output, with repeats; a report from a peer not on the job is ignored.
+    let status = h
+        .report(&peer, vec![
+            out(job.id, 0, 0, "hello from 0"),
+            out(job.id, 1, 0, "hello from 1"),
+            out(job.id, 0, 0, "hello from 0"),
+            PeerEvent::Status { job: job.id, pid: None, text: "superstep 1 done".into() },
+            out(job.id, 0, 1, "bye from 0"),
+        ])
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(h.report(&other, vec![out(job.id, 2, 0, "intruder")]).await, StatusCode::NO_CONTENT);
+    assert_eq!(
+        h.report(&peer, vec![out(job.id, 1, 0, "hello from 1"), exited(job.id, 0), exited(job.id, 1), exited(job.id, 0)])
+            .await,
+        StatusCode::NO_CONTENT
+    );
+    let running = h.job(&alice, job.id).await;
+    assert_eq!((running.state, running.exited), (JobState::Active, 2));
+    assert_eq!(
+        h.report(&peer, vec![PeerEvent::Output { job: job.id, pid: 2, seq: 0, stream: Stream::Raw, data: "AAEC".into() }, exited(job.id, 2)])
+            .await,
+        StatusCode::NO_CONTENT
+    );
+    let done = h.job(&alice, job.id).await;
+    assert_eq!((done.state, done.outcome, done.exited), (JobState::Finished, Some(JobOutcome::Exited), 3));
+    // Output arriving after the end is dropped.
+    h.report(&peer, vec![out(job.id, 2, 1, "too late")]).await;
+
+    let events = h.events(&alice, job.id, None).await;
+    let kinds: Vec<&str> = events.iter().map(|(_, name, _)| name.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["status", "stdout", "stdout", "status", "stdout", "process_exited", "process_exited", "raw", "process_exited", "job_exited"]
+    );
+    assert_eq!(events[0].2.kind, JobEventKind::Status { text: "placed 3 processes on 1 peer".into() });
+    let texts: Vec<_> = events
+        .iter()
+        .filter_map(|(_, _, e)| match &e.kind {
+            JobEventKind::Stdout { text } => Some((e.pid, text.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(texts, [(Some(0), "hello from 0"), (Some(1), "hello from 1"), (Some(0), "bye from 0")]);
+    for (id, _, e) in &events {
+        assert_eq!(id, &e.id.to_string());
+        assert_eq!(e.job, job.id);
+    }
+    assert!(events.windows(2).all(|w| w[0].2.id < w[1].2.id));
+
+    // Commands are acknowledged by `after`: nothing new for the peer now.
+    let resp = h
+        .http
+        .get(h.url(&format!("/peer/commands?after={}&wait_ms=50", peer.seen)))
+        .bearer_auth(&peer.token)
+        .send()
+        .await
+        .unwrap();
+    let cmds: bsp_api::control::Commands = resp.json().await.unwrap();
+    assert!(cmds.commands.is_empty());
+}
+
+#[tokio::test]
+async fn an_abort_ends_the_job_and_kills_it_on_every_peer() {
+    let h = Harness::start().await;
+    let alice = h.login("alice", "alice-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST)).await.unwrap();
+    let mut p1 = h.peer_login(login_body("p1", 4, None)).await;
+    let mut p2 = h.peer_login(login_body("p2", 4, None)).await;
+    let job = h.submit(&alice, "ring", 8).await;
+    let a1 = start_job(&h.commands(&mut p1).await);
+    let a2 = start_job(&h.commands(&mut p2).await);
+    assert_eq!(a1.placement, a2.placement);
+    assert_eq!(a1.peers.len(), 2, "equal peers share eight processes: {:?}", a1.placement);
+    let pid_on_p2 = a2.placement.iter().position(|&i| a2.peers[i as usize].id == p2.id).unwrap() as u32;
+
+    let reason = "input file is empty";
+    h.report(&p2, vec![PeerEvent::ProcessAborted { job: job.id, pid: pid_on_p2, superstep: 3, reason: reason.into() }])
+        .await;
+    let done = h.job(&alice, job.id).await;
+    assert_eq!(done.outcome, Some(JobOutcome::Aborted));
+    assert_eq!(done.error_pid, Some(pid_on_p2));
+    assert!(done.error.as_deref().unwrap().contains(reason));
+    for peer in [&mut p1, &mut p2] {
+        let cmds = h.commands(peer).await;
+        assert!(
+            cmds.iter().any(|c| matches!(&c.command, Command::KillJob { job: j, .. } if *j == job.id)),
+            "{cmds:?}"
+        );
+    }
+    let events = h.events(&alice, job.id, None).await;
+    match &events.last().unwrap().2.kind {
+        JobEventKind::JobAborted { reason: r } => assert!(r.contains(reason)),
+        other => panic!("expected job_aborted, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn event_streams_resume_after_last_event_id_and_follow_live_output() {
+    let h = Harness::start().await;
+    let alice = h.login("alice", "alice-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST)).await.unwrap();
+    let mut peer = h.peer_login(login_body("p1", 4, None)).await;
+    let job = h.submit(&alice, "ring", 1).await;
+    start_job(&h.commands(&mut peer).await);
+
+    // Follow live: open the stream, then produce output.
+    let resp = h
+        .http
+        .get(h.url(&format!("/jobs/{}/events", job.id)))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.bytes_stream();
+    let mut text = String::new();
+    let mut next_events = async |n: usize| {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let events = parse_sse(&text);
+                if events.len() >= n {
+                    return events;
+                }
+                let chunk = body.next().await.expect("stream open").unwrap();
+                text.push_str(std::str::from_utf8(&chunk).unwrap());
+            }
+        })
+        .await
+        .expect("live events arrive")
+    };
+    assert_eq!(next_events(1).await[0].1, "status");
+    for i in 0..5u64 {
+        h.report(&peer, vec![out(job.id, 0, i, &format!("line {i}"))]).await;
+        let events = next_events(2 + i as usize).await;
+        assert_eq!(events.last().unwrap().2.kind, JobEventKind::Stdout { text: format!("line {i}") });
+    }
+    h.report(&peer, vec![exited(job.id, 0)]).await;
+    let live = next_events(8).await;
+    assert_eq!(live.last().unwrap().1, "job_exited");
+
+    // Resuming from every point gives exactly the rest, with no duplicates.
+    let all = h.events(&alice, job.id, None).await;
+    assert_eq!(all.len(), 8);
+    assert_eq!(
+        all.iter().map(|e| e.2.clone()).collect::<Vec<_>>(),
+        live.iter().map(|e| e.2.clone()).collect::<Vec<_>>()
+    );
+    for (i, (_, _, e)) in all.iter().enumerate() {
+        let rest = h.events(&alice, job.id, Some(e.id)).await;
+        assert_eq!(
+            rest.iter().map(|r| r.2.id).collect::<Vec<_>>(),
+            all[i + 1..].iter().map(|r| r.2.id).collect::<Vec<_>>()
+        );
+    }
+    // `?after=` does the same for clients that cannot set headers.
+    let resp = h
+        .http
+        .get(h.url(&format!("/jobs/{}/events?after={}", job.id, all[5].2.id)))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    let rest = parse_sse(&resp.text().await.unwrap());
+    assert_eq!(rest.len(), 2);
+    // A malformed Last-Event-ID is refused.
+    let resp = h
+        .http
+        .get(h.url(&format!("/jobs/{}/events", job.id)))
+        .bearer_auth(&alice)
+        .header("Last-Event-ID", "yesterday")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn a_peer_that_stops_renewing_fails_its_jobs() {
+    let h = Harness::start_with(|c| c.lease_ttl = Duration::from_millis(600)).await;
+    let alice = h.login("alice", "alice-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST)).await.unwrap();
+    let mut dying = h.peer_login(login_body("dying", 2, None)).await;
+    let mut healthy = h.peer_login(login_body("healthy", 2, None)).await;
+    // The healthy peer renews every TTL/3 in the background.
+    let renewer = {
+        let (http, url, token) = (h.http.clone(), h.url("/peer/renew"), healthy.token.clone());
+        tokio::spawn(async move {
+            loop {
+                let resp = http
+                    .post(&url)
+                    .bearer_auth(&token)
+                    .json(&PeerRenew { speed: 1.0, idle: 1.0, jobs: vec![] })
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(resp.status(), StatusCode::OK);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    let job = h.submit(&alice, "ring", 8).await;
+    let a = start_job(&h.commands(&mut dying).await);
+    start_job(&h.commands(&mut healthy).await);
+    let lost: Vec<String> = (0..8)
+        .filter(|&pid| a.peers[a.placement[pid] as usize].id == dying.id)
+        .map(|pid| pid.to_string())
+        .collect();
+    assert!(!lost.is_empty() && lost.len() < 8, "{:?}", a.placement);
+
+    let failed = h
+        .wait_job(&alice, job.id, "the job to fail", |j| j.state == JobState::Finished)
+        .await;
+    assert_eq!(failed.outcome, Some(JobOutcome::Failed));
+    let error = failed.error.unwrap();
+    assert!(
+        error.starts_with(&format!("peer dying (#{}) stopped renewing its lease", dying.id)),
+        "{error}"
+    );
+    assert!(error.contains(&lost.join(", ")), "{error} should name {lost:?}");
+
+    // The surviving peer is told to stop the job.
+    let cmds = h.commands(&mut healthy).await;
+    assert!(cmds.iter().any(|c| matches!(&c.command, Command::KillJob { job: j, .. } if *j == job.id)));
+    // The expired lease is refused; logging in again keeps the peer's id.
+    let (status, body) = h.renew(&dying).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(api_error(&body).code, "lease_expired");
+    let back = h.peer_login(login_body("dying", 2, Some(dying.id))).await;
+    assert_eq!(back.id, dying.id);
+    // An online peer's id is not handed out twice.
+    let twin = h.peer_login(login_body("twin", 2, Some(healthy.id))).await;
+    assert_ne!(twin.id, healthy.id);
+    let events = h.events(&alice, job.id, None).await;
+    assert_eq!(events.last().unwrap().1, "job_failed");
+    renewer.abort();
+}
+
+#[tokio::test]
+async fn jobs_wait_in_the_ready_queue_under_overload() {
+    let h = Harness::start_with(|c| c.overload_factor = 1.0).await;
+    let alice = h.login("alice", "alice-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST)).await.unwrap();
+    let mut peer = h.peer_login(login_body("p1", 2, None)).await;
+    // Capacity 2 processes: the first job (3 > 2) still runs since nothing
+    // else does; the second waits for it, and the third waits behind it (FIFO).
+    let first = h.submit(&alice, "ring", 3).await;
+    assert_eq!(start_job(&h.commands(&mut peer).await).job, first.id);
+    let second = h.submit(&alice, "ring", 1).await;
+    let third = h.submit(&alice, "ring", 1).await;
+    // Submitting woke the scheduler; an explicit kick proves nothing changes.
+    h.renew(&peer).await;
+    assert_eq!(h.job(&alice, second.id).await.state, JobState::Waiting);
+    assert_eq!(h.job(&alice, third.id).await.state, JobState::Waiting);
+
+    h.report(&peer, vec![exited(first.id, 0), exited(first.id, 1), exited(first.id, 2)]).await;
+    let placed: Vec<i64> = {
+        let mut jobs = Vec::new();
+        while jobs.len() < 2 {
+            for c in h.commands(&mut peer).await {
+                if let Command::StartJob(a) = c.command {
+                    jobs.push(a.job);
+                }
+            }
+        }
+        jobs
+    };
+    assert_eq!(placed, vec![second.id, third.id]);
+}
+
+#[tokio::test]
+async fn malformed_requests_get_api_errors() {
+    let h = Harness::start().await;
+    let alice = h.login("alice", "alice-password").await;
+    let resp = h
+        .http
+        .post(h.url("/jobs"))
+        .bearer_auth(&alice)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let e: ApiError = resp.json().await.unwrap();
+    assert_eq!(e.code, "bad_json");
+
+    let resp = h
+        .http
+        .post(h.url("/login"))
+        .body(vec![b' '; 2 << 20])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let e: ApiError = resp.json().await.unwrap();
+    assert_eq!(e.code, "too_large");
+
+    let (status, body) = h.get("/jobs/abc", &alice).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    api_error(&body);
+    let (status, body) = h.get("/no/such/thing", &alice).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    api_error(&body);
+    let (status, body) = h.call(reqwest::Method::PUT, "/jobs", Some(&alice), None).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    api_error(&body);
+
+    // Peer logins are checked field by field.
+    for (login, needle) in [
+        (PeerLogin { addr: "nowhere".into(), ..login_body("p", 1, None) }, "addr"),
+        (PeerLogin { speed: f64::from(0u8), ..login_body("p", 1, None) }, "speed"),
+        (PeerLogin { idle: 1.5, ..login_body("p", 1, None) }, "idle"),
+        (PeerLogin { cores: 0, ..login_body("p", 1, None) }, "cores"),
+        (PeerLogin { version: 999, ..login_body("p", 1, None) }, "version"),
+    ] {
+        let resp = h.http.post(h.url("/peer/login")).json(&login).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        let e: ApiError = resp.json().await.unwrap();
+        assert!(e.message.contains(needle), "{}", e.message);
+    }
+
+    // The web UI is served at the root.
+    let resp = h.http.get(format!("{}/", h.base)).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.text().await.unwrap().contains("bspweb"));
+}
+
+#[tokio::test]
+async fn state_survives_a_restart() {
+    let h = Harness::start().await;
+    let alice = h.login("alice", "alice-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST)).await.unwrap();
+    let mut peer = h.peer_login(login_body("p1", 4, None)).await;
+    let job = h.submit(&alice, "ring", 2).await;
+    start_job(&h.commands(&mut peer).await);
+    h.report(&peer, vec![out(job.id, 0, 0, "before the restart")]).await;
+    let dir = h.stop().await;
+
+    let h = Harness::start_in(dir, |_| {}, false).await;
+    // Old tokens stay valid: the secret is persisted.
+    assert_eq!(h.job(&alice, job.id).await.state, JobState::Active);
+    let (status, _) = h.renew(&peer).await;
+    assert_eq!(status, StatusCode::OK);
+    h.report(&peer, vec![out(job.id, 0, 0, "before the restart"), exited(job.id, 0), exited(job.id, 1)])
+        .await;
+    let done = h.job(&alice, job.id).await;
+    assert_eq!(done.outcome, Some(JobOutcome::Exited));
+    let events = h.events(&alice, job.id, None).await;
+    assert_eq!(events.iter().filter(|e| e.1 == "stdout").count(), 1);
+    // A new job goes to the re-attached peer, with command numbers that keep rising.
+    let seen = peer.seen;
+    let second = h.submit(&alice, "ring", 1).await;
+    let cmds = h.commands(&mut peer).await;
+    assert_eq!(start_job(&cmds).job, second.id);
+    assert!(cmds[0].seq > seen);
+}
