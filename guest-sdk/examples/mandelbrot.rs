@@ -78,7 +78,7 @@ async fn main(bsp: &mut Bsp, args: Args) -> Result<()> {
         record.extend((0..args.width).map(|px| pixel(&args, px, r)));
         bsp.write_raw(&record)?;
         rows += 1;
-        if rows % 16 == 0 {
+        if rows.is_multiple_of(16) {
             // A long superstep: let the runtime checkpoint or migrate us.
             bsp.may_migrate().await;
         }

@@ -762,3 +762,6 @@ impl Driver {
     }
 }
 
+
+#[cfg(test)]
+mod tests;

@@ -196,7 +196,7 @@ async fn reject(mut conn: FramedConn, reason: RejectReason, message: String) {
     if let Ok(bytes) = encode(&Frame::Reject { reason, message }) {
         let _ = timeout(HANDSHAKE_TIMEOUT, async {
             let _ = conn.send(bytes).await;
-            let _ = conn.close().await;
+            let _ = SinkExt::<Bytes>::close(&mut conn).await;
         })
         .await;
     }
@@ -378,9 +378,11 @@ pub fn spawn_writer(
                     conn.feed(bytes).await.map_err(|e| e.to_string())?;
                     next = frames.try_recv().ok();
                 }
-                conn.flush().await.map_err(|e| e.to_string())?;
+                SinkExt::<Bytes>::flush(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
             }
-            let _ = conn.close().await;
+            let _ = SinkExt::<Bytes>::close(&mut conn).await;
             Ok(())
         }
         .await;

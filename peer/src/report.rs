@@ -136,6 +136,17 @@ impl Reporter {
         self.inner.delivered.notify_all();
     }
 
+    /// Take every queued event at once and count it as delivered (for
+    /// embedders that consume events in-process, and tests).
+    pub fn drain(&self) -> Vec<PeerEvent> {
+        let mut s = self.lock();
+        let events: Vec<PeerEvent> = s.queue.drain(..).collect();
+        s.delivered += events.len() as u64;
+        drop(s);
+        self.inner.delivered.notify_all();
+        events
+    }
+
     /// Number of events not yet delivered.
     pub fn pending(&self) -> usize {
         self.lock().queue.len()

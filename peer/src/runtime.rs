@@ -276,7 +276,7 @@ pub struct HostState {
 }
 
 /// Why the host stopped a process.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Stop {
     #[error("killed")]
     Killed,
@@ -923,3 +923,6 @@ fn host_resource_read(
     }
 }
 
+
+#[cfg(test)]
+mod tests;

@@ -31,9 +31,11 @@ pub const USER_AUDIENCE: &str = "bspweb-user";
 pub const PEER_AUDIENCE: &str = "bspweb-peer";
 /// How long a user token is valid.
 pub const USER_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
-/// How long a peer token outlives its lease; the lease itself (checked on
-/// every call) is what really limits it.
-const PEER_TOKEN_GRACE: Duration = Duration::from_secs(3600);
+/// How long a peer token outlives its lease. The lease itself, checked on
+/// every call, is what really limits a token: it names its lease, which ends
+/// when it is not renewed or the peer logs in again. The long grace lets a
+/// peer keep using the token of its login across renewals.
+const PEER_TOKEN_GRACE: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Hashes a password with Argon2id (default parameters). Slow by design: call
 /// from a blocking thread.
@@ -84,13 +86,14 @@ impl Keys {
     pub(crate) fn user_token(&self, user_id: i64, name: &str) -> Result<(String, i64), Error> {
         let now = now_ms() / 1000;
         let exp = now + USER_TOKEN_TTL.as_secs() as i64;
-        let claims = UserClaims {
+        let claims = Claims {
             iss: ISSUER.into(),
             aud: USER_AUDIENCE.into(),
             sub: user_id.to_string(),
             iat: now,
             exp,
             name: name.into(),
+            lid: String::new(),
         };
         Ok((self.sign(&claims)?, exp))
     }
@@ -104,19 +107,20 @@ impl Keys {
         lease_expires_at: i64,
     ) -> Result<String, Error> {
         let now = now_ms() / 1000;
-        let claims = PeerClaims {
+        let claims = Claims {
             iss: ISSUER.into(),
             aud: PEER_AUDIENCE.into(),
             sub: peer.to_string(),
             iat: now,
             exp: lease_expires_at / 1000 + PEER_TOKEN_GRACE.as_secs() as i64,
+            name: String::new(),
             lid: lease_id.into(),
         };
         self.sign(&claims)
     }
 
-    fn decode<T: for<'de> Deserialize<'de>>(&self, token: &str, audience: &str) -> Result<T, Error> {
-        match jsonwebtoken::decode::<T>(token, &self.decoding, &Self::validation(audience)) {
+    fn decode(&self, token: &str, audience: &str) -> Result<Claims, Error> {
+        match jsonwebtoken::decode::<Claims>(token, &self.decoding, &Self::validation(audience)) {
             Ok(data) => Ok(data.claims),
             Err(e) => Err(match e.kind() {
                 ErrorKind::ExpiredSignature => Error::Unauthorized {
@@ -139,23 +143,18 @@ impl Keys {
     }
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-struct UserClaims {
+/// The claims of both kinds of token. `name` is set in user tokens, `lid`
+/// (the lease id) in peer tokens; the audience tells them apart.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Claims {
     iss: String,
     aud: String,
     sub: String,
     iat: i64,
     exp: i64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     name: String,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct PeerClaims {
-    iss: String,
-    aud: String,
-    sub: String,
-    iat: i64,
-    exp: i64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     lid: String,
 }
 
@@ -196,9 +195,7 @@ pub(crate) fn load_or_create_secret(path: &Path) -> anyhow::Result<Vec<u8>> {
                 .with_context(|| format!("cannot write the JWT secret {}", path.display()))?;
             Ok(secret.to_vec())
         }
-        Err(e) => {
-            Err(e).with_context(|| format!("cannot read the JWT secret {}", path.display()))
-        }
+        Err(e) => Err(e).with_context(|| format!("cannot read the JWT secret {}", path.display())),
     }
 }
 
@@ -212,7 +209,9 @@ fn bearer(parts: &Parts) -> Result<&str, Error> {
         .to_str()
         .map_err(|_| Error::unauthorized("the Authorization header is not valid text"))?;
     match value.split_once(' ') {
-        Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() => {
+        Some((scheme, token))
+            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
+        {
             Ok(token.trim())
         }
         _ => Err(Error::unauthorized(
@@ -233,7 +232,7 @@ impl FromRequestParts<Supernode> for AuthUser {
 
     async fn from_request_parts(parts: &mut Parts, state: &Supernode) -> Result<Self, Error> {
         let token = bearer(parts)?;
-        let claims: UserClaims = state.inner.keys.decode(token, USER_AUDIENCE)?;
+        let claims = state.inner.keys.decode(token, USER_AUDIENCE)?;
         let id = claims
             .sub
             .parse()
@@ -256,7 +255,7 @@ impl FromRequestParts<Supernode> for AuthPeer {
 
     async fn from_request_parts(parts: &mut Parts, state: &Supernode) -> Result<Self, Error> {
         let token = bearer(parts)?;
-        let claims: PeerClaims = state.inner.keys.decode(token, PEER_AUDIENCE)?;
+        let claims = state.inner.keys.decode(token, PEER_AUDIENCE)?;
         let id: PeerId = claims
             .sub
             .parse()
@@ -296,11 +295,11 @@ mod tests {
         let keys = Keys::from_secret(&[7u8; 32]);
         let (user, _) = keys.user_token(1, "alice").unwrap();
         let peer = keys.peer_token(3, "lease", now_ms() + 10_000).unwrap();
-        assert!(keys.decode::<UserClaims>(&user, USER_AUDIENCE).is_ok());
-        assert!(keys.decode::<PeerClaims>(&peer, PEER_AUDIENCE).is_ok());
-        let e = keys.decode::<UserClaims>(&peer, USER_AUDIENCE).unwrap_err();
+        assert!(keys.decode(&user, USER_AUDIENCE).is_ok());
+        assert!(keys.decode(&peer, PEER_AUDIENCE).is_ok());
+        let e = keys.decode(&peer, USER_AUDIENCE).unwrap_err();
         assert!(e.to_string().contains("not a user token"), "{e}");
-        let e = keys.decode::<PeerClaims>(&user, PEER_AUDIENCE).unwrap_err();
+        let e = keys.decode(&user, PEER_AUDIENCE).unwrap_err();
         assert!(e.to_string().contains("not a peer lease token"), "{e}");
     }
 
@@ -310,28 +309,26 @@ mod tests {
         let other = Keys::from_secret(&[8u8; 32]);
         let (token, _) = other.user_token(1, "alice").unwrap();
         assert!(matches!(
-            keys.decode::<UserClaims>(&token, USER_AUDIENCE),
+            keys.decode(&token, USER_AUDIENCE),
             Err(Error::Unauthorized { .. })
         ));
-        let old = UserClaims {
+        let old = Claims {
             iss: ISSUER.into(),
             aud: USER_AUDIENCE.into(),
             sub: "1".into(),
             iat: 0,
             exp: now_ms() / 1000 - 3600,
             name: "alice".into(),
+            lid: String::new(),
         };
         let token = keys.sign(&old).unwrap();
-        match keys.decode::<UserClaims>(&token, USER_AUDIENCE) {
+        match keys.decode(&token, USER_AUDIENCE) {
             Err(Error::Unauthorized { code, .. }) => assert_eq!(code, "token_expired"),
             other => panic!("expected an expired token, got {other:?}"),
         }
         // A token with `alg: none` or another algorithm is refused.
-        let unsigned = format!(
-            "eyJhbGciOiJub25lIn0.{}.",
-            token.split('.').nth(1).unwrap()
-        );
-        assert!(keys.decode::<UserClaims>(&unsigned, USER_AUDIENCE).is_err());
+        let unsigned = format!("eyJhbGciOiJub25lIn0.{}.", token.split('.').nth(1).unwrap());
+        assert!(keys.decode(&unsigned, USER_AUDIENCE).is_err());
     }
 
     #[test]

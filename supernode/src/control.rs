@@ -66,7 +66,10 @@ pub(crate) async fn commands(
     // Drops acknowledged commands; returns the pending ones, if any.
     let pending = |sn: &Supernode| -> Result<Option<Commands>, Error> {
         let mut live = sn.inner.live();
-        let p = live.peers.get_mut(&peer.id).ok_or_else(|| lease_gone(peer.id))?;
+        let p = live
+            .peers
+            .get_mut(&peer.id)
+            .ok_or_else(|| lease_gone(peer.id))?;
         while p.queue.front().is_some_and(|c| c.seq <= after) {
             p.queue.pop_front();
         }

@@ -26,7 +26,8 @@ pub(crate) fn open(path: &Path) -> anyhow::Result<Connection> {
         tracing::warn!(mode, "SQLite refused write-ahead logging");
     }
     conn.execute_batch("PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;")?;
-    migrate(&mut conn).with_context(|| format!("cannot migrate the database {}", path.display()))?;
+    migrate(&mut conn)
+        .with_context(|| format!("cannot migrate the database {}", path.display()))?;
     Ok(conn)
 }
 
@@ -195,7 +196,9 @@ pub(crate) fn events_after(
                 at,
                 kind,
             }),
-            Err(e) => tracing::error!(job, event = id, error = %e, "skipping an unreadable stored event"),
+            Err(e) => {
+                tracing::error!(job, event = id, error = %e, "skipping an unreadable stored event")
+            }
         }
     }
     Ok(events)
@@ -217,7 +220,9 @@ mod tests {
         drop(conn);
         // Opening again applies nothing (a second CREATE TABLE would fail).
         let conn = open(&path).unwrap();
-        let fk: i64 = conn.query_row("PRAGMA foreign_keys", [], |r| r.get(0)).unwrap();
+        let fk: i64 = conn
+            .query_row("PRAGMA foreign_keys", [], |r| r.get(0))
+            .unwrap();
         assert_eq!(fk, 1);
     }
 
@@ -251,8 +256,24 @@ mod tests {
         let a = insert_event(&conn, 1, Some(0), Some(0), &line("a"), 1).unwrap();
         let again = insert_event(&conn, 1, Some(0), Some(0), &line("a"), 2).unwrap();
         let other_pid = insert_event(&conn, 1, Some(1), Some(0), &line("b"), 3).unwrap();
-        let status1 = insert_event(&conn, 1, None, None, &JobEventKind::Status { text: "s".into() }, 4).unwrap();
-        let status2 = insert_event(&conn, 1, None, None, &JobEventKind::Status { text: "s".into() }, 5).unwrap();
+        let status1 = insert_event(
+            &conn,
+            1,
+            None,
+            None,
+            &JobEventKind::Status { text: "s".into() },
+            4,
+        )
+        .unwrap();
+        let status2 = insert_event(
+            &conn,
+            1,
+            None,
+            None,
+            &JobEventKind::Status { text: "s".into() },
+            5,
+        )
+        .unwrap();
         assert!(a.is_some() && other_pid.is_some() && status1.is_some() && status2.is_some());
         assert_eq!(again, None);
         let events = events_after(&conn, 1, 0, 100).unwrap();

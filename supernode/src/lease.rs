@@ -88,11 +88,11 @@ mod tests {
     #[test]
     fn only_online_peers_past_their_lease_expire() {
         let table = [
-            peer(3, true, 999),    // expired
-            peer(1, true, 1_000),  // last valid millisecond
-            peer(2, false, 10),    // already gone
-            peer(7, true, 5_000),  // valid
-            peer(5, true, -1),     // expired long ago
+            peer(3, true, 999),   // expired
+            peer(1, true, 1_000), // last valid millisecond
+            peer(2, false, 10),   // already gone
+            peer(7, true, 5_000), // valid
+            peer(5, true, -1),    // expired long ago
         ];
         assert_eq!(expired(1_000, table), vec![3, 5]);
         assert_eq!(expired(1_001, table), vec![1, 3, 5]);

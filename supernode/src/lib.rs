@@ -194,14 +194,20 @@ impl Supernode {
             );
         }
         if config.lease_ttl < Duration::from_millis(30) {
-            anyhow::bail!("the lease TTL must be at least 30 ms, not {:?}", config.lease_ttl);
+            anyhow::bail!(
+                "the lease TTL must be at least 30 ms, not {:?}",
+                config.lease_ttl
+            );
         }
         std::fs::create_dir_all(&config.data_dir).with_context(|| {
-            format!("cannot create the data directory {}", config.data_dir.display())
+            format!(
+                "cannot create the data directory {}",
+                config.data_dir.display()
+            )
         })?;
         let secret = auth::load_or_create_secret(&config.data_dir.join("jwt-secret"))?;
         let conn = db::open(&config.data_dir.join("bspweb.sqlite3"))?;
-        let (core, live) = state::Core::load(conn)?;
+        let (core, live) = state::Core::load(conn, config.lease_ttl)?;
         Ok(Supernode {
             inner: Arc::new(Inner {
                 config,
@@ -284,7 +290,8 @@ impl Supernode {
             return Ok(None);
         };
         let password = password.to_string();
-        let ok = tokio::task::spawn_blocking(move || auth::verify_password(&password, &hash)).await?;
+        let ok =
+            tokio::task::spawn_blocking(move || auth::verify_password(&password, &hash)).await?;
         Ok(ok.then_some(user))
     }
 
@@ -299,10 +306,9 @@ impl Supernode {
     ) -> Result<ProgramInfo, Error> {
         state::check_program_name(name)?;
         let wasm = wasm.to_vec();
-        let (hash, wasm) = tokio::task::spawn_blocking(move || {
-            state::validate_module(&wasm).map(|h| (h, wasm))
-        })
-        .await??;
+        let (hash, wasm) =
+            tokio::task::spawn_blocking(move || state::validate_module(&wasm).map(|h| (h, wasm)))
+                .await??;
         let name = name.to_string();
         let description = description.to_string();
         self.with_core(move |core, _, _| {

@@ -53,7 +53,10 @@ pub(crate) async fn create_user(
     Ok(Json(user))
 }
 
-pub(crate) async fn me(State(sn): State<Supernode>, auth: AuthUser) -> Result<Json<UserInfo>, Error> {
+pub(crate) async fn me(
+    State(sn): State<Supernode>,
+    auth: AuthUser,
+) -> Result<Json<UserInfo>, Error> {
     Ok(Json(current_user(&sn, &auth).await?))
 }
 
@@ -76,16 +79,23 @@ pub(crate) async fn upload_program(
     if let Some(d) = &q.description
         && d.chars().count() > 4096
     {
-        return Err(Error::bad_request("`description` is longer than 4096 characters"));
+        return Err(Error::bad_request(
+            "`description` is longer than 4096 characters",
+        ));
     }
-    let (hash, wasm) = tokio::task::spawn_blocking(move || {
-        state::validate_module(&wasm).map(|hash| (hash, wasm))
-    })
-    .await??;
+    let (hash, wasm) =
+        tokio::task::spawn_blocking(move || state::validate_module(&wasm).map(|hash| (hash, wasm)))
+            .await??;
     let owner = auth.id;
     let info = sn
         .with_core(move |core, _, _| {
-            core.store_program(Some(owner), name.as_deref(), q.description.as_deref(), &hash, &wasm)
+            core.store_program(
+                Some(owner),
+                name.as_deref(),
+                q.description.as_deref(),
+                &hash,
+                &wasm,
+            )
         })
         .await?;
     tracing::info!(user = %auth.name, hash = %info.hash, name = info.name.as_deref().unwrap_or(""), "program uploaded");
@@ -97,7 +107,10 @@ pub(crate) async fn programs(
     auth: AuthUser,
 ) -> Result<Json<Vec<ProgramInfo>>, Error> {
     let owner = auth.id;
-    Ok(Json(sn.with_core(move |core, _, _| core.programs_of(owner)).await?))
+    Ok(Json(
+        sn.with_core(move |core, _, _| core.programs_of(owner))
+            .await?,
+    ))
 }
 
 pub(crate) async fn submit(
@@ -108,7 +121,8 @@ pub(crate) async fn submit(
     let job = tokio::task::spawn_blocking(move || state::validate_submit(job)).await??;
     let owner = auth.id;
     Ok(Json(
-        sn.with_core(move |core, _, fx| core.submit(owner, job, fx)).await?,
+        sn.with_core(move |core, _, fx| core.submit(owner, job, fx))
+            .await?,
     ))
 }
 
@@ -132,7 +146,10 @@ pub(crate) async fn jobs(
         })?),
     };
     let owner = auth.id;
-    Ok(Json(sn.with_core(move |core, _, _| core.jobs(owner, state)).await?))
+    Ok(Json(
+        sn.with_core(move |core, _, _| core.jobs(owner, state))
+            .await?,
+    ))
 }
 
 pub(crate) async fn job(
@@ -141,7 +158,9 @@ pub(crate) async fn job(
     ApiPath(id): ApiPath<JobId>,
 ) -> Result<Json<JobInfo>, Error> {
     let owner = auth.id;
-    Ok(Json(sn.with_core(move |core, _, _| core.job(owner, id)).await?))
+    Ok(Json(
+        sn.with_core(move |core, _, _| core.job(owner, id)).await?,
+    ))
 }
 
 pub(crate) async fn kill(

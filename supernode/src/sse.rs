@@ -115,10 +115,9 @@ async fn next(f: &mut Follow) -> Option<JobEvent> {
             return None;
         }
         let (owner, job, after) = (f.owner, f.job, f.last);
-        let batch = f
-            .sn
-            .with_core(move |core, _, _| core.events(owner, job, after, BATCH))
-            .await;
+        let batch =
+            f.sn.with_core(move |core, _, _| core.events(owner, job, after, BATCH))
+                .await;
         match batch {
             Ok(Some((events, finished))) => {
                 if let Some(e) = events.last() {

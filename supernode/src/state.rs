@@ -10,7 +10,9 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use bsp_api::control::{
     Command, JobAssignment, JobPeer, Lease, PeerEvent, PeerLogin, PeerRenew, SeqCommand, Stream,
 };
-use bsp_api::rest::{JobEventKind, JobInfo, JobLimits, JobOutcome, PeerInfo, ProgramInfo, UserInfo};
+use bsp_api::rest::{
+    JobEventKind, JobInfo, JobLimits, JobOutcome, PeerInfo, ProgramInfo, UserInfo,
+};
 use bsp_api::{JobId, PeerId, Pid};
 use placement::{Dhht, IndexAllocator, golden_position};
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
@@ -280,7 +282,13 @@ pub(crate) fn validate_renew(renew: &PeerRenew) -> Result<(), Error> {
 // ---------------------------------------------------------------- helpers
 
 /// Queues `command` for `peer` if it is online.
-fn queue(tx: &Connection, inner: &Inner, fx: &mut Effects, peer: PeerId, command: Command) -> Result<(), Error> {
+fn queue(
+    tx: &Connection,
+    inner: &Inner,
+    fx: &mut Effects,
+    peer: PeerId,
+    command: Command,
+) -> Result<(), Error> {
     let seq = {
         let mut live = inner.live();
         let Some(p) = live.peers.get_mut(&peer) else {
@@ -353,11 +361,25 @@ fn finish_job(
     if let Some(reason) = ending.kill {
         for peer in peers_of_job(tx, job)? {
             if Some(peer) != ending.skip_peer {
-                queue(tx, inner, fx, peer, Command::KillJob { job, reason: reason.clone() })?;
+                queue(
+                    tx,
+                    inner,
+                    fx,
+                    peer,
+                    Command::KillJob {
+                        job,
+                        reason: reason.clone(),
+                    },
+                )?;
             }
         }
     }
-    tracing::info!(job, outcome = ending.outcome.as_str(), error = ending.error.as_deref().unwrap_or(""), "job finished");
+    tracing::info!(
+        job,
+        outcome = ending.outcome.as_str(),
+        error = ending.error.as_deref().unwrap_or(""),
+        "job finished"
+    );
     fx.jobs.insert(job);
     fx.wake_scheduler = true;
     Ok(true)
@@ -390,12 +412,19 @@ struct ReportJob {
 }
 
 impl Core {
-    /// Builds the in-memory state from the database at start.
-    pub(crate) fn load(conn: Connection) -> anyhow::Result<(Core, Live)> {
+    /// Builds the in-memory state from the database at start. The leases of
+    /// peers recorded online are extended to at least one TTL from now, so
+    /// peers that kept running while the supernode was down can renew and
+    /// their jobs carry on; peers that did not are declared gone a TTL later.
+    pub(crate) fn load(conn: Connection, ttl: std::time::Duration) -> anyhow::Result<(Core, Live)> {
         let mut core = Core {
             conn,
             place: Place::default(),
         };
+        core.conn.execute(
+            "UPDATE peers SET lease_expires_at = max(lease_expires_at, ?1) WHERE state = 'online'",
+            [lease::expiry(now_ms(), ttl)],
+        )?;
         core.rebuild_placement()?;
         let mut live = Live::default();
         {
@@ -446,7 +475,10 @@ impl Core {
             })?;
             for row in rows {
                 let (id, golden, speed, idle) = row?;
-                match golden.map(u64_from_sql).filter(|&k| place.peer_indices.restore(k)) {
+                match golden
+                    .map(u64_from_sql)
+                    .filter(|&k| place.peer_indices.restore(k))
+                {
                     Some(k) => insert_peer(&mut place.dhht, id, k, speed, idle),
                     None => unplaced.push((id, speed, idle)),
                 }
@@ -474,12 +506,21 @@ impl Core {
 
     // ------------------------------------------------------------ users
 
-    pub(crate) fn create_user(&mut self, name: &str, hash: &str, admin: bool) -> Result<UserInfo, Error> {
-        let exists: bool = self
-            .conn
-            .query_row("SELECT EXISTS (SELECT 1 FROM users WHERE name = ?1)", [name], |r| r.get(0))?;
+    pub(crate) fn create_user(
+        &mut self,
+        name: &str,
+        hash: &str,
+        admin: bool,
+    ) -> Result<UserInfo, Error> {
+        let exists: bool = self.conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM users WHERE name = ?1)",
+            [name],
+            |r| r.get(0),
+        )?;
         if exists {
-            return Err(Error::Conflict(format!("a user named `{name}` exists already")));
+            return Err(Error::Conflict(format!(
+                "a user named `{name}` exists already"
+            )));
         }
         self.conn.execute(
             "INSERT INTO users (name, password_hash, admin, created_at) VALUES (?1, ?2, ?3, ?4)",
@@ -516,13 +557,17 @@ impl Core {
     pub(crate) fn user(&self, id: i64) -> Result<Option<UserInfo>, Error> {
         Ok(self
             .conn
-            .query_row("SELECT id, name, admin FROM users WHERE id = ?1", [id], |r| {
-                Ok(UserInfo {
-                    id: r.get(0)?,
-                    name: r.get(1)?,
-                    admin: r.get(2)?,
-                })
-            })
+            .query_row(
+                "SELECT id, name, admin FROM users WHERE id = ?1",
+                [id],
+                |r| {
+                    Ok(UserInfo {
+                        id: r.get(0)?,
+                        name: r.get(1)?,
+                        admin: r.get(2)?,
+                    })
+                },
+            )
             .optional()?)
     }
 
@@ -650,7 +695,12 @@ impl Core {
 
     // ------------------------------------------------------------ jobs
 
-    pub(crate) fn submit(&mut self, owner: i64, job: NewJob, fx: &mut Effects) -> Result<JobInfo, Error> {
+    pub(crate) fn submit(
+        &mut self,
+        owner: i64,
+        job: NewJob,
+        fx: &mut Effects,
+    ) -> Result<JobInfo, Error> {
         let now = now_ms();
         let tx = self.conn.transaction()?;
         let hash = Self::resolve_program(&tx, owner, &job.program)?;
@@ -692,11 +742,21 @@ impl Core {
         db::job_info(&self.conn, id, Some(owner))?.ok_or_else(|| no_job(id))
     }
 
-    pub(crate) fn jobs(&self, owner: i64, state: Option<bsp_api::rest::JobState>) -> Result<Vec<JobInfo>, Error> {
+    pub(crate) fn jobs(
+        &self,
+        owner: i64,
+        state: Option<bsp_api::rest::JobState>,
+    ) -> Result<Vec<JobInfo>, Error> {
         db::jobs_of(&self.conn, owner, state)
     }
 
-    pub(crate) fn kill(&mut self, inner: &Inner, fx: &mut Effects, owner: i64, id: JobId) -> Result<JobInfo, Error> {
+    pub(crate) fn kill(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        owner: i64,
+        id: JobId,
+    ) -> Result<JobInfo, Error> {
         let now = now_ms();
         let tx = self.conn.transaction()?;
         let state: Option<(String, Option<String>)> = tx
@@ -831,7 +891,12 @@ impl Core {
     // ------------------------------------------------------------ peers
 
     /// A peer logs in and gets a lease.
-    pub(crate) fn peer_login(&mut self, inner: &Inner, fx: &mut Effects, login: &PeerLogin) -> Result<Lease, Error> {
+    pub(crate) fn peer_login(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        login: &PeerLogin,
+    ) -> Result<Lease, Error> {
         let now = now_ms();
         let ttl = inner.config.lease_ttl;
         let tx = self.conn.transaction()?;
@@ -840,7 +905,9 @@ impl Core {
         let expired = expire_overdue(&tx, &mut self.place, inner, fx, now)?;
         let reuse = match login.previous_id {
             Some(id) => tx
-                .query_row("SELECT state FROM peers WHERE id = ?1", [id], |r| r.get::<_, String>(0))
+                .query_row("SELECT state FROM peers WHERE id = ?1", [id], |r| {
+                    r.get::<_, String>(0)
+                })
                 .optional()?
                 .filter(|state| state == "gone")
                 .map(|_| id),
@@ -870,7 +937,9 @@ impl Core {
                 tx.last_insert_rowid()
             }
         };
-        let seq: i64 = tx.query_row("SELECT cmd_seq FROM peers WHERE id = ?1", [id], |r| r.get(0))?;
+        let seq: i64 = tx.query_row("SELECT cmd_seq FROM peers WHERE id = ?1", [id], |r| {
+            r.get(0)
+        })?;
         tx.commit()?;
         insert_peer(&mut self.place.dhht, id, k, login.speed, login.idle);
         {
@@ -940,17 +1009,29 @@ impl Core {
             )?;
             let mut seen = HashSet::new();
             for &job in &renew.jobs {
-                if seen.insert(job) && !stmt.query_row(params![job, peer], |r| r.get::<_, bool>(0))? {
+                if seen.insert(job)
+                    && !stmt.query_row(params![job, peer], |r| r.get::<_, bool>(0))?
+                {
                     stale.push(job);
                 }
             }
         }
         for job in stale {
-            tracing::info!(peer, job, "peer runs a job that is not active there; telling it to stop");
-            queue(&tx, inner, fx, peer, Command::KillJob {
+            tracing::info!(
+                peer,
                 job,
-                reason: "the job is not running on this peer any more".into(),
-            })?;
+                "peer runs a job that is not active there; telling it to stop"
+            );
+            queue(
+                &tx,
+                inner,
+                fx,
+                peer,
+                Command::KillJob {
+                    job,
+                    reason: "the job is not running on this peer any more".into(),
+                },
+            )?;
         }
         tx.commit()?;
         if let Some(p) = inner.live().peers.get_mut(&peer) {
@@ -976,7 +1057,12 @@ impl Core {
 
     /// Declares the peers whose lease ended by `now` gone and fails the jobs
     /// that lost processes with them.
-    pub(crate) fn expire_leases(&mut self, inner: &Inner, fx: &mut Effects, now: i64) -> Result<Vec<PeerId>, Error> {
+    pub(crate) fn expire_leases(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        now: i64,
+    ) -> Result<Vec<PeerId>, Error> {
         let tx = self.conn.transaction()?;
         let expired = expire_overdue(&tx, &mut self.place, inner, fx, now)?;
         tx.commit()?;
@@ -1010,14 +1096,21 @@ impl Core {
                 | PeerEvent::ProcessFailed { job, .. }
                 | PeerEvent::Status { job, .. } => *job,
             };
-            if !jobs.contains_key(&job) {
-                let info = load_report_job(&tx, job, peer)?;
-                if info.is_none() {
-                    tracing::warn!(peer, job, "ignoring a report about a job not placed on this peer");
+            let entry = match jobs.entry(job) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let info = load_report_job(&tx, job, peer)?;
+                    if info.is_none() {
+                        tracing::warn!(
+                            peer,
+                            job,
+                            "ignoring a report about a job not placed on this peer"
+                        );
+                    }
+                    e.insert(info)
                 }
-                jobs.insert(job, info);
-            }
-            let Some(Some(ctx)) = jobs.get_mut(&job) else {
+            };
+            let Some(ctx) = entry else {
                 continue;
             };
             if !ctx.active {
@@ -1026,13 +1119,30 @@ impl Core {
             }
             let own = |pid: Pid| ctx.placement.get(pid as usize) == Some(&peer);
             match event {
-                PeerEvent::Output { pid, seq, stream, data, .. } => {
+                PeerEvent::Output {
+                    pid,
+                    seq,
+                    stream,
+                    data,
+                    ..
+                } => {
                     if !own(pid) {
-                        tracing::warn!(peer, job, pid, "ignoring output of a process not placed on this peer");
+                        tracing::warn!(
+                            peer,
+                            job,
+                            pid,
+                            "ignoring output of a process not placed on this peer"
+                        );
                         continue;
                     }
                     let Ok(seq) = i64::try_from(seq) else {
-                        tracing::warn!(peer, job, pid, seq, "ignoring output with an impossible sequence number");
+                        tracing::warn!(
+                            peer,
+                            job,
+                            pid,
+                            seq,
+                            "ignoring output with an impossible sequence number"
+                        );
                         continue;
                     };
                     let kind = match stream {
@@ -1040,7 +1150,13 @@ impl Core {
                         Stream::Stderr => JobEventKind::Stderr { text: data },
                         Stream::Raw => {
                             if BASE64.decode(data.as_bytes()).is_err() {
-                                tracing::warn!(peer, job, pid, seq, "ignoring raw output that is not base64");
+                                tracing::warn!(
+                                    peer,
+                                    job,
+                                    pid,
+                                    seq,
+                                    "ignoring raw output that is not base64"
+                                );
                                 continue;
                             }
                             JobEventKind::Raw { data }
@@ -1054,13 +1170,20 @@ impl Core {
                     if pid.is_some_and(|p| p >= ctx.nprocs) {
                         continue;
                     }
-                    let kind = JobEventKind::Status { text: truncate(&text, MAX_REASON_CHARS) };
+                    let kind = JobEventKind::Status {
+                        text: truncate(&text, MAX_REASON_CHARS),
+                    };
                     db::insert_event(&tx, job, pid, None, &kind, now)?;
                     fx.jobs.insert(job);
                 }
                 PeerEvent::ProcessExited { pid, superstep, .. } => {
                     if !own(pid) {
-                        tracing::warn!(peer, job, pid, "ignoring the exit of a process not placed on this peer");
+                        tracing::warn!(
+                            peer,
+                            job,
+                            pid,
+                            "ignoring the exit of a process not placed on this peer"
+                        );
                         continue;
                     }
                     let kind = JobEventKind::ProcessExited { superstep };
@@ -1087,9 +1210,19 @@ impl Core {
                         ctx.active = false;
                     }
                 }
-                PeerEvent::ProcessAborted { pid, superstep, reason, .. } => {
+                PeerEvent::ProcessAborted {
+                    pid,
+                    superstep,
+                    reason,
+                    ..
+                } => {
                     if !own(pid) {
-                        tracing::warn!(peer, job, pid, "ignoring the abort of a process not placed on this peer");
+                        tracing::warn!(
+                            peer,
+                            job,
+                            pid,
+                            "ignoring the abort of a process not placed on this peer"
+                        );
                         continue;
                     }
                     let reason = format!(
@@ -1107,15 +1240,29 @@ impl Core {
                     finish_job(&tx, &mut self.place, inner, fx, job, ending, now)?;
                     ctx.active = false;
                 }
-                PeerEvent::ProcessFailed { pid, superstep, reason, .. } => {
+                PeerEvent::ProcessFailed {
+                    pid,
+                    superstep,
+                    reason,
+                    ..
+                } => {
                     if pid.is_some_and(|p| !own(p)) {
-                        tracing::warn!(peer, job, ?pid, "ignoring the failure of a process not placed on this peer");
+                        tracing::warn!(
+                            peer,
+                            job,
+                            ?pid,
+                            "ignoring the failure of a process not placed on this peer"
+                        );
                         continue;
                     }
                     let reason = truncate(&reason, MAX_REASON_CHARS);
                     let reason = match pid {
-                        Some(pid) => format!("process {pid} failed in superstep {superstep}: {reason}"),
-                        None => format!("peer #{peer} failed the job in superstep {superstep}: {reason}"),
+                        Some(pid) => {
+                            format!("process {pid} failed in superstep {superstep}: {reason}")
+                        }
+                        None => format!(
+                            "peer #{peer} failed the job in superstep {superstep}: {reason}"
+                        ),
                     };
                     let ending = Ending {
                         outcome: JobOutcome::Failed,
@@ -1187,7 +1334,9 @@ fn no_job(id: JobId) -> Error {
     Error::NotFound(format!("no job {id} among your jobs"))
 }
 
+/// Puts peer `id` at golden index `k` into the DHHT (replacing a stale entry).
 fn insert_peer(dhht: &mut Dhht, id: PeerId, k: u64, speed: f64, idle: f64) {
+    dhht.remove(id);
     let peer = placement::Peer {
         id,
         position: golden_position(k),
@@ -1207,7 +1356,8 @@ fn load_report_job(tx: &Connection, job: JobId, peer: PeerId) -> Result<Option<R
     let Some((state, nprocs)) = row else {
         return Ok(None);
     };
-    let mut stmt = tx.prepare_cached("SELECT peer_id FROM placements WHERE job = ?1 ORDER BY pid")?;
+    let mut stmt =
+        tx.prepare_cached("SELECT peer_id FROM placements WHERE job = ?1 ORDER BY pid")?;
     let placement = stmt
         .query_map([job], |r| r.get::<_, PeerId>(0))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -1240,7 +1390,11 @@ fn place_job(
     for _ in 0..nprocs {
         let k = place.process_indices.alloc();
         indices.push(k);
-        match place.dhht.lookup(golden_position(k)).filter(|p| online.contains_key(p)) {
+        match place
+            .dhht
+            .lookup(golden_position(k))
+            .filter(|p| online.contains_key(p))
+        {
             Some(peer) => owners.push(peer),
             None => {
                 for k in indices {
@@ -1259,7 +1413,10 @@ fn place_job(
         let i = *index_of.entry(peer).or_insert_with(|| {
             peers.push(JobPeer {
                 id: peer,
-                addr: online.get(&peer).map(|(a, _)| a.clone()).unwrap_or_default(),
+                addr: online
+                    .get(&peer)
+                    .map(|(a, _)| a.clone())
+                    .unwrap_or_default(),
             });
             (peers.len() - 1) as u32
         });
@@ -1292,10 +1449,13 @@ fn place_job(
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
         )?;
     let resources: Vec<(String, String)> = {
-        let mut stmt = tx.prepare_cached("SELECT name, data FROM job_resources WHERE job = ?1 ORDER BY name")?;
-        stmt.query_map([job], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?)))?
-            .map(|row| row.map(|(name, data)| (name, BASE64.encode(data))))
-            .collect::<rusqlite::Result<_>>()?
+        let mut stmt =
+            tx.prepare_cached("SELECT name, data FROM job_resources WHERE job = ?1 ORDER BY name")?;
+        stmt.query_map([job], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
+        })?
+        .map(|row| row.map(|(name, data)| (name, BASE64.encode(data))))
+        .collect::<rusqlite::Result<_>>()?
     };
     let assignment = JobAssignment {
         job,
@@ -1314,7 +1474,13 @@ fn place_job(
         resources,
     };
     for peer in &peers {
-        queue(tx, inner, fx, peer.id, Command::StartJob(assignment.clone()))?;
+        queue(
+            tx,
+            inner,
+            fx,
+            peer.id,
+            Command::StartJob(assignment.clone()),
+        )?;
     }
     let per_peer: BTreeMap<PeerId, usize> = owners.iter().fold(BTreeMap::new(), |mut m, p| {
         *m.entry(*p).or_default() += 1;
@@ -1402,14 +1568,15 @@ fn expire_overdue(
 /// safety net).
 pub(crate) async fn scheduler_task(sn: Supernode) {
     loop {
-        match sn.with_core(|core, inner, fx| core.schedule(inner, fx)).await {
+        match sn
+            .with_core(|core, inner, fx| core.schedule(inner, fx))
+            .await
+        {
             Ok(0) => {}
             Ok(n) => tracing::debug!(placed = n, "scheduler placed jobs"),
             Err(e) => {
                 tracing::error!(error = %e, "scheduling failed");
-                let _ = sn
-                    .with_core(|core, _, _| core.rebuild_placement())
-                    .await;
+                let _ = sn.with_core(|core, _, _| core.rebuild_placement()).await;
             }
         }
         let _ = tokio::time::timeout(
@@ -1453,20 +1620,56 @@ mod tests {
 
     #[test]
     fn addresses_must_be_host_and_port() {
-        for ok in ["127.0.0.1:7000", "[::1]:7000", "peer-3.example.org:80", "localhost:1"] {
+        for ok in [
+            "127.0.0.1:7000",
+            "[::1]:7000",
+            "peer-3.example.org:80",
+            "localhost:1",
+        ] {
             assert!(is_host_port(ok), "{ok}");
         }
-        for bad in ["127.0.0.1", ":80", "host:", "host:0", "host:99999", "a b:80", "127.0.0.1:0", ""] {
+        for bad in [
+            "127.0.0.1",
+            ":80",
+            "host:",
+            "host:0",
+            "host:99999",
+            "a b:80",
+            "127.0.0.1:0",
+            "",
+        ] {
             assert!(!is_host_port(bad), "{bad}");
         }
     }
 
     #[test]
     fn limits_are_clamped_to_sane_ranges() {
-        let l = clamp_limits(JobLimits { superstep_ms: 0, memory_mib: 0, output_mib: 0 });
-        assert_eq!(l, JobLimits { superstep_ms: 100, memory_mib: 1, output_mib: 1 });
-        let l = clamp_limits(JobLimits { superstep_ms: u64::MAX, memory_mib: u32::MAX, output_mib: u32::MAX });
-        assert_eq!(l, JobLimits { superstep_ms: 86_400_000, memory_mib: 4096, output_mib: 1024 });
+        let l = clamp_limits(JobLimits {
+            superstep_ms: 0,
+            memory_mib: 0,
+            output_mib: 0,
+        });
+        assert_eq!(
+            l,
+            JobLimits {
+                superstep_ms: 100,
+                memory_mib: 1,
+                output_mib: 1
+            }
+        );
+        let l = clamp_limits(JobLimits {
+            superstep_ms: u64::MAX,
+            memory_mib: u32::MAX,
+            output_mib: u32::MAX,
+        });
+        assert_eq!(
+            l,
+            JobLimits {
+                superstep_ms: 86_400_000,
+                memory_mib: 4096,
+                output_mib: 1024
+            }
+        );
         assert_eq!(clamp_limits(JobLimits::default()), JobLimits::default());
     }
 

@@ -5,8 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use bsp_api::control::{
-    Command, JobAssignment, Lease, PeerEvent, PeerLogin, PeerRenew, PeerReport, SeqCommand,
-    Stream,
+    Command, JobAssignment, Lease, PeerEvent, PeerLogin, PeerRenew, PeerReport, SeqCommand, Stream,
 };
 use bsp_api::rest::{
     ApiError, JobEvent, JobEventKind, JobInfo, JobOutcome, JobState, LoginResponse, PeerInfo,
@@ -21,7 +20,7 @@ use sha2::Digest;
 const GUEST: &str = r#"(module
     (import "bspweb_v1" "pid" (func (result i32)))
     (memory (export "memory") 1)
-    (global $sp (mut i32) (i32.const 1024))
+    (global $__stack_pointer (mut i32) (i32.const 1024))
     (func (export "bspweb_resume") (result i32) i32.const 1))"#;
 
 const OTHER_GUEST: &str = r#"(module
@@ -68,8 +67,12 @@ impl Harness {
         adjust(&mut config);
         let sn = Supernode::open(config).unwrap();
         if create_users {
-            sn.create_user("admin", "admin-password", true).await.unwrap();
-            sn.create_user("alice", "alice-password", false).await.unwrap();
+            sn.create_user("admin", "admin-password", true)
+                .await
+                .unwrap();
+            sn.create_user("alice", "alice-password", false)
+                .await
+                .unwrap();
             sn.create_user("bob", "bob-password", false).await.unwrap();
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -110,7 +113,12 @@ impl Harness {
 
     async fn login(&self, name: &str, password: &str) -> String {
         let (status, body) = self
-            .call(reqwest::Method::POST, "/login", None, Some(json!({"name": name, "password": password})))
+            .call(
+                reqwest::Method::POST,
+                "/login",
+                None,
+                Some(json!({"name": name, "password": password})),
+            )
             .await;
         assert_eq!(status, StatusCode::OK, "{body}");
         let login: LoginResponse = serde_json::from_value(body).unwrap();
@@ -138,18 +146,23 @@ impl Harness {
             Value::Null
         } else {
             serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-                panic!("{path}: not JSON ({e}): {}", String::from_utf8_lossy(&bytes))
+                panic!(
+                    "{path}: not JSON ({e}): {}",
+                    String::from_utf8_lossy(&bytes)
+                )
             })
         };
         (status, value)
     }
 
     async fn get(&self, path: &str, token: &str) -> (StatusCode, Value) {
-        self.call(reqwest::Method::GET, path, Some(token), None).await
+        self.call(reqwest::Method::GET, path, Some(token), None)
+            .await
     }
 
     async fn post(&self, path: &str, token: &str, body: Value) -> (StatusCode, Value) {
-        self.call(reqwest::Method::POST, path, Some(token), Some(body)).await
+        self.call(reqwest::Method::POST, path, Some(token), Some(body))
+            .await
     }
 
     async fn upload(&self, token: &str, name: Option<&str>, bytes: Vec<u8>) -> (StatusCode, Value) {
@@ -172,7 +185,11 @@ impl Harness {
 
     async fn submit(&self, token: &str, program: &str, nprocs: u32) -> JobInfo {
         let (status, body) = self
-            .post("/jobs", token, json!({"program": program, "nprocs": nprocs, "args": {"n": 5}}))
+            .post(
+                "/jobs",
+                token,
+                json!({"program": program, "nprocs": nprocs, "args": {"n": 5}}),
+            )
             .await;
         assert_eq!(status, StatusCode::OK, "{body}");
         serde_json::from_value(body).unwrap()
@@ -185,7 +202,13 @@ impl Harness {
     }
 
     /// Polls job `id` until `done` holds, failing after 10 s.
-    async fn wait_job(&self, token: &str, id: i64, what: &str, done: impl Fn(&JobInfo) -> bool) -> JobInfo {
+    async fn wait_job(
+        &self,
+        token: &str,
+        id: i64,
+        what: &str,
+        done: impl Fn(&JobInfo) -> bool,
+    ) -> JobInfo {
         poll(what, || async {
             let job = self.job(token, id).await;
             done(&job).then_some(job)
@@ -195,7 +218,12 @@ impl Harness {
 
     /// The whole event stream of a finished job after `after`, read until the
     /// server ends it.
-    async fn events(&self, token: &str, id: i64, last_event_id: Option<i64>) -> Vec<(String, String, JobEvent)> {
+    async fn events(
+        &self,
+        token: &str,
+        id: i64,
+        last_event_id: Option<i64>,
+    ) -> Vec<(String, String, JobEvent)> {
         let mut req = self
             .http
             .get(self.url(&format!("/jobs/{id}/events")))
@@ -208,7 +236,12 @@ impl Harness {
             .expect("events answer")
             .unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
-        assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+        assert!(
+            resp.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream")
+        );
         let text = tokio::time::timeout(Duration::from_secs(10), resp.text())
             .await
             .expect("the stream of a finished job ends")
@@ -258,7 +291,10 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -289,7 +325,13 @@ fn login_body(name: &str, cores: u32, previous_id: Option<i64>) -> PeerLogin {
 
 impl Harness {
     async fn peer_login(&self, login: PeerLogin) -> FakePeer {
-        let resp = self.http.post(self.url("/peer/login")).json(&login).send().await.unwrap();
+        let resp = self
+            .http
+            .post(self.url("/peer/login"))
+            .json(&login)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
         let lease: Lease = resp.json().await.unwrap();
         assert!(lease.renew_every_ms > 0 && lease.renew_every_ms < lease.ttl_ms);
@@ -318,7 +360,11 @@ impl Harness {
                 peer.seen = last.seq;
                 return cmds.commands;
             }
-            assert!(tokio::time::Instant::now() < deadline, "no command for peer {}", peer.id);
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no command for peer {}",
+                peer.id
+            );
         }
     }
 
@@ -385,7 +431,12 @@ fn exited(job: i64, pid: u32) -> PeerEvent {
 async fn login_with_good_and_bad_passwords() {
     let h = Harness::start().await;
     let (status, body) = h
-        .call(reqwest::Method::POST, "/login", None, Some(json!({"name": "alice", "password": "alice-password"})))
+        .call(
+            reqwest::Method::POST,
+            "/login",
+            None,
+            Some(json!({"name": "alice", "password": "alice-password"})),
+        )
         .await;
     assert_eq!(status, StatusCode::OK);
     let login: LoginResponse = serde_json::from_value(body).unwrap();
@@ -399,7 +450,12 @@ async fn login_with_good_and_bad_passwords() {
 
     for (name, password) in [("alice", "wrong-password"), ("nobody", "alice-password")] {
         let (status, body) = h
-            .call(reqwest::Method::POST, "/login", None, Some(json!({"name": name, "password": password})))
+            .call(
+                reqwest::Method::POST,
+                "/login",
+                None,
+                Some(json!({"name": name, "password": password})),
+            )
             .await;
         assert_eq!(status, StatusCode::UNAUTHORIZED);
         assert_eq!(api_error(&body).message, "wrong user name or password");
@@ -418,10 +474,17 @@ async fn user_and_peer_tokens_are_kept_apart() {
     assert_eq!(api_error(&body).code, "unauthorized");
     // A user token is no lease.
     let (status, body) = h
-        .post("/peer/renew", &user, json!({"speed": 1.0, "idle": 1.0, "jobs": []}))
+        .post(
+            "/peer/renew",
+            &user,
+            json!({"speed": 1.0, "idle": 1.0, "jobs": []}),
+        )
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert!(api_error(&body).message.contains("not a peer lease token"), "{body}");
+    assert!(
+        api_error(&body).message.contains("not a peer lease token"),
+        "{body}"
+    );
     // No token, a garbage token.
     let (status, body) = h.call(reqwest::Method::GET, "/jobs", None, None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
@@ -448,7 +511,11 @@ async fn only_admins_create_users() {
     let (status, _) = h.post("/users", &admin, carol).await;
     assert_eq!(status, StatusCode::CONFLICT);
     let (status, _) = h
-        .post("/users", &admin, json!({"name": "bad name", "password": "long-enough"}))
+        .post(
+            "/users",
+            &admin,
+            json!({"name": "bad name", "password": "long-enough"}),
+        )
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     h.login("carol", "carol-password").await;
@@ -459,14 +526,15 @@ async fn programs_are_validated_stored_by_hash_and_private() {
     let h = Harness::start().await;
     let alice = h.login("alice", "alice-password").await;
     let bob = h.login("bob", "bob-password").await;
-    let builtin = h
-        .sn
-        .register_builtin("ring", "messages around a ring", &wasm(GUEST))
-        .await
-        .unwrap();
+    let builtin =
+        h.sn.register_builtin("ring", "messages around a ring", &wasm(GUEST))
+            .await
+            .unwrap();
     // Registering again is harmless.
     assert_eq!(
-        h.sn.register_builtin("ring", "messages around a ring", &wasm(GUEST)).await.unwrap(),
+        h.sn.register_builtin("ring", "messages around a ring", &wasm(GUEST))
+            .await
+            .unwrap(),
         builtin
     );
     assert!(h.sn.register_builtin("junk", "", b"junk").await.is_err());
@@ -484,11 +552,20 @@ async fn programs_are_validated_stored_by_hash_and_private() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     let e = api_error(&body);
     assert_eq!(e.code, "invalid_module");
-    assert!(e.message.contains("not a WebAssembly module"), "{}", e.message);
+    assert!(
+        e.message.contains("not a WebAssembly module"),
+        "{}",
+        e.message
+    );
 
     let (status, body) = h.upload(&alice, Some("wasi"), wasm(WASI_GUEST)).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(api_error(&body).message.contains("wasi_snapshot_preview1.fd_write"), "{body}");
+    assert!(
+        api_error(&body)
+            .message
+            .contains("wasi_snapshot_preview1.fd_write"),
+        "{body}"
+    );
 
     let (status, _) = h.upload(&alice, Some("../evil"), module.clone()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
@@ -496,17 +573,27 @@ async fn programs_are_validated_stored_by_hash_and_private() {
     // Alice sees the builtin and her program; Bob only the builtin.
     let (_, list) = h.get("/programs", &alice).await;
     let list: Vec<ProgramInfo> = serde_json::from_value(list).unwrap();
-    let names: Vec<_> = list.iter().map(|p| (p.name.clone().unwrap(), p.builtin)).collect();
-    assert_eq!(names, vec![("ring".to_string(), true), ("mine".to_string(), false)]);
+    let names: Vec<_> = list
+        .iter()
+        .map(|p| (p.name.clone().unwrap(), p.builtin))
+        .collect();
+    assert_eq!(
+        names,
+        vec![("ring".to_string(), true), ("mine".to_string(), false)]
+    );
     let (_, list) = h.get("/programs", &bob).await;
     let list: Vec<ProgramInfo> = serde_json::from_value(list).unwrap();
     assert_eq!(list, vec![builtin.clone()]);
 
     // Bob can run neither Alice's name nor her hash; both can run the builtin by hash.
-    let (status, body) = h.post("/jobs", &bob, json!({"program": "mine", "nprocs": 1})).await;
+    let (status, body) = h
+        .post("/jobs", &bob, json!({"program": "mine", "nprocs": 1}))
+        .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(api_error(&body).message.contains("no program `mine`"));
-    let (status, _) = h.post("/jobs", &bob, json!({"program": info.hash, "nprocs": 1})).await;
+    let (status, _) = h
+        .post("/jobs", &bob, json!({"program": info.hash, "nprocs": 1}))
+        .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     let job = h.submit(&bob, &builtin.hash, 1).await;
     assert_eq!(job.program_hash, builtin.hash);
@@ -520,14 +607,19 @@ async fn programs_are_validated_stored_by_hash_and_private() {
     assert_eq!(h.submit(&bob, "ring", 1).await.program_hash, builtin.hash);
     let (_, list) = h.get("/programs", &alice).await;
     let list: Vec<ProgramInfo> = serde_json::from_value(list).unwrap();
-    assert!(list.iter().all(|p| !p.builtin), "the shadowed builtin is not listed: {list:?}");
+    assert!(
+        list.iter().all(|p| !p.builtin),
+        "the shadowed builtin is not listed: {list:?}"
+    );
 }
 
 #[tokio::test]
 async fn jobs_are_submitted_listed_killed_and_disposed() {
     let h = Harness::start().await;
     let alice = h.login("alice", "alice-password").await;
-    h.sn.register_builtin("ring", "", &wasm(GUEST)).await.unwrap();
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
 
     let (status, body) = h
         .post(
@@ -543,7 +635,14 @@ async fn jobs_are_submitted_listed_killed_and_disposed() {
     assert_eq!((job.nprocs, job.seed, job.owner.as_str()), (4, 42, "alice"));
     assert_eq!(job.args, json!([1, 2]));
     assert_eq!(job.description.as_deref(), Some("first"));
-    assert_eq!((job.limits.superstep_ms, job.limits.memory_mib, job.limits.output_mib), (100, 4096, 8));
+    assert_eq!(
+        (
+            job.limits.superstep_ms,
+            job.limits.memory_mib,
+            job.limits.output_mib
+        ),
+        (100, 4096, 8)
+    );
     assert!(job.placement.is_empty());
 
     let (_, list) = h.get("/jobs?state=waiting", &alice).await;
@@ -556,16 +655,28 @@ async fn jobs_are_submitted_listed_killed_and_disposed() {
 
     // Only finished jobs can be disposed of.
     let (status, _) = h
-        .call(reqwest::Method::DELETE, &format!("/jobs/{}", job.id), Some(&alice), None)
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/jobs/{}", job.id),
+            Some(&alice),
+            None,
+        )
         .await;
     assert_eq!(status, StatusCode::CONFLICT);
 
-    let (status, body) = h.post(&format!("/jobs/{}/kill", job.id), &alice, Value::Null).await;
+    let (status, body) = h
+        .post(&format!("/jobs/{}/kill", job.id), &alice, Value::Null)
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let killed: JobInfo = serde_json::from_value(body).unwrap();
-    assert_eq!((killed.state, killed.outcome), (JobState::Finished, Some(JobOutcome::Killed)));
+    assert_eq!(
+        (killed.state, killed.outcome),
+        (JobState::Finished, Some(JobOutcome::Killed))
+    );
     assert!(killed.finished_at.is_some());
-    let (status, _) = h.post(&format!("/jobs/{}/kill", job.id), &alice, Value::Null).await;
+    let (status, _) = h
+        .post(&format!("/jobs/{}/kill", job.id), &alice, Value::Null)
+        .await;
     assert_eq!(status, StatusCode::CONFLICT);
 
     let events = h.events(&alice, job.id, None).await;
@@ -574,7 +685,12 @@ async fn jobs_are_submitted_listed_killed_and_disposed() {
     assert_eq!(events[0].2.kind, JobEventKind::JobKilled);
 
     let (status, body) = h
-        .call(reqwest::Method::DELETE, &format!("/jobs/{}", job.id), Some(&alice), None)
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/jobs/{}", job.id),
+            Some(&alice),
+            None,
+        )
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
     let (status, body) = h.get(&format!("/jobs/{}", job.id), &alice).await;
@@ -583,15 +699,31 @@ async fn jobs_are_submitted_listed_killed_and_disposed() {
 
     // Bad submissions.
     for (body, status, needle) in [
-        (json!({"program": "ring", "nprocs": 0}), StatusCode::BAD_REQUEST, "nprocs"),
-        (json!({"program": "ring", "nprocs": 5000}), StatusCode::BAD_REQUEST, "nprocs"),
-        (json!({"program": "nope", "nprocs": 1}), StatusCode::NOT_FOUND, "no program `nope`"),
+        (
+            json!({"program": "ring", "nprocs": 0}),
+            StatusCode::BAD_REQUEST,
+            "nprocs",
+        ),
+        (
+            json!({"program": "ring", "nprocs": 5000}),
+            StatusCode::BAD_REQUEST,
+            "nprocs",
+        ),
+        (
+            json!({"program": "nope", "nprocs": 1}),
+            StatusCode::NOT_FOUND,
+            "no program `nope`",
+        ),
         (
             json!({"program": "ring", "nprocs": 1, "resources": {"input.txt": "%%%"}}),
             StatusCode::BAD_REQUEST,
             "resource `input.txt`",
         ),
-        (json!({"program": "ring"}), StatusCode::UNPROCESSABLE_ENTITY, "nprocs"),
+        (
+            json!({"program": "ring"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "nprocs",
+        ),
     ] {
         let (got, answer) = h.post("/jobs", &alice, body.clone()).await;
         assert_eq!(got, status, "{body} → {answer}");
@@ -604,15 +736,24 @@ async fn another_users_jobs_are_invisible() {
     let h = Harness::start().await;
     let alice = h.login("alice", "alice-password").await;
     let bob = h.login("bob", "bob-password").await;
-    h.sn.register_builtin("ring", "", &wasm(GUEST)).await.unwrap();
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
     let job = h.submit(&alice, "ring", 2).await;
 
     let (status, _) = h.get(&format!("/jobs/{}", job.id), &bob).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    let (status, _) = h.post(&format!("/jobs/{}/kill", job.id), &bob, Value::Null).await;
+    let (status, _) = h
+        .post(&format!("/jobs/{}/kill", job.id), &bob, Value::Null)
+        .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, _) = h
-        .call(reqwest::Method::DELETE, &format!("/jobs/{}", job.id), Some(&bob), None)
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/jobs/{}", job.id),
+            Some(&bob),
+            None,
+        )
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, _) = h.get(&format!("/jobs/{}/events", job.id), &bob).await;
@@ -627,7 +768,10 @@ async fn another_users_jobs_are_invisible() {
 async fn a_waiting_job_is_placed_when_a_peer_logs_in_and_runs_to_its_end() {
     let h = Harness::start().await;
     let alice = h.login("alice", "alice-password").await;
-    let builtin = h.sn.register_builtin("ring", "", &wasm(GUEST)).await.unwrap();
+    let builtin =
+        h.sn.register_builtin("ring", "", &wasm(GUEST))
+            .await
+            .unwrap();
     let job = h.submit(&alice, "ring", 3).await;
     // No peer: the job waits (the scheduler ran on submit and found none).
     let (_, health) = h.call(reqwest::Method::GET, "/health", None, None).await;
@@ -645,7 +789,10 @@ async fn a_waiting_job_is_placed_when_a_peer_logs_in_and_runs_to_its_end() {
     assert_eq!(a.peers[0].addr, "127.0.0.1:9000");
     assert_eq!(a.placement, vec![0, 0, 0]);
     assert_eq!(a.job_token.len(), 64);
-    assert_eq!(serde_json::from_str::<Value>(&a.args).unwrap(), json!({"n": 5}));
+    assert_eq!(
+        serde_json::from_str::<Value>(&a.args).unwrap(),
+        json!({"n": 5})
+    );
 
     let active = h.job(&alice, job.id).await;
     assert_eq!(active.state, JobState::Active);
@@ -653,7 +800,10 @@ async fn a_waiting_job_is_placed_when_a_peer_logs_in_and_runs_to_its_end() {
     assert!(active.started_at.is_some());
     let (_, peers) = h.get("/peers", &alice).await;
     let peers: Vec<PeerInfo> = serde_json::from_value(peers).unwrap();
-    assert_eq!((peers.len(), peers[0].processes, peers[0].state.as_str()), (1, 3, "online"));
+    assert_eq!(
+        (peers.len(), peers[0].processes, peers[0].state.as_str()),
+        (1, 3, "online")
+    );
 
     // The peer fetches the module of its job, and nothing else.
     let resp = h
@@ -677,30 +827,63 @@ async fn a_waiting_job_is_placed_when_a_peer_logs_in_and_runs_to_its_end() {
 
     // Output, with repeats; a report from a peer not on the job is ignored.
     let status = h
-        .report(&peer, vec![
-            out(job.id, 0, 0, "hello from 0"),
-            out(job.id, 1, 0, "hello from 1"),
-            out(job.id, 0, 0, "hello from 0"),
-            PeerEvent::Status { job: job.id, pid: None, text: "superstep 1 done".into() },
-            out(job.id, 0, 1, "bye from 0"),
-        ])
+        .report(
+            &peer,
+            vec![
+                out(job.id, 0, 0, "hello from 0"),
+                out(job.id, 1, 0, "hello from 1"),
+                out(job.id, 0, 0, "hello from 0"),
+                PeerEvent::Status {
+                    job: job.id,
+                    pid: None,
+                    text: "superstep 1 done".into(),
+                },
+                out(job.id, 0, 1, "bye from 0"),
+            ],
+        )
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
-    assert_eq!(h.report(&other, vec![out(job.id, 2, 0, "intruder")]).await, StatusCode::NO_CONTENT);
     assert_eq!(
-        h.report(&peer, vec![out(job.id, 1, 0, "hello from 1"), exited(job.id, 0), exited(job.id, 1), exited(job.id, 0)])
-            .await,
+        h.report(&other, vec![out(job.id, 2, 0, "intruder")]).await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        h.report(
+            &peer,
+            vec![
+                out(job.id, 1, 0, "hello from 1"),
+                exited(job.id, 0),
+                exited(job.id, 1),
+                exited(job.id, 0)
+            ]
+        )
+        .await,
         StatusCode::NO_CONTENT
     );
     let running = h.job(&alice, job.id).await;
     assert_eq!((running.state, running.exited), (JobState::Active, 2));
     assert_eq!(
-        h.report(&peer, vec![PeerEvent::Output { job: job.id, pid: 2, seq: 0, stream: Stream::Raw, data: "AAEC".into() }, exited(job.id, 2)])
-            .await,
+        h.report(
+            &peer,
+            vec![
+                PeerEvent::Output {
+                    job: job.id,
+                    pid: 2,
+                    seq: 0,
+                    stream: Stream::Raw,
+                    data: "AAEC".into()
+                },
+                exited(job.id, 2)
+            ]
+        )
+        .await,
         StatusCode::NO_CONTENT
     );
     let done = h.job(&alice, job.id).await;
-    assert_eq!((done.state, done.outcome, done.exited), (JobState::Finished, Some(JobOutcome::Exited), 3));
+    assert_eq!(
+        (done.state, done.outcome, done.exited),
+        (JobState::Finished, Some(JobOutcome::Exited), 3)
+    );
     // Output arriving after the end is dropped.
     h.report(&peer, vec![out(job.id, 2, 1, "too late")]).await;
 
@@ -708,9 +891,25 @@ async fn a_waiting_job_is_placed_when_a_peer_logs_in_and_runs_to_its_end() {
     let kinds: Vec<&str> = events.iter().map(|(_, name, _)| name.as_str()).collect();
     assert_eq!(
         kinds,
-        ["status", "stdout", "stdout", "status", "stdout", "process_exited", "process_exited", "raw", "process_exited", "job_exited"]
+        [
+            "status",
+            "stdout",
+            "stdout",
+            "status",
+            "stdout",
+            "process_exited",
+            "process_exited",
+            "raw",
+            "process_exited",
+            "job_exited"
+        ]
     );
-    assert_eq!(events[0].2.kind, JobEventKind::Status { text: "placed 3 processes on 1 peer".into() });
+    assert_eq!(
+        events[0].2.kind,
+        JobEventKind::Status {
+            text: "placed 3 processes on 1 peer".into()
+        }
+    );
     let texts: Vec<_> = events
         .iter()
         .filter_map(|(_, _, e)| match &e.kind {
@@ -718,7 +917,14 @@ async fn a_waiting_job_is_placed_when_a_peer_logs_in_and_runs_to_its_end() {
             _ => None,
         })
         .collect();
-    assert_eq!(texts, [(Some(0), "hello from 0"), (Some(1), "hello from 1"), (Some(0), "bye from 0")]);
+    assert_eq!(
+        texts,
+        [
+            (Some(0), "hello from 0"),
+            (Some(1), "hello from 1"),
+            (Some(0), "bye from 0")
+        ]
+    );
     for (id, _, e) in &events {
         assert_eq!(id, &e.id.to_string());
         assert_eq!(e.job, job.id);
@@ -741,19 +947,38 @@ async fn a_waiting_job_is_placed_when_a_peer_logs_in_and_runs_to_its_end() {
 async fn an_abort_ends_the_job_and_kills_it_on_every_peer() {
     let h = Harness::start().await;
     let alice = h.login("alice", "alice-password").await;
-    h.sn.register_builtin("ring", "", &wasm(GUEST)).await.unwrap();
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
     let mut p1 = h.peer_login(login_body("p1", 4, None)).await;
     let mut p2 = h.peer_login(login_body("p2", 4, None)).await;
     let job = h.submit(&alice, "ring", 8).await;
     let a1 = start_job(&h.commands(&mut p1).await);
     let a2 = start_job(&h.commands(&mut p2).await);
     assert_eq!(a1.placement, a2.placement);
-    assert_eq!(a1.peers.len(), 2, "equal peers share eight processes: {:?}", a1.placement);
-    let pid_on_p2 = a2.placement.iter().position(|&i| a2.peers[i as usize].id == p2.id).unwrap() as u32;
+    assert_eq!(
+        a1.peers.len(),
+        2,
+        "equal peers share eight processes: {:?}",
+        a1.placement
+    );
+    let pid_on_p2 = a2
+        .placement
+        .iter()
+        .position(|&i| a2.peers[i as usize].id == p2.id)
+        .unwrap() as u32;
 
     let reason = "input file is empty";
-    h.report(&p2, vec![PeerEvent::ProcessAborted { job: job.id, pid: pid_on_p2, superstep: 3, reason: reason.into() }])
-        .await;
+    h.report(
+        &p2,
+        vec![PeerEvent::ProcessAborted {
+            job: job.id,
+            pid: pid_on_p2,
+            superstep: 3,
+            reason: reason.into(),
+        }],
+    )
+    .await;
     let done = h.job(&alice, job.id).await;
     assert_eq!(done.outcome, Some(JobOutcome::Aborted));
     assert_eq!(done.error_pid, Some(pid_on_p2));
@@ -761,7 +986,8 @@ async fn an_abort_ends_the_job_and_kills_it_on_every_peer() {
     for peer in [&mut p1, &mut p2] {
         let cmds = h.commands(peer).await;
         assert!(
-            cmds.iter().any(|c| matches!(&c.command, Command::KillJob { job: j, .. } if *j == job.id)),
+            cmds.iter()
+                .any(|c| matches!(&c.command, Command::KillJob { job: j, .. } if *j == job.id)),
             "{cmds:?}"
         );
     }
@@ -776,7 +1002,9 @@ async fn an_abort_ends_the_job_and_kills_it_on_every_peer() {
 async fn event_streams_resume_after_last_event_id_and_follow_live_output() {
     let h = Harness::start().await;
     let alice = h.login("alice", "alice-password").await;
-    h.sn.register_builtin("ring", "", &wasm(GUEST)).await.unwrap();
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
     let mut peer = h.peer_login(login_body("p1", 4, None)).await;
     let job = h.submit(&alice, "ring", 1).await;
     start_job(&h.commands(&mut peer).await);
@@ -808,9 +1036,15 @@ async fn event_streams_resume_after_last_event_id_and_follow_live_output() {
     };
     assert_eq!(next_events(1).await[0].1, "status");
     for i in 0..5u64 {
-        h.report(&peer, vec![out(job.id, 0, i, &format!("line {i}"))]).await;
+        h.report(&peer, vec![out(job.id, 0, i, &format!("line {i}"))])
+            .await;
         let events = next_events(2 + i as usize).await;
-        assert_eq!(events.last().unwrap().2.kind, JobEventKind::Stdout { text: format!("line {i}") });
+        assert_eq!(
+            events.last().unwrap().2.kind,
+            JobEventKind::Stdout {
+                text: format!("line {i}")
+            }
+        );
     }
     h.report(&peer, vec![exited(job.id, 0)]).await;
     let live = next_events(8).await;
@@ -854,9 +1088,11 @@ async fn event_streams_resume_after_last_event_id_and_follow_live_output() {
 
 #[tokio::test]
 async fn a_peer_that_stops_renewing_fails_its_jobs() {
-    let h = Harness::start_with(|c| c.lease_ttl = Duration::from_millis(600)).await;
+    let h = Harness::start_with(|c| c.lease_ttl = Duration::from_millis(1_000)).await;
     let alice = h.login("alice", "alice-password").await;
-    h.sn.register_builtin("ring", "", &wasm(GUEST)).await.unwrap();
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
     let mut dying = h.peer_login(login_body("dying", 2, None)).await;
     let mut healthy = h.peer_login(login_body("healthy", 2, None)).await;
     // The healthy peer renews every TTL/3 in the background.
@@ -867,7 +1103,11 @@ async fn a_peer_that_stops_renewing_fails_its_jobs() {
                 let resp = http
                     .post(&url)
                     .bearer_auth(&token)
-                    .json(&PeerRenew { speed: 1.0, idle: 1.0, jobs: vec![] })
+                    .json(&PeerRenew {
+                        speed: 1.0,
+                        idle: 1.0,
+                        jobs: vec![],
+                    })
                     .send()
                     .await
                     .unwrap();
@@ -886,19 +1126,30 @@ async fn a_peer_that_stops_renewing_fails_its_jobs() {
     assert!(!lost.is_empty() && lost.len() < 8, "{:?}", a.placement);
 
     let failed = h
-        .wait_job(&alice, job.id, "the job to fail", |j| j.state == JobState::Finished)
+        .wait_job(&alice, job.id, "the job to fail", |j| {
+            j.state == JobState::Finished
+        })
         .await;
     assert_eq!(failed.outcome, Some(JobOutcome::Failed));
     let error = failed.error.unwrap();
     assert!(
-        error.starts_with(&format!("peer dying (#{}) stopped renewing its lease", dying.id)),
+        error.starts_with(&format!(
+            "peer dying (#{}) stopped renewing its lease",
+            dying.id
+        )),
         "{error}"
     );
-    assert!(error.contains(&lost.join(", ")), "{error} should name {lost:?}");
+    assert!(
+        error.contains(&lost.join(", ")),
+        "{error} should name {lost:?}"
+    );
 
     // The surviving peer is told to stop the job.
     let cmds = h.commands(&mut healthy).await;
-    assert!(cmds.iter().any(|c| matches!(&c.command, Command::KillJob { job: j, .. } if *j == job.id)));
+    assert!(
+        cmds.iter()
+            .any(|c| matches!(&c.command, Command::KillJob { job: j, .. } if *j == job.id))
+    );
     // The expired lease is refused; logging in again keeps the peer's id.
     let (status, body) = h.renew(&dying).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
@@ -917,7 +1168,9 @@ async fn a_peer_that_stops_renewing_fails_its_jobs() {
 async fn jobs_wait_in_the_ready_queue_under_overload() {
     let h = Harness::start_with(|c| c.overload_factor = 1.0).await;
     let alice = h.login("alice", "alice-password").await;
-    h.sn.register_builtin("ring", "", &wasm(GUEST)).await.unwrap();
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
     let mut peer = h.peer_login(login_body("p1", 2, None)).await;
     // Capacity 2 processes: the first job (3 > 2) still runs since nothing
     // else does; the second waits for it, and the third waits behind it (FIFO).
@@ -930,7 +1183,15 @@ async fn jobs_wait_in_the_ready_queue_under_overload() {
     assert_eq!(h.job(&alice, second.id).await.state, JobState::Waiting);
     assert_eq!(h.job(&alice, third.id).await.state, JobState::Waiting);
 
-    h.report(&peer, vec![exited(first.id, 0), exited(first.id, 1), exited(first.id, 2)]).await;
+    h.report(
+        &peer,
+        vec![
+            exited(first.id, 0),
+            exited(first.id, 1),
+            exited(first.id, 2),
+        ],
+    )
+    .await;
     let placed: Vec<i64> = {
         let mut jobs = Vec::new();
         while jobs.len() < 2 {
@@ -979,19 +1240,57 @@ async fn malformed_requests_get_api_errors() {
     let (status, body) = h.get("/no/such/thing", &alice).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     api_error(&body);
-    let (status, body) = h.call(reqwest::Method::PUT, "/jobs", Some(&alice), None).await;
+    let (status, body) = h
+        .call(reqwest::Method::PUT, "/jobs", Some(&alice), None)
+        .await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     api_error(&body);
 
     // Peer logins are checked field by field.
     for (login, needle) in [
-        (PeerLogin { addr: "nowhere".into(), ..login_body("p", 1, None) }, "addr"),
-        (PeerLogin { speed: f64::from(0u8), ..login_body("p", 1, None) }, "speed"),
-        (PeerLogin { idle: 1.5, ..login_body("p", 1, None) }, "idle"),
-        (PeerLogin { cores: 0, ..login_body("p", 1, None) }, "cores"),
-        (PeerLogin { version: 999, ..login_body("p", 1, None) }, "version"),
+        (
+            PeerLogin {
+                addr: "nowhere".into(),
+                ..login_body("p", 1, None)
+            },
+            "addr",
+        ),
+        (
+            PeerLogin {
+                speed: f64::from(0u8),
+                ..login_body("p", 1, None)
+            },
+            "speed",
+        ),
+        (
+            PeerLogin {
+                idle: 1.5,
+                ..login_body("p", 1, None)
+            },
+            "idle",
+        ),
+        (
+            PeerLogin {
+                cores: 0,
+                ..login_body("p", 1, None)
+            },
+            "cores",
+        ),
+        (
+            PeerLogin {
+                version: 999,
+                ..login_body("p", 1, None)
+            },
+            "version",
+        ),
     ] {
-        let resp = h.http.post(h.url("/peer/login")).json(&login).send().await.unwrap();
+        let resp = h
+            .http
+            .post(h.url("/peer/login"))
+            .json(&login)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
         let e: ApiError = resp.json().await.unwrap();
         assert!(e.message.contains(needle), "{}", e.message);
@@ -1007,11 +1306,14 @@ async fn malformed_requests_get_api_errors() {
 async fn state_survives_a_restart() {
     let h = Harness::start().await;
     let alice = h.login("alice", "alice-password").await;
-    h.sn.register_builtin("ring", "", &wasm(GUEST)).await.unwrap();
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
     let mut peer = h.peer_login(login_body("p1", 4, None)).await;
     let job = h.submit(&alice, "ring", 2).await;
     start_job(&h.commands(&mut peer).await);
-    h.report(&peer, vec![out(job.id, 0, 0, "before the restart")]).await;
+    h.report(&peer, vec![out(job.id, 0, 0, "before the restart")])
+        .await;
     let dir = h.stop().await;
 
     let h = Harness::start_in(dir, |_| {}, false).await;
@@ -1019,8 +1321,15 @@ async fn state_survives_a_restart() {
     assert_eq!(h.job(&alice, job.id).await.state, JobState::Active);
     let (status, _) = h.renew(&peer).await;
     assert_eq!(status, StatusCode::OK);
-    h.report(&peer, vec![out(job.id, 0, 0, "before the restart"), exited(job.id, 0), exited(job.id, 1)])
-        .await;
+    h.report(
+        &peer,
+        vec![
+            out(job.id, 0, 0, "before the restart"),
+            exited(job.id, 0),
+            exited(job.id, 1),
+        ],
+    )
+    .await;
     let done = h.job(&alice, job.id).await;
     assert_eq!(done.outcome, Some(JobOutcome::Exited));
     let events = h.events(&alice, job.id, None).await;
@@ -1031,4 +1340,106 @@ async fn state_survives_a_restart() {
     let cmds = h.commands(&mut peer).await;
     assert_eq!(start_job(&cmds).job, second.id);
     assert!(cmds[0].seq > seen);
+}
+
+#[tokio::test]
+async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_on_renewal() {
+    let h = Harness::start().await;
+    let alice = h.login("alice", "alice-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
+    let mut peer = h.peer_login(login_body("p1", 4, None)).await;
+    let job = h.submit(&alice, "ring", 2).await;
+    start_job(&h.commands(&mut peer).await);
+
+    let (status, body) = h
+        .post(&format!("/jobs/{}/kill", job.id), &alice, Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let cmds = h.commands(&mut peer).await;
+    assert!(
+        matches!(&cmds[..], [SeqCommand { command: Command::KillJob { job: j, .. }, .. }] if *j == job.id),
+        "{cmds:?}"
+    );
+    // Reports about the killed job are ignored.
+    h.report(
+        &peer,
+        vec![out(job.id, 0, 0, "after the kill"), exited(job.id, 0)],
+    )
+    .await;
+    let killed = h.job(&alice, job.id).await;
+    assert_eq!(
+        (killed.outcome, killed.exited),
+        (Some(JobOutcome::Killed), 0)
+    );
+    let events = h.events(&alice, job.id, None).await;
+    assert_eq!(events.last().unwrap().1, "job_killed");
+    assert!(events.iter().all(|e| e.1 != "stdout"));
+
+    // A peer that says it runs a job the supernode does not know there is told to stop it.
+    let resp = h
+        .http
+        .post(h.url("/peer/renew"))
+        .bearer_auth(&peer.token)
+        .json(&PeerRenew {
+            speed: 2.0,
+            idle: 0.5,
+            jobs: vec![job.id, 12345],
+        })
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let cmds = h.commands(&mut peer).await;
+    let stopped: Vec<i64> = cmds
+        .iter()
+        .filter_map(|c| match &c.command {
+            Command::KillJob { job, .. } => Some(*job),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stopped, vec![job.id, 12345]);
+    let (_, peers) = h.get("/peers", &alice).await;
+    let peers: Vec<PeerInfo> = serde_json::from_value(peers).unwrap();
+    assert_eq!((peers[0].speed, peers[0].idle), (2.0, 0.5));
+}
+
+/// §4.2.2: a peer's share of the ring grows with its power (speed × idle).
+#[tokio::test]
+async fn faster_peers_get_more_processes() {
+    let h = Harness::start().await;
+    let alice = h.login("alice", "alice-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
+    let slow = h.peer_login(login_body("slow", 64, None)).await;
+    let mut fast = h
+        .peer_login(PeerLogin {
+            speed: 4.0,
+            ..login_body("fast", 64, None)
+        })
+        .await;
+    let job = h.submit(&alice, "ring", 200).await;
+    let a = start_job(&h.commands(&mut fast).await);
+    assert_eq!(a.job, job.id);
+    let count = |id: i64| {
+        a.placement
+            .iter()
+            .filter(|&&i| a.peers[i as usize].id == id)
+            .count()
+    };
+    let (on_slow, on_fast) = (count(slow.id), count(fast.id));
+    assert_eq!(on_slow + on_fast, 200);
+    assert!(
+        on_fast > 2 * on_slow && on_slow > 0,
+        "slow {on_slow}, fast {on_fast}"
+    );
+    let (_, peers) = h.get("/peers", &alice).await;
+    let peers: Vec<PeerInfo> = serde_json::from_value(peers).unwrap();
+    let processes: Vec<(i64, u32)> = peers.iter().map(|p| (p.id, p.processes)).collect();
+    assert_eq!(
+        processes,
+        vec![(slow.id, on_slow as u32), (fast.id, on_fast as u32)]
+    );
 }

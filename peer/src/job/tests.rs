@@ -1,0 +1,397 @@
+//! In-process runs of jobs on several peers over loopback TCP (real
+//! listeners, real wasm), checking DESIGN.md's Execution 3–4 end to end.
+
+use std::collections::BTreeSet;
+use std::sync::OnceLock;
+
+use bsp_api::control::{JobPeer, Stream};
+use bsp_api::rest::JobLimits;
+use tokio::net::TcpListener;
+
+use super::*;
+use crate::runtime::module_hash;
+
+fn runtime() -> Arc<Runtime> {
+    static RT: OnceLock<Arc<Runtime>> = OnceLock::new();
+    RT.get_or_init(|| Runtime::new().expect("engine")).clone()
+}
+
+struct TestPeer {
+    id: PeerId,
+    addr: String,
+    jobs: Arc<Jobs>,
+    reporter: Reporter,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+async fn start_peers(n: usize) -> Vec<TestPeer> {
+    let mut peers = Vec::new();
+    for i in 0..n {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let registry = Arc::new(Registry::new());
+        let stop = CancellationToken::new();
+        tokio::spawn(net::serve(listener, registry.clone(), stop.clone()));
+        let reporter = Reporter::new();
+        let jobs = Jobs::new(JobEnv {
+            runtime: runtime(),
+            registry,
+            reporter: reporter.clone(),
+            slots: Arc::new(Semaphore::new(2)),
+            max_memory_mib: 64,
+            max_superstep_ms: 60_000,
+            connect_timeout: Duration::from_secs(5),
+        });
+        peers.push(TestPeer {
+            id: 100 + i as PeerId,
+            addr,
+            jobs,
+            reporter,
+            _stop: stop.drop_guard(),
+        });
+    }
+    peers
+}
+
+fn assignment(job: JobId, wasm: &[u8], peers: &[TestPeer], placement: Vec<u32>) -> JobAssignment {
+    JobAssignment {
+        job,
+        program_hash: module_hash(wasm),
+        nprocs: placement.len() as u32,
+        args: "null".into(),
+        seed: 7,
+        limits: JobLimits {
+            superstep_ms: 30_000,
+            memory_mib: 16,
+            output_mib: 16,
+        },
+        job_token: format!("token-{job}"),
+        placement,
+        peers: peers
+            .iter()
+            .map(|p| JobPeer {
+                id: p.id,
+                addr: p.addr.clone(),
+            })
+            .collect(),
+        resources: vec![],
+    }
+}
+
+fn start_everywhere(peers: &[TestPeer], a: &JobAssignment, wasm: &[u8]) -> Vec<JoinHandle<()>> {
+    let module = runtime().compile(&module_hash(wasm), wasm).unwrap();
+    peers
+        .iter()
+        .map(|p| {
+            let m = module.clone();
+            p.jobs
+                .start(p.id, a.clone(), async move { Ok(m) })
+                .expect("job starts")
+        })
+        .collect()
+}
+
+/// A ring: in every superstep each process reports the messages it got
+/// (as raw records `pid, superstep, src, sent_in, len, payload`, while the
+/// superstep is below `report_below`), then sends `pid*100 + superstep` to
+/// both neighbours. Process `pid` returns in superstep `rounds`. If `trap` is
+/// `(pid, s)`, that process traps in superstep `s`.
+fn ring_guest(rounds: &str, report_below: u32, trap: Option<(u32, u32)>) -> Vec<u8> {
+    let trap = match trap {
+        Some((p, s)) => format!(
+            "(if (i32.and (i32.eq (local.get $pid) (i32.const {p})) (i32.eq (local.get $s) (i32.const {s}))) (then unreachable))"
+        ),
+        None => String::new(),
+    };
+    let text = format!(
+        r#"(module
+      (import "bspweb_v1" "pid" (func $pid (result i32)))
+      (import "bspweb_v1" "nprocs" (func $nprocs (result i32)))
+      (import "bspweb_v1" "superstep" (func $superstep (result i32)))
+      (import "bspweb_v1" "send" (func $send (param i32 i32 i32) (result i32)))
+      (import "bspweb_v1" "msg_count" (func $msg_count (result i32)))
+      (import "bspweb_v1" "msg_info" (func $msg_info (param i32 i32) (result i32)))
+      (import "bspweb_v1" "msg_read" (func $msg_read (param i32 i32) (result i32)))
+      (import "bspweb_v1" "write_raw" (func $write_raw (param i32 i32) (result i32)))
+      (memory (export "memory") 1)
+      (func (export "bspweb_resume") (result i32)
+        (local $s i32) (local $i i32) (local $n i32) (local $pid i32) (local $np i32)
+        (local.set $s (call $superstep))
+        (local.set $pid (call $pid))
+        (local.set $np (call $nprocs))
+        {trap}
+        (local.set $n (call $msg_count))
+        (block $done
+          (loop $l
+            (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
+            (if (i32.lt_u (local.get $s) (i32.const {report_below})) (then
+              (i32.store (i32.const 64) (local.get $pid))
+              (i32.store (i32.const 68) (local.get $s))
+              (drop (call $msg_info (local.get $i) (i32.const 72)))
+              (drop (call $msg_read (local.get $i) (i32.const 84)))
+              (drop (call $write_raw (i32.const 64) (i32.const 24)))))
+            (local.set $i (i32.add (local.get $i) (i32.const 1)))
+            (br $l)))
+        (if (i32.ge_u (local.get $s) {rounds}) (then (return (i32.const 1))))
+        (i32.store (i32.const 32)
+          (i32.add (i32.mul (local.get $pid) (i32.const 100)) (local.get $s)))
+        (drop (call $send
+          (i32.rem_u (i32.add (local.get $pid) (i32.const 1)) (local.get $np))
+          (i32.const 32) (i32.const 4)))
+        (drop (call $send
+          (i32.rem_u (i32.add (local.get $pid) (i32.sub (local.get $np) (i32.const 1))) (local.get $np))
+          (i32.const 32) (i32.const 4)))
+        (i32.const 0)))"#
+    );
+    wat::parse_str(&text).expect("ring guest parses")
+}
+
+/// Raw records `(pid, superstep, src, sent_in, len, payload)` in emission order.
+fn records(events: &[PeerEvent]) -> Vec<[u32; 6]> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            PeerEvent::Output {
+                stream: Stream::Raw,
+                data,
+                ..
+            } => {
+                let b = base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .unwrap();
+                let w: Vec<u32> = b
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                Some([w[0], w[1], w[2], w[3], w[4], w[5]])
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+async fn wait_all(handles: Vec<JoinHandle<()>>) {
+    for h in handles {
+        tokio::time::timeout(Duration::from_secs(60), h)
+            .await
+            .expect("the job ends in time")
+            .expect("the job task does not panic");
+    }
+}
+
+/// Drain `peers`' reporters until `done` holds for what was collected, or fail
+/// after a deadline.
+async fn collect_until(
+    peers: &[&TestPeer],
+    mut done: impl FnMut(&[PeerEvent]) -> bool,
+) -> Vec<PeerEvent> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut all = Vec::new();
+    loop {
+        for p in peers {
+            all.extend(p.reporter.drain());
+        }
+        if done(&all) {
+            return all;
+        }
+        assert!(Instant::now() < deadline, "timed out; events so far: {all:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_peers_run_a_ring_and_deliver_every_message_in_order() {
+    let peers = start_peers(3).await;
+    let wasm = ring_guest("(i32.add (i32.const 3) (local.get $pid))", 1000, None);
+    // Five processes on three peers; pid p returns in superstep 3 + p, so
+    // peers finish at different supersteps and messages to returned
+    // processes are dropped.
+    let placement = vec![0, 1, 2, 0, 1];
+    let a = assignment(1, &wasm, &peers, placement.clone());
+    let handles = start_everywhere(&peers, &a, &wasm);
+    wait_all(handles).await;
+
+    let mut events = Vec::new();
+    for p in &peers {
+        events.extend(p.reporter.drain());
+        assert!(p.jobs.running().is_empty());
+    }
+    let n = 5u32;
+    let rounds = |p: u32| 3 + p;
+    let mut expected = Vec::new();
+    for pid in 0..n {
+        for s in 1..=rounds(pid) {
+            let mut srcs = [(pid + n - 1) % n, (pid + 1) % n];
+            srcs.sort();
+            for src in srcs {
+                // `src` sent in superstep s-1 if it had not returned yet.
+                if s - 1 < rounds(src) {
+                    expected.push([pid, s, src, s - 1, 4, src * 100 + s - 1]);
+                }
+            }
+        }
+    }
+    let mut got = records(&events);
+    // Per process the order is the delivery order; across processes it is
+    // interleaved, so compare per pid.
+    got.sort_by_key(|r| (r[0], r[1]));
+    assert_eq!(got, expected);
+
+    let exits: BTreeSet<(Pid, u32)> = events
+        .iter()
+        .filter_map(|e| match e {
+            PeerEvent::ProcessExited { job: 1, pid, superstep } => Some((*pid, *superstep)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(exits, (0..n).map(|p| (p, rounds(p))).collect());
+    assert!(
+        !events.iter().any(|e| matches!(
+            e,
+            PeerEvent::ProcessFailed { .. } | PeerEvent::ProcessAborted { .. }
+        )),
+        "{events:?}"
+    );
+    // Every process's output comes before its exit, numbered from 0.
+    for pid in 0..n {
+        let seqs: Vec<u64> = events
+            .iter()
+            .filter_map(|e| match e {
+                PeerEvent::Output { pid: p, seq, .. } if *p == pid => Some(*seq),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>());
+        let exit = events
+            .iter()
+            .position(|e| matches!(e, PeerEvent::ProcessExited { pid: p, .. } if *p == pid))
+            .unwrap();
+        let last_output = events
+            .iter()
+            .rposition(|e| matches!(e, PeerEvent::Output { pid: p, .. } if *p == pid))
+            .unwrap();
+        assert!(last_output < exit);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_on_one_peer_needs_no_network() {
+    let peers = start_peers(1).await;
+    let wasm = ring_guest("(i32.const 4)", 1000, None);
+    let a = assignment(2, &wasm, &peers, vec![0, 0, 0]);
+    wait_all(start_everywhere(&peers, &a, &wasm)).await;
+    let events = peers[0].reporter.drain();
+    assert_eq!(records(&events).len(), 3 * 4 * 2);
+    let exited = events
+        .iter()
+        .filter(|e| matches!(e, PeerEvent::ProcessExited { superstep: 4, .. }))
+        .count();
+    assert_eq!(exited, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_is_reported_and_the_job_waits_for_kill_job() {
+    let peers = start_peers(2).await;
+    let wasm = ring_guest("(i32.const 1000000)", 0, Some((1, 2)));
+    let a = assignment(3, &wasm, &peers, vec![0, 1, 0, 1]);
+    let handles = start_everywhere(&peers, &a, &wasm);
+    let events = collect_until(&[&peers[0], &peers[1]], |all| {
+        all.iter()
+            .any(|e| matches!(e, PeerEvent::ProcessFailed { .. }))
+    })
+    .await;
+    let failed: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            PeerEvent::ProcessFailed {
+                job,
+                pid,
+                superstep,
+                reason,
+            } => Some((*job, *pid, *superstep, reason.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let (job, pid, superstep, reason) = &failed[0];
+    assert_eq!((*job, *pid, *superstep), (3, Some(1), 2));
+    assert!(
+        reason.starts_with("the process trapped: wasm `unreachable` instruction executed"),
+        "{reason}"
+    );
+    // Both peers keep the job until the supernode kills it.
+    assert_eq!(peers[0].jobs.running(), vec![3]);
+    assert_eq!(peers[1].jobs.running(), vec![3]);
+    for p in &peers {
+        assert!(p.jobs.kill(3));
+    }
+    wait_all(handles).await;
+    for p in &peers {
+        assert!(p.jobs.running().is_empty());
+        // A repeated StartJob for an ended job is ignored.
+        assert!(p.jobs.start(p.id, a.clone(), async { Err("unused".into()) }).is_none());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_a_peer_fails_the_job_on_the_others() {
+    let peers = start_peers(3).await;
+    let wasm = ring_guest("(i32.const 1000000)", 3, None);
+    let a = assignment(4, &wasm, &peers, vec![0, 1, 2]);
+    let mut handles = start_everywhere(&peers, &a, &wasm);
+    // Superstep 2 needs two barriers: every peer is connected by then.
+    collect_until(&[&peers[0]], |all| records(all).iter().any(|r| r[1] == 2)).await;
+    // Peer #102 disappears.
+    assert!(peers[2].jobs.kill(4));
+    wait_all(vec![handles.pop().unwrap()]).await;
+    let events = collect_until(&[&peers[0], &peers[1]], |all| {
+        all.iter()
+            .filter(|e| matches!(e, PeerEvent::ProcessFailed { .. }))
+            .count()
+            == 2
+    })
+    .await;
+    for e in &events {
+        if let PeerEvent::ProcessFailed { pid, reason, .. } = e {
+            assert_eq!(*pid, None);
+            assert!(
+                reason.starts_with(&format!("lost connection to peer #102 ({})", peers[2].addr)),
+                "{reason}"
+            );
+        }
+    }
+    for p in &peers[..2] {
+        assert!(p.jobs.kill(4));
+    }
+    wait_all(handles).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unavailable_module_or_a_bad_assignment_is_reported() {
+    let peers = start_peers(1).await;
+    let wasm = ring_guest("(i32.const 1)", 0, None);
+    let a = assignment(5, &wasm, &peers, vec![0]);
+    let h = peers[0]
+        .jobs
+        .start(peers[0].id, a, async { Err("could not download the program".into()) })
+        .unwrap();
+    let events = collect_until(&[&peers[0]], |all| !all.is_empty()).await;
+    assert!(matches!(
+        &events[..],
+        [PeerEvent::ProcessFailed { job: 5, pid: None, reason, .. }] if reason == "could not download the program"
+    ));
+    peers[0].jobs.kill(5);
+    wait_all(vec![h]).await;
+
+    let mut a = assignment(6, &wasm, &peers, vec![0, 3]);
+    a.job_token = "t".into();
+    let handles = start_everywhere(&peers, &a, &wasm);
+    let events = collect_until(&[&peers[0]], |all| !all.is_empty()).await;
+    assert!(matches!(
+        &events[..],
+        [PeerEvent::ProcessFailed { job: 6, pid: None, reason, .. }]
+            if reason.starts_with("invalid job assignment: the job's placement names peer index 3")
+    ), "{events:?}");
+    peers[0].jobs.kill(6);
+    wait_all(handles).await;
+}

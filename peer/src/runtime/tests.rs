@@ -1,0 +1,546 @@
+//! The sandbox against hand-written guests that follow the `bspweb_v1` ABI.
+
+use std::sync::OnceLock;
+
+use super::*;
+
+/// Every host import, so test guests can call any of them.
+const IMPORTS: &str = r#"
+  (import "bspweb_v1" "pid" (func $pid (result i32)))
+  (import "bspweb_v1" "nprocs" (func $nprocs (result i32)))
+  (import "bspweb_v1" "superstep" (func $superstep (result i32)))
+  (import "bspweb_v1" "seed" (func $seed (result i64)))
+  (import "bspweb_v1" "args_len" (func $args_len (result i32)))
+  (import "bspweb_v1" "args_read" (func $args_read (param i32)))
+  (import "bspweb_v1" "send" (func $send (param i32 i32 i32) (result i32)))
+  (import "bspweb_v1" "send_range" (func $send_range (param i32 i32 i32 i32) (result i32)))
+  (import "bspweb_v1" "send_list" (func $send_list (param i32 i32 i32 i32) (result i32)))
+  (import "bspweb_v1" "msg_count" (func $msg_count (result i32)))
+  (import "bspweb_v1" "msg_info" (func $msg_info (param i32 i32) (result i32)))
+  (import "bspweb_v1" "msg_read" (func $msg_read (param i32 i32) (result i32)))
+  (import "bspweb_v1" "print" (func $print (param i32 i32 i32) (result i32)))
+  (import "bspweb_v1" "write_raw" (func $write_raw (param i32 i32) (result i32)))
+  (import "bspweb_v1" "flush" (func $flush (result i32)))
+  (import "bspweb_v1" "abort" (func $abort (param i32 i32)))
+  (import "bspweb_v1" "resource_len" (func $resource_len (param i32 i32) (result i64)))
+  (import "bspweb_v1" "resource_read" (func $resource_read (param i32 i32 i32) (result i32)))
+"#;
+
+/// A guest: the imports, one page of memory (more if `pages` says so), data
+/// segments and a `bspweb_resume` body.
+fn guest(pages: u32, data: &str, body: &str) -> Vec<u8> {
+    let text = format!(
+        r#"(module {IMPORTS}
+          (memory (export "memory") {pages})
+          {data}
+          (func (export "bspweb_resume") (result i32) {body}))"#
+    );
+    wat::parse_str(&text).expect("test guest parses")
+}
+
+fn runtime() -> Arc<Runtime> {
+    static RT: OnceLock<Arc<Runtime>> = OnceLock::new();
+    RT.get_or_init(|| Runtime::new().expect("engine")).clone()
+}
+
+struct Limits {
+    memory_mib: usize,
+    budget: Duration,
+    output: u64,
+    outbox: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_mib: 16,
+            budget: Duration::from_secs(30),
+            output: 1 << 20,
+            outbox: 1 << 20,
+        }
+    }
+}
+
+fn job_with(limits: Limits) -> Arc<JobInfo> {
+    Arc::new(JobInfo {
+        job: 42,
+        nprocs: 4,
+        seed: 0x1234_5678_9abc,
+        args: br#"{"n":3}"#.to_vec(),
+        resources: HashMap::from([("input".to_string(), b"RESOURCE".to_vec())]),
+        memory_limit: limits.memory_mib << 20,
+        superstep_budget: limits.budget,
+        output_limit: limits.output,
+        outbox_limit: limits.outbox,
+        kill: Arc::new(AtomicBool::new(false)),
+        reporter: Reporter::new(),
+    })
+}
+
+fn start(wasm: &[u8], job: Arc<JobInfo>, pid: Pid) -> Process {
+    let rt = runtime();
+    let module = rt.compile(&module_hash(wasm), wasm).expect("module compiles");
+    rt.instantiate(&module, job, pid).expect("process starts")
+}
+
+fn raw_outputs(events: &[PeerEvent]) -> Vec<(u64, Vec<u8>)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            PeerEvent::Output {
+                seq,
+                stream: Stream::Raw,
+                data,
+                ..
+            } => Some((
+                *seq,
+                base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .unwrap(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+fn words(bytes: &[u8]) -> Vec<i32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn failure(outcome: Outcome) -> String {
+    match outcome {
+        Outcome::Failed(reason) => reason,
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+#[test]
+fn host_functions_report_identity_and_exchange_messages() {
+    let wasm = guest(
+        1,
+        r#"(data (i32.const 16) "hello")"#,
+        r#"
+        (if (i32.eqz (call $superstep)) (then
+          (i32.store (i32.const 100) (call $pid))
+          (i32.store (i32.const 104) (call $nprocs))
+          (i32.store (i32.const 108) (call $send (i32.const 1) (i32.const 16) (i32.const 5)))
+          (i32.store (i32.const 112) (call $send (i32.const 4) (i32.const 16) (i32.const 5)))
+          (i32.store (i32.const 116) (call $send (i32.const -1) (i32.const 16) (i32.const 5)))
+          (drop (call $write_raw (i32.const 100) (i32.const 20)))
+          (drop (call $print (i32.const 1) (i32.const 16) (i32.const 5)))
+          (drop (call $print (i32.const 2) (i32.const 16) (i32.const 4)))
+          (return (i32.const 0))))
+        (i32.store (i32.const 200) (call $superstep))
+        (i32.store (i32.const 204) (call $msg_count))
+        (i32.store (i32.const 208) (call $msg_info (i32.const 1) (i32.const 212)))
+        (i32.store (i32.const 224) (call $msg_read (i32.const 1) (i32.const 228)))
+        (i32.store (i32.const 232) (call $msg_info (i32.const 2) (i32.const 300)))
+        (i32.store (i32.const 236) (call $msg_read (i32.const -1) (i32.const 300)))
+        (drop (call $write_raw (i32.const 200) (i32.const 40)))
+        (i32.const 1)"#,
+    );
+    let job = job_with(Limits::default());
+    let mut p = start(&wasm, job.clone(), 3);
+    assert_eq!(p.resume(), Outcome::Sync);
+    let out = p.take_outbox();
+    assert_eq!(
+        out,
+        vec![Outgoing {
+            dst: 1,
+            seq: 0,
+            payload: Bytes::from_static(b"hello"),
+        }]
+    );
+    let inbox = vec![
+        Message {
+            src: 0,
+            superstep: 0,
+            payload: Bytes::from_static(b"a"),
+        },
+        Message {
+            src: 2,
+            superstep: 0,
+            payload: Bytes::from_static(b"wxyz"),
+        },
+    ];
+    p.begin_superstep(1, inbox);
+    assert_eq!(p.resume(), Outcome::Done);
+
+    let events = job.reporter.drain();
+    let raw = raw_outputs(&events);
+    assert_eq!(raw.len(), 2);
+    assert_eq!(raw[0].0, 0, "output records are numbered from 0");
+    assert_eq!(words(&raw[0].1), vec![3, 4, 0, ERR_BAD_PID, ERR_BAD_PID]);
+    assert_eq!(raw[1].0, 3);
+    let w = words(&raw[1].1);
+    // superstep, count, info status, src, sent-in superstep, len, read status, payload
+    assert_eq!(&w[..7], &[1, 2, 0, 2, 0, 4, 0]);
+    assert_eq!(&raw[1].1[28..32], b"wxyz");
+    assert_eq!(&w[8..10], &[ERR_NOT_FOUND, ERR_NOT_FOUND]);
+    let texts: Vec<(u64, Stream, &str)> = events
+        .iter()
+        .filter_map(|e| match e {
+            PeerEvent::Output {
+                seq, stream, data, ..
+            } if *stream != Stream::Raw => Some((*seq, *stream, data.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        vec![(1, Stream::Stdout, "hello"), (2, Stream::Stderr, "hell")]
+    );
+    assert!(events.iter().all(|e| matches!(e, PeerEvent::Output { job: 42, pid: 3, .. })));
+    assert_eq!(p.host_state().output_seq, 4);
+}
+
+#[test]
+fn seed_args_and_resources_are_readable() {
+    let wasm = guest(
+        1,
+        r#"(data (i32.const 16) "input") (data (i32.const 32) "nothing")"#,
+        r#"
+        (i64.store (i32.const 100) (call $seed))
+        (i32.store (i32.const 108) (call $args_len))
+        (call $args_read (i32.const 112))
+        (i64.store (i32.const 120) (call $resource_len (i32.const 16) (i32.const 5)))
+        (i64.store (i32.const 128) (call $resource_len (i32.const 32) (i32.const 7)))
+        (i32.store (i32.const 136) (call $resource_read (i32.const 16) (i32.const 5) (i32.const 140)))
+        (i32.store (i32.const 148) (call $resource_read (i32.const 32) (i32.const 7) (i32.const 140)))
+        (drop (call $write_raw (i32.const 100) (i32.const 52)))
+        (i32.const 1)"#,
+    );
+    let job = job_with(Limits::default());
+    let mut p = start(&wasm, job.clone(), 0);
+    assert_eq!(p.resume(), Outcome::Done);
+    let raw = raw_outputs(&job.reporter.drain());
+    let b = &raw[0].1;
+    assert_eq!(u64::from_le_bytes(b[0..8].try_into().unwrap()), 0x1234_5678_9abc);
+    assert_eq!(words(&b[8..12]), vec![7]);
+    assert_eq!(&b[12..19], br#"{"n":3}"#);
+    assert_eq!(i64::from_le_bytes(b[20..28].try_into().unwrap()), 8);
+    assert_eq!(i64::from_le_bytes(b[28..36].try_into().unwrap()), -1);
+    assert_eq!(words(&b[36..40]), vec![0]);
+    assert_eq!(&b[40..48], b"RESOURCE");
+    assert_eq!(words(&b[48..52]), vec![ERR_NOT_FOUND]);
+}
+
+#[test]
+fn broadcasts_check_their_ranges_and_lists() {
+    let wasm = guest(
+        1,
+        r#"(data (i32.const 16) "m")
+           (data (i32.const 32) "\02\00\00\00\00\00\00\00")
+           (data (i32.const 48) "\01\00\00\00\09\00\00\00")"#,
+        r#"
+        (i32.store (i32.const 100) (call $send_range (i32.const 1) (i32.const 4) (i32.const 16) (i32.const 1)))
+        (i32.store (i32.const 104) (call $send_range (i32.const 2) (i32.const 2) (i32.const 16) (i32.const 1)))
+        (i32.store (i32.const 108) (call $send_range (i32.const 0) (i32.const 5) (i32.const 16) (i32.const 1)))
+        (i32.store (i32.const 112) (call $send_range (i32.const -1) (i32.const 2) (i32.const 16) (i32.const 1)))
+        (i32.store (i32.const 116) (call $send_list (i32.const 32) (i32.const 2) (i32.const 16) (i32.const 1)))
+        (i32.store (i32.const 120) (call $send_list (i32.const 48) (i32.const 2) (i32.const 16) (i32.const 1)))
+        (i32.store (i32.const 124) (call $send (i32.const 0) (i32.const 0) (i32.const 0x800001)))
+        (drop (call $write_raw (i32.const 100) (i32.const 28)))
+        (i32.const 0)"#,
+    );
+    let job = job_with(Limits::default());
+    let mut p = start(&wasm, job.clone(), 0);
+    assert_eq!(p.resume(), Outcome::Sync);
+    let raw = raw_outputs(&job.reporter.drain());
+    assert_eq!(
+        words(&raw[0].1),
+        vec![0, ERR_BAD_RANGE, ERR_BAD_RANGE, ERR_BAD_RANGE, 0, ERR_BAD_PID, ERR_TOO_LARGE]
+    );
+    let sent: Vec<(Pid, u32)> = p.take_outbox().iter().map(|m| (m.dst, m.seq)).collect();
+    assert_eq!(sent, vec![(1, 0), (2, 1), (3, 2), (2, 3), (0, 4)]);
+}
+
+#[test]
+fn a_trap_fails_the_process_with_a_readable_reason() {
+    let wasm = guest(1, "", "unreachable");
+    let mut p = start(&wasm, job_with(Limits::default()), 0);
+    let reason = failure(p.resume());
+    assert!(
+        reason.starts_with("the process trapped: wasm `unreachable` instruction executed"),
+        "{reason}"
+    );
+    assert_eq!(
+        p.resume(),
+        Outcome::Failed("the process has already ended".into())
+    );
+}
+
+#[test]
+fn an_infinite_loop_hits_the_superstep_time_limit() {
+    let wasm = guest(1, "", "(loop $l (br $l)) (i32.const 0)");
+    let budget = Duration::from_millis(200);
+    let mut p = start(
+        &wasm,
+        job_with(Limits {
+            budget,
+            ..Limits::default()
+        }),
+        0,
+    );
+    let started = Instant::now();
+    let reason = failure(p.resume());
+    let took = started.elapsed();
+    assert_eq!(
+        reason,
+        "time limit exceeded: superstep 0 ran longer than 0.2 s"
+    );
+    assert!(took >= budget, "stopped early: {took:?}");
+    assert!(took < budget + Duration::from_secs(5), "stopped late: {took:?}");
+}
+
+#[test]
+fn the_time_budget_spans_the_yields_of_one_superstep() {
+    // Spins ~forever, but yields on every call: the budget is the sum.
+    let wasm = guest(
+        1,
+        "",
+        r#"(local $i i32)
+        (loop $l
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br_if $l (i32.lt_u (local.get $i) (i32.const 20000000))))
+        (i32.const 2)"#,
+    );
+    let budget = Duration::from_millis(300);
+    let mut p = start(
+        &wasm,
+        job_with(Limits {
+            budget,
+            ..Limits::default()
+        }),
+        0,
+    );
+    let started = Instant::now();
+    let outcome = loop {
+        match p.resume() {
+            Outcome::Yield => continue,
+            other => break other,
+        }
+    };
+    assert!(failure(outcome).starts_with("time limit exceeded: superstep 0"));
+    assert!(started.elapsed() < budget + Duration::from_secs(5));
+}
+
+#[test]
+fn growing_memory_past_the_cap_fails_the_process() {
+    let wasm = guest(
+        1,
+        "",
+        "(drop (memory.grow (i32.const 100))) (i32.const 1)",
+    );
+    let mut p = start(
+        &wasm,
+        job_with(Limits {
+            memory_mib: 2,
+            ..Limits::default()
+        }),
+        0,
+    );
+    assert_eq!(
+        failure(p.resume()),
+        "memory limit exceeded: the process tried to grow its memory to 7 MiB; the limit is 2 MiB"
+    );
+}
+
+#[test]
+fn a_module_whose_initial_memory_exceeds_the_cap_does_not_start() {
+    let wasm = guest(64, "", "(i32.const 1)"); // 4 MiB
+    let rt = runtime();
+    let module = rt.compile(&module_hash(&wasm), &wasm).unwrap();
+    let job = job_with(Limits {
+        memory_mib: 2,
+        ..Limits::default()
+    });
+    let err = rt.instantiate(&module, job, 0).unwrap_err();
+    assert_eq!(
+        err,
+        "memory limit exceeded: the process tried to grow its memory to 4 MiB; the limit is 2 MiB"
+    );
+}
+
+#[test]
+fn an_out_of_bounds_pointer_is_a_bad_host_call() {
+    let wasm = guest(
+        1,
+        "",
+        "(drop (call $send (i32.const 0) (i32.const 0xffff0000) (i32.const 100))) (i32.const 1)",
+    );
+    let mut p = start(&wasm, job_with(Limits::default()), 0);
+    assert_eq!(
+        failure(p.resume()),
+        "bad host call: `send` read 100 bytes at address 0xffff0000, outside the process's 65536-byte memory"
+    );
+
+    // Writing past the end is refused too, even when the start is inside.
+    let wasm = guest(1, "", "(call $args_read (i32.const 65530)) (i32.const 1)");
+    let mut p = start(&wasm, job_with(Limits::default()), 0);
+    let reason = failure(p.resume());
+    assert!(reason.starts_with("bad host call: `args_read` wrote 7 bytes at address 0xfffa"), "{reason}");
+}
+
+#[test]
+fn print_to_an_unknown_stream_is_a_bad_host_call() {
+    let wasm = guest(
+        1,
+        "",
+        "(drop (call $print (i32.const 7) (i32.const 0) (i32.const 1))) (i32.const 1)",
+    );
+    let mut p = start(&wasm, job_with(Limits::default()), 0);
+    assert!(failure(p.resume()).starts_with("bad host call: `print` to stream 7"));
+}
+
+#[test]
+fn abort_ends_the_process_as_an_abort_with_its_reason() {
+    let wasm = guest(
+        1,
+        r#"(data (i32.const 16) "gave up: no input")"#,
+        "(call $abort (i32.const 16) (i32.const 17)) (i32.const 1)",
+    );
+    let mut p = start(&wasm, job_with(Limits::default()), 0);
+    assert_eq!(p.resume(), Outcome::Aborted("gave up: no input".into()));
+}
+
+#[test]
+fn output_beyond_the_limit_fails_the_process() {
+    let wasm = guest(
+        1,
+        "",
+        r#"(loop $l
+             (drop (call $print (i32.const 1) (i32.const 0) (i32.const 100)))
+             (br $l))
+           (i32.const 1)"#,
+    );
+    let job = job_with(Limits {
+        output: 1 << 20,
+        ..Limits::default()
+    });
+    let mut p = start(&wasm, job.clone(), 0);
+    let reason = failure(p.resume());
+    assert!(reason.starts_with("output limit exceeded: the process wrote more than 1 MiB"), "{reason}");
+    let events = job.reporter.drain();
+    assert_eq!(events.len(), (1 << 20) / 100, "every record within the limit is kept");
+}
+
+#[test]
+fn messages_beyond_the_outbox_limit_fail_the_process() {
+    let wasm = guest(
+        1,
+        "",
+        r#"(loop $l
+             (drop (call $send_range (i32.const 0) (i32.const 4) (i32.const 0) (i32.const 1000)))
+             (br $l))
+           (i32.const 1)"#,
+    );
+    let mut p = start(
+        &wasm,
+        job_with(Limits {
+            outbox: 1 << 20,
+            ..Limits::default()
+        }),
+        0,
+    );
+    let reason = failure(p.resume());
+    assert!(reason.starts_with("message limit exceeded: the process queued more than 1 MiB of messages in superstep 0"), "{reason}");
+}
+
+#[test]
+fn the_kill_flag_stops_a_running_process() {
+    let wasm = guest(1, "", "(loop $l (br $l)) (i32.const 0)");
+    let job = job_with(Limits::default());
+    let mut p = start(&wasm, job.clone(), 0);
+    let running = std::thread::spawn(move || {
+        let started = Instant::now();
+        (p.resume(), started.elapsed())
+    });
+    job.kill.store(true, Ordering::Relaxed);
+    let (outcome, took) = running.join().unwrap();
+    assert_eq!(outcome, Outcome::Failed("killed".into()));
+    assert!(took < Duration::from_secs(5));
+}
+
+#[test]
+fn yield_and_unknown_statuses() {
+    // Memory word 0 counts the calls: yield, then done.
+    let wasm = guest(
+        1,
+        "",
+        r#"(i32.store (i32.const 0) (i32.add (i32.load (i32.const 0)) (i32.const 1)))
+           (if (result i32) (i32.eq (i32.load (i32.const 0)) (i32.const 1))
+             (then (i32.const 2)) (else (i32.const 1)))"#,
+    );
+    let mut p = start(&wasm, job_with(Limits::default()), 0);
+    assert_eq!(p.resume(), Outcome::Yield);
+    assert_eq!(p.resume(), Outcome::Done);
+
+    let wasm = guest(1, "", "(i32.const 7)");
+    let mut p = start(&wasm, job_with(Limits::default()), 0);
+    assert!(failure(p.resume()).contains("unknown status 7"));
+}
+
+#[test]
+fn flush_waits_until_the_output_is_delivered() {
+    let wasm = guest(
+        1,
+        r#"(data (i32.const 16) "line")"#,
+        r#"(drop (call $print (i32.const 1) (i32.const 16) (i32.const 4)))
+           (i32.store (i32.const 100) (call $flush))
+           (drop (call $write_raw (i32.const 100) (i32.const 4)))
+           (i32.const 1)"#,
+    );
+    let job = job_with(Limits::default());
+    let mut p = start(&wasm, job.clone(), 0);
+    let running = std::thread::spawn(move || p.resume());
+    // Act as the uploader: take the line once it is queued.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = Vec::new();
+    while seen.is_empty() && Instant::now() < deadline {
+        seen = job.reporter.drain();
+        std::thread::yield_now();
+    }
+    assert!(matches!(&seen[..], [PeerEvent::Output { stream: Stream::Stdout, .. }]));
+    assert_eq!(running.join().unwrap(), Outcome::Done);
+    let raw = raw_outputs(&job.reporter.drain());
+    assert_eq!(words(&raw[0].1), vec![0]);
+}
+
+#[test]
+fn compile_checks_the_hash_and_the_abi() {
+    let rt = runtime();
+    let wasm = guest(1, "", "(i32.const 1)");
+    assert!(matches!(
+        rt.compile(&"00".repeat(32), &wasm),
+        Err(CompileError::HashMismatch { .. })
+    ));
+    let wasi = wat::parse_str(
+        r#"(module
+          (import "wasi_snapshot_preview1" "fd_write" (func (param i32 i32 i32 i32) (result i32)))
+          (memory (export "memory") 1)
+          (func (export "bspweb_resume") (result i32) i32.const 1))"#,
+    )
+    .unwrap();
+    let err = rt.compile(&module_hash(&wasi), &wasi).unwrap_err();
+    assert!(err.to_string().contains("wasi_snapshot_preview1.fd_write"), "{err}");
+    // Compiled once, then served from the cache.
+    let hash = module_hash(&wasm);
+    assert!(rt.compile(&hash, &wasm).is_ok());
+    assert!(rt.cached(&hash).is_some());
+}
+
+#[test]
+fn guest_threads_can_be_niced() {
+    let nice = std::thread::spawn(|| {
+        set_thread_niceness(5).unwrap();
+        // SAFETY: getpriority only reads its integer arguments.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS as _, 0) }
+    })
+    .join()
+    .unwrap();
+    assert!(nice >= 5, "niceness {nice}");
+}
