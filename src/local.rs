@@ -288,19 +288,25 @@ pub async fn peer(a: PeerArgs) -> anyhow::Result<ExitCode> {
 
 /// Resolves on Ctrl-C, on SIGTERM, and (when asked) when stdin closes.
 async fn shutdown_signal(exit_on_stdin_eof: bool) {
-    use tokio::io::AsyncReadExt;
     let stdin_eof = async {
         if !exit_on_stdin_eof {
             return std::future::pending::<()>().await;
         }
-        let mut stdin = tokio::io::stdin();
-        let mut buf = [0u8; 256];
-        loop {
-            match stdin.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
+        // A plain thread: tokio's stdin needs a feature the rest does not.
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut stdin = std::io::stdin();
+            let mut buf = [0u8; 256];
+            loop {
+                match stdin.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
             }
-        }
+            let _ = tx.send(());
+        });
+        let _ = rx.await;
     };
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {

@@ -88,6 +88,19 @@ fn http() -> reqwest::Client {
         .unwrap_or_default()
 }
 
+/// Percent-encode everything but unreserved characters (RFC 3986).
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 fn normalize(base: &str) -> String {
     base.trim_end_matches('/').to_string()
 }
@@ -220,15 +233,15 @@ impl Client {
         wasm: Vec<u8>,
         name: Option<&str>,
     ) -> Result<ProgramInfo, ClientError> {
-        let url = self.url("/programs");
-        let mut req = self
+        let url = match name {
+            Some(name) => self.url(&format!("/programs?name={}", percent_encode(name))),
+            None => self.url("/programs"),
+        };
+        let req = self
             .http
             .post(&url)
             .header("content-type", "application/wasm")
             .body(wasm);
-        if let Some(name) = name {
-            req = req.query(&[("name", name)]);
-        }
         self.send(req, &url).await
     }
 

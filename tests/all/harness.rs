@@ -98,12 +98,6 @@ impl Cluster {
         self.peers.push(child);
     }
 
-    /// Kill peer `i` abruptly (SIGKILL), like a switched-off machine.
-    pub fn kill_peer(&mut self, i: usize) {
-        let _ = self.peers[i].kill();
-        let _ = self.peers[i].wait();
-    }
-
     pub fn wait_for_peers(&self, n: usize) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
@@ -177,16 +171,6 @@ impl Run {
             .filter(|e| e.pid == Some(pid))
             .filter_map(|e| match &e.kind {
                 JobEventKind::Stdout { text } => Some(text.clone()),
-                _ => None,
-            })
-            .collect()
-    }
-
-    pub fn all_stdout(&self) -> Vec<(u32, String)> {
-        self.events
-            .iter()
-            .filter_map(|e| match &e.kind {
-                JobEventKind::Stdout { text } => Some((e.pid?, text.clone())),
                 _ => None,
             })
             .collect()
