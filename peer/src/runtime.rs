@@ -510,7 +510,11 @@ fn classify(stop: Option<Stop>, e: &wasmtime::Error) -> Outcome {
                 .map(describe_backtrace)
                 .unwrap_or_default();
             match e.downcast_ref::<Trap>() {
-                Some(trap) => Outcome::Failed(format!("the process trapped: {trap}{frames}")),
+                Some(trap) => {
+                    let text = trap.to_string();
+                    let text = text.strip_prefix("wasm trap: ").unwrap_or(&text);
+                    Outcome::Failed(format!("the process trapped: {text}{frames}"))
+                }
                 None => Outcome::Failed(format!("the process failed: {e}{frames}")),
             }
         }

@@ -99,6 +99,13 @@ impl Cluster {
     }
 
     pub fn wait_for_peers(&self, n: usize) {
+        // On a thread of its own: callers may be inside a tokio runtime.
+        std::thread::scope(|s| {
+            s.spawn(|| self.wait_for_peers_blocking(n)).join().expect("waiting for peers");
+        });
+    }
+
+    fn wait_for_peers_blocking(&self, n: usize) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
             let client = self.admin().await;
