@@ -87,7 +87,11 @@ fn loopback_bandwidth() -> f64 {
 
 async fn job_time(client: &bsp_api::client::Client, p: u32, k: u32, h: u64) -> Duration {
     let t = Instant::now();
-    let r = harness::run(client, harness::job("supersteps", p, json!({"k": k, "h": h}))).await;
+    let r = harness::run(
+        client,
+        harness::job("supersteps", p, json!({"k": k, "h": h})),
+    )
+    .await;
     let elapsed = t.elapsed();
     r.assert_exited();
     elapsed
@@ -109,14 +113,25 @@ fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let rtt = loopback_rtt();
     let bw = loopback_bandwidth();
-    println!("loopback TCP: round trip {:.1} µs, single-stream bandwidth {:.2} GB/s", rtt.as_secs_f64() * 1e6, bw / 1e9);
+    println!(
+        "loopback TCP: round trip {:.1} µs, single-stream bandwidth {:.2} GB/s",
+        rtt.as_secs_f64() * 1e6,
+        bw / 1e9
+    );
     println!("(a byte at loopback bandwidth costs {:.3} ns)", 1e9 / bw);
 
-    let cluster = harness::Cluster::start(harness::Options { peers: 4, ..Default::default() });
+    let cluster = harness::Cluster::start(harness::Options {
+        peers: 4,
+        ..Default::default()
+    });
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let client = cluster.admin().await;
-        let hs: &[u64] = if quick { &[0, 65_536, 262_144] } else { &[0, 4_096, 65_536, 262_144, 1_048_576] };
+        let hs: &[u64] = if quick {
+            &[0, 65_536, 262_144]
+        } else {
+            &[0, 4_096, 65_536, 262_144, 1_048_576]
+        };
         let (k1, k2) = if quick { (2u32, 12u32) } else { (5u32, 45u32) };
         println!();
         println!("{:>4} {:>10} {:>14}", "p", "h (bytes)", "T(h) (µs)");
@@ -140,11 +155,22 @@ fn main() {
             summary.push((p, g, l));
         }
         println!();
-        println!("{:>4} {:>10} {:>12} {:>26}", "p", "l (µs)", "g (ns/byte)", "g / loopback byte time");
+        println!(
+            "{:>4} {:>10} {:>12} {:>26}",
+            "p", "l (µs)", "g (ns/byte)", "g / loopback byte time"
+        );
         for (p, g, l) in summary {
-            println!("{p:>4} {:>10.1} {:>12.3} {:>26.1}", l * 1e6, g * 1e9, g / (1.0 / bw));
+            println!(
+                "{p:>4} {:>10.1} {:>12.3} {:>26.1}",
+                l * 1e6,
+                g * 1e9,
+                g / (1.0 / bw)
+            );
         }
         println!();
-        println!("l in units of the loopback round trip: see l (µs) / {:.1} µs", rtt.as_secs_f64() * 1e6);
+        println!(
+            "l in units of the loopback round trip: see l (µs) / {:.1} µs",
+            rtt.as_secs_f64() * 1e6
+        );
     });
 }

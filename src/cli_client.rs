@@ -149,7 +149,10 @@ pub async fn login(url: &str, user: &str) -> anyhow::Result<ExitCode> {
         token: resp.token,
         expires_at: resp.expires_at,
     })?;
-    println!("logged in to {url} as {user}; session saved in {}", path.display());
+    println!(
+        "logged in to {url} as {user}; session saved in {}",
+        path.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -278,7 +281,10 @@ async fn follow(client: &Client, job: i64, raw_dir: Option<&Path>) -> anyhow::Re
             }
         };
         let Some(event) = event else { break };
-        let pid = event.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into());
+        let pid = event
+            .pid
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "-".into());
         match event.kind {
             JobEventKind::Stdout { text } => {
                 let mut out = stdout.lock();
@@ -297,15 +303,16 @@ async fn follow(client: &Client, job: i64, raw_dir: Option<&Path>) -> anyhow::Re
                     .unwrap_or_default();
                 match (raw_dir, event.pid) {
                     (Some(dir), Some(p)) => {
-                        let f = match raw_files.entry(p) {
-                            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
-                            std::collections::btree_map::Entry::Vacant(v) => {
-                                let path = dir.join(format!("pid-{p}.bin"));
-                                v.insert(std::fs::File::create(&path).with_context(|| {
-                                    format!("cannot create {}", path.display())
-                                })?)
-                            }
-                        };
+                        let f =
+                            match raw_files.entry(p) {
+                                std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+                                std::collections::btree_map::Entry::Vacant(v) => {
+                                    let path = dir.join(format!("pid-{p}.bin"));
+                                    v.insert(std::fs::File::create(&path).with_context(|| {
+                                        format!("cannot create {}", path.display())
+                                    })?)
+                                }
+                            };
                         f.write_all(&bytes)?;
                     }
                     _ => println!("[{pid}] <raw data: {} bytes>", bytes.len()),
@@ -348,9 +355,10 @@ pub struct JobsArgs {
 pub async fn jobs(a: JobsArgs) -> anyhow::Result<ExitCode> {
     let state = match a.state.as_deref() {
         None => None,
-        Some(s) => Some(JobState::parse(s).with_context(|| {
-            format!("unknown state {s:?}: use waiting, active or finished")
-        })?),
+        Some(s) => Some(
+            JobState::parse(s)
+                .with_context(|| format!("unknown state {s:?}: use waiting, active or finished"))?,
+        ),
     };
     let client = connect().await?;
     let jobs = client.jobs(state).await?;

@@ -184,7 +184,10 @@ pub async fn up(
     println!("  password:        {password}");
     println!("  data directory:  {}", data.display());
     println!("  peer logs:       {}", logs.display());
-    println!("  {examples} example programs registered; session saved in {}", session_path.display());
+    println!(
+        "  {examples} example programs registered; session saved in {}",
+        session_path.display()
+    );
     println!();
     println!("Try, in another terminal:");
     println!("  bspweb submit ring -n 8 --follow");

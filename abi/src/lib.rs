@@ -99,10 +99,7 @@ pub enum Ty {
 
 impl Ty {
     fn matches(self, v: &ValType) -> bool {
-        matches!(
-            (self, v),
-            (Ty::I32, ValType::I32) | (Ty::I64, ValType::I64)
-        )
+        matches!((self, v), (Ty::I32, ValType::I32) | (Ty::I64, ValType::I64))
     }
 
     fn name(self) -> &'static str {
@@ -125,24 +122,96 @@ use Ty::{I32, I64};
 
 /// Every function of `bspweb_v1` with its signature.
 pub const IMPORTS: &[Import] = &[
-    Import { name: "pid", params: &[], results: &[I32] },
-    Import { name: "nprocs", params: &[], results: &[I32] },
-    Import { name: "superstep", params: &[], results: &[I32] },
-    Import { name: "seed", params: &[], results: &[I64] },
-    Import { name: "args_len", params: &[], results: &[I32] },
-    Import { name: "args_read", params: &[I32], results: &[] },
-    Import { name: "send", params: &[I32, I32, I32], results: &[I32] },
-    Import { name: "send_range", params: &[I32, I32, I32, I32], results: &[I32] },
-    Import { name: "send_list", params: &[I32, I32, I32, I32], results: &[I32] },
-    Import { name: "msg_count", params: &[], results: &[I32] },
-    Import { name: "msg_info", params: &[I32, I32], results: &[I32] },
-    Import { name: "msg_read", params: &[I32, I32], results: &[I32] },
-    Import { name: "print", params: &[I32, I32, I32], results: &[I32] },
-    Import { name: "write_raw", params: &[I32, I32], results: &[I32] },
-    Import { name: "flush", params: &[], results: &[I32] },
-    Import { name: "abort", params: &[I32, I32], results: &[] },
-    Import { name: "resource_len", params: &[I32, I32], results: &[I64] },
-    Import { name: "resource_read", params: &[I32, I32, I32], results: &[I32] },
+    Import {
+        name: "pid",
+        params: &[],
+        results: &[I32],
+    },
+    Import {
+        name: "nprocs",
+        params: &[],
+        results: &[I32],
+    },
+    Import {
+        name: "superstep",
+        params: &[],
+        results: &[I32],
+    },
+    Import {
+        name: "seed",
+        params: &[],
+        results: &[I64],
+    },
+    Import {
+        name: "args_len",
+        params: &[],
+        results: &[I32],
+    },
+    Import {
+        name: "args_read",
+        params: &[I32],
+        results: &[],
+    },
+    Import {
+        name: "send",
+        params: &[I32, I32, I32],
+        results: &[I32],
+    },
+    Import {
+        name: "send_range",
+        params: &[I32, I32, I32, I32],
+        results: &[I32],
+    },
+    Import {
+        name: "send_list",
+        params: &[I32, I32, I32, I32],
+        results: &[I32],
+    },
+    Import {
+        name: "msg_count",
+        params: &[],
+        results: &[I32],
+    },
+    Import {
+        name: "msg_info",
+        params: &[I32, I32],
+        results: &[I32],
+    },
+    Import {
+        name: "msg_read",
+        params: &[I32, I32],
+        results: &[I32],
+    },
+    Import {
+        name: "print",
+        params: &[I32, I32, I32],
+        results: &[I32],
+    },
+    Import {
+        name: "write_raw",
+        params: &[I32, I32],
+        results: &[I32],
+    },
+    Import {
+        name: "flush",
+        params: &[],
+        results: &[I32],
+    },
+    Import {
+        name: "abort",
+        params: &[I32, I32],
+        results: &[],
+    },
+    Import {
+        name: "resource_len",
+        params: &[I32, I32],
+        results: &[I64],
+    },
+    Import {
+        name: "resource_read",
+        params: &[I32, I32, I32],
+        results: &[I32],
+    },
 ];
 
 /// Look up a host function by name.
@@ -163,9 +232,13 @@ pub enum InvalidModule {
         "module imports `{module}.{name}`; bspweb guests may import only functions from `{HOST_MODULE}` (no WASI, no other host modules): build for `wasm32-unknown-unknown` with the bspweb SDK"
     )]
     ForeignImport { module: String, name: String },
-    #[error("module imports `{HOST_MODULE}.{name}`, which this host does not provide; is the SDK newer than the peer?")]
+    #[error(
+        "module imports `{HOST_MODULE}.{name}`, which this host does not provide; is the SDK newer than the peer?"
+    )]
     UnknownHostFunction { name: String },
-    #[error("module imports `{HOST_MODULE}.{name}` with signature {found}; the host provides {expected}")]
+    #[error(
+        "module imports `{HOST_MODULE}.{name}` with signature {found}; the host provides {expected}"
+    )]
     WrongSignature {
         name: String,
         found: String,
@@ -177,10 +250,15 @@ pub enum InvalidModule {
         name: String,
         kind: &'static str,
     },
-    #[error("module does not export `{0}`; bspweb programs are built with the bspweb SDK and its `#[bspweb::main]` attribute")]
+    #[error(
+        "module does not export `{0}`; bspweb programs are built with the bspweb SDK and its `#[bspweb::main]` attribute"
+    )]
     MissingExport(&'static str),
     #[error("module exports `{name}` with the wrong type: {expected}")]
-    WrongExport { name: &'static str, expected: &'static str },
+    WrongExport {
+        name: &'static str,
+        expected: &'static str,
+    },
     #[error(
         "module has {count} mutable globals ({names}); bspweb allows only `__stack_pointer`, because a process's state must live in linear memory to be checkpointed; do not use thread-locals or `static mut` globals compiled to wasm globals"
     )]
@@ -418,8 +496,16 @@ pub fn validate(bytes: &[u8]) -> Result<ModuleSummary, InvalidModule> {
 fn signature_matches(spec: &Import, ft: &FuncType) -> bool {
     ft.params().len() == spec.params.len()
         && ft.results().len() == spec.results.len()
-        && spec.params.iter().zip(ft.params()).all(|(a, b)| a.matches(b))
-        && spec.results.iter().zip(ft.results()).all(|(a, b)| a.matches(b))
+        && spec
+            .params
+            .iter()
+            .zip(ft.params())
+            .all(|(a, b)| a.matches(b))
+        && spec
+            .results
+            .iter()
+            .zip(ft.results())
+            .all(|(a, b)| a.matches(b))
 }
 
 fn describe_expected(spec: &Import) -> String {
@@ -472,7 +558,10 @@ mod tests {
 
     #[test]
     fn refuses_non_wasm() {
-        assert_eq!(validate(b"hello world, not wasm"), Err(InvalidModule::NotWasm));
+        assert_eq!(
+            validate(b"hello world, not wasm"),
+            Err(InvalidModule::NotWasm)
+        );
         assert_eq!(validate(b""), Err(InvalidModule::NotWasm));
     }
 
@@ -492,7 +581,10 @@ mod tests {
             (func (export "bspweb_resume") (result i32) i32.const 1))"#,
         );
         let err = validate(&m).unwrap_err();
-        assert!(err.to_string().contains("wasi_snapshot_preview1.fd_write"), "{err}");
+        assert!(
+            err.to_string().contains("wasi_snapshot_preview1.fd_write"),
+            "{err}"
+        );
         assert!(err.to_string().contains("bspweb_v1"), "{err}");
     }
 
@@ -503,7 +595,10 @@ mod tests {
             (memory (export "memory") 1)
             (func (export "bspweb_resume") (result i32) i32.const 1))"#,
         );
-        assert!(matches!(validate(&m), Err(InvalidModule::UnknownHostFunction { .. })));
+        assert!(matches!(
+            validate(&m),
+            Err(InvalidModule::UnknownHostFunction { .. })
+        ));
         let m = module(
             r#"(module (import "bspweb_v1" "pid" (func (result i64)))
             (memory (export "memory") 1)
@@ -520,7 +615,10 @@ mod tests {
             r#"(module (import "bspweb_v1" "mem" (memory 1))
             (func (export "bspweb_resume") (result i32) i32.const 1))"#,
         );
-        assert!(matches!(validate(&m), Err(InvalidModule::NonFunctionImport { .. })));
+        assert!(matches!(
+            validate(&m),
+            Err(InvalidModule::NonFunctionImport { .. })
+        ));
     }
 
     #[test]
@@ -533,8 +631,14 @@ mod tests {
             (func (export "bspweb_resume") (result i32) i32.const 1))"#,
         );
         let err = validate(&m).unwrap_err();
-        assert!(matches!(err, InvalidModule::MutableGlobals { count: 2, .. }), "{err}");
-        assert!(err.to_string().contains("$tls") || err.to_string().contains("tls"), "{err}");
+        assert!(
+            matches!(err, InvalidModule::MutableGlobals { count: 2, .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("$tls") || err.to_string().contains("tls"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -545,17 +649,31 @@ mod tests {
             (global $counter (mut i32) (i32.const 0))
             (func (export "bspweb_resume") (result i32) i32.const 1))"#,
         );
-        assert!(matches!(validate(&m), Err(InvalidModule::MutableGlobals { count: 1, .. })));
+        assert!(matches!(
+            validate(&m),
+            Err(InvalidModule::MutableGlobals { count: 1, .. })
+        ));
     }
 
     #[test]
     fn refuses_missing_or_mistyped_exports() {
         let m = module(r#"(module (memory (export "memory") 1))"#);
-        assert_eq!(validate(&m), Err(InvalidModule::MissingExport(RESUME_EXPORT)));
-        let m = module(r#"(module (memory 1) (func (export "bspweb_resume") (result i32) i32.const 1))"#);
-        assert_eq!(validate(&m), Err(InvalidModule::MissingExport(MEMORY_EXPORT)));
+        assert_eq!(
+            validate(&m),
+            Err(InvalidModule::MissingExport(RESUME_EXPORT))
+        );
+        let m = module(
+            r#"(module (memory 1) (func (export "bspweb_resume") (result i32) i32.const 1))"#,
+        );
+        assert_eq!(
+            validate(&m),
+            Err(InvalidModule::MissingExport(MEMORY_EXPORT))
+        );
         let m = module(r#"(module (memory (export "memory") 1) (func (export "bspweb_resume")))"#);
-        assert!(matches!(validate(&m), Err(InvalidModule::WrongExport { .. })));
+        assert!(matches!(
+            validate(&m),
+            Err(InvalidModule::WrongExport { .. })
+        ));
     }
 
     #[test]

@@ -77,7 +77,9 @@ pub struct Client {
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client").field("base", &self.base).finish_non_exhaustive()
+        f.debug_struct("Client")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
     }
 }
 
@@ -107,13 +109,15 @@ fn normalize(base: &str) -> String {
 
 async fn decode<T: DeserializeOwned>(url: &str, resp: reqwest::Response) -> Result<T, ClientError> {
     let status = resp.status();
-    let bytes = resp.bytes().await.map_err(|source| ClientError::Transport {
-        url: url.to_string(),
-        source,
-    })?;
+    let bytes = resp
+        .bytes()
+        .await
+        .map_err(|source| ClientError::Transport {
+            url: url.to_string(),
+            source,
+        })?;
     if status.is_success() {
-        serde_json::from_slice(&bytes)
-            .map_err(|e| ClientError::Protocol(format!("{url}: {e}")))
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Protocol(format!("{url}: {e}")))
     } else {
         Err(api_error(status.as_u16(), &bytes))
     }

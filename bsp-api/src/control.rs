@@ -136,7 +136,11 @@ pub enum PeerEvent {
     },
     /// The process returned from `main` after `superstep` syncs. Every output
     /// record of the process precedes this event.
-    ProcessExited { job: JobId, pid: Pid, superstep: u32 },
+    ProcessExited {
+        job: JobId,
+        pid: Pid,
+        superstep: u32,
+    },
     /// The program ended itself: `abort`, an error returned from `main`, or a panic.
     ProcessAborted {
         job: JobId,

@@ -21,7 +21,9 @@ use bsp_api::wire::{Frame, WireMessage};
 pub enum BarrierError {
     #[error("unknown remote peer index {0}")]
     UnknownPeer(usize),
-    #[error("a {kind} frame for superstep {superstep} arrived after barrier {superstep} had passed")]
+    #[error(
+        "a {kind} frame for superstep {superstep} arrived after barrier {superstep} had passed"
+    )]
     Late { kind: &'static str, superstep: u32 },
     #[error(
         "a {kind} frame for superstep {superstep} arrived while this peer waits for barrier {waiting}; a peer can be at most one superstep ahead"
@@ -31,7 +33,9 @@ pub enum BarrierError {
         superstep: u32,
         waiting: u32,
     },
-    #[error("a {kind} frame for superstep {superstep} arrived after the peer said it finished at superstep {finished}")]
+    #[error(
+        "a {kind} frame for superstep {superstep} arrived after the peer said it finished at superstep {finished}"
+    )]
     AfterFinished {
         kind: &'static str,
         superstep: u32,
@@ -233,8 +237,22 @@ mod tests {
     #[test]
     fn barrier_waits_for_all_counted_frames_even_when_the_marker_comes_first() {
         let mut b = Barrier::new(2);
-        b.on_frame(0, Frame::Marker { superstep: 0, frames: 1 }).unwrap();
-        b.on_frame(1, Frame::Marker { superstep: 0, frames: 0 }).unwrap();
+        b.on_frame(
+            0,
+            Frame::Marker {
+                superstep: 0,
+                frames: 1,
+            },
+        )
+        .unwrap();
+        b.on_frame(
+            1,
+            Frame::Marker {
+                superstep: 0,
+                frames: 0,
+            },
+        )
+        .unwrap();
         assert!(!b.passed(0), "one counted frame is missing");
         assert_eq!(b.take(), None);
         b.on_frame(0, data(0, vec![msg(3, 0, 0)])).unwrap();
@@ -246,30 +264,85 @@ mod tests {
     fn frames_of_the_next_superstep_are_buffered() {
         let mut b = Barrier::new(2);
         b.on_frame(0, data(0, vec![msg(1, 0, 0)])).unwrap();
-        b.on_frame(0, Frame::Marker { superstep: 0, frames: 1 }).unwrap();
+        b.on_frame(
+            0,
+            Frame::Marker {
+                superstep: 0,
+                frames: 1,
+            },
+        )
+        .unwrap();
         // Peer 0 is already in superstep 1.
         b.on_frame(0, data(1, vec![msg(1, 0, 7)])).unwrap();
-        b.on_frame(0, Frame::Marker { superstep: 1, frames: 1 }).unwrap();
+        b.on_frame(
+            0,
+            Frame::Marker {
+                superstep: 1,
+                frames: 1,
+            },
+        )
+        .unwrap();
         assert!(!b.passed(0));
-        b.on_frame(1, Frame::Marker { superstep: 0, frames: 0 }).unwrap();
+        b.on_frame(
+            1,
+            Frame::Marker {
+                superstep: 0,
+                frames: 0,
+            },
+        )
+        .unwrap();
         assert_eq!(b.take(), Some(vec![msg(1, 0, 0)]));
         assert!(!b.passed(1));
-        b.on_frame(1, Frame::Marker { superstep: 1, frames: 0 }).unwrap();
+        b.on_frame(
+            1,
+            Frame::Marker {
+                superstep: 1,
+                frames: 0,
+            },
+        )
+        .unwrap();
         assert_eq!(b.take(), Some(vec![msg(1, 0, 7)]));
     }
 
     #[test]
     fn a_finished_peer_is_present_at_every_later_barrier() {
         let mut b = Barrier::new(2);
-        b.on_frame(0, Frame::Finished { superstep: 0, frames: 0 }).unwrap();
-        b.on_frame(1, Frame::Marker { superstep: 0, frames: 0 }).unwrap();
+        b.on_frame(
+            0,
+            Frame::Finished {
+                superstep: 0,
+                frames: 0,
+            },
+        )
+        .unwrap();
+        b.on_frame(
+            1,
+            Frame::Marker {
+                superstep: 0,
+                frames: 0,
+            },
+        )
+        .unwrap();
         assert!(b.take().is_some());
-        b.on_frame(1, Frame::Marker { superstep: 1, frames: 0 }).unwrap();
+        b.on_frame(
+            1,
+            Frame::Marker {
+                superstep: 1,
+                frames: 0,
+            },
+        )
+        .unwrap();
         assert!(b.take().is_some());
         assert_eq!(b.finished_at(0), Some(0));
         assert!(!b.all_finished());
         assert!(matches!(
-            b.on_frame(0, Frame::Marker { superstep: 2, frames: 0 }),
+            b.on_frame(
+                0,
+                Frame::Marker {
+                    superstep: 2,
+                    frames: 0
+                }
+            ),
             Err(BarrierError::AfterFinished { .. })
         ));
     }
@@ -287,16 +360,36 @@ mod tests {
         );
         assert!(matches!(
             b.on_frame(0, data(2, vec![])),
-            Err(BarrierError::TooEarly { superstep: 2, waiting: 0, .. })
+            Err(BarrierError::TooEarly {
+                superstep: 2,
+                waiting: 0,
+                ..
+            })
         ));
-        b.on_frame(0, Frame::Marker { superstep: 0, frames: 0 }).unwrap();
+        b.on_frame(
+            0,
+            Frame::Marker {
+                superstep: 0,
+                frames: 0,
+            },
+        )
+        .unwrap();
         assert_eq!(
-            b.on_frame(0, Frame::Marker { superstep: 0, frames: 0 }),
+            b.on_frame(
+                0,
+                Frame::Marker {
+                    superstep: 0,
+                    frames: 0
+                }
+            ),
             Err(BarrierError::DuplicateMarker(0))
         );
         assert!(matches!(
             b.on_frame(0, data(0, vec![])),
-            Err(BarrierError::TooManyFrames { superstep: 0, counted: 0 })
+            Err(BarrierError::TooManyFrames {
+                superstep: 0,
+                counted: 0
+            })
         ));
         assert_eq!(b.take(), Some(vec![]));
         assert!(matches!(
@@ -316,8 +409,12 @@ mod tests {
     fn script() -> impl Strategy<Value = Script> {
         let frame = proptest::collection::vec(0u32..4, 0..4);
         let superstep = proptest::collection::vec(frame, 0..4);
-        (proptest::collection::vec(superstep, 1..5), any::<bool>())
-            .prop_map(|(supersteps, finishes)| Script { supersteps, finishes })
+        (proptest::collection::vec(superstep, 1..5), any::<bool>()).prop_map(
+            |(supersteps, finishes)| Script {
+                supersteps,
+                finishes,
+            },
+        )
     }
 
     /// Frames of peer `peer`'s script, tagged with their superstep, in one of
@@ -346,9 +443,15 @@ mod tests {
                 })
                 .collect();
             let marker = if s.finishes && step == last {
-                Frame::Finished { superstep: step, frames: k }
+                Frame::Finished {
+                    superstep: step,
+                    frames: k,
+                }
             } else {
-                Frame::Marker { superstep: step, frames: k }
+                Frame::Marker {
+                    superstep: step,
+                    frames: k,
+                }
             };
             these.push(marker);
             let r = rotate.get(step as usize).copied().unwrap_or(0) % these.len();

@@ -5,8 +5,8 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use bsp_api::control::{Commands, Lease, PeerEvent, PeerLogin, PeerRenew, PeerReport};
 use bsp_api::PeerId;
+use bsp_api::control::{Commands, Lease, PeerEvent, PeerLogin, PeerRenew, PeerReport};
 use reqwest::{RequestBuilder, Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
@@ -217,9 +217,7 @@ impl Client {
         );
         let resp = self
             .authorized("commands", |_| {
-                self.http
-                    .get(&url)
-                    .timeout(wait + Duration::from_secs(15))
+                self.http.get(&url).timeout(wait + Duration::from_secs(15))
             })
             .await?;
         json(resp, "commands").await

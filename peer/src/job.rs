@@ -533,7 +533,9 @@ impl Driver {
         }
         let (mut p, outcome) = match resumed {
             Ok(x) => x,
-            Err(e) => return self.fail(Some(pid), format!("the process's host thread failed: {e}")),
+            Err(e) => {
+                return self.fail(Some(pid), format!("the process's host thread failed: {e}"));
+            }
         };
         match outcome {
             Outcome::Yield => self.spawn_resume(p),
@@ -761,7 +763,6 @@ impl Driver {
             && m.payload.len() <= bspweb_abi::MAX_MESSAGE_BYTES
     }
 }
-
 
 #[cfg(test)]
 mod tests;

@@ -184,8 +184,18 @@ pub async fn run(config: PeerConfig, shutdown: impl Future<Output = ()>) -> anyh
             let Some(lease) = client.login_until_ok(&cancel).await else {
                 return;
             };
-            tracing::info!(peer = lease.peer_id, "logged in to the supernode at {}", config.supernode);
-            tokio::spawn(renew_loop(client.clone(), jobs.clone(), speed, idle, cancel.clone()));
+            tracing::info!(
+                peer = lease.peer_id,
+                "logged in to the supernode at {}",
+                config.supernode
+            );
+            tokio::spawn(renew_loop(
+                client.clone(),
+                jobs.clone(),
+                speed,
+                idle,
+                cancel.clone(),
+            ));
             tokio::spawn(upload_loop(client.clone(), reporter, cancel.clone()));
             command_loop(client, jobs, runtime, cancel).await;
         }
@@ -197,7 +207,10 @@ pub async fn run(config: PeerConfig, shutdown: impl Future<Output = ()>) -> anyh
     // Give the uploader a moment to deliver what is queued (final output, exits).
     let r = reporter.clone();
     let _ = tokio::task::spawn_blocking(move || {
-        r.flush_blocking(Duration::from_secs(2), &std::sync::atomic::AtomicBool::new(false))
+        r.flush_blocking(
+            Duration::from_secs(2),
+            &std::sync::atomic::AtomicBool::new(false),
+        )
     })
     .await;
     cancel.cancel();
@@ -363,7 +376,10 @@ mod tests {
         assert_eq!(advertised_addr(None, any, bound), "127.0.0.1:4567");
         let lan: SocketAddr = "10.0.0.5:0".parse().unwrap();
         assert_eq!(advertised_addr(None, lan, bound), "10.0.0.5:4567");
-        assert_eq!(advertised_addr(Some("peer.example:9"), any, bound), "peer.example:9");
+        assert_eq!(
+            advertised_addr(Some("peer.example:9"), any, bound),
+            "peer.example:9"
+        );
     }
 
     #[test]

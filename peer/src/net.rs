@@ -455,16 +455,26 @@ mod tests {
         c.send(hello(7, 2, "guess")).await.unwrap();
         assert!(matches!(
             answer(&mut c).await,
-            Some(Frame::Reject { reason: RejectReason::NotAuthorized, .. })
+            Some(Frame::Reject {
+                reason: RejectReason::NotAuthorized,
+                ..
+            })
         ));
-        assert_eq!(answer(&mut c).await, None, "the connection is closed after a reject");
+        assert_eq!(
+            answer(&mut c).await,
+            None,
+            "the connection is closed after a reject"
+        );
 
         // Unknown job.
         let mut c = raw(addr).await;
         c.send(hello(8, 2, "secret")).await.unwrap();
         assert!(matches!(
             answer(&mut c).await,
-            Some(Frame::Reject { reason: RejectReason::UnknownJob, .. })
+            Some(Frame::Reject {
+                reason: RejectReason::UnknownJob,
+                ..
+            })
         ));
 
         // A sender that is not a peer of the job.
@@ -472,7 +482,10 @@ mod tests {
         c.send(hello(7, 99, "secret")).await.unwrap();
         assert!(matches!(
             answer(&mut c).await,
-            Some(Frame::Reject { reason: RejectReason::NotAuthorized, .. })
+            Some(Frame::Reject {
+                reason: RejectReason::NotAuthorized,
+                ..
+            })
         ));
 
         // A first frame that is not Hello.
@@ -480,29 +493,47 @@ mod tests {
         c.send(encode(&Frame::Welcome).unwrap()).await.unwrap();
         assert!(matches!(
             answer(&mut c).await,
-            Some(Frame::Reject { reason: RejectReason::Protocol, .. })
+            Some(Frame::Reject {
+                reason: RejectReason::Protocol,
+                ..
+            })
         ));
 
         // Garbage as a first frame.
         let mut c = raw(addr).await;
-        c.send(Bytes::from_static(b"\xff\xff\xff\xff")).await.unwrap();
+        c.send(Bytes::from_static(b"\xff\xff\xff\xff"))
+            .await
+            .unwrap();
         assert!(matches!(
             answer(&mut c).await,
-            Some(Frame::Reject { reason: RejectReason::Protocol, .. })
+            Some(Frame::Reject {
+                reason: RejectReason::Protocol,
+                ..
+            })
         ));
 
         // The listener still serves the real peer.
-        let mut c = connect(&addr.to_string(), 7, 2, "secret", soon()).await.unwrap();
+        let mut c = connect(&addr.to_string(), 7, 2, "secret", soon())
+            .await
+            .unwrap();
         let data = Frame::Marker {
             superstep: 0,
             frames: 0,
         };
         c.send(encode(&data).unwrap()).await.unwrap();
         assert_eq!(rx.recv().await, Some(Inbound::Connected { from: 2 }));
-        assert_eq!(rx.recv().await, Some(Inbound::Frame { from: 2, frame: data }));
+        assert_eq!(
+            rx.recv().await,
+            Some(Inbound::Frame {
+                from: 2,
+                frame: data
+            })
+        );
 
         // A second connection for the same peer and job is refused.
-        let err = connect(&addr.to_string(), 7, 2, "secret", soon()).await.unwrap_err();
+        let err = connect(&addr.to_string(), 7, 2, "secret", soon())
+            .await
+            .unwrap_err();
         assert!(err.contains("already connected"), "{err}");
 
         // A malformed frame closes that connection and tells the job.
@@ -517,7 +548,9 @@ mod tests {
     async fn a_dialer_retries_until_the_job_is_known() {
         let (addr, reg, _stop) = listener().await;
         let dial = tokio::spawn(async move {
-            connect(&addr.to_string(), 5, 3, "t", soon()).await.map(|_| ())
+            connect(&addr.to_string(), 5, 3, "t", soon())
+                .await
+                .map(|_| ())
         });
         // Let the dialer be refused at least once, then register the job.
         sleep(Duration::from_millis(120)).await;
@@ -530,7 +563,9 @@ mod tests {
     async fn a_dialer_gives_up_at_its_deadline() {
         let (addr, _reg, _stop) = listener().await;
         let deadline = Instant::now() + Duration::from_millis(300);
-        let err = connect(&addr.to_string(), 5, 3, "t", deadline).await.unwrap_err();
+        let err = connect(&addr.to_string(), 5, 3, "t", deadline)
+            .await
+            .unwrap_err();
         assert!(err.contains("does not know the job"), "{err}");
     }
 }

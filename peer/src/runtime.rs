@@ -139,7 +139,9 @@ impl Runtime {
     /// A compiled module from the cache.
     pub fn cached(&self, hash: &str) -> Option<Module> {
         let mut cache = self.modules.lock().unwrap_or_else(|p| p.into_inner());
-        let i = cache.iter().position(|(h, _)| h.eq_ignore_ascii_case(hash))?;
+        let i = cache
+            .iter()
+            .position(|(h, _)| h.eq_ignore_ascii_case(hash))?;
         // Move to the back: the cache evicts from the front.
         let entry = cache.remove(i);
         let module = entry.1.clone();
@@ -162,8 +164,8 @@ impl Runtime {
             });
         }
         bspweb_abi::validate(bytes)?;
-        let module =
-            Module::new(&self.engine, bytes).map_err(|e| CompileError::Compile(format!("{e:#}")))?;
+        let module = Module::new(&self.engine, bytes)
+            .map_err(|e| CompileError::Compile(format!("{e:#}")))?;
         let mut cache = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if !cache.iter().any(|(h, _)| h.eq_ignore_ascii_case(hash)) {
             if cache.len() >= MODULE_CACHE {
@@ -198,7 +200,9 @@ impl Runtime {
         };
         let memory = instance
             .get_memory(&mut store, MEMORY_EXPORT)
-            .ok_or_else(|| format!("the module does not export a memory named `{MEMORY_EXPORT}`"))?;
+            .ok_or_else(|| {
+                format!("the module does not export a memory named `{MEMORY_EXPORT}`")
+            })?;
         let resume = instance
             .get_typed_func::<(), i32>(&mut store, RESUME_EXPORT)
             .map_err(|e| format!("the module's `{RESUME_EXPORT}` export is unusable: {e:#}"))?;
@@ -286,7 +290,9 @@ pub enum Stop {
         "memory limit exceeded: the process tried to grow its memory to {wanted_mib} MiB; the limit is {limit_mib} MiB"
     )]
     MemoryLimit { wanted_mib: u64, limit_mib: u64 },
-    #[error("table limit exceeded: the process tried to grow a table to {wanted} elements; the limit is {limit}")]
+    #[error(
+        "table limit exceeded: the process tried to grow a table to {wanted} elements; the limit is {limit}"
+    )]
     TableLimit { wanted: usize, limit: usize },
     #[error(
         "output limit exceeded: the process wrote more than {limit_mib} MiB of output (stdout, stderr and raw data); raise the job's `output_mib` limit or write less"
@@ -604,12 +610,18 @@ pub fn set_thread_niceness(nice: i32) -> std::io::Result<()> {
 fn build_linker(engine: &Engine) -> wasmtime::Result<Linker<ProcState>> {
     let mut l = Linker::new(engine);
     let m = HOST_MODULE;
-    l.func_wrap(m, "pid", |c: Caller<'_, ProcState>| c.data().host.pid as i32)?;
-    l.func_wrap(m, "nprocs", |c: Caller<'_, ProcState>| c.data().job.nprocs as i32)?;
+    l.func_wrap(m, "pid", |c: Caller<'_, ProcState>| {
+        c.data().host.pid as i32
+    })?;
+    l.func_wrap(m, "nprocs", |c: Caller<'_, ProcState>| {
+        c.data().job.nprocs as i32
+    })?;
     l.func_wrap(m, "superstep", |c: Caller<'_, ProcState>| {
         c.data().host.superstep as i32
     })?;
-    l.func_wrap(m, "seed", |c: Caller<'_, ProcState>| c.data().job.seed as i64)?;
+    l.func_wrap(m, "seed", |c: Caller<'_, ProcState>| {
+        c.data().job.seed as i64
+    })?;
     l.func_wrap(m, "args_len", |c: Caller<'_, ProcState>| {
         c.data().job.args.len() as i32
     })?;
@@ -662,7 +674,12 @@ fn out_of_bounds(call: &str, what: &str, ptr: i32, len: usize, mem_len: usize) -
 }
 
 /// Copy `len` bytes out of guest memory, trapping on an out-of-range pointer.
-fn read_guest(c: &mut Caller<'_, ProcState>, call: &str, ptr: i32, len: usize) -> HostResult<Vec<u8>> {
+fn read_guest(
+    c: &mut Caller<'_, ProcState>,
+    call: &str,
+    ptr: i32,
+    len: usize,
+) -> HostResult<Vec<u8>> {
     let mem = guest_memory(c, call)?;
     let data = mem.data(&*c);
     match guest_range(data.len(), ptr, len) {
@@ -675,7 +692,12 @@ fn read_guest(c: &mut Caller<'_, ProcState>, call: &str, ptr: i32, len: usize) -
 }
 
 /// Copy `bytes` into guest memory at `ptr`, trapping on an out-of-range pointer.
-fn write_guest(c: &mut Caller<'_, ProcState>, call: &str, ptr: i32, bytes: &[u8]) -> HostResult<()> {
+fn write_guest(
+    c: &mut Caller<'_, ProcState>,
+    call: &str,
+    ptr: i32,
+    bytes: &[u8],
+) -> HostResult<()> {
     let mem = guest_memory(c, call)?;
     let data = mem.data_mut(&mut *c);
     match guest_range(data.len(), ptr, bytes.len()) {
@@ -836,7 +858,12 @@ fn account_output(c: &mut Caller<'_, ProcState>, len: usize) -> HostResult<u64> 
     Ok(seq)
 }
 
-fn emit_output(c: &mut Caller<'_, ProcState>, stream: Stream, data: String, len: usize) -> HostResult<()> {
+fn emit_output(
+    c: &mut Caller<'_, ProcState>,
+    stream: Stream,
+    data: String,
+    len: usize,
+) -> HostResult<()> {
     let seq = account_output(c, len)?;
     let s = c.data();
     s.job.reporter.emit(PeerEvent::Output {
@@ -897,12 +924,21 @@ fn host_abort(mut c: Caller<'_, ProcState>, ptr: i32, len: i32) -> HostResult<()
     Err(c.data_mut().stop_with(Stop::Abort(reason)))
 }
 
-fn resource_name(c: &mut Caller<'_, ProcState>, call: &str, ptr: i32, len: i32) -> HostResult<String> {
+fn resource_name(
+    c: &mut Caller<'_, ProcState>,
+    call: &str,
+    ptr: i32,
+    len: i32,
+) -> HostResult<String> {
     let bytes = read_guest(c, call, ptr, len as u32 as usize)?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
-fn host_resource_len(mut c: Caller<'_, ProcState>, name_ptr: i32, name_len: i32) -> HostResult<i64> {
+fn host_resource_len(
+    mut c: Caller<'_, ProcState>,
+    name_ptr: i32,
+    name_len: i32,
+) -> HostResult<i64> {
     let name = resource_name(&mut c, "resource_len", name_ptr, name_len)?;
     Ok(match c.data().job.resources.get(&name) {
         Some(r) => r.len() as i64,
@@ -926,7 +962,6 @@ fn host_resource_read(
         None => Ok(ERR_NOT_FOUND),
     }
 }
-
 
 #[cfg(test)]
 mod tests;

@@ -16,7 +16,11 @@ fn submit_follow_prints_every_process_and_exits_zero() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "exit {:?}\n{stdout}\n{stderr}", out.status);
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
     for pid in 0..8 {
         assert!(
             stdout.contains(&format!("[{pid}] got in total 2 messages")),

@@ -104,7 +104,10 @@ async fn abort_and_an_error_from_main_end_the_job_with_the_reason() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_guest_that_loops_forever_hits_the_time_limit() {
-    let limits = JobLimits { superstep_ms: 1500, ..JobLimits::default() };
+    let limits = JobLimits {
+        superstep_ms: 1500,
+        ..JobLimits::default()
+    };
     let (r, why) = misbehave("loop", Some(limits)).await;
     assert_eq!(r.info.outcome, Some(JobOutcome::Failed), "{why}");
     assert!(why.contains("time limit"), "{why}");
@@ -112,7 +115,10 @@ async fn a_guest_that_loops_forever_hits_the_time_limit() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_guest_that_grows_memory_past_the_cap_hits_the_memory_limit() {
-    let limits = JobLimits { memory_mib: 48, ..JobLimits::default() };
+    let limits = JobLimits {
+        memory_mib: 48,
+        ..JobLimits::default()
+    };
     let (r, why) = misbehave("grow", Some(limits)).await;
     assert_eq!(r.info.outcome, Some(JobOutcome::Failed), "{why}");
     assert!(why.contains("memory limit"), "{why}");
@@ -129,7 +135,10 @@ async fn a_message_to_a_pid_that_does_not_exist_aborts_with_that_message() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_output_flood_hits_the_output_limit() {
-    let limits = JobLimits { output_mib: 1, ..JobLimits::default() };
+    let limits = JobLimits {
+        output_mib: 1,
+        ..JobLimits::default()
+    };
     let (r, why) = misbehave("flood", Some(limits)).await;
     assert_eq!(r.info.outcome, Some(JobOutcome::Failed), "{why}");
     assert!(why.contains("output limit"), "{why}");

@@ -37,7 +37,11 @@ async fn ring_listing_2_1_prints_every_message_four_ways() {
         let r = run(&client, job("ring", n, json!(null))).await;
         r.assert_exited();
         for pid in 0..n {
-            assert_eq!(r.stdout(pid), ring_reference(pid, n), "ring n={n} pid={pid}");
+            assert_eq!(
+                r.stdout(pid),
+                ring_reference(pid, n),
+                "ring n={n} pid={pid}"
+            );
         }
     }
 }
@@ -67,7 +71,11 @@ async fn mandelbrot_rows_match_the_native_computation() {
     let (w, h, it, n) = (96u32, 64u32, 200u32, 5u32);
     let r = run(
         &client,
-        job("mandelbrot", n, json!({"width": w, "height": h, "max_iter": it})),
+        job(
+            "mandelbrot",
+            n,
+            json!({"width": w, "height": h, "max_iter": it}),
+        ),
     )
     .await;
     r.assert_exited();
@@ -104,7 +112,8 @@ async fn inner_product_matches_the_sequential_result() {
     let r = run(&client, job("inner-product", 8, json!({"n": n}))).await;
     r.assert_exited();
     assert!(
-        r.stdout(0).contains(&format!("inner product of two {n}-vectors = {seq}")),
+        r.stdout(0)
+            .contains(&format!("inner product of two {n}-vectors = {seq}")),
         "pid 0 printed {:?}, expected the sum {seq}",
         r.stdout(0)
     );
@@ -128,8 +137,14 @@ async fn sample_sort_of_a_million_keys_on_8_processes_verifies() {
     let r = run(&client, job("sample-sort", p, json!({"n": n}))).await;
     r.assert_exited();
     let out = r.stdout(0);
-    assert!(out.contains(&format!("sorted {n} keys on {p} processes: ok")), "{out:?}");
-    assert!(out.contains(&format!("checksum {checksum:016x}")), "{out:?}");
+    assert!(
+        out.contains(&format!("sorted {n} keys on {p} processes: ok")),
+        "{out:?}"
+    );
+    assert!(
+        out.contains(&format!("checksum {checksum:016x}")),
+        "{out:?}"
+    );
     let held: u64 = (0..p)
         .map(|pid| {
             let line = r
@@ -137,7 +152,11 @@ async fn sample_sort_of_a_million_keys_on_8_processes_verifies() {
                 .into_iter()
                 .find(|l| l.starts_with(&format!("pid {pid} holds ")))
                 .expect("holds line");
-            line.split_whitespace().nth(3).unwrap().parse::<u64>().unwrap()
+            line.split_whitespace()
+                .nth(3)
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
         })
         .sum();
     assert_eq!(held, n);
@@ -148,9 +167,15 @@ async fn sample_sort_emits_exactly_the_natively_sorted_keys() {
     let c = shared();
     let client = c.admin().await;
     let (n, p) = (20_000u64, 4u32);
-    let mut expected: Vec<u64> = (0..p).flat_map(|pid| sample_sort_keys(42, pid, p, n)).collect();
+    let mut expected: Vec<u64> = (0..p)
+        .flat_map(|pid| sample_sort_keys(42, pid, p, n))
+        .collect();
     expected.sort_unstable();
-    let r = run(&client, job("sample-sort", p, json!({"n": n, "emit": true}))).await;
+    let r = run(
+        &client,
+        job("sample-sort", p, json!({"n": n, "emit": true})),
+    )
+    .await;
     r.assert_exited();
     let got: Vec<u64> = (0..p)
         .flat_map(|pid| r.raw(pid).concat())
@@ -159,7 +184,10 @@ async fn sample_sort_emits_exactly_the_natively_sorted_keys() {
         .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
         .collect();
     assert_eq!(got.len(), expected.len());
-    assert!(got == expected, "concatenated output differs from the sorted keys");
+    assert!(
+        got == expected,
+        "concatenated output differs from the sorted keys"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -193,9 +221,15 @@ async fn a_hundred_supersteps_with_an_h_relation() {
     let client = c.admin().await;
     let r = run(&client, job("supersteps", 6, json!({"k": 100, "h": 3000}))).await;
     r.assert_exited();
-    assert!(r.stdout(0).contains(&"done 100 supersteps h=3000".to_string()));
+    assert!(
+        r.stdout(0)
+            .contains(&"done 100 supersteps h=3000".to_string())
+    );
     for pid in 0..6 {
-        assert!(r.stdout(pid).contains(&format!("pid {pid} ok")), "pid {pid}");
+        assert!(
+            r.stdout(pid).contains(&format!("pid {pid} ok")),
+            "pid {pid}"
+        );
     }
 }
 
@@ -204,8 +238,14 @@ async fn three_jobs_at_once_each_get_their_own_output() {
     let c = shared();
     let client = c.admin().await;
     let a = client.submit(&job("ring", 4, json!(null))).await.unwrap();
-    let b = client.submit(&job("supersteps", 5, json!({"k": 30, "h": 500}))).await.unwrap();
-    let d = client.submit(&job("inner-product", 3, json!({"n": 3000}))).await.unwrap();
+    let b = client
+        .submit(&job("supersteps", 5, json!({"k": 30, "h": 500})))
+        .await
+        .unwrap();
+    let d = client
+        .submit(&job("inner-product", 3, json!({"n": 3000})))
+        .await
+        .unwrap();
     let (ra, rb, rd) = tokio::join!(
         crate::harness::collect(&client, a.id),
         crate::harness::collect(&client, b.id),
@@ -217,11 +257,17 @@ async fn three_jobs_at_once_each_get_their_own_output() {
     for pid in 0..4 {
         assert_eq!(ra.stdout(pid), ring_reference(pid, 4));
     }
-    assert!(rb.stdout(0).contains(&"done 30 supersteps h=500".to_string()));
+    assert!(
+        rb.stdout(0)
+            .contains(&"done 30 supersteps h=500".to_string())
+    );
     let seq: i128 = (0..3000u64)
         .map(|i| (((i % 1000) as i64 - 500) * (((7 * i + 3) % 1001) as i64 - 500)) as i128)
         .sum();
-    assert!(rd.stdout(0).contains(&format!("inner product of two 3000-vectors = {seq}")));
+    assert!(
+        rd.stdout(0)
+            .contains(&format!("inner product of two 3000-vectors = {seq}"))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -235,7 +281,11 @@ async fn more_processes_than_peers_share_peers() {
     assert_eq!(peers.len(), n as usize);
     peers.sort_unstable();
     peers.dedup();
-    assert!(peers.len() <= 3, "16 processes on at most the 3 peers: {:?}", r.info.placement);
+    assert!(
+        peers.len() <= 3,
+        "16 processes on at most the 3 peers: {:?}",
+        r.info.placement
+    );
     for pid in 0..n {
         assert_eq!(r.stdout(pid), ring_reference(pid, n));
     }
@@ -259,6 +309,13 @@ async fn a_resource_is_readable_by_name() {
 
 /// The test-only program is not registered by name; upload it.
 pub async fn misbehave_hash(client: &bsp_api::client::Client) -> String {
-    let wasm = bspweb_programs::get("misbehave").expect("misbehave is built").wasm.to_vec();
-    client.upload_program(wasm, None).await.expect("upload misbehave").hash
+    let wasm = bspweb_programs::get("misbehave")
+        .expect("misbehave is built")
+        .wasm
+        .to_vec();
+    client
+        .upload_program(wasm, None)
+        .await
+        .expect("upload misbehave")
+        .hash
 }

@@ -46,7 +46,11 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { peers: 3, lease_ttl_secs: 15, peer_args: vec![] }
+        Options {
+            peers: 3,
+            lease_ttl_secs: 15,
+            peer_args: vec![],
+        }
     }
 }
 
@@ -54,7 +58,12 @@ impl Cluster {
     pub fn start(opts: Options) -> Cluster {
         let data = tempfile::tempdir().expect("temp dir");
         let mut supernode = bspweb()
-            .args(["supernode", "--listen", "127.0.0.1:0", "--exit-on-stdin-eof"])
+            .args([
+                "supernode",
+                "--listen",
+                "127.0.0.1:0",
+                "--exit-on-stdin-eof",
+            ])
             .arg("--data")
             .arg(data.path())
             .args(["--lease-ttl-secs", &opts.lease_ttl_secs.to_string()])
@@ -69,13 +78,20 @@ impl Cluster {
         // The first line on stdout names the URL it listens on.
         let stdout = supernode.stdout.take().expect("stdout");
         let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("read the supernode's URL");
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the supernode's URL");
         let url = line
             .split_whitespace()
             .find(|w| w.starts_with("http://"))
             .unwrap_or_else(|| panic!("supernode did not print its URL: {line:?}"))
             .to_string();
-        let mut cluster = Cluster { url, supernode, peers: vec![], _data: data };
+        let mut cluster = Cluster {
+            url,
+            supernode,
+            peers: vec![],
+            _data: data,
+        };
         for i in 0..opts.peers {
             cluster.add_peer(&format!("test-peer-{i}"), &opts.peer_args);
         }
@@ -86,7 +102,9 @@ impl Cluster {
     pub fn add_peer(&mut self, name: &str, extra: &[String]) {
         let child = bspweb()
             .args(["peer", "--supernode", &self.url, "--listen", "127.0.0.1:0"])
-            .args(["--name", name, "--nice", "0", "--speed", "1.0", "--slots", "2"])
+            .args([
+                "--name", name, "--nice", "0", "--speed", "1.0", "--slots", "2",
+            ])
             .arg("--exit-on-stdin-eof")
             .args(extra)
             .env("BSPWEB_LOG", "warn")
@@ -101,12 +119,17 @@ impl Cluster {
     pub fn wait_for_peers(&self, n: usize) {
         // On a thread of its own: callers may be inside a tokio runtime.
         std::thread::scope(|s| {
-            s.spawn(|| self.wait_for_peers_blocking(n)).join().expect("waiting for peers");
+            s.spawn(|| self.wait_for_peers_blocking(n))
+                .join()
+                .expect("waiting for peers");
         });
     }
 
     fn wait_for_peers_blocking(&self, n: usize) {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async {
             let client = self.admin().await;
             let deadline = Instant::now() + Duration::from_secs(60);
@@ -119,14 +142,19 @@ impl Cluster {
                 if online >= n {
                     return;
                 }
-                assert!(Instant::now() < deadline, "only {online} of {n} peers came online");
+                assert!(
+                    Instant::now() < deadline,
+                    "only {online} of {n} peers came online"
+                );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         });
     }
 
     pub async fn admin(&self) -> Client {
-        Client::login(&self.url, ADMIN, ADMIN_PASSWORD).await.expect("admin login")
+        Client::login(&self.url, ADMIN, ADMIN_PASSWORD)
+            .await
+            .expect("admin login")
     }
 
     /// Create a user and log in as it.
@@ -140,8 +168,14 @@ impl Cluster {
             .send()
             .await
             .unwrap();
-        assert!(resp.status().is_success(), "create user {name}: {}", resp.status());
-        Client::login(&self.url, name, &format!("pw-of-{name}")).await.unwrap()
+        assert!(
+            resp.status().is_success(),
+            "create user {name}: {}",
+            resp.status()
+        );
+        Client::login(&self.url, name, &format!("pw-of-{name}"))
+            .await
+            .unwrap()
     }
 }
 
@@ -190,9 +224,11 @@ impl Run {
             .iter()
             .filter(|e| e.pid == Some(pid))
             .filter_map(|e| match &e.kind {
-                JobEventKind::Raw { data } => {
-                    Some(base64::engine::general_purpose::STANDARD.decode(data).unwrap())
-                }
+                JobEventKind::Raw { data } => Some(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(data)
+                        .unwrap(),
+                ),
                 _ => None,
             })
             .collect()
@@ -239,7 +275,10 @@ pub async fn collect(client: &Client, id: i64) -> Run {
         }
     })
     .await;
-    assert!(result.is_ok(), "job {id} did not end within {deadline:?}; events so far: {events:?}");
+    assert!(
+        result.is_ok(),
+        "job {id} did not end within {deadline:?}; events so far: {events:?}"
+    );
     let info = client.job(id).await.expect("job info");
     Run { info, events }
 }

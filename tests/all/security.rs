@@ -13,14 +13,21 @@ use crate::harness::{ADMIN, job, run, shared};
 #[tokio::test(flavor = "multi_thread")]
 async fn wrong_credentials_get_401() {
     let c = shared();
-    let err = Client::login(&c.url, ADMIN, "wrong password").await.unwrap_err();
+    let err = Client::login(&c.url, ADMIN, "wrong password")
+        .await
+        .unwrap_err();
     assert_eq!(err.status(), Some(401));
-    assert!(err.to_string().contains("wrong user name or password"), "{err}");
+    assert!(
+        err.to_string().contains("wrong user name or password"),
+        "{err}"
+    );
     let err = Client::login(&c.url, "nobody", "x").await.unwrap_err();
     assert_eq!(err.status(), Some(401));
     let forged = Client::with_token(&c.url, "not.a.token");
     assert_eq!(forged.jobs(None).await.unwrap_err().status(), Some(401));
-    let resp = reqwest::get(format!("{}/api/v1/jobs", c.url)).await.unwrap();
+    let resp = reqwest::get(format!("{}/api/v1/jobs", c.url))
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 401);
 }
 
@@ -64,7 +71,12 @@ async fn a_peer_frame_for_a_job_the_peer_is_not_part_of_is_rejected() {
     let c = shared();
     let client = c.admin().await;
     let peers = client.peers().await.unwrap();
-    let addr = peers.iter().find(|p| p.state == "online").unwrap().addr.clone();
+    let addr = peers
+        .iter()
+        .find(|p| p.state == "online")
+        .unwrap()
+        .addr
+        .clone();
     let connect = || {
         let s = TcpStream::connect(&addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
@@ -75,7 +87,12 @@ async fn a_peer_frame_for_a_job_the_peer_is_not_part_of_is_rejected() {
     let mut s = connect();
     write_frame(
         &mut s,
-        &Frame::Hello { version: WIRE_VERSION, job: 987_654_321, from: 1, token: "guess".into() },
+        &Frame::Hello {
+            version: WIRE_VERSION,
+            job: 987_654_321,
+            from: 1,
+            token: "guess".into(),
+        },
     );
     match read_frame(&mut s) {
         Some(Frame::Reject { reason, .. }) => assert_eq!(reason, RejectReason::UnknownJob),
@@ -84,7 +101,13 @@ async fn a_peer_frame_for_a_job_the_peer_is_not_part_of_is_rejected() {
 
     // Data before any Hello.
     let mut s = connect();
-    write_frame(&mut s, &Frame::Data { superstep: 0, messages: vec![] });
+    write_frame(
+        &mut s,
+        &Frame::Data {
+            superstep: 0,
+            messages: vec![],
+        },
+    );
     match read_frame(&mut s) {
         Some(Frame::Reject { reason, .. }) => assert_eq!(reason, RejectReason::Protocol),
         other => panic!("expected a rejection, got {other:?}"),
@@ -92,11 +115,15 @@ async fn a_peer_frame_for_a_job_the_peer_is_not_part_of_is_rejected() {
 
     // Garbage that is not a frame at all: the connection is closed.
     let mut s = connect();
-    s.write_all(&[0, 0, 0, 5, 0xff, 0xff, 0xff, 0xff, 0xff]).unwrap();
+    s.write_all(&[0, 0, 0, 5, 0xff, 0xff, 0xff, 0xff, 0xff])
+        .unwrap();
     assert!(!matches!(read_frame(&mut s), Some(Frame::Welcome)));
 
     // A running job of this peer, with the wrong token.
-    let long = client.submit(&job("supersteps", 6, json!({"k": 1_000_000, "h": 0}))).await.unwrap();
+    let long = client
+        .submit(&job("supersteps", 6, json!({"k": 1_000_000, "h": 0})))
+        .await
+        .unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let info = loop {
         let info = client.job(long.id).await.unwrap();
@@ -114,21 +141,33 @@ async fn a_peer_frame_for_a_job_the_peer_is_not_part_of_is_rejected() {
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         write_frame(
             &mut s,
-            &Frame::Hello { version: WIRE_VERSION, job: long.id, from: host, token: "forged".into() },
+            &Frame::Hello {
+                version: WIRE_VERSION,
+                job: long.id,
+                from: host,
+                token: "forged".into(),
+            },
         );
         match read_frame(&mut s) {
-            Some(Frame::Reject { reason: RejectReason::NotAuthorized, .. }) => {
+            Some(Frame::Reject {
+                reason: RejectReason::NotAuthorized,
+                ..
+            }) => {
                 rejected = true;
                 break;
             }
             // The peer may not have received its assignment yet.
-            Some(Frame::Reject { reason: RejectReason::UnknownJob, .. }) => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
+            Some(Frame::Reject {
+                reason: RejectReason::UnknownJob,
+                ..
+            }) => tokio::time::sleep(Duration::from_millis(50)).await,
             other => panic!("expected NotAuthorized, got {other:?}"),
         }
     }
-    assert!(rejected, "the forged hello was never answered with NotAuthorized");
+    assert!(
+        rejected,
+        "the forged hello was never answered with NotAuthorized"
+    );
     client.kill(long.id).await.unwrap();
 
     // The peers are unharmed: a job still runs everywhere.

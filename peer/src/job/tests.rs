@@ -194,7 +194,10 @@ async fn collect_until(
         if done(&all) {
             return all;
         }
-        assert!(Instant::now() < deadline, "timed out; events so far: {all:?}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out; events so far: {all:?}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -240,7 +243,11 @@ async fn three_peers_run_a_ring_and_deliver_every_message_in_order() {
     let exits: BTreeSet<(Pid, u32)> = events
         .iter()
         .filter_map(|e| match e {
-            PeerEvent::ProcessExited { job: 1, pid, superstep } => Some((*pid, *superstep)),
+            PeerEvent::ProcessExited {
+                job: 1,
+                pid,
+                superstep,
+            } => Some((*pid, *superstep)),
             _ => None,
         })
         .collect();
@@ -329,7 +336,11 @@ async fn a_trap_is_reported_and_the_job_waits_for_kill_job() {
     for p in &peers {
         assert!(p.jobs.running().is_empty());
         // A repeated StartJob for an ended job is ignored.
-        assert!(p.jobs.start(p.id, a.clone(), async { Err("unused".into()) }).is_none());
+        assert!(
+            p.jobs
+                .start(p.id, a.clone(), async { Err("unused".into()) })
+                .is_none()
+        );
     }
 }
 
@@ -373,7 +384,9 @@ async fn an_unavailable_module_or_a_bad_assignment_is_reported() {
     let a = assignment(5, &wasm, &peers, vec![0]);
     let h = peers[0]
         .jobs
-        .start(peers[0].id, a, async { Err("could not download the program".into()) })
+        .start(peers[0].id, a, async {
+            Err("could not download the program".into())
+        })
         .unwrap();
     let events = collect_until(&[&peers[0]], |all| !all.is_empty()).await;
     assert!(matches!(
@@ -387,11 +400,180 @@ async fn an_unavailable_module_or_a_bad_assignment_is_reported() {
     a.job_token = "t".into();
     let handles = start_everywhere(&peers, &a, &wasm);
     let events = collect_until(&[&peers[0]], |all| !all.is_empty()).await;
-    assert!(matches!(
-        &events[..],
-        [PeerEvent::ProcessFailed { job: 6, pid: None, reason, .. }]
-            if reason.starts_with("invalid job assignment: the job's placement names peer index 3")
-    ), "{events:?}");
+    assert!(
+        matches!(
+            &events[..],
+            [PeerEvent::ProcessFailed { job: 6, pid: None, reason, .. }]
+                if reason.starts_with("invalid job assignment: the job's placement names peer index 3")
+        ),
+        "{events:?}"
+    );
     peers[0].jobs.kill(6);
     wait_all(handles).await;
+}
+
+// ---- the real example programs (built by `bspweb-programs`) -----------------
+
+fn program(name: &str) -> &'static [u8] {
+    bspweb_programs::get(name)
+        .unwrap_or_else(|| panic!("program {name} is built in"))
+        .wasm
+}
+
+fn stdout_of(events: &[PeerEvent], pid: Pid) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            PeerEvent::Output {
+                pid: p,
+                stream: Stream::Stdout,
+                data,
+                ..
+            } if *p == pid => Some(data.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ring_example_runs_on_two_peers() {
+    let peers = start_peers(2).await;
+    let wasm = program("ring");
+    let a = assignment(10, wasm, &peers, vec![0, 1, 1, 0]);
+    wait_all(start_everywhere(&peers, &a, wasm)).await;
+    let mut events = Vec::new();
+    for p in &peers {
+        events.extend(p.reporter.drain());
+    }
+    let n = 4;
+    for pid in 0..n {
+        let (left, right) = ((pid + n - 1) % n, (pid + 1) % n);
+        // Delivery order is by source pid: `right` sent 1, `left` sent 2.
+        let mut got = vec![(right, 1), (left, 2)];
+        got.sort();
+        let lines = stdout_of(&events, pid);
+        let expected_first: Vec<String> = got
+            .iter()
+            .map(|(src, v)| format!("got {v} from pid {src} in superstep 0"))
+            .collect();
+        assert_eq!(&lines[..2], &expected_first[..], "pid {pid}: {lines:?}");
+        assert_eq!(lines[2], "got in total 2 messages");
+    }
+    let exits = events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                PeerEvent::ProcessExited {
+                    job: 10,
+                    superstep: 1,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(exits, 4);
+}
+
+/// Run `misbehave` with `mode` for pid 1 of two processes on one peer and
+/// return the first failure or abort, or `None` if both processes exited.
+async fn misbehave(
+    mode: &str,
+    limits: JobLimits,
+    job: JobId,
+) -> (Option<PeerEvent>, Vec<PeerEvent>) {
+    let peers = start_peers(1).await;
+    let wasm = program("misbehave");
+    let mut a = assignment(job, wasm, &peers, vec![0, 0]);
+    a.args = format!(r#"{{"mode":"{mode}","pid":1}}"#);
+    a.limits = limits;
+    a.resources = vec![(
+        "input.txt".into(),
+        base64::engine::general_purpose::STANDARD.encode("from a file\n"),
+    )];
+    let handles = start_everywhere(&peers, &a, wasm);
+    let events = collect_until(&[&peers[0]], |all| {
+        all.iter().any(|e| {
+            matches!(
+                e,
+                PeerEvent::ProcessFailed { .. } | PeerEvent::ProcessAborted { .. }
+            )
+        }) || all
+            .iter()
+            .filter(|e| matches!(e, PeerEvent::ProcessExited { .. }))
+            .count()
+            == 2
+    })
+    .await;
+    peers[0].jobs.kill(job);
+    wait_all(handles).await;
+    let end = events
+        .iter()
+        .find(|e| {
+            matches!(
+                e,
+                PeerEvent::ProcessFailed { .. } | PeerEvent::ProcessAborted { .. }
+            )
+        })
+        .cloned();
+    (end, events)
+}
+
+fn small_limits() -> JobLimits {
+    JobLimits {
+        superstep_ms: 500,
+        memory_mib: 16,
+        output_mib: 1,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misbehaving_programs_end_with_clear_reasons() {
+    let failed = |e: Option<PeerEvent>| match e {
+        Some(PeerEvent::ProcessFailed {
+            pid: Some(1),
+            superstep: 1,
+            reason,
+            ..
+        }) => reason,
+        other => panic!("expected pid 1 to fail in superstep 1, got {other:?}"),
+    };
+    let aborted = |e: Option<PeerEvent>| match e {
+        Some(PeerEvent::ProcessAborted {
+            pid: 1,
+            superstep: 1,
+            reason,
+            ..
+        }) => reason,
+        other => panic!("expected pid 1 to abort in superstep 1, got {other:?}"),
+    };
+
+    let r = failed(misbehave("trap", small_limits(), 20).await.0);
+    assert!(
+        r.starts_with("the process trapped: wasm `unreachable` instruction executed"),
+        "{r}"
+    );
+    let r = failed(misbehave("loop", small_limits(), 21).await.0);
+    assert_eq!(r, "time limit exceeded: superstep 1 ran longer than 0.5 s");
+    let r = failed(misbehave("grow", small_limits(), 22).await.0);
+    assert!(
+        r.starts_with("memory limit exceeded: the process tried to grow its memory to"),
+        "{r}"
+    );
+    assert!(r.ends_with("the limit is 16 MiB"), "{r}");
+    let r = failed(misbehave("flood", small_limits(), 23).await.0);
+    assert!(r.starts_with("output limit exceeded"), "{r}");
+
+    let r = aborted(misbehave("panic", small_limits(), 24).await.0);
+    assert!(r.contains("deliberate panic"), "{r}");
+    let r = aborted(misbehave("abort", small_limits(), 25).await.0);
+    assert!(r.contains("deliberate abort"), "{r}");
+    let r = aborted(misbehave("error", small_limits(), 26).await.0);
+    assert!(r.contains("deliberate error"), "{r}");
+    let r = aborted(misbehave("bad-pid", small_limits(), 27).await.0);
+    assert!(!r.is_empty());
+
+    let (end, events) = misbehave("resource", small_limits(), 28).await;
+    assert!(end.is_none(), "{end:?}");
+    assert_eq!(stdout_of(&events, 1), vec!["from a file".to_string()]);
 }

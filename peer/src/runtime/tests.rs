@@ -79,7 +79,9 @@ fn job_with(limits: Limits) -> Arc<JobInfo> {
 
 fn start(wasm: &[u8], job: Arc<JobInfo>, pid: Pid) -> Process {
     let rt = runtime();
-    let module = rt.compile(&module_hash(wasm), wasm).expect("module compiles");
+    let module = rt
+        .compile(&module_hash(wasm), wasm)
+        .expect("module compiles");
     rt.instantiate(&module, job, pid).expect("process starts")
 }
 
@@ -193,7 +195,14 @@ fn host_functions_report_identity_and_exchange_messages() {
         texts,
         vec![(1, Stream::Stdout, "hello"), (2, Stream::Stderr, "hell")]
     );
-    assert!(events.iter().all(|e| matches!(e, PeerEvent::Output { job: 42, pid: 3, .. })));
+    assert!(events.iter().all(|e| matches!(
+        e,
+        PeerEvent::Output {
+            job: 42,
+            pid: 3,
+            ..
+        }
+    )));
     assert_eq!(p.host_state().output_seq, 4);
 }
 
@@ -218,7 +227,10 @@ fn seed_args_and_resources_are_readable() {
     assert_eq!(p.resume(), Outcome::Done);
     let raw = raw_outputs(&job.reporter.drain());
     let b = &raw[0].1;
-    assert_eq!(u64::from_le_bytes(b[0..8].try_into().unwrap()), 0x1234_5678_9abc);
+    assert_eq!(
+        u64::from_le_bytes(b[0..8].try_into().unwrap()),
+        0x1234_5678_9abc
+    );
     assert_eq!(words(&b[8..12]), vec![7]);
     assert_eq!(&b[12..19], br#"{"n":3}"#);
     assert_eq!(i64::from_le_bytes(b[20..28].try_into().unwrap()), 8);
@@ -252,7 +264,15 @@ fn broadcasts_check_their_ranges_and_lists() {
     let raw = raw_outputs(&job.reporter.drain());
     assert_eq!(
         words(&raw[0].1),
-        vec![0, ERR_BAD_RANGE, ERR_BAD_RANGE, ERR_BAD_RANGE, 0, ERR_BAD_PID, ERR_TOO_LARGE]
+        vec![
+            0,
+            ERR_BAD_RANGE,
+            ERR_BAD_RANGE,
+            ERR_BAD_RANGE,
+            0,
+            ERR_BAD_PID,
+            ERR_TOO_LARGE
+        ]
     );
     let sent: Vec<(Pid, u32)> = p.take_outbox().iter().map(|m| (m.dst, m.seq)).collect();
     assert_eq!(sent, vec![(1, 0), (2, 1), (3, 2), (2, 3), (0, 4)]);
@@ -293,7 +313,10 @@ fn an_infinite_loop_hits_the_superstep_time_limit() {
         "time limit exceeded: superstep 0 ran longer than 0.2 s"
     );
     assert!(took >= budget, "stopped early: {took:?}");
-    assert!(took < budget + Duration::from_secs(5), "stopped late: {took:?}");
+    assert!(
+        took < budget + Duration::from_secs(5),
+        "stopped late: {took:?}"
+    );
 }
 
 #[test]
@@ -330,11 +353,7 @@ fn the_time_budget_spans_the_yields_of_one_superstep() {
 
 #[test]
 fn growing_memory_past_the_cap_fails_the_process() {
-    let wasm = guest(
-        1,
-        "",
-        "(drop (memory.grow (i32.const 100))) (i32.const 1)",
-    );
+    let wasm = guest(1, "", "(drop (memory.grow (i32.const 100))) (i32.const 1)");
     let mut p = start(
         &wasm,
         job_with(Limits {
@@ -382,7 +401,10 @@ fn an_out_of_bounds_pointer_is_a_bad_host_call() {
     let wasm = guest(1, "", "(call $args_read (i32.const 65530)) (i32.const 1)");
     let mut p = start(&wasm, job_with(Limits::default()), 0);
     let reason = failure(p.resume());
-    assert!(reason.starts_with("bad host call: `args_read` wrote 7 bytes at address 0xfffa"), "{reason}");
+    assert!(
+        reason.starts_with("bad host call: `args_read` wrote 7 bytes at address 0xfffa"),
+        "{reason}"
+    );
 }
 
 #[test]
@@ -423,9 +445,16 @@ fn output_beyond_the_limit_fails_the_process() {
     });
     let mut p = start(&wasm, job.clone(), 0);
     let reason = failure(p.resume());
-    assert!(reason.starts_with("output limit exceeded: the process wrote more than 1 MiB"), "{reason}");
+    assert!(
+        reason.starts_with("output limit exceeded: the process wrote more than 1 MiB"),
+        "{reason}"
+    );
     let events = job.reporter.drain();
-    assert_eq!(events.len(), (1 << 20) / 100, "every record within the limit is kept");
+    assert_eq!(
+        events.len(),
+        (1 << 20) / 100,
+        "every record within the limit is kept"
+    );
 }
 
 #[test]
@@ -447,7 +476,12 @@ fn messages_beyond_the_outbox_limit_fail_the_process() {
         0,
     );
     let reason = failure(p.resume());
-    assert!(reason.starts_with("message limit exceeded: the process queued more than 1 MiB of messages in superstep 0"), "{reason}");
+    assert!(
+        reason.starts_with(
+            "message limit exceeded: the process queued more than 1 MiB of messages in superstep 0"
+        ),
+        "{reason}"
+    );
 }
 
 #[test]
@@ -504,7 +538,13 @@ fn flush_waits_until_the_output_is_delivered() {
         seen = job.reporter.drain();
         std::thread::yield_now();
     }
-    assert!(matches!(&seen[..], [PeerEvent::Output { stream: Stream::Stdout, .. }]));
+    assert!(matches!(
+        &seen[..],
+        [PeerEvent::Output {
+            stream: Stream::Stdout,
+            ..
+        }]
+    ));
     assert_eq!(running.join().unwrap(), Outcome::Done);
     let raw = raw_outputs(&job.reporter.drain());
     assert_eq!(words(&raw[0].1), vec![0]);
@@ -526,7 +566,10 @@ fn compile_checks_the_hash_and_the_abi() {
     )
     .unwrap();
     let err = rt.compile(&module_hash(&wasi), &wasi).unwrap_err();
-    assert!(err.to_string().contains("wasi_snapshot_preview1.fd_write"), "{err}");
+    assert!(
+        err.to_string().contains("wasi_snapshot_preview1.fd_write"),
+        "{err}"
+    );
     // Compiled once, then served from the cache.
     let hash = module_hash(&wasm);
     assert!(rt.compile(&hash, &wasm).is_ok());
