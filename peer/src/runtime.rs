@@ -533,7 +533,7 @@ fn describe_backtrace(bt: &WasmBacktrace) -> String {
         .iter()
         .take(8)
         .map(|f| match f.func_name() {
-            Some(name) => name.to_string(),
+            Some(name) => demangle(name),
             None => format!("function #{}", f.func_index()),
         })
         .collect();
@@ -542,6 +542,54 @@ fn describe_backtrace(bt: &WasmBacktrace) -> String {
     } else {
         format!(" (in {})", frames.join(" <- "))
     }
+}
+
+/// Readable form of a Rust (legacy-mangled) symbol such as
+/// `_ZN6bspweb2rt6resume17h0123456789abcdefE` → `bspweb::rt::resume`; other
+/// names are returned unchanged.
+fn demangle(name: &str) -> String {
+    let Some(mut rest) = name.strip_prefix("_ZN").and_then(|r| r.strip_suffix('E')) else {
+        return name.to_string();
+    };
+    let mut parts = Vec::new();
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let Ok(len) = rest[..digits].parse::<usize>() else {
+            return name.to_string();
+        };
+        let Some(part) = rest.get(digits..digits + len) else {
+            return name.to_string();
+        };
+        parts.push(part);
+        rest = &rest[digits + len..];
+    }
+    if let Some(last) = parts.last()
+        && last.len() == 17
+        && last.starts_with('h')
+        && last[1..].bytes().all(|b| b.is_ascii_hexdigit())
+    {
+        parts.pop();
+    }
+    let mut out = parts.join("::");
+    for (from, to) in [
+        ("$LT$", "<"),
+        ("$GT$", ">"),
+        ("$RF$", "&"),
+        ("$BP$", "*"),
+        ("$C$", ","),
+        ("$SP$", "@"),
+        ("$u20$", " "),
+        ("$u27$", "'"),
+        ("$u5b$", "["),
+        ("$u5d$", "]"),
+        ("$u7b$", "{"),
+        ("$u7d$", "}"),
+        ("$u7e$", "~"),
+        ("..", "::"),
+    ] {
+        out = out.replace(from, to);
+    }
+    out
 }
 
 fn on_epoch(mut ctx: StoreContextMut<'_, ProcState>) -> wasmtime::Result<UpdateDeadline> {

@@ -449,7 +449,7 @@ async fn the_ring_example_runs_on_two_peers() {
     for pid in 0..n {
         let (left, right) = ((pid + n - 1) % n, (pid + 1) % n);
         // Delivery order is by source pid: `right` sent 1, `left` sent 2.
-        let mut got = vec![(right, 1), (left, 2)];
+        let mut got = [(right, 1), (left, 2)];
         got.sort();
         let lines = stdout_of(&events, pid);
         let expected_first: Vec<String> = got

@@ -587,3 +587,18 @@ fn guest_threads_can_be_niced() {
     .unwrap();
     assert!(nice >= 5, "niceness {nice}");
 }
+
+#[test]
+fn backtrace_symbols_are_demangled() {
+    assert_eq!(
+        demangle("_ZN6bspweb2rt6resume28_$u7b$$u7b$closure$u7d$$u7d$17hf1c1253e90b080acE"),
+        "bspweb::rt::resume::{{closure}}"
+    );
+    assert_eq!(
+        demangle("_ZN4core3ptr85drop_in_place$LT$std..rt..lang_start$LT$$LP$$RP$$GT$..$u7b$$u7b$closure$u7d$$u7d$$GT$17h0123456789abcdefE"),
+        "core::ptr::drop_in_place<std::rt::lang_start<$LP$$RP$>::{{closure}}>"
+    );
+    assert_eq!(demangle("bspweb_resume"), "bspweb_resume");
+    assert_eq!(demangle("_ZN99short"), "_ZN99short");
+    assert_eq!(demangle("_ZN99shortE"), "_ZN99shortE");
+}
