@@ -37,14 +37,21 @@ use crate::runtime::{JobInfo, Message, Outcome, Process, Runtime};
 /// Target size of one `Data` frame's payloads.
 const BATCH_BYTES: usize = 1 << 20;
 
+/// Host-side cost counted per received message on top of its payload (the
+/// same as the sender's outbox accounting).
+const MESSAGE_OVERHEAD: usize = crate::runtime::MESSAGE_OVERHEAD;
+
 /// Job ids remembered after they ended, so a repeated `StartJob` is ignored.
 const REMEMBER_ENDED: usize = 4096;
 
 /// What every job on this peer shares.
 #[derive(Debug, Clone)]
 pub struct JobEnv {
+    /// The wasm engine and module cache.
     pub runtime: Arc<Runtime>,
+    /// The data-plane listener's job table.
     pub registry: Arc<Registry>,
+    /// Where events for the supernode go.
     pub reporter: Reporter,
     /// Processes resumed at once, across all jobs.
     pub slots: Arc<Semaphore>,
@@ -213,6 +220,10 @@ struct Remote {
     connected: bool,
     /// It finished, or its connection ended after we finished.
     gone: bool,
+    /// Message bytes received from it, per superstep not yet passed.
+    received: BTreeMap<u32, usize>,
+    /// Most message bytes its processes may send us in one superstep.
+    allowance: usize,
 }
 
 impl Remote {
@@ -368,6 +379,13 @@ async fn run_job(
             frames: 0,
             connected: false,
             gone: false,
+            received: BTreeMap::new(),
+            allowance: a
+                .placement
+                .iter()
+                .filter(|&&pi| pi as usize == i)
+                .count()
+                .saturating_mul(info.outbox_limit),
         });
     }
     let barrier = Barrier::new(remotes.len());
@@ -660,6 +678,9 @@ impl Driver {
             return;
         };
         let s = self.superstep;
+        for r in &mut self.remotes {
+            r.received.remove(&s);
+        }
         let mut inboxes: BTreeMap<Pid, Vec<(Pid, u32, Bytes)>> = BTreeMap::new();
         for m in received {
             inboxes
@@ -745,6 +766,26 @@ impl Driver {
                         bad.src, bad.dst
                     );
                     return self.fail(None, reason);
+                }
+                if let Frame::Data {
+                    superstep,
+                    messages,
+                } = &frame
+                {
+                    let bytes: usize = messages
+                        .iter()
+                        .map(|m| m.payload.len() + MESSAGE_OVERHEAD)
+                        .sum();
+                    let remote = &mut self.remotes[r];
+                    let total = remote.received.entry(*superstep).or_default();
+                    *total = total.saturating_add(bytes);
+                    if *total > remote.allowance {
+                        let reason = format!(
+                            "{} sent more message data in superstep {superstep} than its processes may send",
+                            remote.describe()
+                        );
+                        return self.fail(None, reason);
+                    }
                 }
                 if let Err(e) = self.barrier.on_frame(r, frame) {
                     let who = self.remotes[r].describe();

@@ -349,11 +349,17 @@ pub async fn connect(
 /// What a job needs to dial one remote peer.
 #[derive(Debug, Clone)]
 pub struct Dial {
+    /// The remote peer's data-plane address, `host:port`.
     pub addr: String,
+    /// The job the connection is for.
     pub job: JobId,
+    /// This peer's id.
     pub from: PeerId,
+    /// The remote peer's id.
     pub to: PeerId,
+    /// The job's token, shown in `Hello`.
     pub token: String,
+    /// When to give up dialing.
     pub deadline: Instant,
 }
 
@@ -368,8 +374,9 @@ pub fn spawn_writer(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let result: Result<(), String> = async {
-            let mut conn =
-                connect(&dial.addr, dial.job, dial.from, &dial.token, dial.deadline).await?;
+            let mut conn = connect(&dial.addr, dial.job, dial.from, &dial.token, dial.deadline)
+                .await
+                .map_err(|e| format!("could not connect: {e}"))?;
             while let Some(frame) = frames.recv().await {
                 let mut next = Some(frame);
                 // Feed everything queued, then flush once.

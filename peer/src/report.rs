@@ -14,22 +14,34 @@ use std::time::{Duration, Instant};
 use bsp_api::control::PeerEvent;
 use tokio::sync::Notify;
 
+/// Estimated bytes of undelivered events above which processes that write
+/// output wait for the uploader (see [`Reporter::wait_for_room`]).
+pub const MAX_QUEUED_BYTES: usize = 64 << 20;
+
 /// A cloneable handle to the peer's outgoing event queue.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Reporter {
     inner: Arc<Inner>,
 }
 
-#[derive(Default)]
+impl Default for Reporter {
+    fn default() -> Self {
+        Reporter::with_limit(MAX_QUEUED_BYTES)
+    }
+}
+
 struct Inner {
     state: Mutex<State>,
     delivered: Condvar,
     ready: Notify,
+    max_queued_bytes: usize,
 }
 
 #[derive(Default)]
 struct State {
     queue: VecDeque<PeerEvent>,
+    /// Estimated size of `queue`.
+    queued_bytes: usize,
     /// Events ever emitted.
     emitted: u64,
     /// Events ever confirmed delivered (a prefix of the emitted ones).
@@ -53,6 +65,19 @@ impl Reporter {
         Self::default()
     }
 
+    /// An empty queue whose output writers wait once `max_queued_bytes`
+    /// (estimated) are undelivered.
+    pub fn with_limit(max_queued_bytes: usize) -> Self {
+        Reporter {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::default()),
+                delivered: Condvar::new(),
+                ready: Notify::new(),
+                max_queued_bytes,
+            }),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding this lock cannot leave the queue half-updated
         // (every critical section is a push, a drain or a counter update), so
@@ -66,6 +91,7 @@ impl Reporter {
     /// Append an event to the queue.
     pub fn emit(&self, event: PeerEvent) {
         let mut s = self.lock();
+        s.queued_bytes += estimated_size(&event);
         s.queue.push_back(event);
         s.emitted += 1;
         drop(s);
@@ -88,6 +114,28 @@ impl Reporter {
                 return false;
             }
             // Wake at least every 50 ms to notice `cancel`.
+            let wait = (deadline - now).min(Duration::from_millis(50));
+            s = match self.inner.delivered.wait_timeout(s, wait) {
+                Ok((guard, _)) => guard,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+    }
+
+    /// Block the calling (non-async) thread while more than the queue's limit
+    /// is undelivered: back-pressure on processes that write output faster
+    /// than it can be uploaded. Returns `false` if `deadline` passed or
+    /// `cancel` was set first.
+    pub fn wait_for_room(&self, deadline: Instant, cancel: &AtomicBool) -> bool {
+        let mut s = self.lock();
+        loop {
+            if s.queued_bytes <= self.inner.max_queued_bytes {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline || cancel.load(Ordering::Relaxed) {
+                return false;
+            }
             let wait = (deadline - now).min(Duration::from_millis(50));
             s = match self.inner.delivered.wait_timeout(s, wait) {
                 Ok((guard, _)) => guard,
@@ -130,7 +178,8 @@ impl Reporter {
     pub fn delivered(&self, n: usize) {
         let mut s = self.lock();
         let n = n.min(s.queue.len());
-        s.queue.drain(..n);
+        let freed: usize = s.queue.drain(..n).map(|e| estimated_size(&e)).sum();
+        s.queued_bytes = s.queued_bytes.saturating_sub(freed);
         s.delivered += n as u64;
         drop(s);
         self.inner.delivered.notify_all();
@@ -141,6 +190,7 @@ impl Reporter {
     pub fn drain(&self) -> Vec<PeerEvent> {
         let mut s = self.lock();
         let events: Vec<PeerEvent> = s.queue.drain(..).collect();
+        s.queued_bytes = 0;
         s.delivered += events.len() as u64;
         drop(s);
         self.inner.delivered.notify_all();
@@ -212,6 +262,23 @@ mod tests {
         }
         assert_eq!(r.next_batch(10, 1).await.len(), 1);
         assert_eq!(r.next_batch(10, 300).await.len(), 2);
+    }
+
+    #[test]
+    fn writers_wait_for_room_once_the_queue_is_full() {
+        let r = Reporter::with_limit(300);
+        let cancel = AtomicBool::new(false);
+        r.emit(status(0));
+        r.emit(status(1));
+        assert!(r.wait_for_room(Instant::now(), &cancel), "under the limit");
+        r.emit(status(2));
+        assert!(!r.wait_for_room(Instant::now() + Duration::from_millis(20), &cancel));
+        r.delivered(2);
+        assert!(r.wait_for_room(Instant::now(), &cancel));
+        r.emit(status(3));
+        r.emit(status(4));
+        r.drain();
+        assert!(r.wait_for_room(Instant::now(), &cancel));
     }
 
     #[test]

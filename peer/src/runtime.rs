@@ -43,7 +43,7 @@ pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Host-side cost counted per queued message on top of its payload, so that
 /// floods of empty messages hit the outbox cap too.
-const MESSAGE_OVERHEAD: usize = 64;
+pub const MESSAGE_OVERHEAD: usize = 64;
 
 /// Longest abort reason kept.
 const MAX_ABORT_REASON: usize = 64 << 10;
@@ -228,11 +228,15 @@ impl Drop for Runtime {
 /// What every process of one job on this peer shares.
 #[derive(Debug)]
 pub struct JobInfo {
+    /// The job's id.
     pub job: JobId,
+    /// Number of processes of the whole job.
     pub nprocs: u32,
+    /// The job's seed.
     pub seed: u64,
     /// The arguments as JSON text.
     pub args: Vec<u8>,
+    /// Named resources, decoded.
     pub resources: HashMap<String, Vec<u8>>,
     /// Linear-memory cap per process, bytes.
     pub memory_limit: usize,
@@ -244,24 +248,29 @@ pub struct JobInfo {
     pub outbox_limit: usize,
     /// Set to stop every process of the job at its next epoch check.
     pub kill: Arc<AtomicBool>,
+    /// Where output records go.
     pub reporter: Reporter,
 }
 
 /// One message delivered to a process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
+    /// The sender.
     pub src: Pid,
     /// The superstep in which it was sent.
     pub superstep: u32,
+    /// The bytes sent.
     pub payload: Bytes,
 }
 
 /// One message a process sent this superstep.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outgoing {
+    /// The destination.
     pub dst: Pid,
     /// Position among everything the process sent this superstep.
     pub seq: u32,
+    /// The bytes sent.
     pub payload: Bytes,
 }
 
@@ -269,7 +278,9 @@ pub struct Outgoing {
 /// checkpoint: restore this plus linear memory and the process goes on.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostState {
+    /// The process's id.
     pub pid: Pid,
+    /// The current superstep.
     pub superstep: u32,
     /// Messages readable in this superstep, sorted by (source, send order).
     pub inbox: Vec<Message>,
@@ -560,7 +571,8 @@ fn demangle(name: &str) -> String {
         let Some(part) = rest.get(digits..digits + len) else {
             return name.to_string();
         };
-        parts.push(part);
+        // A segment that starts with `$` is mangled with a leading `_`.
+        parts.push(part.strip_prefix("_$").map_or(part, |_| &part[1..]));
         rest = &rest[digits + len..];
     }
     if let Some(last) = parts.last()
@@ -577,6 +589,8 @@ fn demangle(name: &str) -> String {
         ("$RF$", "&"),
         ("$BP$", "*"),
         ("$C$", ","),
+        ("$LP$", "("),
+        ("$RP$", ")"),
         ("$SP$", "@"),
         ("$u20$", " "),
         ("$u27$", "'"),
@@ -913,7 +927,19 @@ fn emit_output(
     len: usize,
 ) -> HostResult<()> {
     let seq = account_output(c, len)?;
-    let s = c.data();
+    let s = c.data_mut();
+    // Back-pressure: wait while the peer has too much undelivered output.
+    if !s.job.reporter.wait_for_room(s.deadline, &s.job.kill) {
+        let stop = if s.job.kill.load(Ordering::Relaxed) {
+            Stop::Killed
+        } else {
+            Stop::TimeLimit {
+                superstep: s.host.superstep,
+                secs: s.job.superstep_budget.as_secs_f64(),
+            }
+        };
+        return Err(s.stop_with(stop));
+    }
     s.job.reporter.emit(PeerEvent::Output {
         job: s.job.job,
         pid: s.host.pid,

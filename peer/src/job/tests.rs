@@ -577,3 +577,78 @@ async fn misbehaving_programs_end_with_clear_reasons() {
     assert!(end.is_none(), "{end:?}");
     assert_eq!(stdout_of(&events, 1), vec!["from a file".to_string()]);
 }
+
+/// A peer that only speaks the data plane: it admits the real peer's
+/// connection, so a test can dial the real peer and send it anything. Keep
+/// the returned receiver alive while the test runs.
+async fn fake_peer(
+    job: JobId,
+    token: &str,
+    id: PeerId,
+    real: PeerId,
+) -> (String, mpsc::Receiver<Inbound>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let registry = Arc::new(Registry::new());
+    let (_, rx) = registry.register(job, token, id, [id, real]);
+    tokio::spawn(net::serve(listener, registry, CancellationToken::new()));
+    (addr, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_breaks_the_protocol_fails_the_job() {
+    use futures_util::SinkExt;
+    let peers = start_peers(1).await;
+    let wasm = ring_guest("(i32.const 5)", 0, None);
+    for (job, bad) in [(30, "placement"), (31, "malformed")] {
+        let mut a = assignment(job, &wasm, &peers, vec![0, 1]);
+        let (fake_addr, _fake_inbox) = fake_peer(job, &a.job_token, 999, peers[0].id).await;
+        a.peers.push(JobPeer {
+            id: 999,
+            addr: fake_addr.clone(),
+        });
+        let handles = start_everywhere(&peers, &a, &wasm);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut conn = net::connect(&peers[0].addr, job, 999, &a.job_token, deadline)
+            .await
+            .unwrap();
+        let expected = match bad {
+            "placement" => {
+                let frame = Frame::Data {
+                    superstep: 0,
+                    messages: vec![WireMessage {
+                        src: 0,
+                        dst: 0,
+                        seq: 0,
+                        payload: vec![1, 2, 3, 4],
+                    }],
+                };
+                conn.send(net::encode(&frame).unwrap()).await.unwrap();
+                "peer #999 (".to_string()
+                    + &fake_addr
+                    + ") sent a message from pid 0 to pid 0, which does not match the job's placement"
+            }
+            _ => {
+                conn.send(Bytes::from_static(b"\xff\xff")).await.unwrap();
+                format!("lost connection to peer #999 ({fake_addr}): it sent a malformed frame")
+            }
+        };
+        let events = collect_until(&[&peers[0]], |all| {
+            all.iter()
+                .any(|e| matches!(e, PeerEvent::ProcessFailed { .. }))
+        })
+        .await;
+        let reason = events
+            .iter()
+            .find_map(|e| match e {
+                PeerEvent::ProcessFailed {
+                    pid: None, reason, ..
+                } => Some(reason.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no messaging failure in {events:?}"));
+        assert!(reason.starts_with(&expected), "{reason}");
+        peers[0].jobs.kill(job);
+        wait_all(handles).await;
+    }
+}

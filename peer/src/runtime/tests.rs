@@ -595,8 +595,10 @@ fn backtrace_symbols_are_demangled() {
         "bspweb::rt::resume::{{closure}}"
     );
     assert_eq!(
-        demangle("_ZN4core3ptr85drop_in_place$LT$std..rt..lang_start$LT$$LP$$RP$$GT$..$u7b$$u7b$closure$u7d$$u7d$$GT$17h0123456789abcdefE"),
-        "core::ptr::drop_in_place<std::rt::lang_start<$LP$$RP$>::{{closure}}>"
+        demangle(
+            "_ZN4core3ptr85drop_in_place$LT$std..rt..lang_start$LT$$LP$$RP$$GT$..$u7b$$u7b$closure$u7d$$u7d$$GT$17h0123456789abcdefE"
+        ),
+        "core::ptr::drop_in_place<std::rt::lang_start<()>::{{closure}}>"
     );
     assert_eq!(demangle("bspweb_resume"), "bspweb_resume");
     assert_eq!(demangle("_ZN99short"), "_ZN99short");
