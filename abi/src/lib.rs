@@ -545,7 +545,7 @@ mod tests {
         (import "bspweb_v1" "pid" (func (result i32)))
         (import "bspweb_v1" "send" (func (param i32 i32 i32) (result i32)))
         (memory (export "memory") 1)
-        (global $sp (mut i32) (i32.const 1024))
+        (global $__stack_pointer (mut i32) (i32.const 1024))
         (func (export "bspweb_resume") (result i32) i32.const 1))"#;
 
     #[test]
