@@ -157,56 +157,26 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Daemons log at info; client commands only warn.
+    init_tracing(match cli.command {
+        Command::Up(_) => "warn,bspweb_supernode=info",
+        Command::Supernode(_) | Command::Peer(_) => "info",
+        _ => "warn",
+    });
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Up(a) => {
-                init_tracing("warn,bspweb_supernode=info");
-                local::up(a.peers, a.listen, a.data, a.lease_ttl_secs).await
-            }
-            Command::Supernode(a) => {
-                init_tracing("info");
-                local::supernode(a).await
-            }
-            Command::Peer(a) => {
-                init_tracing("info");
-                local::peer(a).await
-            }
-            Command::Login(a) => {
-                init_tracing("warn");
-                cli_client::login(&a.url, &a.user).await
-            }
-            Command::Submit(a) => {
-                init_tracing("warn");
-                cli_client::submit(a).await
-            }
-            Command::Jobs(a) => {
-                init_tracing("warn");
-                cli_client::jobs(a).await
-            }
-            Command::Logs(a) => {
-                init_tracing("warn");
-                cli_client::logs(a).await
-            }
-            Command::Kill(a) => {
-                init_tracing("warn");
-                cli_client::kill(a).await
-            }
-            Command::Dispose(a) => {
-                init_tracing("warn");
-                cli_client::dispose(a).await
-            }
-            Command::Upload(a) => {
-                init_tracing("warn");
-                cli_client::upload(a).await
-            }
-            Command::Programs => {
-                init_tracing("warn");
-                cli_client::programs().await
-            }
-            Command::Peers => {
-                init_tracing("warn");
-                cli_client::peers().await
-            }
+            Command::Up(a) => local::up(a.peers, a.listen, a.data, a.lease_ttl_secs).await,
+            Command::Supernode(a) => local::supernode(a).await,
+            Command::Peer(a) => local::peer(a).await,
+            Command::Login(a) => cli_client::login(&a.url, &a.user).await,
+            Command::Submit(a) => cli_client::submit(a).await,
+            Command::Jobs(a) => cli_client::jobs(a).await,
+            Command::Logs(a) => cli_client::logs(a).await,
+            Command::Kill(a) => cli_client::kill(a).await,
+            Command::Dispose(a) => cli_client::dispose(a).await,
+            Command::Upload(a) => cli_client::upload(a).await,
+            Command::Programs => cli_client::programs().await,
+            Command::Peers => cli_client::peers().await,
         }
     });
     match result {
