@@ -73,6 +73,9 @@ mod dhht;
 mod error;
 mod index;
 mod position;
+mod rng;
+mod steal;
+mod table;
 
 #[cfg(test)]
 mod tests;
@@ -80,6 +83,10 @@ mod tests;
 pub use dhht::{Dhht, Peer, envelope_value, is_eligible_weight, place};
 pub use error::PlacementError;
 pub use index::IndexAllocator;
+pub use steal::{StealFrom, WorkStealing};
+pub use table::{
+    HashTable, HashVariant, Hashing, MAX_POWER, MIN_POWER, Move, PeerId, ProcessKey, peer_hash,
+};
 pub use position::{
     GOLDEN_STEP, PHI_INV, PHI_SQUARED, Position, PositionScheme, golden_position, hashed_position,
     peer_key, process_key,
