@@ -56,11 +56,9 @@ pub enum Frame {
         reason: RejectReason,
         message: String,
     },
-    /// Messages sent during `superstep`, to be read in `superstep + 1`.
-    Data {
-        superstep: u32,
-        messages: Vec<WireMessage>,
-    },
+    /// Messages, each to be read in the superstep after the one it was sent
+    /// in. Receivers drop repeats by `(src, superstep, seq)`.
+    Data { messages: Vec<WireMessage> },
     /// These processes are through `superstep`, and every message they sent
     /// in it to pids on the receiving peer precedes this frame.
     Done {
@@ -99,8 +97,9 @@ pub struct ProcDone {
     /// The process returned from `main` in this superstep: count it as done
     /// at every later barrier.
     pub exited: bool,
-    /// `(dst, n)`: `pid` sent `n` messages to `dst` (a pid on the receiving
-    /// peer) in the superstep. Destinations with no message are left out.
+    /// `(dst, n)`: `pid` sent `n` messages to `dst` in the superstep, for
+    /// every destination (not only the receiver's pids: placement may change
+    /// before they are read). Destinations with no message are left out.
     pub counts: Vec<(Pid, u32)>,
 }
 
@@ -129,8 +128,10 @@ pub struct Checkpoint {
     pub output_bytes: u64,
     /// The process returned from `main` in this superstep.
     pub exited: bool,
-    /// The messages the process sent in this superstep (after those of the
-    /// preceding [`Frame::CheckpointPart`]s), in send order.
+    /// The messages the process sent in the supersteps its host still
+    /// retained when it took the checkpoint, this one included (after those
+    /// of the preceding [`Frame::CheckpointPart`]s), by superstep and send
+    /// order. A new host re-sends them after a restore.
     pub outbox: Vec<WireMessage>,
     pub hash: [u8; 32],
 }
@@ -151,6 +152,8 @@ pub enum RejectReason {
 pub struct WireMessage {
     pub src: Pid,
     pub dst: Pid,
+    /// The superstep in which `src` sent it; `dst` reads it in the next one.
+    pub superstep: u32,
     /// Position of the message among everything `src` sent in this superstep.
     pub seq: u32,
     pub payload: Vec<u8>,

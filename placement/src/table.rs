@@ -445,7 +445,7 @@ impl HashTable {
             index,
             owner: None,
         };
-        entry.owner = self.lookup(&entry);
+        entry.owner = self.lookup_entry(&entry);
         if matches!(self.variant, HashVariant::Dhht { .. }) {
             self.by_position.insert((position, process));
         }
@@ -512,6 +512,18 @@ impl HashTable {
         self.dhht.get(peer).map(|p| p.position)
     }
 
+    /// (extra) The peer a process at `position` would get now, without
+    /// adding it: `position` as returned by
+    /// [`process_position`](HashTable::process_position) (for Multi /
+    /// Rendezvous, the process's SHA-1 hash). DHHT: O(log n + walk);
+    /// Multi / Rendezvous: O(n).
+    pub fn lookup(&self, position: Position) -> Option<PeerId> {
+        match self.variant {
+            HashVariant::Dhht { .. } => self.dhht.lookup(position),
+            _ => self.hash_argmin(position.0),
+        }
+    }
+
     /// (extra) Every process and its peer, recomputed from scratch by a
     /// linear scan over all peers — the reference model the incremental
     /// updates are tested against. O(m·n).
@@ -524,7 +536,7 @@ impl HashTable {
 
     // ------------------------------------------------------------ internals
 
-    fn lookup(&self, e: &ProcEntry) -> Option<PeerId> {
+    fn lookup_entry(&self, e: &ProcEntry) -> Option<PeerId> {
         match self.variant {
             HashVariant::Dhht { .. } => self.dhht.lookup(e.position),
             _ => self.hash_argmin(e.hash),
@@ -559,7 +571,7 @@ impl HashTable {
         set.iter()
             .filter_map(|&k| {
                 let e = &self.processes[&k];
-                let to = self.lookup(e);
+                let to = self.lookup_entry(e);
                 (to != Some(peer)).then_some(Move {
                     process: k,
                     from: Some(peer),

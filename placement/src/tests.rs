@@ -518,3 +518,373 @@ fn s4_2_2_weighted_share_follows_weight() {
         );
     }
 }
+
+// ------------------------------------------------------- the hash table
+
+/// The reference model of a [`HashTable`]: peers and processes with their
+/// positions, every assignment recomputed from scratch by a linear scan.
+/// Independent of the table's code except for the shared hash functions.
+#[derive(Default)]
+struct Model {
+    /// Peer → (position or seed, weight).
+    peers: std::collections::BTreeMap<PeerId, (Position, f64)>,
+    peer_det: std::collections::BTreeMap<PeerId, u64>,
+    /// Process → position.
+    processes: std::collections::BTreeMap<ProcessKey, Position>,
+    process_det: std::collections::BTreeMap<ProcessKey, u64>,
+}
+
+fn smallest_free(used: impl Iterator<Item = u64>) -> u64 {
+    let used: BTreeSet<u64> = used.collect();
+    (1..).find(|k| !used.contains(k)).unwrap()
+}
+
+impl Model {
+    fn set_peer(&mut self, v: HashVariant, id: PeerId, w: f64) {
+        if let Some(p) = self.peers.get_mut(&id) {
+            p.1 = w;
+            return;
+        }
+        let pos = match v {
+            HashVariant::Dhht {
+                peers: Hashing::Det,
+                ..
+            } => {
+                let k = smallest_free(self.peer_det.values().copied());
+                self.peer_det.insert(id, k);
+                golden_position(k)
+            }
+            _ => hashed_position(&peer_key(id)),
+        };
+        self.peers.insert(id, (pos, w));
+    }
+
+    fn remove_peer(&mut self, id: PeerId) {
+        self.peers.remove(&id);
+        self.peer_det.remove(&id);
+    }
+
+    fn add_process(&mut self, v: HashVariant, p: ProcessKey) {
+        if self.processes.contains_key(&p) {
+            return;
+        }
+        let pos = match v {
+            HashVariant::Dhht {
+                processes: Hashing::Det,
+                ..
+            } => {
+                let k = smallest_free(self.process_det.values().copied());
+                self.process_det.insert(p, k);
+                golden_position(k)
+            }
+            _ => hashed_position(&process_key(p.job, p.pid)),
+        };
+        self.processes.insert(p, pos);
+    }
+
+    fn remove_process(&mut self, p: ProcessKey) {
+        self.processes.remove(&p);
+        self.process_det.remove(&p);
+    }
+
+    fn value(v: HashVariant, peer: PeerId, (pos, w): (Position, f64), p: ProcessKey, x: Position) -> f64 {
+        match v {
+            HashVariant::Dhht { .. } => envelope_value(x, pos, w),
+            HashVariant::Multi => peer_hash(peer, p) / w,
+            HashVariant::Rendezvous => -peer_hash(peer, p).ln() / w,
+        }
+    }
+
+    fn owner(&self, v: HashVariant, p: ProcessKey) -> Option<PeerId> {
+        let x = self.processes[&p];
+        let mut best: Option<(f64, PeerId)> = None;
+        for (&id, &peer) in &self.peers {
+            let value = Self::value(v, id, peer, p, x);
+            // Ties go to the smaller id: peers are scanned ascending.
+            if best.is_none_or(|(b, _)| value < b) {
+                best = Some((value, id));
+            }
+        }
+        best.map(|(_, id)| id)
+    }
+
+    fn assignment(&self, v: HashVariant) -> std::collections::BTreeMap<ProcessKey, Option<PeerId>> {
+        self.processes.keys().map(|&p| (p, self.owner(v, p))).collect()
+    }
+}
+
+fn diff(
+    before: &std::collections::BTreeMap<ProcessKey, Option<PeerId>>,
+    after: &std::collections::BTreeMap<ProcessKey, Option<PeerId>>,
+) -> Vec<Move> {
+    after
+        .iter()
+        .filter_map(|(&process, &to)| {
+            let from = before.get(&process).copied().flatten();
+            (from != to).then_some(Move { process, from, to })
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+enum Event {
+    SetPeer(PeerId, f64),
+    RemovePeer(PeerId),
+    AddProcess(ProcessKey),
+    RemoveProcess(ProcessKey),
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    let power = prop_oneof![
+        3 => (1u32..=8).prop_map(f64::from),
+        2 => 0.01f64..100.0,
+        1 => Just(1e-100),
+        1 => Just(1e100),
+    ];
+    let key = (0i64..4, 0u32..25).prop_map(|(job, pid)| ProcessKey { job, pid });
+    prop_oneof![
+        4 => (0i64..10, power).prop_map(|(id, w)| Event::SetPeer(id, w)),
+        1 => (0i64..10).prop_map(Event::RemovePeer),
+        4 => key.clone().prop_map(Event::AddProcess),
+        2 => key.prop_map(Event::RemoveProcess),
+    ]
+}
+
+/// Checks the table's bookkeeping against a full assignment.
+fn check_table(
+    t: &HashTable,
+    expected: &std::collections::BTreeMap<ProcessKey, Option<PeerId>>,
+) -> Result<(), TestCaseError> {
+    prop_assert_eq!(t.process_count(), expected.len());
+    for (&p, &owner) in expected {
+        prop_assert_eq!(t.peer_of(p), owner, "process {:?}", p);
+    }
+    for (peer, _) in t.peers() {
+        let on: Vec<ProcessKey> = t.processes_on(peer).collect();
+        let want: Vec<ProcessKey> = expected
+            .iter()
+            .filter(|&(_, &o)| o == Some(peer))
+            .map(|(&p, _)| p)
+            .collect();
+        prop_assert_eq!(on, want, "processes on peer {}", peer);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// §4.2.2–4.2.4, for every variant: the incremental move lists of
+    /// `set_peer` / `remove_peer` equal the diff of the naive recomputation
+    /// of every assignment before and after, for random sequences of joins,
+    /// leaves, power changes and process arrivals/departures (powers up to
+    /// the table's bounds, with repeats for ties). Also: a power increase or
+    /// a join only moves processes *to* the peer, a decrease or a leave only
+    /// *away* from it, and `add_process` / `remove_process` report the naive
+    /// peer.
+    #[test]
+    fn s4_2_incremental_moves_equal_naive_recomputation_diff(
+        events in prop::collection::vec(event(), 1..120),
+    ) {
+        for v in HashVariant::ALL {
+            let mut t = HashTable::new(v);
+            let mut m = Model::default();
+            let mut before = m.assignment(v);
+            for e in &events {
+                match *e {
+                    Event::SetPeer(id, w) => {
+                        let old = m.peers.get(&id).map(|p| p.1);
+                        m.set_peer(v, id, w);
+                        let after = m.assignment(v);
+                        let moves = t.set_peer(id, w).unwrap();
+                        prop_assert_eq!(&moves, &diff(&before, &after), "{} {:?}", v, e);
+                        for mv in &moves {
+                            if old.is_none_or(|o| w > o) {
+                                prop_assert_eq!(mv.to, Some(id), "join/increase pulls only");
+                            } else {
+                                prop_assert_eq!(mv.from, Some(id), "decrease pushes only");
+                            }
+                        }
+                        before = after;
+                    }
+                    Event::RemovePeer(id) => {
+                        m.remove_peer(id);
+                        let after = m.assignment(v);
+                        let moves = t.remove_peer(id);
+                        prop_assert_eq!(&moves, &diff(&before, &after), "{} {:?}", v, e);
+                        prop_assert!(moves.iter().all(|mv| mv.from == Some(id)));
+                        before = after;
+                    }
+                    Event::AddProcess(p) => {
+                        m.add_process(v, p);
+                        let after = m.assignment(v);
+                        prop_assert_eq!(t.add_process(p), after[&p], "{} {:?}", v, e);
+                        prop_assert!(diff(&before, &after).iter().all(|mv| mv.process == p));
+                        before = after;
+                    }
+                    Event::RemoveProcess(p) => {
+                        m.remove_process(p);
+                        prop_assert_eq!(t.remove_process(p), before.get(&p).copied().flatten());
+                        before = m.assignment(v);
+                    }
+                }
+                check_table(&t, &before)?;
+                prop_assert_eq!(t.naive_assignment(), before.clone());
+            }
+        }
+    }
+
+    /// §4.2.2: "the assignment of a process to a peer does not depend on the
+    /// presence or assignment of other processes … schedules can be easily
+    /// reconstructed by any supernode": two independent instances fed the
+    /// same events produce the same schedule and the same moves.
+    #[test]
+    fn s4_2_2_two_instances_fed_the_same_events_agree(
+        events in prop::collection::vec(event(), 1..80),
+    ) {
+        for v in HashVariant::ALL {
+            let mut a = HashTable::new(v);
+            let mut b = HashTable::new(v);
+            for e in &events {
+                match *e {
+                    Event::SetPeer(id, w) => prop_assert_eq!(a.set_peer(id, w), b.set_peer(id, w)),
+                    Event::RemovePeer(id) => prop_assert_eq!(a.remove_peer(id), b.remove_peer(id)),
+                    Event::AddProcess(p) => prop_assert_eq!(a.add_process(p), b.add_process(p)),
+                    Event::RemoveProcess(p) => prop_assert_eq!(a.remove_process(p), b.remove_process(p)),
+                }
+            }
+            prop_assert_eq!(a.naive_assignment(), b.naive_assignment());
+            prop_assert_eq!(a.peers().collect::<Vec<_>>(), b.peers().collect::<Vec<_>>());
+        }
+    }
+
+    /// The arcs a peer can win, used for incremental joins and increases,
+    /// cover every point it wins — with duplicate positions, extreme
+    /// positions and weight ratios up to 1000 (ties included).
+    #[test]
+    fn s4_2_2_pull_arcs_cover_every_point_the_peer_wins(
+        peers in peer_set(),
+        pick in any::<prop::sample::Index>(),
+        xs in prop::collection::vec(any::<u64>(), 1..40),
+    ) {
+        let mut d = Dhht::new();
+        for p in &peers {
+            d.insert(*p).unwrap();
+        }
+        let me = peers[pick.index(peers.len())];
+        let arcs = d.pull_arcs(me.id, me.position, me.weight);
+        prop_assert!(arcs.windows(2).all(|w| w[0].1 < w[1].0), "disjoint, ascending");
+        let near = peers.iter().flat_map(|p| {
+            [p.position.0, p.position.0.wrapping_add(1), p.position.0.wrapping_sub(1)]
+        });
+        for x in xs.into_iter().chain(near).chain([0, u64::MAX]) {
+            let x = Position(x);
+            if d.lookup_naive(x) == Some(me.id) {
+                let t = x.ccw_distance_to(me.position).0;
+                prop_assert!(
+                    arcs.iter().any(|&(a, b)| a <= t && t <= b),
+                    "x = {:?} won at distance {} outside {:?}", x, t, arcs
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn hash_variant_names_round_trip() {
+    let labels: Vec<&str> = HashVariant::ALL.iter().map(|v| v.label()).collect();
+    assert_eq!(
+        labels,
+        [
+            "DHHT (R/R)",
+            "DHHT (R/D)",
+            "DHHT (D/R)",
+            "DHHT (D/D)",
+            "DHHT (Multi)",
+            "Rendezvous"
+        ]
+    );
+    for v in HashVariant::ALL {
+        assert_eq!(v.slug().parse::<HashVariant>(), Ok(v));
+        assert_eq!(v.slug().to_uppercase().parse::<HashVariant>(), Ok(v));
+        assert_eq!(v.to_string(), v.label());
+    }
+    let err = "ws".parse::<HashVariant>().unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "unknown placement variant `ws`; use one of rr, rd, dr, dd, multi, rendezvous"
+    );
+}
+
+#[test]
+fn hash_table_rejects_bad_powers_and_changes_nothing() {
+    for v in HashVariant::ALL {
+        let mut t = HashTable::new(v);
+        t.set_peer(1, 2.0).unwrap();
+        t.add_process(ProcessKey { job: 1, pid: 0 });
+        for w in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let err = t.set_peer(1, w).unwrap_err();
+            assert!(matches!(err, PlacementError::InvalidWeight { peer: 1, .. }));
+        }
+        for w in [1e-101, 1e101] {
+            let err = t.set_peer(2, w).unwrap_err();
+            assert!(matches!(err, PlacementError::PowerOutOfRange { peer: 2, .. }));
+            assert!(err.to_string().contains("scale the benchmark speeds"));
+        }
+        assert_eq!(t.peers().collect::<Vec<_>>(), [(1, 2.0)]);
+        assert_eq!(t.peer_of(ProcessKey { job: 1, pid: 0 }), Some(1));
+        assert_eq!(t.set_peer(1, 2.0), Ok(vec![]), "same power: no moves");
+        assert_eq!(t.remove_peer(9), vec![], "unknown peer");
+    }
+}
+
+/// No peer: processes wait unplaced and are placed by the first join.
+#[test]
+fn hash_table_places_waiting_processes_when_a_peer_joins() {
+    for v in HashVariant::ALL {
+        let mut t = HashTable::new(v);
+        let keys: Vec<ProcessKey> = (0..5).map(|pid| ProcessKey { job: 7, pid }).collect();
+        for &k in &keys {
+            assert_eq!(t.add_process(k), None);
+        }
+        let moves = t.set_peer(3, 1.0).unwrap();
+        let want: Vec<Move> = keys
+            .iter()
+            .map(|&process| Move {
+                process,
+                from: None,
+                to: Some(3),
+            })
+            .collect();
+        assert_eq!(moves, want, "{v}");
+        let moves = t.remove_peer(3);
+        assert!(moves.iter().all(|m| m.to.is_none()) && moves.len() == 5);
+        assert_eq!(t.process_count(), 5);
+    }
+}
+
+/// §4.2.4: Det processes take the smallest free golden index, so a process
+/// added after another finished reuses its position (no migration).
+#[test]
+fn s4_2_4_det_processes_reuse_freed_positions() {
+    let v = HashVariant::Dhht {
+        peers: Hashing::Det,
+        processes: Hashing::Det,
+    };
+    let mut t = HashTable::new(v);
+    t.set_peer(10, 1.0).unwrap();
+    t.set_peer(11, 1.0).unwrap();
+    assert_eq!(t.peer_position(10), Some(golden_position(1)));
+    assert_eq!(t.peer_position(11), Some(golden_position(2)));
+    let k = |pid| ProcessKey { job: 1, pid };
+    for pid in 0..4 {
+        t.add_process(k(pid));
+    }
+    assert_eq!(t.process_position(k(2)), Some(golden_position(3)));
+    t.remove_process(k(2));
+    t.add_process(k(9));
+    assert_eq!(t.process_position(k(9)), Some(golden_position(3)));
+    t.remove_peer(10);
+    t.set_peer(12, 1.0).unwrap();
+    assert_eq!(t.peer_position(12), Some(golden_position(1)));
+}
