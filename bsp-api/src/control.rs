@@ -75,6 +75,9 @@ pub struct SeqCommand {
     pub command: Command,
 }
 
+// Commands are few and short-lived; boxing the assignment would only change
+// every constructor and match.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Command {

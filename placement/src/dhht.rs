@@ -146,13 +146,43 @@ impl Dhht {
     /// [`PlacementError::InvalidWeight`] if the weight is not finite and
     /// positive (remove the peer instead), [`PlacementError::UnknownPeer`] if
     /// the id is absent.
+    ///
+    /// A change of weight alone (same position) is O(log n); a move is O(n).
     pub fn update(&mut self, peer: Peer) -> Result<Peer, PlacementError> {
         check_weight(peer)?;
-        let Some(old) = self.remove(peer.id) else {
+        let Some(&(position, weight)) = self.by_id.get(&peer.id) else {
             return Err(PlacementError::UnknownPeer { peer: peer.id });
         };
-        self.add(peer);
+        let old = Peer {
+            id: peer.id,
+            position,
+            weight,
+        };
+        if position != peer.position {
+            self.remove(peer.id);
+            self.add(peer);
+            return Ok(old);
+        }
+        if let Ok(at) = self
+            .ring
+            .binary_search_by(|e| (e.position, e.id).cmp(&(position, peer.id)))
+        {
+            self.ring[at].weight = peer.weight;
+        }
+        self.by_id.insert(peer.id, (position, peer.weight));
+        self.forget_weight(weight);
+        *self.weights.entry(peer.weight.to_bits()).or_insert(0) += 1;
         Ok(old)
+    }
+
+    fn forget_weight(&mut self, weight: f64) {
+        let key = weight.to_bits();
+        if let Some(count) = self.weights.get_mut(&key) {
+            *count -= 1;
+            if *count == 0 {
+                self.weights.remove(&key);
+            }
+        }
     }
 
     /// Removes peer `id` and returns it, or `None` if it was absent.
@@ -164,13 +194,7 @@ impl Dhht {
         {
             self.ring.remove(at);
         }
-        let key = weight.to_bits();
-        if let Some(count) = self.weights.get_mut(&key) {
-            *count -= 1;
-            if *count == 0 {
-                self.weights.remove(&key);
-            }
-        }
+        self.forget_weight(weight);
         Some(Peer {
             id,
             position,
@@ -206,6 +230,13 @@ impl Dhht {
 
     /// The lookup, also returning how many peers it examined.
     pub(crate) fn walk(&self, x: Position) -> (Option<i64>, usize) {
+        let (best, examined) = self.walk_best(x);
+        (best.map(|(_, id)| id), examined)
+    }
+
+    /// The lookup with the winner's envelope value, and how many peers it
+    /// examined.
+    pub(crate) fn walk_best(&self, x: Position) -> (Option<(f64, i64)>, usize) {
         let n = self.ring.len();
         let Some(w_max) = self.max_weight() else {
             return (None, 0);
@@ -231,7 +262,7 @@ impl Dhht {
                 best = Some((value, e.id));
             }
         }
-        (best.map(|(_, id)| id), examined)
+        (best, examined)
     }
 
     /// The arcs of the ring where peer `id` at `position` with weight

@@ -1,5 +1,10 @@
 //! [`WorkStealing`]: the baseline balancers "WS (Head)" and "WS (Tail)" of
 //! §4.2.1, which the dissertation compares the DHHT against.
+//!
+//! Refinements of the interface agreed with the simulator (issue 4): a thief
+//! steals only *waiting* processes (never a victim's running one), choosing
+//! uniformly among the peers that have one; processes with no peer to go to
+//! wait in a pending list, released by the next `steal_for_idle`.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -106,8 +111,8 @@ impl WorkStealing {
     pub fn release(&mut self, processes: &[ProcessKey]) -> Vec<Move> {
         let mut fresh = Vec::with_capacity(processes.len());
         for &p in processes {
-            if !self.location.contains_key(&p) {
-                self.location.insert(p, None);
+            if let std::collections::btree_map::Entry::Vacant(e) = self.location.entry(p) {
+                e.insert(None);
                 fresh.push(p);
             }
         }
@@ -148,17 +153,23 @@ impl WorkStealing {
             .filter(|(_, q)| q.is_empty())
             .map(|(&id, _)| id)
             .collect();
+        if idle.is_empty() {
+            return moves;
+        }
+        // Peers with a waiting process, ascending. A thief (empty queue) is
+        // never among them, and after stealing it holds one process only.
+        let mut victims: Vec<PeerId> = self
+            .queues
+            .iter()
+            .filter(|(_, q)| q.len() >= 2)
+            .map(|(&id, _)| id)
+            .collect();
         for thief in idle {
-            let victims: Vec<PeerId> = self
-                .queues
-                .iter()
-                .filter(|&(&id, q)| id != thief && q.len() >= 2)
-                .map(|(&id, _)| id)
-                .collect();
             if victims.is_empty() {
                 break; // no waiting process anywhere
             }
-            let victim = victims[self.rng.below(victims.len())];
+            let at = self.rng.below(victims.len());
+            let victim = victims[at];
             let Some(q) = self.queues.get_mut(&victim) else {
                 continue;
             };
@@ -166,6 +177,9 @@ impl WorkStealing {
                 StealFrom::Head => q.remove(1),
                 StealFrom::Tail => q.pop_back(),
             };
+            if q.len() < 2 {
+                victims.remove(at);
+            }
             if let Some(p) = taken {
                 self.queues.entry(thief).or_default().push_back(p);
                 self.location.insert(p, Some(thief));
@@ -243,9 +257,8 @@ impl WorkStealing {
                 }
                 u -= w;
             }
-            let peer = candidates.swap_remove(chosen);
-            // Keep the candidate order canonical (ascending) for the next draw.
-            candidates.sort_unstable();
+            // `remove` keeps the candidates ascending for the next draw.
+            let peer = candidates.remove(chosen);
             self.queues.entry(peer).or_default().push_back(p);
             self.location.insert(p, Some(peer));
             moves.push(Move {

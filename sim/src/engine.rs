@@ -57,7 +57,10 @@ pub enum BalancerSpec {
 impl BalancerSpec {
     /// The eight balancers: the six hash variants, then WS (Head), WS (Tail).
     pub fn all() -> Vec<BalancerSpec> {
-        let mut v: Vec<BalancerSpec> = HashVariant::ALL.into_iter().map(BalancerSpec::Hash).collect();
+        let mut v: Vec<BalancerSpec> = HashVariant::ALL
+            .into_iter()
+            .map(BalancerSpec::Hash)
+            .collect();
         v.push(BalancerSpec::Stealing(StealFrom::Head));
         v.push(BalancerSpec::Stealing(StealFrom::Tail));
         v
@@ -65,7 +68,10 @@ impl BalancerSpec {
 
     /// The hash-based balancers only (experiments of type A).
     pub fn hash_only() -> Vec<BalancerSpec> {
-        HashVariant::ALL.into_iter().map(BalancerSpec::Hash).collect()
+        HashVariant::ALL
+            .into_iter()
+            .map(BalancerSpec::Hash)
+            .collect()
     }
 
     /// The name in the dissertation's tables, e.g. "DHHT (D/D)", "WS (Head)".
@@ -107,7 +113,11 @@ impl FromStr for BalancerSpec {
             .ok_or_else(|| SimError::UnknownName {
                 what: "balancer",
                 given: s.to_string(),
-                valid: BalancerSpec::all().iter().map(|b| b.slug()).collect::<Vec<_>>().join(", "),
+                valid: BalancerSpec::all()
+                    .iter()
+                    .map(|b| b.slug())
+                    .collect::<Vec<_>>()
+                    .join(", "),
             })
     }
 }
@@ -216,8 +226,9 @@ pub struct RunOutcome {
     pub events: u64,
 }
 
-/// The balancer seen by the engine: both kinds behind one face.
-trait Balancer {
+/// The balancer seen by the engine: both kinds behind one face (tests add
+/// a scripted one).
+pub(crate) trait Balancer {
     /// True if every hosted process runs (sharing the power); false if only
     /// [`Balancer::running_on`] runs.
     fn shares_power(&self) -> bool;
@@ -237,7 +248,9 @@ impl Balancer for HashBalancer {
         true
     }
     fn set_peer(&mut self, peer: PeerId, power: f64, _joined: bool) -> Result<Vec<Move>, SimError> {
-        self.0.set_peer(peer, power).map_err(|e| SimError::Inconsistent(e.to_string()))
+        self.0
+            .set_peer(peer, power)
+            .map_err(|e| SimError::Inconsistent(e.to_string()))
     }
     fn remove_peer(&mut self, peer: PeerId) -> Vec<Move> {
         self.0.remove_peer(peer)
@@ -245,7 +258,11 @@ impl Balancer for HashBalancer {
     fn release(&mut self, processes: &[ProcessKey]) -> Vec<Move> {
         processes
             .iter()
-            .map(|&process| Move { process, from: None, to: self.0.add_process(process) })
+            .map(|&process| Move {
+                process,
+                from: None,
+                to: self.0.add_process(process),
+            })
             .collect()
     }
     fn finish(&mut self, process: ProcessKey) {
@@ -398,11 +415,19 @@ struct Engine<'a> {
 /// that cannot be simulated (says which value is wrong), and
 /// [`SimError::Inconsistent`] if the balancer contradicts itself.
 pub fn simulate(cfg: &RunConfig<'_>) -> Result<RunOutcome, SimError> {
-    validate(cfg)?;
     let balancer: Box<dyn Balancer> = match cfg.balancer {
         BalancerSpec::Hash(v) => Box::new(HashBalancer(HashTable::new(v))),
         BalancerSpec::Stealing(s) => Box::new(StealBalancer(WorkStealing::new(s, cfg.seed))),
     };
+    simulate_with(cfg, balancer)
+}
+
+/// [`simulate`] with a given balancer (`cfg.balancer` only labels the run).
+pub(crate) fn simulate_with(
+    cfg: &RunConfig<'_>,
+    balancer: Box<dyn Balancer>,
+) -> Result<RunOutcome, SimError> {
+    validate(cfg)?;
     let e = Engine {
         cfg,
         shares: balancer.shares_power(),
@@ -427,7 +452,12 @@ pub fn simulate(cfg: &RunConfig<'_>) -> Result<RunOutcome, SimError> {
         jobs: cfg
             .jobs
             .iter()
-            .map(|_| JobSt { admitted: None, finished: None, first_proc: 0, left: 0 })
+            .map(|_| JobSt {
+                admitted: None,
+                finished: None,
+                first_proc: 0,
+                left: 0,
+            })
             .collect(),
         ready: VecDeque::new(),
         running: 0,
@@ -440,7 +470,11 @@ pub fn simulate(cfg: &RunConfig<'_>) -> Result<RunOutcome, SimError> {
 }
 
 fn invalid(name: &'static str, value: impl fmt::Display, expected: &'static str) -> SimError {
-    SimError::InvalidParameter { name, value: value.to_string(), expected }
+    SimError::InvalidParameter {
+        name,
+        value: value.to_string(),
+        expected,
+    }
 }
 
 fn validate(cfg: &RunConfig<'_>) -> Result<(), SimError> {
@@ -451,38 +485,77 @@ fn validate(cfg: &RunConfig<'_>) -> Result<(), SimError> {
         return Err(invalid("factor", f, "CPU factors must be finite and > 0"));
     }
     if !cfg.availability.is_empty() && cfg.availability.len() != cfg.factors.len() {
-        return Err(SimError::TraceCount { peers: cfg.factors.len(), traces: cfg.availability.len() });
+        return Err(SimError::TraceCount {
+            peers: cfg.factors.len(),
+            traces: cfg.availability.len(),
+        });
     }
-    if !(cfg.overload > 0.0) {
-        return Err(invalid("overload", cfg.overload, "must be > 0 (or infinite: no ready queue)"));
+    if cfg.overload.is_nan() || cfg.overload <= 0.0 {
+        return Err(invalid(
+            "overload",
+            cfg.overload,
+            "must be > 0 (or infinite: no ready queue)",
+        ));
     }
-    if !(cfg.horizon > 0.0) {
-        return Err(invalid("horizon", cfg.horizon, "must be > 0 seconds (or infinite: until all jobs are done)"));
+    if cfg.horizon.is_nan() || cfg.horizon <= 0.0 {
+        return Err(invalid(
+            "horizon",
+            cfg.horizon,
+            "must be > 0 seconds (or infinite: until all jobs are done)",
+        ));
     }
     if !(cfg.hysteresis >= 0.0 && cfg.hysteresis.is_finite()) {
-        return Err(invalid("hysteresis", cfg.hysteresis, "must be a finite fraction ≥ 0, e.g. 0.1"));
+        return Err(invalid(
+            "hysteresis",
+            cfg.hysteresis,
+            "must be a finite fraction ≥ 0, e.g. 0.1",
+        ));
     }
     if !(cfg.bulk_window >= 0.0 && cfg.bulk_window.is_finite()) {
-        return Err(invalid("bulk window", cfg.bulk_window, "must be finite seconds ≥ 0"));
+        return Err(invalid(
+            "bulk window",
+            cfg.bulk_window,
+            "must be finite seconds ≥ 0",
+        ));
     }
     for (i, j) in cfg.jobs.iter().enumerate() {
         if j.id != i as i64 {
-            return Err(invalid("job id", j.id, "job ids must be 0..n in release order"));
+            return Err(invalid(
+                "job id",
+                j.id,
+                "job ids must be 0..n in release order",
+            ));
         }
         if !(j.release >= 0.0 && j.release.is_finite()) {
-            return Err(invalid("release", j.release, "release times must be finite and ≥ 0"));
+            return Err(invalid(
+                "release",
+                j.release,
+                "release times must be finite and ≥ 0",
+            ));
         }
         if i > 0 && j.release < cfg.jobs[i - 1].release {
-            return Err(invalid("release", j.release, "jobs must be sorted by release time"));
+            return Err(invalid(
+                "release",
+                j.release,
+                "jobs must be sorted by release time",
+            ));
         }
         if j.parallelism == 0 {
-            return Err(invalid("parallelism", 0, "every job needs at least one process"));
+            return Err(invalid(
+                "parallelism",
+                0,
+                "every job needs at least one process",
+            ));
         }
-        if !(j.length > 0.0) {
+        if j.length.is_nan() || j.length <= 0.0 {
             return Err(invalid("length", j.length, "process lengths must be > 0"));
         }
         if j.length.is_infinite() && cfg.horizon.is_infinite() {
-            return Err(invalid("horizon", "infinite", "finite when some processes never end"));
+            return Err(invalid(
+                "horizon",
+                "infinite",
+                "finite when some processes never end",
+            ));
         }
     }
     Ok(())
@@ -532,7 +605,10 @@ impl Engine<'_> {
             let tc = self.completions.first().map(|&(k, _)| f64::from_bits(k));
             let ta = steps.peek().map(|Reverse((t, _, _))| *t as f64);
             let tr = cfg.jobs.get(next_job).map(|j| j.release);
-            let t = [tc, ta, tr].into_iter().flatten().fold(f64::INFINITY, f64::min);
+            let t = [tc, ta, tr]
+                .into_iter()
+                .flatten()
+                .fold(f64::INFINITY, f64::min);
             if t.is_infinite() || t > cfg.horizon {
                 break;
             }
@@ -555,7 +631,11 @@ impl Engine<'_> {
             }
             self.after_event(t)?;
         }
-        let end = if cfg.horizon.is_finite() { cfg.horizon } else { now };
+        let end = if cfg.horizon.is_finite() {
+            cfg.horizon
+        } else {
+            now
+        };
         Ok(self.finish_run(end, events))
     }
 
@@ -612,7 +692,11 @@ impl Engine<'_> {
     }
 
     fn set_availability(&mut self, p: u32, value: f64, t: f64) -> Result<(), SimError> {
-        let value = if value.is_finite() { value.clamp(0.0, 1.0) } else { 0.0 };
+        let value = if value.is_finite() {
+            value.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
         let peer = &mut self.peers[p as usize];
         peer.touch(t);
         let power = peer.factor * value;
@@ -673,7 +757,11 @@ impl Engine<'_> {
             Some(ref mut b) if t - b.start < window => b.dest = to,
             _ => {
                 pr.close_bulk();
-                pr.bulk = Some(Bulk { origin: from, start: t, dest: to });
+                pr.bulk = Some(Bulk {
+                    origin: from,
+                    start: t,
+                    dest: to,
+                });
             }
         }
     }
@@ -686,7 +774,10 @@ impl Engine<'_> {
             let to = m.to.map(|id| self.peer_index(id)).transpose()?;
             let pr = &self.procs[i as usize];
             if pr.finished.is_some() {
-                return Err(SimError::Inconsistent(format!("moved finished process {:?}", m.process)));
+                return Err(SimError::Inconsistent(format!(
+                    "moved finished process {:?}",
+                    m.process
+                )));
             }
             if pr.peer == to {
                 continue;
@@ -728,7 +819,11 @@ impl Engine<'_> {
             Some(k) => Some(self.proc_index(k)?),
             None => None,
         };
-        let have: Vec<u32> = self.peers[p as usize].active.iter().map(|&(_, i)| i).collect();
+        let have: Vec<u32> = self.peers[p as usize]
+            .active
+            .iter()
+            .map(|&(_, i)| i)
+            .collect();
         for &i in &have {
             if Some(i) != want {
                 self.deactivate(i, t);
@@ -788,7 +883,10 @@ impl Engine<'_> {
             pr.finished = Some(t);
             pr.peer = None;
             pr.close_bulk();
-            let key = ProcessKey { job: self.cfg.jobs[pr.job as usize].id, pid: pr.pid };
+            let key = ProcessKey {
+                job: self.cfg.jobs[pr.job as usize].id,
+                pid: pr.pid,
+            };
             let job = &mut self.jobs[pr.job as usize];
             job.left -= 1;
             if job.left == 0 {
@@ -847,7 +945,11 @@ impl Engine<'_> {
                 .jobs
                 .iter()
                 .zip(&self.jobs)
-                .map(|(job, st)| JobOutcome { job: *job, admitted: st.admitted, finished: st.finished })
+                .map(|(job, st)| JobOutcome {
+                    job: *job,
+                    admitted: st.admitted,
+                    finished: st.finished,
+                })
                 .collect(),
             processes,
             admissions: self.admissions,

@@ -15,7 +15,8 @@ pub struct CpuRow {
     pub count: u32,
 }
 
-/// Table 4.2: the CPUs of the AEOLUS testbed (Σ count = 94).
+/// Table 4.2: the CPUs of the AEOLUS testbed (Σ count = 94), verbatim —
+/// including the 4-core 2.83 GHz row with factor 5.66 (not 11.32).
 pub const TABLE_4_2: [CpuRow; 27] = [
     row("667 MHz", 1, 0.667, 1),
     row("733 MHz", 1, 0.733, 2),
@@ -83,7 +84,9 @@ mod tests {
     #[test]
     fn table_4_2_has_94_cpus_and_factors_are_speed_times_cores() {
         assert_eq!(TABLE_4_2.iter().map(|r| r.count).sum::<u32>(), 94);
-        for r in TABLE_4_2 {
+        // As printed, except the 4-core 2.83 GHz row, whose factor 5.66 is
+        // 2 × 2.83; we keep the printed factor (it is what was simulated).
+        for r in TABLE_4_2.iter().filter(|r| r.speed != "2.83 GHz") {
             let ghz: f64 = if let Some(m) = r.speed.strip_suffix(" MHz") {
                 m.parse::<f64>().unwrap() / 1000.0
             } else {

@@ -42,7 +42,11 @@ impl MinAvgMax {
         if n == 0 {
             return MinAvgMax::default();
         }
-        MinAvgMax { min, avg: sum / n as f64, max }
+        MinAvgMax {
+            min,
+            avg: sum / n as f64,
+            max,
+        }
     }
 }
 
@@ -116,7 +120,11 @@ pub struct RunMetrics {
 impl RunMetrics {
     /// Utilized ÷ available CPU time (1 = 100 %).
     pub fn utilization(&self) -> f64 {
-        if self.available > 0.0 { self.utilized / self.available } else { 0.0 }
+        if self.available > 0.0 {
+            self.utilized / self.available
+        } else {
+            0.0
+        }
     }
 }
 
@@ -124,9 +132,20 @@ impl RunMetrics {
 /// seconds.
 pub fn metrics(outcome: &RunOutcome, warmup: f64) -> RunMetrics {
     let measured = |job: u32| outcome.jobs[job as usize].job.release >= warmup;
-    let procs: Vec<_> = outcome.processes.iter().filter(|p| measured(p.job)).collect();
-    let finished: Vec<_> = procs.iter().filter_map(|p| p.finished.map(|f| (p, f - p.admitted))).collect();
-    let jobs: Vec<_> = outcome.jobs.iter().filter(|j| j.job.release >= warmup).collect();
+    let procs: Vec<_> = outcome
+        .processes
+        .iter()
+        .filter(|p| measured(p.job))
+        .collect();
+    let finished: Vec<_> = procs
+        .iter()
+        .filter_map(|p| p.finished.map(|f| (p, f - p.admitted)))
+        .collect();
+    let jobs: Vec<_> = outcome
+        .jobs
+        .iter()
+        .filter(|j| j.job.release >= warmup)
+        .collect();
     let jobs_done: Vec<_> = jobs
         .iter()
         .filter_map(|j| Some((j, j.finished? - j.admitted?)))
@@ -137,21 +156,40 @@ pub fn metrics(outcome: &RunOutcome, warmup: f64) -> RunMetrics {
     };
     let process_stretch = mean(&mut finished.iter().map(|(p, d)| d / p.length));
     let job_stretch = mean(&mut jobs_done.iter().map(|(j, d)| d / j.job.length));
-    let pending = MinAvgMax::of(jobs.iter().filter_map(|j| Some(j.admitted? - j.job.release)));
+    let pending = MinAvgMax::of(
+        jobs.iter()
+            .filter_map(|j| Some(j.admitted? - j.job.release)),
+    );
 
     let migrations: u64 = procs.iter().map(|p| u64::from(p.migrations)).sum();
     let bulk_migrations: u64 = procs.iter().map(|p| u64::from(p.bulk_migrations)).sum();
-    let process_hours: f64 =
-        procs.iter().map(|p| (p.finished.unwrap_or(outcome.end) - p.admitted).max(0.0)).sum::<f64>() / 3600.0;
-    let per_hour = |n: u64| if process_hours > 0.0 { n as f64 / process_hours } else { 0.0 };
+    let process_hours: f64 = procs
+        .iter()
+        .map(|p| (p.finished.unwrap_or(outcome.end) - p.admitted).max(0.0))
+        .sum::<f64>()
+        / 3600.0;
+    let per_hour = |n: u64| {
+        if process_hours > 0.0 {
+            n as f64 / process_hours
+        } else {
+            0.0
+        }
+    };
 
     let by_length = LENGTHS_MIN
         .iter()
         .filter_map(|&m| {
             let len = f64::from(m) * 60.0;
-            let ds: Vec<f64> = finished.iter().filter(|(p, _)| p.length == len).map(|(_, d)| d / 60.0).collect();
-            let js: Vec<f64> =
-                jobs_done.iter().filter(|(j, _)| j.job.length == len).map(|(_, d)| d / 60.0).collect();
+            let ds: Vec<f64> = finished
+                .iter()
+                .filter(|(p, _)| p.length == len)
+                .map(|(_, d)| d / 60.0)
+                .collect();
+            let js: Vec<f64> = jobs_done
+                .iter()
+                .filter(|(j, _)| j.job.length == len)
+                .map(|(_, d)| d / 60.0)
+                .collect();
             if ds.is_empty() && js.is_empty() {
                 return None;
             }
@@ -175,11 +213,18 @@ pub fn metrics(outcome: &RunOutcome, warmup: f64) -> RunMetrics {
             e.1 += (a - j.job.release) / 60.0;
         }
     }
-    let pending_curve = bins.into_iter().map(|(h, (n, s))| (h as f64, s / n as f64)).collect();
+    let pending_curve = bins
+        .into_iter()
+        .map(|(h, (n, s))| (h as f64, s / n as f64))
+        .collect();
 
     RunMetrics {
         balancer: outcome.balancer,
-        jobs_released: outcome.jobs.iter().filter(|j| j.job.release <= outcome.end).count(),
+        jobs_released: outcome
+            .jobs
+            .iter()
+            .filter(|j| j.job.release <= outcome.end)
+            .count(),
         jobs_measured: jobs.len(),
         jobs_finished: jobs_done.len(),
         processes_finished: finished.len(),

@@ -96,29 +96,44 @@ impl Axis {
         if !lo.is_finite() || !hi.is_finite() {
             (lo, hi) = (0.0, 1.0);
         }
-        if hi - lo <= f64::EPSILON * hi.abs().max(lo.abs()).max(1.0) {
-            let pad = if lo == 0.0 { 1.0 } else { lo.abs() * 0.1 };
-            (lo, hi) = (lo - pad, hi + pad);
-            if include_zero && lo < 0.0 && hi <= pad * 2.0 && lo + pad >= 0.0 {
+        if hi - lo <= 1e-12 * hi.abs().max(lo.abs()) || hi - lo < 1e-300 {
+            // A single value: centre it in a range of ±10 % (or ±1 near zero).
+            let pad = if lo.abs() > 1e-200 {
+                lo.abs() * 0.1
+            } else {
+                1.0
+            };
+            (lo, hi) = ((lo - pad).max(f64::MIN), (hi + pad).min(f64::MAX));
+            if include_zero && lo < 0.0 && lo + pad >= 0.0 {
                 lo = 0.0;
             }
         }
-        // Guard against spans that overflow to infinity.
-        let span = (hi - lo).min(f64::MAX);
-        let step = nice_step(span, 5.0);
-        let (lo, hi) = ((lo / step).floor() * step, (hi / step).ceil() * step);
-        let count = ((hi - lo) / step).round();
-        let ticks = if count.is_finite() && count <= 20.0 {
-            (0..=count as usize).map(|i| lo + i as f64 * step).collect()
+        // Halves keep the span finite even for values near ±f64::MAX.
+        let step = nice_step(hi / 2.0 - lo / 2.0, 2.5);
+        let (nlo, nhi) = ((lo / step).floor() * step, (hi / step).ceil() * step);
+        let extended = nlo.is_finite() && nhi.is_finite();
+        let (lo, hi) = if extended { (nlo, nhi) } else { (lo, hi) };
+        let count = (hi / step - lo / step).round();
+        let ticks = if extended && (1.0..=20.0).contains(&count) {
+            (0..=count as usize)
+                .map(|i| lo + i as f64 * step)
+                .filter(|t| t.is_finite())
+                .collect()
         } else {
             vec![lo, hi]
         };
-        Self { lo, hi, ticks, step }
+        Self {
+            lo,
+            hi,
+            ticks,
+            step,
+        }
     }
 
     /// Maps a value to `[0, 1]` along the axis.
     fn frac(&self, v: f64) -> f64 {
-        (v - self.lo) / (self.hi - self.lo)
+        let f = (v / 2.0 - self.lo / 2.0) / (self.hi / 2.0 - self.lo / 2.0);
+        if f.is_finite() { f } else { 0.5 }
     }
 
     /// Formats a tick value with as many decimals as the step needs.
@@ -307,7 +322,10 @@ fn line_style(i: usize) -> String {
 fn marker(out: &mut String, i: usize, x: f64, y: f64) {
     let c = COLORS[i % COLORS.len()];
     let _ = match i % 6 {
-        0 => writeln!(out, "<circle cx=\"{x:.2}\" cy=\"{y:.2}\" r=\"3.5\" fill=\"{c}\"/>"),
+        0 => writeln!(
+            out,
+            "<circle cx=\"{x:.2}\" cy=\"{y:.2}\" r=\"3.5\" fill=\"{c}\"/>"
+        ),
         1 => writeln!(
             out,
             "<rect x=\"{:.2}\" y=\"{:.2}\" width=\"7\" height=\"7\" fill=\"{c}\"/>",
@@ -365,7 +383,12 @@ fn finite(p: &(f64, f64)) -> bool {
 fn xy_plot(title: &str, x_label: &str, y_label: &str, series: &[Series], steps: bool) -> String {
     let labels: Vec<&str> = series.iter().map(|s| s.label.as_str()).collect();
     let mut c = Canvas::new(title, legend_width(&labels));
-    let all = || series.iter().flat_map(|s| s.points.iter()).filter(|p| finite(p));
+    let all = || {
+        series
+            .iter()
+            .flat_map(|s| s.points.iter())
+            .filter(|p| finite(p))
+    };
     let has_data = all().next().is_some();
     let xa = Axis::new(all().map(|p| p.0), false);
     let ya = Axis::new(all().map(|p| p.1), steps);
@@ -383,7 +406,6 @@ fn xy_plot(title: &str, x_label: &str, y_label: &str, series: &[Series], steps: 
     for (i, s) in series.iter().enumerate() {
         let mut d = String::new();
         let mut pen_down = false;
-        let mut last_y = 0.0;
         for p in &s.points {
             if !finite(p) {
                 pen_down = false;
@@ -398,9 +420,7 @@ fn xy_plot(title: &str, x_label: &str, y_label: &str, series: &[Series], steps: 
             } else {
                 let _ = write!(d, "L{x:.2} {y:.2}");
             }
-            last_y = y;
         }
-        let _ = last_y;
         if !d.is_empty() {
             let _ = writeln!(
                 c.out,
@@ -499,9 +519,8 @@ pub fn bar_chart(
     let labels: Vec<&str> = series.iter().map(|s| s.0.as_str()).collect();
     let mut c = Canvas::new(title, legend_width(&labels));
     let value = |k: usize, g: usize| series[k].1.get(g).copied().filter(|v| v.is_finite());
-    let values = || {
-        (0..series.len()).flat_map(move |k| (0..groups.len()).filter_map(move |g| value(k, g)))
-    };
+    let values =
+        || (0..series.len()).flat_map(move |k| (0..groups.len()).filter_map(move |g| value(k, g)));
     let has_data = values().next().is_some();
     let ya = Axis::new(values(), true);
     bar_patterns(&mut c.out, series.len());
@@ -519,7 +538,11 @@ pub fn bar_chart(
         for k in 0..series.len() {
             let Some(v) = value(k, g) else { continue };
             let y = c.y(ya.frac(v));
-            let (top, h) = if y < zero { (y, zero - y) } else { (zero, y - zero) };
+            let (top, h) = if y < zero {
+                (y, zero - y)
+            } else {
+                (zero, y - zero)
+            };
             let _ = writeln!(
                 c.out,
                 "<rect x=\"{:.2}\" y=\"{top:.2}\" width=\"{:.2}\" height=\"{h:.2}\" \

@@ -92,6 +92,7 @@ async fn a_peer_frame_for_a_job_the_peer_is_not_part_of_is_rejected() {
             job: 987_654_321,
             from: 1,
             token: "guess".into(),
+            epoch: 0,
         },
     );
     match read_frame(&mut s) {
@@ -103,10 +104,7 @@ async fn a_peer_frame_for_a_job_the_peer_is_not_part_of_is_rejected() {
     let mut s = connect();
     write_frame(
         &mut s,
-        &Frame::Data {
-            superstep: 0,
-            messages: vec![],
-        },
+        &Frame::Data { messages: vec![] },
     );
     match read_frame(&mut s) {
         Some(Frame::Reject { reason, .. }) => assert_eq!(reason, RejectReason::Protocol),
@@ -146,6 +144,7 @@ async fn a_peer_frame_for_a_job_the_peer_is_not_part_of_is_rejected() {
                 job: long.id,
                 from: host,
                 token: "forged".into(),
+                epoch: 0,
             },
         );
         match read_frame(&mut s) {
