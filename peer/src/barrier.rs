@@ -218,8 +218,8 @@ impl Barrier {
     /// (source, send order); later messages to `pid` from `s` or before are
     /// dropped from now on.
     pub fn take(&mut self, pid: Pid, s: u32) -> Vec<(Pid, Bytes)> {
-        self.set_floor(pid, s + 1);
         let taken = self.messages.remove(&(pid, s)).unwrap_or_default();
+        self.set_floor(pid, s + 1);
         taken
             .into_iter()
             .map(|((src, _), payload)| (src, payload))

@@ -972,7 +972,11 @@ impl Driver {
         // The newest checkpointed superstep that is complete.
         let mut s = self.safe.map_or(0, |s| s + 1);
         let mut safe = self.safe;
-        loop {
+        // No `Done` can exist beyond the furthest local process (plus the
+        // one superstep others may be ahead): once everyone exited, every
+        // later barrier is trivially complete, so stop there.
+        let horizon = self.local.values().map(|l| l.superstep).max().unwrap_or(0) + 1;
+        while s <= horizon {
             if !self.barrier.complete(s) {
                 break;
             }

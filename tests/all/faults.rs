@@ -456,40 +456,60 @@ fn difference(want: &Output, got: &Output) -> Option<String> {
 }
 
 /// The failure-free output of a workload: a run on the shared
-/// (failure-free) cluster, checked against [`model`]. Computed once.
-fn reference(w: &Workload) -> Arc<Output> {
-    static REFS: OnceLock<Mutex<Vec<(&'static str, Arc<Output>)>>> = OnceLock::new();
-    let mut refs = REFS.get_or_init(Default::default).lock().unwrap();
+/// (failure-free) cluster, checked against [`model`]. Computed once; a
+/// failure is remembered and reported to every test that needs it.
+fn reference(w: &Workload) -> Result<Arc<Output>, String> {
+    type Refs = Vec<(&'static str, Result<Arc<Output>, String>)>;
+    static REFS: OnceLock<Mutex<Refs>> = OnceLock::new();
+    let mut refs = REFS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some((_, out)) = refs.iter().find(|(name, _)| *name == w.name) {
         return out.clone();
     }
     let w = *w;
-    let got = std::thread::scope(|s| {
+    let run = std::thread::scope(|s| {
         s.spawn(|| {
             runtime().block_on(async {
                 let client = shared().admin().await;
                 let hash = upload(&client, &w).await;
-                let r = crate::harness::run(&client, spec(&w, &hash, JobLimits::default())).await;
-                r.assert_exited();
-                if let (Some(a), Some(b)) = (r.info.started_at, r.info.finished_at) {
-                    eprintln!("reference run of workload {}: {} ms", w.name, b - a);
-                }
-                output(&r.events, w.nprocs)
+                crate::harness::run(&client, spec(&w, &hash, JobLimits::default())).await
             })
         })
         .join()
-        .expect("the reference run")
+        .map_err(panic_message)
     });
-    let want = model(&w, JOB_SEED);
-    if let Some(d) = difference(&want, &got) {
-        panic!(
-            "the failure-free run of workload {} differs from the native model of the guest program (a bug in the program, the model or the failure-free runtime, not in fault tolerance):\n  {d}",
-            w.name
-        );
-    }
-    let out = Arc::new(got);
-    refs.push((w.name, out.clone()));
-    out
+    let result = run.and_then(|r| {
+        if r.terminal() != &JobEventKind::JobExited {
+            return Err(format!(
+                "the failure-free run of workload {} did not exit normally: {}",
+                w.name,
+                r.failure()
+            ));
+        }
+        if let (Some(a), Some(b)) = (r.info.started_at, r.info.finished_at) {
+            eprintln!("reference run of workload {}: {} ms", w.name, b - a);
+        }
+        let got = output(&r.events, w.nprocs);
+        match difference(&model(&w, JOB_SEED), &got) {
+            None => Ok(Arc::new(got)),
+            Some(d) => Err(format!(
+                "the failure-free run of workload {} differs from the native model of the guest program (a bug in the program, the model or the failure-free runtime, not in fault tolerance):\n  {d}",
+                w.name
+            )),
+        }
+    });
+    refs.push((w.name, result.clone()));
+    result
+}
+
+fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 async fn upload(client: &Client, w: &Workload) -> String {
@@ -611,14 +631,7 @@ where
         let c = cluster.insert(fault_cluster(peers));
         runtime().block_on(body(c, &mut Rng(seed)))
     }))
-    .unwrap_or_else(|panic| {
-        let msg = panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "a panic".to_string());
-        Err(format!("panicked: {msg}"))
-    });
+    .unwrap_or_else(|panic| Err(format!("panicked: {}", panic_message(panic))));
     match result {
         Ok(summary) => {
             eprintln!("fault test {test} ({SEED_ENV}={seed}) passed: {summary}");
@@ -951,7 +964,7 @@ async fn single_kill(cluster: &mut Cluster, rng: &mut Rng) -> Result<String, Str
     let plan = Plan::new(rng);
     eprintln!("  plan: {plan:?}");
     let w = plan.workload;
-    let reference = reference(&w);
+    let reference = reference(&w)?;
     let (client, job, follower) = submit(cluster, &w, limits(plan.checkpoint_every, 2)).await?;
     follower.wait_for_step(plan.kill_step).await?;
     // The injected moment: a random delay after that superstep's output.
@@ -998,7 +1011,9 @@ fn randomized_single_peer_kills_leave_the_output_unchanged() {
         .map(|&s| Plan::new(&mut Rng(s)).workload.name)
         .collect();
     for w in WORKLOADS.iter().filter(|w| needed.contains(w.name)) {
-        reference(w);
+        if let Err(e) = reference(w) {
+            panic!("{e}");
+        }
     }
     let lanes = env_number("BSPWEB_FAULT_LANES").unwrap_or(2).max(1) as usize;
     let next = AtomicUsize::new(0);
@@ -1044,7 +1059,7 @@ fn two_peers_killed_at_once_with_two_replicas_leave_the_output_unchanged() {
         6,
         async |cluster, rng| {
             let w = [COMPUTE, BARRIER][rng.below(2) as usize];
-            let reference = reference(&w);
+            let reference = reference(&w)?;
             let (client, job, follower) = submit(cluster, &w, limits(1, 2)).await?;
             let step = 1 + rng.below(u64::from(w.steps) / 2) as u32;
             follower.wait_for_step(step).await?;
@@ -1081,7 +1096,7 @@ fn a_killed_peer_s_processes_roll_back_and_the_stream_says_so() {
         5,
         async |cluster, rng| {
             let w = COMPUTE;
-            let reference = reference(&w);
+            let reference = reference(&w)?;
             let (client, job, follower) = submit(cluster, &w, limits(1, 2)).await?;
             let cli = bspweb()
                 .args(["logs", &job.to_string(), "--follow"])
@@ -1169,7 +1184,7 @@ fn a_supernode_killed_and_restarted_mid_job_loses_nothing() {
         4,
         async |cluster, rng| {
             let w = [COMPUTE, BARRIER, TRANSFER][rng.below(3) as usize];
-            let reference = reference(&w);
+            let reference = reference(&w)?;
             let (client, job, follower) = submit(cluster, &w, limits(1, 2)).await?;
             let step = 1 + rng.below(u64::from(w.steps) / 2) as u32;
             follower.wait_for_step(step).await?;
@@ -1217,7 +1232,7 @@ fn a_peer_whose_availability_drops_sees_its_processes_migrate_away() {
         5,
         async |cluster, rng| {
             let w = LONG;
-            let reference = reference(&w);
+            let reference = reference(&w)?;
             let (client, job, follower) = submit(cluster, &w, limits(1, 2)).await?;
             follower
                 .wait_for_step(1 + rng.below(u64::from(w.steps) / 8) as u32)
@@ -1268,7 +1283,7 @@ fn a_drained_peer_hands_over_every_process_and_exits_zero() {
         5,
         async |cluster, rng| {
             let w = LONG;
-            let reference = reference(&w);
+            let reference = reference(&w)?;
             let (client, job, follower) = submit(cluster, &w, limits(1, 2)).await?;
             follower
                 .wait_for_step(1 + rng.below(u64::from(w.steps) / 8) as u32)
