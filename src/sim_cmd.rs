@@ -129,20 +129,33 @@ pub fn run(a: SimArgs) -> anyhow::Result<ExitCode> {
         } else {
             String::new()
         };
+        let what = if spec.kind == ExperimentKind::A {
+            let c = m.cpu_per_process;
+            format!(
+                "util {:.1} %, CPU time max/min {:.1}, {:.3} migs/h ({:.3} bulk)",
+                100.0 * m.utilization(),
+                c.max / c.min,
+                m.migrations_per_hour,
+                m.bulk_per_hour
+            )
+        } else {
+            format!(
+                "stretch procs {:.3} jobs {:.3}, {:.3} migs/h, {}/{} jobs finished",
+                m.process_stretch,
+                m.job_stretch,
+                m.migrations_per_hour,
+                m.jobs_finished,
+                m.jobs_measured
+            )
+        };
         eprintln!(
-            "[{}/{}] {:.0?} type {} {}{overload} {}: stretch procs {:.3} jobs {:.3}, {:.3} migs/h, util {:.1} %, {}/{} jobs finished",
+            "[{}/{}] {:.0?} type {} {}{overload} {}: {what}",
             p.done,
             p.total,
             started.elapsed(),
             spec.kind,
             r.group.slug(),
             m.balancer.label(),
-            m.process_stretch,
-            m.job_stretch,
-            m.migrations_per_hour,
-            100.0 * m.utilization(),
-            m.jobs_finished,
-            m.jobs_measured,
         );
     })?;
     let files = render(

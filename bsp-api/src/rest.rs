@@ -313,11 +313,13 @@ pub struct PeerInfo {
     /// Idle-CPU fraction in `[0, 1]` at the last renewal.
     pub idle: f64,
     pub cores: u32,
-    /// `online` while its lease is valid, `gone` after it expired.
+    /// `online` while its lease is valid, `draining` while it is online but
+    /// moving its processes away, `gone` after its lease expired.
     pub state: String,
     /// Unix milliseconds at which the current lease expires.
     pub lease_expires_at: i64,
-    /// Number of processes currently placed on it.
+    /// Number of processes currently placed on it, or migrating away from it
+    /// and not handed over yet.
     pub processes: u32,
 }
 

@@ -261,7 +261,34 @@ impl PageTracker {
     /// Captures must come with increasing supersteps; one at or before the
     /// previous capture starts the tracker over (every replica then gets a
     /// whole snapshot).
-    pub fn capture(&mut self, mut snapshot: Snapshot, memory: &[u8]) -> Snapshot {
+    pub fn capture(&mut self, snapshot: Snapshot, memory: &[u8]) -> Snapshot {
+        self.capture_into(snapshot, memory, None)
+    }
+
+    /// [`PageTracker::capture`] that reuses the memory buffer of `previous`,
+    /// the tracker's last capture (as returned, unmodified), copying only
+    /// the pages that changed: far cheaper than a fresh copy of a large
+    /// memory. Any other `previous` is just dropped (a full copy is made).
+    pub fn capture_reusing(
+        &mut self,
+        snapshot: Snapshot,
+        memory: &[u8],
+        previous: Snapshot,
+    ) -> Snapshot {
+        self.capture_into(snapshot, memory, Some(previous))
+    }
+
+    fn capture_into(
+        &mut self,
+        mut snapshot: Snapshot,
+        memory: &[u8],
+        previous: Option<Snapshot>,
+    ) -> Snapshot {
+        let reuse = previous.filter(|p| {
+            self.last == Some((p.superstep, p.hash))
+                && p.memory.len() == self.len_pages * PAGE_SIZE
+                && snapshot.superstep > p.superstep
+        });
         if self.last.is_some_and(|(s, _)| snapshot.superstep <= s) {
             self.restart();
         }
@@ -273,15 +300,30 @@ impl PageTracker {
             self.shas.resize(n, zero_page_hash());
             self.changed.resize(n, 0);
         }
-        let mut copy = Vec::with_capacity(mem.len());
+        // With a reused buffer (the last capture, pages beyond it zeros),
+        // unchanged pages are already in place.
+        let (mut copy, in_place) = match reuse {
+            Some(p) => {
+                let mut m = p.memory;
+                m.resize(mem.len(), 0);
+                (m, true)
+            }
+            None => (Vec::with_capacity(mem.len()), false),
+        };
         for (i, page) in mem.chunks(PAGE_SIZE).enumerate() {
             let fp = fingerprint(&self.keys, page);
-            if fp != self.fps[i] || page.len() != PAGE_SIZE {
+            let changed = fp != self.fps[i] || page.len() != PAGE_SIZE;
+            if changed {
                 self.fps[i] = fp;
                 self.shas[i] = page_hash(page);
                 self.changed[i] = tag;
             }
-            copy.extend_from_slice(page);
+            if !in_place {
+                copy.extend_from_slice(page);
+            } else if changed {
+                let start = i * PAGE_SIZE;
+                copy[start..start + page.len()].copy_from_slice(page);
+            }
         }
         // Pages beyond this memory count as zeros.
         for i in n..self.fps.len() {

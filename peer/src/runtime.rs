@@ -621,6 +621,30 @@ impl Process {
         outbox: Vec<WireMessage>,
         exited: bool,
     ) -> Snapshot {
+        self.checkpoint_into(tracker, outbox, exited, None)
+    }
+
+    /// [`Process::checkpoint`] that recycles `previous`, the last snapshot
+    /// `tracker` took (unmodified), copying only the pages that changed
+    /// ([`PageTracker::capture_reusing`]). Use it when the previous snapshot
+    /// is no longer needed (its replicas acknowledged it).
+    pub fn checkpoint_reusing(
+        &mut self,
+        tracker: &mut PageTracker,
+        outbox: Vec<WireMessage>,
+        exited: bool,
+        previous: Snapshot,
+    ) -> Snapshot {
+        self.checkpoint_into(tracker, outbox, exited, Some(previous))
+    }
+
+    fn checkpoint_into(
+        &mut self,
+        tracker: &mut PageTracker,
+        outbox: Vec<WireMessage>,
+        exited: bool,
+        previous: Option<Snapshot>,
+    ) -> Snapshot {
         let globals: Vec<u64> = self
             .globals
             .iter()
@@ -642,7 +666,10 @@ impl Process {
             Some(m) => m.data(&self.store),
             None => &[],
         };
-        tracker.capture(head, memory)
+        match previous {
+            Some(p) => tracker.capture_reusing(head, memory, p),
+            None => tracker.capture(head, memory),
+        }
     }
 
     /// Take the messages sent since the last call.

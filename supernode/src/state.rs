@@ -960,19 +960,19 @@ impl Core {
                 tx.execute(
                     "UPDATE peers SET name = ?2, addr = ?3, speed = ?4, idle = ?5, cores = ?6, golden = ?7, \
                          lease_id = ?8, lease_expires_at = ?9, state = 'online', last_seen = ?10, \
-                         draining = 0, power = NULL WHERE id = ?1",
+                         draining = 0, power = ?11 WHERE id = ?1",
                     params![id, login.name, login.addr, login.speed, login.idle, login.cores,
-                        u64_to_sql(k), lease_id, expires_at, now],
+                        u64_to_sql(k), lease_id, expires_at, now, weight(login.speed, login.idle)],
                 )?;
                 id
             }
             None => {
                 tx.execute(
                     "INSERT INTO peers (name, addr, speed, idle, cores, golden, lease_id, lease_expires_at, \
-                         state, first_seen, last_seen) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'online', ?9, ?9)",
+                         state, first_seen, last_seen, power) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'online', ?9, ?9, ?10)",
                     params![login.name, login.addr, login.speed, login.idle, login.cores,
-                        u64_to_sql(k), lease_id, expires_at, now],
+                        u64_to_sql(k), lease_id, expires_at, now, weight(login.speed, login.idle)],
                 )?;
                 tx.last_insert_rowid()
             }

@@ -121,14 +121,16 @@ proptest! {
         supersteps in proptest::collection::vec(
             (proptest::collection::vec(step(), 0..6),
              proptest::collection::vec(replica_event(), 2),
-             0usize..3),
+             0usize..3,
+             any::<bool>()),
             1..7),
     ) {
         let mut memory: Vec<u8> = initial.iter().flat_map(|&s| page_of(s)).collect();
         let mut tracker = PageTracker::new();
         let mut replicas: Vec<(Assembler, ReplicaStore)> =
             (0..2).map(|_| (Assembler::new(64 << 20), ReplicaStore::new())).collect();
-        for (s, (steps, events, nmsgs)) in supersteps.into_iter().enumerate() {
+        let mut previous: Option<Snapshot> = None;
+        for (s, (steps, events, nmsgs, reuse)) in supersteps.into_iter().enumerate() {
             let s = s as u32;
             for st in steps {
                 let pages = memory.len() / P;
@@ -142,7 +144,11 @@ proptest! {
                 }
             }
             let outbox = (0..nmsgs as u32).map(|i| msg(7, i, i, 10 * i as usize)).collect();
-            let snap = tracker.capture(head(7, s, outbox), &memory);
+            let snap = match previous.take() {
+                Some(p) if reuse => tracker.capture_reusing(head(7, s, outbox), &memory, p),
+                _ => tracker.capture(head(7, s, outbox), &memory),
+            };
+            previous = Some(snap.clone());
             prop_assert_eq!(&snap.memory, &memory);
             prop_assert_eq!(snap.hash, snap.compute_hash());
             for (peer, event) in events.into_iter().enumerate() {
@@ -613,4 +619,23 @@ fn the_hash_covers_every_field() {
         f(&mut s);
         assert_ne!(s.compute_hash(), base.hash, "variant {i}");
     }
+}
+
+#[test]
+fn reusing_a_buffer_that_is_not_the_last_capture_copies_everything() {
+    let m0: Vec<u8> = [1u8, 2].iter().flat_map(|&s| page_of(s)).collect();
+    let mut m1 = m0.clone();
+    m1[3] = 9;
+    let mut t = PageTracker::new();
+    let s0 = t.capture(head(0, 0, vec![]), &m0);
+    let mut stale = s0.clone();
+    stale.memory[P + 5] ^= 1; // not what the tracker captured (hash unchanged)
+    stale.superstep = 9;
+    let s1 = t.capture_reusing(head(0, 1, vec![]), &m1, stale);
+    assert_eq!(s1.memory, m1);
+    let mut m2 = m1.clone();
+    m2.resize(3 * P, 4);
+    let s2 = t.capture_reusing(head(0, 2, vec![]), &m2, s1);
+    assert_eq!(s2.memory, m2);
+    assert_eq!(s2.hash, s2.compute_hash());
 }

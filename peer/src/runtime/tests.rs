@@ -639,6 +639,8 @@ struct World {
     procs: Vec<Process>,
     trackers: Vec<PageTracker>,
     exited: Vec<bool>,
+    /// Recycle the previous snapshot's buffer ([`Process::checkpoint_reusing`]).
+    reuse: Option<Vec<Option<Snapshot>>>,
 }
 
 impl World {
@@ -651,6 +653,7 @@ impl World {
             exited: vec![false; job.nprocs as usize],
             job,
             procs,
+            reuse: None,
         }
     }
 
@@ -666,6 +669,7 @@ impl World {
             exited: snapshots.iter().map(|s| s.exited).collect(),
             job,
             procs,
+            reuse: None,
         };
         w.deliver(snapshots);
         w
@@ -718,10 +722,19 @@ impl World {
                     payload: o.payload.to_vec(),
                 })
                 .collect();
-            snaps.push(p.checkpoint(&mut self.trackers[pid], outbox, exited));
+            let tracker = &mut self.trackers[pid];
+            let previous = self.reuse.as_mut().and_then(|r| r.get_mut(pid)?.take());
+            let snap = match previous {
+                Some(previous) => p.checkpoint_reusing(tracker, outbox, exited, previous),
+                None => p.checkpoint(tracker, outbox, exited),
+            };
+            snaps.push(snap);
             self.exited[pid] = exited;
         }
         self.deliver(&snaps);
+        if let Some(prev) = self.reuse.as_mut() {
+            *prev = snaps.iter().cloned().map(Some).collect();
+        }
         snaps
     }
 
@@ -781,6 +794,7 @@ fn a_restored_process_goes_on_exactly_like_the_original() {
     // Restore every process from the checkpoint of each superstep in turn.
     for c in 0..reference.len() - 1 {
         let mut first = World::start(&module, job_for(3, SORT_ARGS, 64));
+        first.reuse = Some(Vec::new());
         let mut taken = Vec::new();
         for _ in 0..=c {
             taken = first.step();
