@@ -8,7 +8,9 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::Args;
 use sim::availability::Profile;
-use sim::experiment::{ExperimentKind, ExperimentSpec, Progress, run_experiment};
+use sim::experiment::{
+    AvailabilitySource, ExperimentKind, ExperimentSpec, ImportedTraces, Progress, run_experiment,
+};
 use sim::report::render;
 use sim::{BalancerSpec, JobProfile};
 
@@ -40,9 +42,15 @@ pub struct SimArgs {
     /// Seed of everything random (CPU factors, jobs, availability, stealing)
     #[arg(long, default_value_t = sim::experiment::DEFAULT_SEED)]
     seed: u64,
-    /// Number of peers (job counts scale with peers / 100)
-    #[arg(long, default_value_t = 100)]
-    peers: usize,
+    /// Number of peers (job counts scale with peers / 100) [default: 100,
+    /// or every host of --trace]
+    #[arg(long)]
+    peers: Option<usize>,
+    /// Availability traces to import (CSV `timestamp,host,idle` or
+    /// `timestamp,host,idle_percent`, times in seconds from Monday 00:00);
+    /// adds them to the availability sources, one host per peer
+    #[arg(long)]
+    trace: Option<PathBuf>,
     /// Simulated days (releases are uniform over them)
     #[arg(long, default_value_t = 14.0)]
     days: f64,
@@ -59,6 +67,10 @@ pub struct SimArgs {
     /// Run until every job is done instead of stopping after --days
     #[arg(long)]
     drain: bool,
+    /// Id of the first peer; the ids select the instance of the random
+    /// ring and per-peer hashes of the Rnd./Multi/rendezvous balancers
+    #[arg(long, default_value_t = 0)]
+    peer_id_base: i64,
     /// Runs at the same time (threads)
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -83,12 +95,12 @@ fn spec_from(a: &SimArgs) -> anyhow::Result<ExperimentSpec> {
     if !a.profile.is_empty() {
         spec.job_profiles = parse_all::<JobProfile>(&a.profile)?;
     }
-    if !a.availability.is_empty() {
+    if !a.availability.is_empty() || a.trace.is_some() {
         spec.availability = a
             .availability
             .iter()
             .map(|n| {
-                n.trim().parse::<Profile>().map_err(|_| {
+                n.trim().parse::<Profile>().map(AvailabilitySource::Profile).map_err(|_| {
                     anyhow::anyhow!("unknown availability profile {n:?}; valid names are: full, office, pool, notebook")
                 })
             })
@@ -104,7 +116,21 @@ fn spec_from(a: &SimArgs) -> anyhow::Result<ExperimentSpec> {
         spec.multiplicities = a.multiplicity.clone();
     }
     spec.seed = a.seed;
-    spec.peers = a.peers;
+    if let Some(path) = &a.trace {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the trace file {}", path.display()))?;
+        let hosts = sim::availability::from_csv(&text)
+            .with_context(|| format!("{} is not a valid trace", path.display()))?;
+        spec.peers = hosts.len();
+        spec.imported = Some(ImportedTraces {
+            name: path.display().to_string(),
+            hosts: hosts.into_iter().map(|(_, h)| h).collect(),
+        });
+        spec.availability.push(AvailabilitySource::Imported);
+    }
+    if let Some(peers) = a.peers {
+        spec.peers = peers;
+    }
     spec.days = a.days;
     if let Some(w) = a.warmup_secs {
         spec.warmup_secs = w;
@@ -112,6 +138,7 @@ fn spec_from(a: &SimArgs) -> anyhow::Result<ExperimentSpec> {
     spec.hysteresis = a.hysteresis;
     spec.bulk_window_secs = a.bulk_window_secs;
     spec.drain = a.drain;
+    spec.peer_id_base = a.peer_id_base;
     spec.validate()?;
     Ok(spec)
 }

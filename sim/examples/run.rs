@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p sim --example run -- <a|b|c> [profiles|-] [availability|-] \
-//!     [overloads|-] [balancers|-] [out-dir] [hysteresis] [threads] [seed]
+//!     [overloads|-] [balancers|-] [out-dir] [hysteresis] [threads] [seed] [peer-id-base]
 //! ```
 //!
 //! `-` keeps the experiment's default. The report's command line is the
@@ -12,7 +12,9 @@
 use std::time::Instant;
 
 use sim::availability::Profile;
-use sim::experiment::{ExperimentKind, ExperimentSpec, Progress, run_experiment};
+use sim::experiment::{
+    AvailabilitySource, ExperimentKind, ExperimentSpec, Progress, run_experiment,
+};
 use sim::report::render;
 use sim::{BalancerSpec, JobProfile};
 
@@ -38,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         spec.job_profiles = v;
     }
     if let Some(v) = list::<Profile>(args.get(2))? {
-        spec.availability = v;
+        spec.availability = v.into_iter().map(AvailabilitySource::Profile).collect();
     }
     if let Some(v) = list::<f64>(args.get(3))? {
         if kind == ExperimentKind::A {
@@ -57,6 +59,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let threads: usize = args.get(7).map_or(Ok(1), |t| t.parse())?;
     if let Some(seed) = args.get(8) {
         spec.seed = seed.parse()?;
+    }
+    if let Some(base) = args.get(9) {
+        spec.peer_id_base = base.parse()?;
     }
     let started = Instant::now();
     let results = run_experiment(&spec, threads, &mut |p: Progress<'_>| {

@@ -146,6 +146,10 @@ pub struct RunConfig<'a> {
     pub bulk_window: f64,
     /// Seed of the work-stealing balancer's PRNG.
     pub seed: u64,
+    /// Peer `i` is `peer_id_base + i` to the balancer. The "Rnd." peer
+    /// positions and the per-peer hashes of Multi / rendezvous are hashes of
+    /// the id, so the base selects the random ring instance.
+    pub peer_id_base: PeerId,
 }
 
 /// One process's history.
@@ -484,6 +488,17 @@ fn validate(cfg: &RunConfig<'_>) -> Result<(), SimError> {
     if let Some(f) = cfg.factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
         return Err(invalid("factor", f, "CPU factors must be finite and > 0"));
     }
+    if cfg
+        .peer_id_base
+        .checked_add(cfg.factors.len() as i64)
+        .is_none()
+    {
+        return Err(invalid(
+            "peer id base",
+            cfg.peer_id_base,
+            "small enough that base + peers fits in i64",
+        ));
+    }
     if !cfg.availability.is_empty() && cfg.availability.len() != cfg.factors.len() {
         return Err(SimError::TraceCount {
             peers: cfg.factors.len(),
@@ -562,9 +577,14 @@ fn validate(cfg: &RunConfig<'_>) -> Result<(), SimError> {
 }
 
 impl Engine<'_> {
+    fn peer_id(&self, p: u32) -> PeerId {
+        self.cfg.peer_id_base + PeerId::from(p)
+    }
+
     fn peer_index(&self, id: PeerId) -> Result<u32, SimError> {
-        if id >= 0 && (id as usize) < self.peers.len() {
-            Ok(id as u32)
+        let i = id.wrapping_sub(self.cfg.peer_id_base);
+        if i >= 0 && (i as usize) < self.peers.len() {
+            Ok(i as u32)
         } else {
             Err(SimError::Inconsistent(format!("unknown peer id {id}")))
         }
@@ -704,7 +724,7 @@ impl Engine<'_> {
             return Ok(());
         }
         peer.power = power;
-        let id = PeerId::from(p);
+        let id = self.cfg.peer_id_base + PeerId::from(p);
         let moves = match peer.told {
             Some(_) if power <= 0.0 => {
                 peer.told = None;
@@ -815,7 +835,7 @@ impl Engine<'_> {
 
     /// Work stealing: make the peer's only running process the balancer's.
     fn sync_running(&mut self, p: u32, t: f64) -> Result<(), SimError> {
-        let want = match self.balancer.running_on(PeerId::from(p)) {
+        let want = match self.balancer.running_on(self.peer_id(p)) {
             Some(k) => Some(self.proc_index(k)?),
             None => None,
         };

@@ -76,8 +76,8 @@ pub struct ExperimentSpec {
     pub kind: ExperimentKind,
     /// Job-stream profiles (types B and C).
     pub job_profiles: Vec<JobProfile>,
-    /// Availability profiles (types A and C; type B uses [`Profile::Full`]).
-    pub availability: Vec<Profile>,
+    /// Availability sources (types A and C; type B uses [`Profile::Full`]).
+    pub availability: Vec<AvailabilitySource>,
     /// Processes per peer (type A).
     pub multiplicities: Vec<u32>,
     /// Overload factors (types B and C).
@@ -98,6 +98,45 @@ pub struct ExperimentSpec {
     pub bulk_window_secs: f64,
     /// Run until every job is done instead of stopping after `days`.
     pub drain: bool,
+    /// Id of the first peer (ids are consecutive); selects the instance of
+    /// the random ring and per-peer hashes (see [`RunConfig::peer_id_base`]).
+    pub peer_id_base: i64,
+    /// Imported traces, used by [`AvailabilitySource::Imported`] groups.
+    pub imported: Option<ImportedTraces>,
+}
+
+/// Where the peers' availability comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AvailabilitySource {
+    /// A synthetic profile group (or [`Profile::Full`]).
+    Profile(Profile),
+    /// The traces in [`ExperimentSpec::imported`], one host per peer.
+    Imported,
+}
+
+impl AvailabilitySource {
+    /// File-name part: the profile's slug or `trace`.
+    pub fn slug(self) -> &'static str {
+        match self {
+            AvailabilitySource::Profile(p) => p.slug(),
+            AvailabilitySource::Imported => "trace",
+        }
+    }
+
+    /// Whether every peer is always 100 % available.
+    pub fn is_full(self) -> bool {
+        self == AvailabilitySource::Profile(Profile::Full)
+    }
+}
+
+/// Availability traces read from a file (e.g. with
+/// [`availability::from_csv`]): the first `peers` hosts are the peers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImportedTraces {
+    /// Where they came from, for the report.
+    pub name: String,
+    /// One trace per host, in the order they are assigned to peers.
+    pub hosts: Vec<Availability>,
 }
 
 /// Default seed of every experiment.
@@ -108,7 +147,9 @@ impl ExperimentSpec {
     /// [`DEFAULT_SEED`], one-hour warm-up, 30 s bulk window, no hysteresis,
     /// and every profile, overload factor and balancer the type uses.
     pub fn defaults(kind: ExperimentKind) -> ExperimentSpec {
-        let groups = vec![Profile::Office, Profile::Pool, Profile::Notebook];
+        let groups: Vec<AvailabilitySource> = [Profile::Office, Profile::Pool, Profile::Notebook]
+            .map(AvailabilitySource::Profile)
+            .to_vec();
         let (job_profiles, availability, multiplicities, overloads, balancers) = match kind {
             ExperimentKind::A => (
                 vec![],
@@ -119,7 +160,7 @@ impl ExperimentSpec {
             ),
             ExperimentKind::B => (
                 JobProfile::ALL.to_vec(),
-                vec![Profile::Full],
+                vec![AvailabilitySource::Profile(Profile::Full)],
                 vec![],
                 vec![1.0, 4.0],
                 BalancerSpec::all(),
@@ -150,6 +191,8 @@ impl ExperimentSpec {
             hysteresis: 0.0,
             bulk_window_secs: 30.0,
             drain: false,
+            peer_id_base: 0,
+            imported: None,
         }
     }
 
@@ -205,6 +248,32 @@ impl ExperimentSpec {
                 if self.overloads.is_empty() {
                     return bad("overload", "none".into(), "e.g. 1 or 4");
                 }
+            }
+        }
+        if self.peer_id_base.checked_add(self.peers as i64).is_none() || self.peer_id_base < 0 {
+            return bad(
+                "peer id base",
+                self.peer_id_base.to_string(),
+                "≥ 0 and small enough that base + peers fits in i64",
+            );
+        }
+        if self.availability.contains(&AvailabilitySource::Imported) {
+            match &self.imported {
+                None => {
+                    return bad(
+                        "availability",
+                        "trace".into(),
+                        "import traces (--trace FILE) to use them",
+                    );
+                }
+                Some(t) if t.hosts.len() < self.peers => {
+                    return bad(
+                        "peers",
+                        self.peers.to_string(),
+                        "at most as many peers as the imported trace has hosts (--peers N)",
+                    );
+                }
+                Some(_) => {}
             }
         }
         if self.availability.is_empty() {
@@ -313,14 +382,23 @@ impl ExperimentSpec {
                 );
             }
         }
+        let profiles: Vec<String> = self
+            .availability
+            .iter()
+            .filter(|a| **a != AvailabilitySource::Imported)
+            .map(|p| p.slug().to_string())
+            .collect();
+        if !profiles.is_empty() {
+            c += &format!(" --availability {}", join(profiles));
+        }
+        if let (true, Some(t)) = (
+            self.availability.contains(&AvailabilitySource::Imported),
+            &self.imported,
+        ) {
+            c += &format!(" --trace {}", t.name);
+        }
         c += &format!(
-            " --availability {} --balancer {}",
-            join(
-                self.availability
-                    .iter()
-                    .map(|p| p.slug().to_string())
-                    .collect()
-            ),
+            " --balancer {}",
             join(
                 self.balancers
                     .iter()
@@ -330,6 +408,9 @@ impl ExperimentSpec {
         );
         if self.drain {
             c += " --drain";
+        }
+        if self.peer_id_base != 0 {
+            c += &format!(" --peer-id-base {}", self.peer_id_base);
         }
         c + &format!(" --out {out}")
     }
@@ -343,8 +424,13 @@ impl ExperimentSpec {
     pub fn inputs(&self, group: &Group) -> Inputs {
         let factors = hardware::draw_factors(self.peers, self.seed);
         let availability = match group.availability {
-            Profile::Full => Vec::new(),
-            p => availability::generate(
+            AvailabilitySource::Imported => self
+                .imported
+                .as_ref()
+                .map(|t| t.hosts.iter().take(self.peers).cloned().collect())
+                .unwrap_or_default(),
+            AvailabilitySource::Profile(Profile::Full) => Vec::new(),
+            AvailabilitySource::Profile(p) => availability::generate(
                 p,
                 self.peers,
                 self.duration_secs().ceil() as u64,
@@ -388,6 +474,7 @@ impl ExperimentSpec {
             hysteresis: self.hysteresis,
             bulk_window: self.bulk_window_secs,
             seed: derive_seed(self.seed, tag::STEALING),
+            peer_id_base: self.peer_id_base,
         }
     }
 }
@@ -395,8 +482,8 @@ impl ExperimentSpec {
 /// Runs that share peers, availability and jobs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Group {
-    /// Availability profile ([`Profile::Full`] for type B).
-    pub availability: Profile,
+    /// Availability ([`Profile::Full`] for type B).
+    pub availability: AvailabilitySource,
     /// Job-stream profile (types B, C).
     pub job_profile: Option<JobProfile>,
     /// Processes per peer (type A).

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use crate::availability::Profile;
 use crate::dissertation;
+use crate::experiment::AvailabilitySource;
 use crate::experiment::{ExperimentKind, ExperimentSpec, Group};
 use crate::metrics::RunMetrics;
 use crate::svg::{Series, bar_chart, line_plot};
@@ -38,10 +39,11 @@ fn overload_text(o: f64) -> String {
     }
 }
 
-fn availability_text(p: Profile) -> String {
-    match p {
-        Profile::Full => "100 % availability".into(),
-        p => format!("{} (synthetic)", p.label()),
+fn availability_text(a: AvailabilitySource) -> String {
+    match a {
+        AvailabilitySource::Profile(Profile::Full) => "100 % availability".into(),
+        AvailabilitySource::Profile(p) => format!("{} (synthetic)", p.label()),
+        AvailabilitySource::Imported => "imported trace".into(),
     }
 }
 
@@ -71,7 +73,7 @@ pub fn render(spec: &ExperimentSpec, results: &[RunResult], command: &str) -> Ve
         }
     );
     parameters(&mut md, spec);
-    if spec.availability.iter().any(|a| *a != Profile::Full) {
+    if spec.availability.iter().any(|a| !a.is_full()) {
         available_table(&mut md, spec, results);
     }
     match k {
@@ -177,7 +179,27 @@ fn parameters(md: &mut String, spec: &ExperimentSpec) {
             ),
         ),
         ("bulk window", format!("{} s", spec.bulk_window_secs)),
+        (
+            "peer ids",
+            format!(
+                "{} … {} (select the random ring instance)",
+                spec.peer_id_base,
+                spec.peer_id_base + spec.peers as i64 - 1
+            ),
+        ),
     ];
+    let mut rows = rows;
+    if let Some(t) = &spec.imported {
+        rows.push((
+            "imported trace",
+            format!(
+                "{} ({} hosts; the first {} are the peers)",
+                t.name,
+                t.hosts.len(),
+                spec.peers
+            ),
+        ));
+    }
     for (name, value) in rows {
         let _ = writeln!(md, "| {name} | {value} |");
     }
@@ -192,7 +214,7 @@ fn parameters(md: &mut String, spec: &ExperimentSpec) {
 fn first_of_each_availability<'a>(
     spec: &ExperimentSpec,
     results: &'a [RunResult],
-) -> Vec<(Profile, &'a RunMetrics)> {
+) -> Vec<(AvailabilitySource, &'a RunMetrics)> {
     spec.availability
         .iter()
         .filter_map(|a| {

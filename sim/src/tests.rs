@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use crate::availability::{Availability, Profile};
 use crate::engine::{Balancer, BalancerSpec, RunConfig, RunOutcome, simulate, simulate_with};
 use crate::error::SimError;
-use crate::experiment::{ExperimentKind, ExperimentSpec};
+use crate::experiment::{AvailabilitySource, ExperimentKind, ExperimentSpec, ImportedTraces};
 use crate::jobs::{Job, JobProfile};
 use crate::metrics::metrics;
 use crate::report::{RunResult, render};
@@ -75,6 +75,7 @@ fn config<'a>(
         hysteresis: 0.0,
         bulk_window: 30.0,
         seed: 1,
+        peer_id_base: 0,
     }
 }
 
@@ -273,7 +274,7 @@ fn same_seed_and_parameters_give_an_identical_report() {
     spec.peers = 10;
     spec.days = 1.0;
     spec.job_profiles = vec![JobProfile::Hpc2n];
-    spec.availability = vec![Profile::Pool];
+    spec.availability = vec![AvailabilitySource::Profile(Profile::Pool)];
     let report = |spec: &ExperimentSpec| {
         let mut results = Vec::new();
         for group in spec.groups() {
@@ -482,4 +483,73 @@ proptest! {
         conservation_holds(&out, &jobs);
         prop_assert_eq!(out.clone(), simulate(&cfg).unwrap());
     }
+}
+
+#[test]
+fn section_4_2_4_peer_ids_select_the_random_ring_but_not_the_golden_one() {
+    let factors = crate::hardware::draw_factors(12, 2);
+    let jobs = small_stream(12, 1.0, 2);
+    let run = |b: BalancerSpec, base: i64| {
+        let mut cfg = config(b, &factors, &[], &jobs);
+        cfg.overload = 2.0;
+        cfg.horizon = 86_400.0;
+        cfg.peer_id_base = base;
+        let out = simulate(&cfg).unwrap();
+        out.processes.iter().map(|p| p.finished).collect::<Vec<_>>()
+    };
+    // Det./Det.: positions come from join order, not from the ids.
+    assert_eq!(run(DD, 0), run(DD, 1000));
+    let rr = BalancerSpec::Hash(HashVariant::Dhht {
+        peers: placement::Hashing::Rnd,
+        processes: placement::Hashing::Rnd,
+    });
+    assert_ne!(run(rr, 0), run(rr, 1000));
+}
+
+#[test]
+fn imported_csv_traces_drive_a_type_c_run_and_are_named_in_the_report() {
+    // Three hosts for a day: one always on, one off at night, one half busy.
+    let mut csv = String::from("timestamp,host,idle_percent\n");
+    for t in (0..86_400).step_by(300) {
+        let night = !(28_800..64_800).contains(&t);
+        csv += &format!(
+            "{t},a,100\n{t},b,{}\n{t},c,50\n",
+            if night { 0 } else { 90 }
+        );
+    }
+    let hosts = crate::availability::from_csv(&csv).unwrap();
+    let mut spec = ExperimentSpec::defaults(ExperimentKind::C);
+    spec.peers = 3;
+    spec.days = 1.0;
+    spec.job_profiles = vec![JobProfile::Hpc2n];
+    spec.overloads = vec![4.0];
+    spec.balancers = vec![DD, WS_HEAD];
+    spec.availability = vec![AvailabilitySource::Imported];
+    assert!(spec.validate().is_err(), "no traces imported yet");
+    spec.imported = Some(ImportedTraces {
+        name: "test.csv".into(),
+        hosts: hosts.into_iter().map(|(_, a)| a).collect(),
+    });
+    spec.validate().unwrap();
+    let results = crate::experiment::run_experiment(&spec, 2, &mut |_| {}).unwrap();
+    assert_eq!(results.len(), 2);
+    for r in &results {
+        // Peer b is off at night and c is half available: less than 3 peers' worth.
+        assert!(r.metrics.available < 3.0 * 86_400.0 * 6.2);
+        assert!(r.metrics.utilized <= r.metrics.available * (1.0 + 1e-9));
+    }
+    let files = render(&spec, &results, "test");
+    assert!(files[0].contents.contains("test.csv (3 hosts"));
+    assert!(
+        files
+            .iter()
+            .any(|f| f.path == "c-trace-hpc2n-o4-pending.svg")
+    );
+    spec.peers = 4;
+    assert!(
+        spec.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("at most as many peers")
+    );
 }

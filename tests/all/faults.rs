@@ -29,7 +29,7 @@ use bsp_api::client::Client;
 use bsp_api::rest::{JobEvent, JobEventKind, JobInfo, JobLimits, SubmitJob};
 use bsp_api::{PeerId, Pid};
 
-use crate::harness::{ADMIN, ADMIN_PASSWORD, Cluster, Options, bspweb, collect, shared};
+use crate::harness::{ADMIN, ADMIN_PASSWORD, Cluster, Options, bspweb, collect};
 
 // ---------------------------------------------------------------------------
 // The guest program: many supersteps, all-to-all messages, all three output
@@ -70,7 +70,7 @@ const COMPUTE: Workload = Workload {
 const BARRIER: Workload = Workload {
     name: "barrier",
     nprocs: 10,
-    steps: 1000,
+    steps: 250,
     work: 2_000,
     payload: 32,
     ballast: 1,
@@ -82,7 +82,7 @@ const BARRIER: Workload = Workload {
 const TRANSFER: Workload = Workload {
     name: "transfer",
     nprocs: 8,
-    steps: 120,
+    steps: 40,
     work: 50_000,
     payload: 48 << 10,
     ballast: 24,
@@ -455,8 +455,23 @@ fn difference(want: &Output, got: &Output) -> Option<String> {
     (!diffs.is_empty()).then(|| diffs.join("\n  "))
 }
 
-/// The failure-free output of a workload: a run on the shared
-/// (failure-free) cluster, checked against [`model`]. Computed once; a
+/// A cluster nothing happens to: no faults, and fixed availability (idle
+/// files), so not even a migration.
+fn reference_cluster() -> &'static Mutex<Cluster> {
+    static CLUSTER: OnceLock<Mutex<Cluster>> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        Mutex::new(Cluster::start(Options {
+            peers: 3,
+            lease_ttl_secs: 15,
+            peer_args: vec![],
+            idle_files: true,
+            log_files: true,
+        }))
+    })
+}
+
+/// The failure-free output of a workload: a run on the
+/// [`reference_cluster`], checked against [`model`]. Computed once; a
 /// failure is remembered and reported to every test that needs it.
 fn reference(w: &Workload) -> Result<Arc<Output>, String> {
     type Refs = Vec<(&'static str, Result<Arc<Output>, String>)>;
@@ -469,10 +484,13 @@ fn reference(w: &Workload) -> Result<Arc<Output>, String> {
         return out.clone();
     }
     let w = *w;
+    let mut cluster = reference_cluster()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let run = std::thread::scope(|s| {
         s.spawn(|| {
             runtime().block_on(async {
-                let client = shared().admin().await;
+                let client = cluster.admin().await;
                 let hash = upload(&client, &w).await;
                 crate::harness::run(&client, spec(&w, &hash, JobLimits::default())).await
             })
@@ -499,6 +517,12 @@ fn reference(w: &Workload) -> Result<Arc<Output>, String> {
                 w.name
             )),
         }
+    });
+    let result = result.map_err(|e| {
+        format!(
+            "{e}\n  (the reference cluster's logs are in {})",
+            cluster.keep_logs().display()
+        )
     });
     refs.push((w.name, result.clone()));
     result

@@ -376,7 +376,9 @@ pub async fn collect(client: &Client, id: i64) -> Run {
     .await;
     assert!(
         result.is_ok(),
-        "job {id} did not end within {deadline:?}; events so far: {events:?}"
+        "job {id} did not end within {deadline:?}; {} events so far, the last ones: {:?}",
+        events.len(),
+        &events[events.len().saturating_sub(20)..]
     );
     let info = client.job(id).await.expect("job info");
     Run { info, events }
