@@ -380,7 +380,9 @@ async fn follow(client: &Client, job: i64, raw_dir: Option<&Path>) -> anyhow::Re
             } => {
                 let from = peer_names.describe(client, from).await;
                 let to = peer_names.describe(client, to).await;
-                eprintln!("== process {pid} migrated from {from} to {to} after superstep {superstep}");
+                eprintln!(
+                    "== process {pid} migrated from {from} to {to} after superstep {superstep}"
+                );
             }
             JobEventKind::JobExited => eprintln!("== job {job} exited"),
             JobEventKind::JobAborted { reason } => {

@@ -131,5 +131,8 @@ fn submit_sets_replicas_and_checkpoint_interval_and_documents_them() {
     let out = submit(&["--checkpoint-every", "0"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("--checkpoint-every must be at least 1"), "{stderr}");
+    assert!(
+        stderr.contains("--checkpoint-every must be at least 1"),
+        "{stderr}"
+    );
 }

@@ -366,7 +366,9 @@ fn model(w: &Workload, seed: u64) -> Output {
             let mut a = if s == 0 {
                 mix(seed, p as u64)
             } else {
-                (0..n).fold(acc[p], |a, src| mix(a, inbox[p][src] ^ ((src as u64) << 32)))
+                (0..n).fold(acc[p], |a, src| {
+                    mix(a, inbox[p][src] ^ ((src as u64) << 32))
+                })
             };
             let page = ((s + 1) * w.dirty % w.ballast) as usize;
             a = mix(a, ballast[p][page * words + (s & 8191) as usize]);
@@ -380,8 +382,12 @@ fn model(w: &Workload, seed: u64) -> Output {
                 }
             }
             let chk = mix(a, 0xE77);
-            out[p].push(Rec::Stdout(format!("pid {p:08x} step {s:08x} acc {a:016x}")));
-            out[p].push(Rec::Stderr(format!("pid {p:08x} step {s:08x} chk {chk:016x}")));
+            out[p].push(Rec::Stdout(format!(
+                "pid {p:08x} step {s:08x} acc {a:016x}"
+            )));
+            out[p].push(Rec::Stderr(format!(
+                "pid {p:08x} step {s:08x} chk {chk:016x}"
+            )));
             let mut raw = Vec::with_capacity(24);
             raw.extend_from_slice(&(p as u32).to_le_bytes());
             raw.extend_from_slice(&s.to_le_bytes());
@@ -464,6 +470,7 @@ fn reference_cluster() -> &'static Mutex<Cluster> {
             peers: 3,
             lease_ttl_secs: 15,
             peer_args: vec![],
+            supernode_args: vec![],
             idle_files: true,
             log_files: true,
         }))
@@ -625,20 +632,25 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// A cluster for fault tests: short leases (a lost peer is noticed within
-/// seconds), fixed availability (no migrations but the ones a test makes),
-/// logs in files.
+/// seconds), fixed availability (no migrations but the ones a test makes)
+/// and no wait between a job's migrations, logs in files.
 fn fault_cluster(peers: usize) -> Cluster {
     Cluster::start(Options {
         peers,
         lease_ttl_secs: 3,
         peer_args: vec![],
+        supernode_args: vec!["--migration-interval-ms".into(), "500".into()],
         idle_files: true,
         log_files: true,
     })
 }
 
 /// How long a job with faults may take to end before the test gives up.
-const JOB_LIMIT: Duration = Duration::from_secs(150);
+const JOB_LIMIT: Duration = Duration::from_secs(300);
+/// How long a job may go without any event (every superstep of every
+/// workload prints; detecting a lost peer takes one lease TTL) before the
+/// test calls it stuck.
+const STALL_LIMIT: Duration = Duration::from_secs(60);
 /// How long to wait for a job to reach the moment of a fault.
 const PROGRESS_LIMIT: Duration = Duration::from_secs(90);
 
@@ -744,8 +756,9 @@ impl Follower {
             }
             if Instant::now() >= deadline {
                 return Err(format!(
-                    "job {} did not reach {what} within {limit:?}",
-                    self.job
+                    "job {} did not reach {what} within {limit:?}; {}",
+                    self.job,
+                    tail(&self.snapshot())
                 ));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -760,28 +773,72 @@ impl Follower {
         .await
     }
 
-    /// Every event up to the terminal one.
-    async fn finish(self) -> Result<Vec<JobEvent>, String> {
+    /// Every event up to the terminal one. An error once the job made no
+    /// progress (no event at all) for [`STALL_LIMIT`], or did not end
+    /// within [`JOB_LIMIT`].
+    async fn finish(mut self) -> Result<Vec<JobEvent>, String> {
         let job = self.job;
-        match tokio::time::timeout(JOB_LIMIT, self.task).await {
-            Ok(Ok(Ok(()))) => Ok(Arc::try_unwrap(self.events)
-                .map(|m| m.into_inner().unwrap())
-                .unwrap_or_else(|a| a.lock().unwrap().clone())),
-            Ok(Ok(Err(e))) => Err(e),
-            Ok(Err(e)) => Err(format!("the follower of job {job} panicked: {e}")),
-            Err(_) => Err(format!(
-                "job {job} did not end within {JOB_LIMIT:?}; last events: {:?}",
-                tail(&self.events.lock().unwrap())
-            )),
+        let start = Instant::now();
+        let (mut seen, mut changed) = (usize::MAX, Instant::now());
+        while !self.task.is_finished() {
+            let n = self.events.lock().unwrap().len();
+            if n != seen {
+                (seen, changed) = (n, Instant::now());
+            }
+            if changed.elapsed() > STALL_LIMIT || start.elapsed() > JOB_LIMIT {
+                let why = if changed.elapsed() > STALL_LIMIT {
+                    format!("made no progress (no event) for {STALL_LIMIT:?}")
+                } else {
+                    format!("did not end within {JOB_LIMIT:?}")
+                };
+                let events = self.snapshot();
+                return Err(format!(
+                    "job {job} {why}; {} events: {}",
+                    events.len(),
+                    tail(&events)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        match (&mut self.task).await {
+            Ok(Ok(())) => Ok(std::mem::take(&mut *self.events.lock().unwrap())),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(format!("the follower of job {job} panicked: {e}")),
         }
     }
 }
 
-fn tail(events: &[JobEvent]) -> Vec<&JobEventKind> {
-    events[events.len().saturating_sub(5)..]
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// For a failure message: the last few events, and the system's own events
+/// (status, rolled back, migrated) before them.
+fn tail(events: &[JobEvent]) -> String {
+    let cut = events.len().saturating_sub(5);
+    let system: Vec<String> = events[..cut]
         .iter()
-        .map(|e| &e.kind)
-        .collect()
+        .filter(|e| {
+            !matches!(
+                e.kind,
+                JobEventKind::Stdout { .. }
+                    | JobEventKind::Stderr { .. }
+                    | JobEventKind::Raw { .. }
+            )
+        })
+        .map(|e| format!("{:?} {:?}", e.pid, e.kind))
+        .collect();
+    let last: Vec<String> = events[cut..]
+        .iter()
+        .map(|e| format!("{:?} {:?}", e.pid, e.kind))
+        .collect();
+    format!(
+        "system events {:?}, then {:?}",
+        &system[system.len().saturating_sub(20)..],
+        last
+    )
 }
 
 /// The largest superstep any pid printed its stdout line for.
@@ -796,6 +853,32 @@ fn max_step(events: &[JobEvent]) -> Option<u32> {
             _ => None,
         })
         .max()
+}
+
+/// A child process killed when the test is done with it, however it ends.
+struct KillOnDrop(std::process::Child);
+
+impl KillOnDrop {
+    /// Wait (polling, at most `limit`) for it to exit.
+    async fn wait(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = self.0.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// The job exited normally, its event ids strictly increase, and its output
@@ -818,7 +901,9 @@ fn check_run(events: &[JobEvent], reference: &Output, nprocs: u32) -> Result<(),
     }
     match difference(reference, &output(events, nprocs)) {
         None => Ok(()),
-        Some(d) => Err(format!("the output differs from the failure-free run:\n  {d}")),
+        Some(d) => Err(format!(
+            "the output differs from the failure-free run:\n  {d}"
+        )),
     }
 }
 
@@ -1104,7 +1189,10 @@ fn two_peers_killed_at_once_with_two_replicas_leave_the_output_unchanged() {
                     "only the lost processes {lost:?} may roll back, but {rolled:?} did"
                 ));
             }
-            Ok(format!("{}: killed {a} and {b}; rolled back {rolled:?}", w.name))
+            Ok(format!(
+                "{}: killed {a} and {b}; rolled back {rolled:?}",
+                w.name
+            ))
         },
     );
 }
@@ -1122,17 +1210,23 @@ fn a_killed_peer_s_processes_roll_back_and_the_stream_says_so() {
             let w = COMPUTE;
             let reference = reference(&w)?;
             let (client, job, follower) = submit(cluster, &w, limits(1, 2)).await?;
-            let cli = bspweb()
-                .args(["logs", &job.to_string(), "--follow"])
-                .env("BSPWEB_URL", &cluster.url)
-                .env("BSPWEB_USER", ADMIN)
-                .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
-                .env("BSPWEB_CONFIG_DIR", std::env::temp_dir().join("bspweb-no-config"))
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .map_err(|e| format!("cannot run bspweb logs: {e}"))?;
+            let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+            let file = |name: &str| {
+                std::fs::File::create(dir.path().join(name)).map_err(|e| e.to_string())
+            };
+            let mut cli = KillOnDrop(
+                bspweb()
+                    .args(["logs", &job.to_string(), "--follow"])
+                    .env("BSPWEB_URL", &cluster.url)
+                    .env("BSPWEB_USER", ADMIN)
+                    .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
+                    .env("BSPWEB_CONFIG_DIR", dir.path())
+                    .stdin(std::process::Stdio::null())
+                    .stdout(file("stdout")?)
+                    .stderr(file("stderr")?)
+                    .spawn()
+                    .map_err(|e| format!("cannot run bspweb logs: {e}"))?,
+            );
             let step = 2 + rng.below(u64::from(w.steps) / 3) as u32;
             follower.wait_for_step(step).await?;
             tokio::time::sleep(Duration::from_millis(rng.below(150))).await;
@@ -1159,21 +1253,26 @@ fn a_killed_peer_s_processes_roll_back_and_the_stream_says_so() {
                     "pid {pid} rolled back to superstep {s}, past the job's last sync"
                 ));
             }
-            let out = tokio::task::spawn_blocking(move || cli.wait_with_output())
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("bspweb logs: {e}"))?;
-            let (stdout, stderr) = (
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr),
-            );
-            if !out.status.success() {
-                return Err(format!("bspweb logs --follow failed: {}\n{stderr}", out.status));
+            let status = cli.wait(PROGRESS_LIMIT).await.ok_or_else(|| {
+                format!(
+                    "bspweb logs --follow did not exit within {PROGRESS_LIMIT:?} of the job's end"
+                )
+            })?;
+            let read = |name: &str| {
+                std::fs::read_to_string(dir.path().join(name)).map_err(|e| e.to_string())
+            };
+            let (stdout, stderr) = (read("stdout")?, read("stderr")?);
+            if !status.success() {
+                return Err(format!("bspweb logs --follow failed: {status}\n{stderr}"));
             }
             for (pid, s) in &rolled {
-                let line = format!("== process {pid} was lost with its peer; restored from its checkpoint of superstep {s}");
+                let line = format!(
+                    "== process {pid} was lost with its peer; restored from its checkpoint of superstep {s}"
+                );
                 if !stderr.contains(&line) {
-                    return Err(format!("bspweb logs --follow did not print {line:?}:\n{stderr}"));
+                    return Err(format!(
+                        "bspweb logs --follow did not print {line:?}:\n{stderr}"
+                    ));
                 }
             }
             for (pid, recs) in reference.iter().enumerate() {

@@ -67,6 +67,8 @@ pub struct Options {
     pub peers: usize,
     pub lease_ttl_secs: u64,
     pub peer_args: Vec<String>,
+    /// Extra arguments of `bspweb supernode` (also when it restarts).
+    pub supernode_args: Vec<String>,
     /// Start every peer with `--idle-file`, reporting an idle fraction of 1
     /// until [`Cluster::set_idle`] changes it (no availability noise from
     /// the machine the tests run on).
@@ -82,6 +84,7 @@ impl Default for Options {
             peers: 3,
             lease_ttl_secs: 15,
             peer_args: vec![],
+            supernode_args: vec![],
             idle_files: false,
             log_files: false,
         }
@@ -411,6 +414,7 @@ fn spawn_supernode(listen: &str, data: &Path, opts: &Options) -> Result<(Child, 
         .arg("--data")
         .arg(data)
         .args(["--lease-ttl-secs", &opts.lease_ttl_secs.to_string()])
+        .args(&opts.supernode_args)
         .env("BSPWEB_USER", ADMIN)
         .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
         .env("BSPWEB_LOG", log_filter())
@@ -463,7 +467,9 @@ fn wait_for_peers_blocking(url: &str, peers: &mut [Peer], n: usize, logs: Option
             for p in peers.iter_mut().filter(|p| !p.stopped) {
                 if let Ok(Some(status)) = p.child.try_wait() {
                     let log = logs
-                        .and_then(|d| std::fs::read_to_string(d.join(format!("peer-{}.log", p.name))).ok())
+                        .and_then(|d| {
+                            std::fs::read_to_string(d.join(format!("peer-{}.log", p.name))).ok()
+                        })
                         .map(|l| format!("; its log ends with:\n{}", tail_lines(&l, 20)))
                         .unwrap_or_default();
                     panic!("peer {} exited while starting: {status}{log}", p.name);

@@ -102,10 +102,7 @@ async fn a_peer_frame_for_a_job_the_peer_is_not_part_of_is_rejected() {
 
     // Data before any Hello.
     let mut s = connect();
-    write_frame(
-        &mut s,
-        &Frame::Data { messages: vec![] },
-    );
+    write_frame(&mut s, &Frame::Data { messages: vec![] });
     match read_frame(&mut s) {
         Some(Frame::Reject { reason, .. }) => assert_eq!(reason, RejectReason::Protocol),
         other => panic!("expected a rejection, got {other:?}"),
