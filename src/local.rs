@@ -321,7 +321,8 @@ fn stop_requests(exit_on_stdin_eof: bool) -> tokio::sync::watch::Receiver<u32> {
     let (tx, rx) = tokio::sync::watch::channel(0u32);
     tokio::spawn(async move {
         let mut stdin_closed = Box::pin(shutdown_signal_stdin(exit_on_stdin_eof));
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         loop {
             let term_recv = async {
                 match term.as_mut() {

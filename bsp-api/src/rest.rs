@@ -261,7 +261,11 @@ pub enum JobEventKind {
     /// of `superstep`; it re-executes from there (repeated output is dropped).
     ProcessRolledBack { superstep: u32 },
     /// The process moved from one peer to another at the end of `superstep`.
-    ProcessMigrated { from: PeerId, to: PeerId, superstep: u32 },
+    ProcessMigrated {
+        from: PeerId,
+        to: PeerId,
+        superstep: u32,
+    },
     /// Every process exited normally; the last event of the stream.
     JobExited,
     /// The program aborted (abort, error from `main`, panic); the last event.

@@ -58,7 +58,9 @@ pub enum Frame {
     },
     /// Messages, each to be read in the superstep after the one it was sent
     /// in. Receivers drop repeats by `(src, superstep, seq)`.
-    Data { messages: Vec<WireMessage> },
+    Data {
+        messages: Vec<WireMessage>,
+    },
     /// These processes are through `superstep`, and every message they sent
     /// in it to pids on the receiving peer precedes this frame.
     Done {
@@ -80,9 +82,15 @@ pub enum Frame {
     Checkpoint(Box<Checkpoint>),
     /// A replica's answer to [`Frame::Checkpoint`]. `ok = false`: the replica
     /// lacks the base or the result did not match the hash; send it whole.
-    CheckpointAck { pid: Pid, superstep: u32, ok: bool },
+    CheckpointAck {
+        pid: Pid,
+        superstep: u32,
+        ok: bool,
+    },
     /// The sender now hosts `pid`: send it your newest whole snapshot.
-    FetchCheckpoint { pid: Pid },
+    FetchCheckpoint {
+        pid: Pid,
+    },
     /// Answer to [`Frame::FetchCheckpoint`]; `None` if the sender holds none.
     Snapshot {
         pid: Pid,
