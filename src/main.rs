@@ -5,6 +5,7 @@
 
 mod cli_client;
 mod local;
+mod sim_cmd;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -52,6 +53,8 @@ enum Command {
     Programs,
     /// List the peers of the supernode
     Peers,
+    /// Simulate the load balancers of dissertation ch. 4 and write a report
+    Sim(sim_cmd::SimArgs),
 }
 
 #[derive(Args)]
@@ -177,6 +180,7 @@ fn main() -> ExitCode {
             Command::Upload(a) => cli_client::upload(a).await,
             Command::Programs => cli_client::programs().await,
             Command::Peers => cli_client::peers().await,
+            Command::Sim(a) => sim_cmd::run(a),
         }
     });
     match result {

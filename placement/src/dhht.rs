@@ -146,13 +146,43 @@ impl Dhht {
     /// [`PlacementError::InvalidWeight`] if the weight is not finite and
     /// positive (remove the peer instead), [`PlacementError::UnknownPeer`] if
     /// the id is absent.
+    ///
+    /// A change of weight alone (same position) is O(log n); a move is O(n).
     pub fn update(&mut self, peer: Peer) -> Result<Peer, PlacementError> {
         check_weight(peer)?;
-        let Some(old) = self.remove(peer.id) else {
+        let Some(&(position, weight)) = self.by_id.get(&peer.id) else {
             return Err(PlacementError::UnknownPeer { peer: peer.id });
         };
-        self.add(peer);
+        let old = Peer {
+            id: peer.id,
+            position,
+            weight,
+        };
+        if position != peer.position {
+            self.remove(peer.id);
+            self.add(peer);
+            return Ok(old);
+        }
+        if let Ok(at) = self
+            .ring
+            .binary_search_by(|e| (e.position, e.id).cmp(&(position, peer.id)))
+        {
+            self.ring[at].weight = peer.weight;
+        }
+        self.by_id.insert(peer.id, (position, peer.weight));
+        self.forget_weight(weight);
+        *self.weights.entry(peer.weight.to_bits()).or_insert(0) += 1;
         Ok(old)
+    }
+
+    fn forget_weight(&mut self, weight: f64) {
+        let key = weight.to_bits();
+        if let Some(count) = self.weights.get_mut(&key) {
+            *count -= 1;
+            if *count == 0 {
+                self.weights.remove(&key);
+            }
+        }
     }
 
     /// Removes peer `id` and returns it, or `None` if it was absent.
@@ -164,13 +194,7 @@ impl Dhht {
         {
             self.ring.remove(at);
         }
-        let key = weight.to_bits();
-        if let Some(count) = self.weights.get_mut(&key) {
-            *count -= 1;
-            if *count == 0 {
-                self.weights.remove(&key);
-            }
-        }
+        self.forget_weight(weight);
         Some(Peer {
             id,
             position,
@@ -206,6 +230,13 @@ impl Dhht {
 
     /// The lookup, also returning how many peers it examined.
     pub(crate) fn walk(&self, x: Position) -> (Option<i64>, usize) {
+        let (best, examined) = self.walk_best(x);
+        (best.map(|(_, id)| id), examined)
+    }
+
+    /// The lookup with the winner's envelope value, and how many peers it
+    /// examined.
+    pub(crate) fn walk_best(&self, x: Position) -> (Option<(f64, i64)>, usize) {
         let n = self.ring.len();
         let Some(w_max) = self.max_weight() else {
             return (None, 0);
@@ -231,7 +262,57 @@ impl Dhht {
                 best = Some((value, e.id));
             }
         }
-        (best.map(|(_, id)| id), examined)
+        (best, examined)
+    }
+
+    /// The arcs of the ring where peer `id` at `position` with weight
+    /// `weight` can win a process against the *other* peers of the table, as
+    /// inclusive ranges of clockwise distances from `position`, ascending
+    /// and disjoint. A superset: every point it can win lies in an arc.
+    ///
+    /// Used for incremental updates: when a peer joins or its weight goes
+    /// up, processes can only move to it, and only within these arcs.
+    ///
+    /// Why it is exact: walk the other peers clockwise from `position`. Past
+    /// a peer `q` at distance `a`, `q`'s value at distance `t ≥ a` is
+    /// `(t − a)/w_q`, and ours is `t/w`. We lose for sure when
+    /// `t/w > (t − a)/w_q · (1 + η)` (η = 10⁻⁹ absorbs the rounding of the
+    /// float envelope values), i.e. for every `t` if `w_q ≥ w(1 + η)`, and
+    /// otherwise for `t < a·W/(W − w_q)` with `W = w(1 + η)`. So the
+    /// candidates after each passed peer are the distances at or beyond the
+    /// largest such threshold so far, and the walk stops once that
+    /// threshold reaches the full circle or a peer at least as strong is
+    /// passed. Distance 0 (a process exactly at `position`) is always a
+    /// candidate, since peers at the same position tie there.
+    pub(crate) fn pull_arcs(&self, id: i64, position: Position, weight: f64) -> Vec<(u64, u64)> {
+        const ETA: f64 = 1e-9;
+        let n = self.ring.len();
+        let w = weight * (1.0 + ETA);
+        let mut arcs = vec![(0, 0)];
+        // The first distance not yet covered by an arc, and the smallest
+        // distance > 0 where we can still win.
+        let mut from: u64 = 1;
+        let mut threshold: u64 = 0;
+        let first = self.ring.partition_point(|e| e.position < position);
+        for step in 0..n {
+            let e = self.ring[(first + step) % n];
+            if e.id == id {
+                continue;
+            }
+            let a = e.position.ccw_distance_to(position).0;
+            let lo = from.max(threshold);
+            if a > 0 && lo < a {
+                arcs.push((lo, a - 1));
+            }
+            from = from.max(a);
+            match pass_threshold(a, e.weight, w) {
+                Some(t) => threshold = threshold.max(t),
+                None => return arcs,
+            }
+        }
+        let lo = from.max(threshold);
+        arcs.push((lo, u64::MAX));
+        arcs
     }
 
     fn add(&mut self, peer: Peer) {
@@ -268,9 +349,30 @@ fn check_weight(peer: Peer) -> Result<(), PlacementError> {
     }
 }
 
-fn better(value: f64, id: i64, best: Option<(f64, i64)>) -> bool {
+pub(crate) fn better(value: f64, id: i64, best: Option<(f64, i64)>) -> bool {
     match best {
         None => true,
         Some((best_value, best_id)) => value < best_value || (value == best_value && id < best_id),
+    }
+}
+
+/// After passing a peer of weight `w_q` at clockwise distance `a`, the
+/// smallest distance `t > 0` (fixed point, rounded down) at which a peer of
+/// effective weight `w` (already inflated by `1 + η`) may still beat it;
+/// `None` if it never can (see [`Dhht::pull_arcs`]).
+fn pass_threshold(a: u64, w_q: f64, w: f64) -> Option<u64> {
+    if a == 0 {
+        return if w_q > w { None } else { Some(0) };
+    }
+    if w_q >= w {
+        return None;
+    }
+    // a·w/(w − w_q), shrunk by 10⁻¹² against its own rounding.
+    let t = Position(a).to_f64() * w / (w - w_q) * (1.0 - 1e-12);
+    if t >= 1.0 {
+        None
+    } else {
+        // `as` saturates; t < 1 so the product is below 2⁶⁴.
+        Some((t * 18_446_744_073_709_551_616.0) as u64)
     }
 }

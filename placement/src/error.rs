@@ -25,6 +25,22 @@ pub enum PlacementError {
         /// The peer.
         peer: i64,
     },
+    /// A power outside the range a [`HashTable`](crate::HashTable) accepts.
+    PowerOutOfRange {
+        /// The peer.
+        peer: i64,
+        /// The rejected power.
+        power: f64,
+        /// The smallest accepted power.
+        min: f64,
+        /// The largest accepted power.
+        max: f64,
+    },
+    /// A hash variant name that is not one of the slugs.
+    UnknownVariant {
+        /// The rejected name (at most 64 characters of it).
+        given: String,
+    },
     /// A position scheme name other than `random` or `golden`.
     UnknownScheme {
         /// The rejected name (at most 64 characters of it).
@@ -47,6 +63,20 @@ impl fmt::Display for PlacementError {
             PlacementError::UnknownPeer { peer } => write!(
                 f,
                 "peer {peer} is not in the placement table; use insert to add it"
+            ),
+            PlacementError::PowerOutOfRange {
+                peer,
+                power,
+                min,
+                max,
+            } => write!(
+                f,
+                "peer {peer} has power {power:e}; powers must lie in [{min:e}, {max:e}], \
+                 so scale the benchmark speeds into that range"
+            ),
+            PlacementError::UnknownVariant { given } => write!(
+                f,
+                "unknown placement variant `{given}`; use one of rr, rd, dr, dd, multi, rendezvous"
             ),
             PlacementError::UnknownScheme { given } => write!(
                 f,

@@ -32,6 +32,23 @@
 //! The default, and the dissertation's best variant, is Golden for both
 //! peers and processes ("DHHT (Det., Det.)").
 //!
+//! # The balancers of §4.2
+//!
+//! - [`HashTable`] implements every hash-based balancer behind one API
+//!   ([`HashVariant`]): the four DHHT variants (Rnd./Det. positions for
+//!   peers × processes), multiple hashing ("DHHT (Multi)", §4.2.3: argmin
+//!   `r_{i,x}/w_i` with a per-peer hash [`peer_hash`]) and weighted
+//!   rendezvous hashing (argmin `−ln(r_{i,x})/w_i`, exactly proportional).
+//!   It keeps every process's peer and reports, for each join, leave or
+//!   power change, exactly the processes that move ([`Move`]) — computed
+//!   incrementally: an increase or join can only pull processes to the
+//!   peer, a decrease or leave only push its own processes away.
+//! - [`WorkStealing`] is the baseline of §4.2.1, "WS (Head)" and
+//!   "WS (Tail)", seeded with its own generator.
+//!
+//! [`Dhht`] is the lower envelope alone, for callers (the supernode) that
+//! keep positions and assignments themselves.
+//!
 //! # Example
 //!
 //! ```
@@ -65,7 +82,7 @@
 //!
 //! **Architecture Invariant:** this crate does no IO, reads no clock and
 //! uses no global random number generator; every result is a pure function
-//! of its inputs, identical on every machine.
+//! of its inputs (and seeds), identical on every machine.
 
 #![warn(missing_docs)]
 
@@ -73,6 +90,9 @@ mod dhht;
 mod error;
 mod index;
 mod position;
+mod rng;
+mod steal;
+mod table;
 
 #[cfg(test)]
 mod tests;
@@ -83,4 +103,8 @@ pub use index::IndexAllocator;
 pub use position::{
     GOLDEN_STEP, PHI_INV, PHI_SQUARED, Position, PositionScheme, golden_position, hashed_position,
     peer_key, process_key,
+};
+pub use steal::{StealFrom, WorkStealing};
+pub use table::{
+    HashTable, HashVariant, Hashing, MAX_POWER, MIN_POWER, Move, PeerId, ProcessKey, peer_hash,
 };
