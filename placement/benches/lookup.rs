@@ -2,7 +2,8 @@
 //!
 //! Run with `cargo bench -p placement --bench lookup`. Prints, for 10³, 10⁴
 //! and 10⁵ peers with powers uniform in [1, 8], the mean cost of one lookup
-//! per variant (best of three runs); then, with 10³, 10⁴ and (DHHT only)
+//! per variant (best of three runs) next to a linear scan of the lower
+//! envelope (the same D/D table, every peer examined); then, with 10³, 10⁴ and (DHHT only)
 //! 10⁵ peers and 10⁴ processes, the mean cost of one `set_peer` power
 //! change (new power uniform in [1, 8]), of a join + leave pair, and the
 //! moves they report, next to the cost of placing all 10⁴ processes from
@@ -11,7 +12,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use placement::{HashTable, HashVariant, Position, ProcessKey};
+use placement::{HashTable, HashVariant, Hashing, Position, ProcessKey};
 
 /// SplitMix64, so the workload is the same on every run.
 struct Rng(u64);
@@ -38,13 +39,30 @@ fn table(variant: HashVariant, peers: usize, rng: &mut Rng) -> HashTable {
     t
 }
 
+/// Mean ns of `lookup` over `lookups` random positions, best of three runs
+/// (the machine is shared).
+fn mean_ns(lookups: usize, rng: &mut Rng, lookup: impl Fn(Position) -> Option<i64>) -> f64 {
+    let xs: Vec<Position> = (0..lookups).map(|_| Position(rng.next())).collect();
+    let mut ns = f64::INFINITY;
+    for _ in 0..3 {
+        let start = Instant::now();
+        let mut sink = 0i64;
+        for &x in &xs {
+            sink = sink.wrapping_add(lookup(black_box(x)).unwrap_or(0));
+        }
+        ns = ns.min(start.elapsed().as_nanos() as f64 / lookups as f64);
+        black_box(sink);
+    }
+    ns
+}
+
 fn main() {
     println!("lookup: mean ns per lookup (powers uniform in [1, 8])");
     print!("{:>14}", "peers");
     for v in HashVariant::ALL {
         print!("{:>14}", v.label());
     }
-    println!();
+    println!("{:>14}", "linear scan");
     for n in [1_000usize, 10_000, 100_000] {
         print!("{n:>14}");
         for v in HashVariant::ALL {
@@ -55,21 +73,20 @@ fn main() {
                 HashVariant::Dhht { .. } => 200_000,
                 _ => (200_000_000 / n).max(100),
             };
-            let xs: Vec<Position> = (0..lookups).map(|_| Position(rng.next())).collect();
-            // The best of three runs: the machine is shared.
-            let mut ns = f64::INFINITY;
-            for _ in 0..3 {
-                let start = Instant::now();
-                let mut sink = 0i64;
-                for &x in &xs {
-                    sink = sink.wrapping_add(t.lookup(black_box(x)).unwrap_or(0));
-                }
-                ns = ns.min(start.elapsed().as_nanos() as f64 / lookups as f64);
-                black_box(sink);
-            }
+            let ns = mean_ns(lookups, &mut rng, |x| t.lookup(x));
             print!("{ns:>14.0}");
         }
-        println!();
+        // The baseline: the lower envelope found by scanning every peer
+        // (what a lookup costs without the pruned walk).
+        let mut rng = Rng(n as u64);
+        let dd = HashVariant::Dhht {
+            peers: Hashing::Det,
+            processes: Hashing::Det,
+        };
+        let t = table(dd, n, &mut rng);
+        let lookups = (200_000_000 / n).max(100);
+        let ns = mean_ns(lookups, &mut rng, |x| t.lookup_scan(x));
+        println!("{ns:>14.0}");
     }
 
     let m = 10_000u32;

@@ -547,6 +547,16 @@ impl HashTable {
         }
     }
 
+    /// The peer a linear scan over all peers finds for `position`: the
+    /// reference [`lookup`](HashTable::lookup) must agree with, and the
+    /// baseline the lookup benchmark compares it to. O(n) for every variant.
+    pub fn lookup_scan(&self, position: Position) -> Option<PeerId> {
+        match self.variant {
+            HashVariant::Dhht { .. } => self.dhht.lookup_naive(position),
+            _ => self.hash_argmin(position.0).map(|(_, id)| id),
+        }
+    }
+
     /// (extra) Every process and its peer, recomputed from scratch by a
     /// linear scan over all peers — the reference model the incremental
     /// updates are tested against. O(m·n).

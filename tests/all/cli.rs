@@ -134,5 +134,76 @@ fn submit_sets_replicas_and_checkpoint_interval_and_documents_them() {
     assert!(
         stderr.contains("--checkpoint-every must be at least 1"),
         "{stderr}"
+
+/// `bspweb sim` writes a report folder whose README names the command that
+/// reproduces it, and the same command gives the same bytes.
+#[test]
+fn sim_writes_a_reproducible_report_and_rejects_bad_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |out: &std::path::Path| {
+        bspweb()
+            .args([
+                "sim",
+                "--experiment",
+                "b",
+                "--profile",
+                "hpc2n",
+                "--overload",
+                "4",
+                "--balancer",
+                "dd,ws-head",
+                "--days",
+                "1",
+                "--peers",
+                "20",
+                "--out",
+            ])
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for out in [&a, &b] {
+        let o = run(out);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        // Progress goes to stderr, one line per run.
+        assert!(String::from_utf8_lossy(&o.stderr).contains("[2/2]"));
+    }
+    let readme = std::fs::read_to_string(a.join("README.md")).unwrap();
+    assert!(
+        readme.contains("DHHT (D/D)") && readme.contains("WS"),
+        "{readme}"
+    );
+    assert!(
+        readme.contains("bspweb sim"),
+        "the report names its command:\n{readme}"
+    );
+    for file in ["README.md", "results.csv"] {
+        let x = std::fs::read(a.join(file)).unwrap();
+        let y = std::fs::read(b.join(file)).unwrap();
+        // The folder name is part of the command line printed in README.
+        let x = String::from_utf8(x).unwrap().replace("/a", "/X");
+        let y = String::from_utf8(y).unwrap().replace("/b", "/X");
+        assert_eq!(x, y, "{file} differs between two runs of the same spec");
+    }
+
+    for (args, says) in [
+        (&["sim", "--balancer", "fastest"][..], "fastest"),
+        (&["sim", "--experiment", "z"][..], "z"),
+        (&["sim", "--threads", "0"][..], "--threads"),
+    ] {
+        let o = bspweb()
+            .args(args)
+            .arg("--out")
+            .arg(dir.path().join("bad"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    assert!(
+        !dir.path().join("bad").exists(),
+        "a rejected run writes nothing"
     );
 }
