@@ -209,6 +209,29 @@ impl Barrier {
         })
     }
 
+    /// What `pid` still waits for at barrier `s`, in words (for logs).
+    pub fn missing(&self, pid: Pid, s: u32) -> String {
+        let got = self.messages.get(&(pid, s));
+        let mut out = Vec::new();
+        for q in 0..self.nprocs {
+            match self.done_rec(q, s) {
+                None => out.push(format!("Done({q})")),
+                Some(None) => {}
+                Some(Some(rec)) => {
+                    let want = rec.counts.get(&pid).copied().unwrap_or(0) as usize;
+                    let have = got.map_or(0, |b| b.range((q, 0)..=(q, u32::MAX)).count());
+                    if have != want {
+                        out.push(format!("{have}/{want} messages from {q}"));
+                    }
+                }
+            }
+        }
+        if s < self.forgotten {
+            out.push(format!("(Dones before {} forgotten)", self.forgotten));
+        }
+        out.join(", ")
+    }
+
     /// Whether every process's `Done` for `s` is here (or it exited before).
     pub fn complete(&self, s: u32) -> bool {
         (0..self.nprocs).all(|q| self.done_rec(q, s).is_some())

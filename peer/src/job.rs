@@ -922,6 +922,14 @@ impl Driver {
                 continue;
             }
             if !self.barrier.ready(pid, s) {
+                tracing::trace!(
+                    job = self.job,
+                    me = self.me,
+                    pid,
+                    s,
+                    "waits for {}",
+                    self.barrier.missing(pid, s)
+                );
                 continue;
             }
             let inbox = self.barrier.take(pid, s);
@@ -1474,6 +1482,17 @@ impl Driver {
         }
         for (host, pids) in by_host {
             self.resync(host, Some(&pids));
+        }
+        // Messages to pids restored here that their old host never got.
+        let to_me: Vec<WireMessage> = self
+            .retained
+            .values()
+            .flatten()
+            .filter(|m| restore.contains(&m.dst) && self.placement[m.dst as usize] == self.me)
+            .cloned()
+            .collect();
+        for m in to_me {
+            self.deliver(m);
         }
         let newcomers: Vec<PeerId> = now
             .iter()

@@ -134,6 +134,8 @@ fn submit_sets_replicas_and_checkpoint_interval_and_documents_them() {
     assert!(
         stderr.contains("--checkpoint-every must be at least 1"),
         "{stderr}"
+    );
+}
 
 /// `bspweb sim` writes a report folder whose README names the command that
 /// reproduces it, and the same command gives the same bytes.

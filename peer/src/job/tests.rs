@@ -12,6 +12,11 @@ use super::*;
 use crate::runtime::module_hash;
 
 fn runtime() -> Arc<Runtime> {
+    // `RUST_LOG=bspweb_peer=trace` shows the drivers' decisions.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     static RT: OnceLock<Arc<Runtime>> = OnceLock::new();
     RT.get_or_init(|| Runtime::new().expect("engine")).clone()
 }
