@@ -365,7 +365,11 @@ async fn follow(client: &Client, job: i64, raw_dir: Option<&Path>) -> anyhow::Re
                             };
                         f.write_all(&bytes)?;
                     }
-                    _ => println!("[{pid}] <raw data: {} bytes>", bytes.len()),
+                    // Standard output carries only the program's standard output.
+                    _ => eprintln!(
+                        "[{pid}] <raw data: {} bytes; --raw-dir DIR saves it>",
+                        bytes.len()
+                    ),
                 }
             }
             JobEventKind::Status { text } => eprintln!("== {text}"),

@@ -69,6 +69,8 @@ pub struct JobEnv {
 }
 
 struct Running {
+    /// The identity (peer id) this peer runs the job under.
+    me: PeerId,
     cancel: CancellationToken,
     epoch: u64,
     updates: mpsc::UnboundedSender<JobAssignment>,
@@ -77,8 +79,10 @@ struct Running {
 #[derive(Default)]
 struct Table {
     running: HashMap<JobId, Running>,
-    ended: HashSet<JobId>,
-    ended_order: std::collections::VecDeque<JobId>,
+    /// Jobs that ended, per identity of this peer: after a fence the peer
+    /// logs in under a new id and may be given the same job again.
+    ended: HashSet<(PeerId, JobId)>,
+    ended_order: std::collections::VecDeque<(PeerId, JobId)>,
 }
 
 /// The jobs running on this peer.
@@ -129,13 +133,13 @@ impl Jobs {
         {
             let mut t = self.lock();
             if let Some(r) = t.running.get_mut(&job) {
-                if assignment.epoch > r.epoch {
+                if r.me == me && assignment.epoch > r.epoch {
                     r.epoch = assignment.epoch;
                     let _ = r.updates.send(assignment);
                 }
                 return None;
             }
-            if t.ended.contains(&job) {
+            if t.ended.contains(&(me, job)) {
                 return None;
             }
             if !assignment.peers.iter().any(|p| p.id == me) {
@@ -144,6 +148,7 @@ impl Jobs {
             t.running.insert(
                 job,
                 Running {
+                    me,
                     cancel: cancel.clone(),
                     epoch: assignment.epoch,
                     updates: updates_tx,
@@ -179,11 +184,13 @@ impl Jobs {
                     }
                 },
             }
-            jobs.env.registry.unregister(job);
+            jobs.env.registry.unregister(job, me);
             let mut t = jobs.lock();
-            t.running.remove(&job);
-            if t.ended.insert(job) {
-                t.ended_order.push_back(job);
+            if t.running.get(&job).is_some_and(|r| r.me == me) {
+                t.running.remove(&job);
+            }
+            if t.ended.insert((me, job)) {
+                t.ended_order.push_back((me, job));
                 if t.ended_order.len() > REMEMBER_ENDED
                     && let Some(old) = t.ended_order.pop_front()
                 {
@@ -207,6 +214,15 @@ impl Jobs {
     /// Stop every job.
     pub fn kill_all(&self) {
         for r in self.lock().running.values() {
+            r.cancel.cancel();
+        }
+    }
+
+    /// This peer was declared gone (fenced): stop every job and forget them
+    /// at once, so the same job can start again under the new identity the
+    /// peer logs in with, while the old drivers are still shutting down.
+    pub fn fence(&self) {
+        for (_, r) in self.lock().running.drain() {
             r.cancel.cancel();
         }
     }

@@ -202,7 +202,7 @@ pub async fn run(
     // elsewhere now, so stop them before logging in as a new peer.
     client.set_on_fenced({
         let jobs = jobs.clone();
-        Box::new(move || jobs.kill_all())
+        Box::new(move || jobs.fence())
     });
     let draining = Arc::new(AtomicBool::new(false));
 

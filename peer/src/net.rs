@@ -119,13 +119,21 @@ impl Registry {
             connected: HashMap::new(),
             tx: tx.clone(),
         };
-        self.lock().insert(job, entry);
+        if let Some(old) = self.lock().insert(job, entry) {
+            for c in old.connected.values() {
+                c.cancel();
+            }
+        }
         (tx, rx)
     }
 
-    /// Stop admitting connections for `job`.
-    pub fn unregister(&self, job: JobId) {
-        if let Some(e) = self.lock().remove(&job) {
+    /// Stop admitting connections for `job` as peer `me` (a registration of
+    /// the same job under a newer identity of this peer stays).
+    pub fn unregister(&self, job: JobId, me: PeerId) {
+        let mut jobs = self.lock();
+        if jobs.get(&job).is_some_and(|e| e.me == me)
+            && let Some(e) = jobs.remove(&job)
+        {
             for c in e.connected.values() {
                 c.cancel();
             }

@@ -32,8 +32,10 @@ const MAX_DESCRIPTION_CHARS: usize = 4096;
 const MAX_REASON_CHARS: usize = 4096;
 /// Most checkpoint replicas a job may ask for.
 const MAX_REPLICAS: u32 = 8;
-/// Lowest availability used in a peer's weight, so an idle-less peer still
-/// has a (small) share of the ring.
+/// Below this idle fraction a peer's owner is using the machine: it takes
+/// no processes (weight 0, out of the DHHT) and the ones it hosts migrate
+/// away, as a switched-off host leaves the balancer in §4.3. Its index on
+/// the ring is kept, so it returns to the same position when idle again.
 const MIN_AVAILABILITY: f64 = 0.05;
 
 /// The state behind the supernode's lock: the database and the placement
@@ -56,14 +58,23 @@ pub(crate) struct Place {
     rebalance_pending: bool,
 }
 
-/// A peer's weight in the DHHT: speed × availability, availability at least 5 %.
+/// A peer's weight in the DHHT: speed × availability; 0 (no share) below
+/// [`MIN_AVAILABILITY`].
 fn weight(speed: f64, idle: f64) -> f64 {
-    speed * idle.max(MIN_AVAILABILITY)
+    if idle < MIN_AVAILABILITY {
+        0.0
+    } else {
+        speed * idle
+    }
 }
 
 /// Whether a peer's power moved from `old` to `new` by more than the
-/// relative `hysteresis`, so the DHHT should follow.
+/// relative `hysteresis`, so the DHHT should follow. Becoming busy (0) or
+/// available again always counts.
 fn power_moved(old: f64, new: f64, hysteresis: f64) -> bool {
+    if old <= 0.0 || new <= 0.0 {
+        return (old <= 0.0) != (new <= 0.0);
+    }
     (new - old).abs() > hysteresis * old
 }
 
@@ -494,7 +505,9 @@ impl Core {
         let mut unplaced = Vec::new();
         {
             let mut stmt = self.conn.prepare(
-                "SELECT id, golden, coalesce(power, speed * max(idle, ?1)), draining                  FROM peers WHERE state = 'online' ORDER BY id",
+                "SELECT id, golden, \
+                 coalesce(power, CASE WHEN idle < ?1 THEN 0.0 ELSE speed * idle END), draining \
+                 FROM peers WHERE state = 'online' ORDER BY id",
             )?;
             let rows = stmt.query_map([MIN_AVAILABILITY], |r| {
                 Ok((
@@ -1080,22 +1093,32 @@ impl Core {
             drain_in(&tx, &mut self.place, inner, fx, peer, now)?;
         } else if !draining {
             let w = weight(renew.speed, renew.idle);
-            if let Some(old) = self.place.dhht.get(peer)
-                && power_moved(old.weight, w, inner.config.power_hysteresis)
-            {
-                let mut updated = old;
-                updated.weight = w;
-                if self.place.dhht.update(updated).is_ok() {
+            // Out of the DHHT (and not draining): busy, power 0.
+            let old = self.place.dhht.get(peer).map_or(0.0, |p| p.weight);
+            if power_moved(old, w, inner.config.power_hysteresis) {
+                let golden: Option<i64> =
+                    tx.query_row("SELECT golden FROM peers WHERE id = ?1", [peer], |r| {
+                        r.get(0)
+                    })?;
+                if let Some(k) = golden {
+                    insert_peer(&mut self.place.dhht, peer, u64_from_sql(k), w);
                     tx.execute(
                         "UPDATE peers SET power = ?2 WHERE id = ?1",
                         params![peer, w],
                     )?;
-                    tracing::info!(
-                        peer,
-                        from = old.weight,
-                        to = w,
-                        "peer's power changed beyond the hysteresis"
-                    );
+                    if w <= 0.0 {
+                        tracing::info!(
+                            peer,
+                            "peer is busy (its owner uses it): moving its processes away"
+                        );
+                    } else {
+                        tracing::info!(
+                            peer,
+                            from = old,
+                            to = w,
+                            "peer's power changed beyond the hysteresis"
+                        );
+                    }
                     self.place.rebalance_pending =
                         epoch::rebalance(&tx, &self.place, inner, fx, now)?;
                     epoch::settle_drains(&tx, inner, fx, now)?;
@@ -1542,8 +1565,13 @@ fn no_job(id: JobId) -> Error {
 
 /// Puts peer `id` at golden index `k` with weight `power` into the DHHT
 /// (replacing a stale entry).
+/// Puts peer `id` at golden index `k` with `power` into the DHHT, or keeps
+/// it out while its power is 0 (busy).
 fn insert_peer(dhht: &mut Dhht, id: PeerId, k: u64, power: f64) {
     dhht.remove(id);
+    if power <= 0.0 {
+        return;
+    }
     let peer = placement::Peer {
         id,
         position: golden_position(k),
@@ -1866,16 +1894,25 @@ mod tests {
         assert!(!power_moved(1.0, 1.25, 0.25));
         assert!(power_moved(1.0, 0.7, 0.25));
         assert!(power_moved(1.0, 1.3, 0.25));
-        // The 5 % floor: an idle peer going fully busy is a big drop.
-        assert!(power_moved(weight(2.0, 1.0), weight(2.0, 0.0), 0.25));
+        // Going busy and coming back always count.
+        assert!(power_moved(weight(2.0, 1.0), weight(2.0, 0.0), 1e9));
+        assert!(power_moved(0.0, weight(2.0, 0.06), 1e9));
+        assert!(!power_moved(0.0, 0.0, 0.0));
         // Zero hysteresis follows every change.
         assert!(power_moved(1.0, 0.999, 0.0));
     }
 
     #[test]
-    fn weights_keep_a_floor_of_five_percent_availability() {
+    fn a_peer_below_five_percent_availability_has_no_weight() {
         assert_eq!(weight(2.0, 0.5), 1.0);
-        assert_eq!(weight(2.0, 0.0), 2.0 * MIN_AVAILABILITY);
+        assert_eq!(weight(2.0, MIN_AVAILABILITY), 2.0 * MIN_AVAILABILITY);
+        assert_eq!(weight(2.0, 0.049), 0.0);
+        assert_eq!(weight(2.0, 0.0), 0.0);
+        let mut dhht = Dhht::new();
+        insert_peer(&mut dhht, 1, 1, weight(2.0, 0.0));
+        assert!(dhht.is_empty(), "a busy peer is not in the DHHT");
+        insert_peer(&mut dhht, 1, 1, weight(2.0, 0.5));
+        assert_eq!(dhht.get(1).map(|p| p.weight), Some(1.0));
     }
 
     #[test]

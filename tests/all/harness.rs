@@ -24,8 +24,12 @@ pub fn bspweb() -> Command {
 }
 
 /// The log filter of the children: `BSPWEB_TEST_LOG`, else `warn`.
-fn log_filter() -> String {
-    std::env::var("BSPWEB_TEST_LOG").unwrap_or_else(|_| "warn".to_string())
+/// The children's log filter: `BSPWEB_TEST_LOG`, else `info` when logs go
+/// to files (kept for a failed fault test), `warn` when they go to the
+/// test's stderr.
+fn log_filter(to_files: bool) -> String {
+    std::env::var("BSPWEB_TEST_LOG")
+        .unwrap_or_else(|_| if to_files { "info" } else { "warn" }.to_string())
 }
 
 /// One peer process of a [`Cluster`].
@@ -70,8 +74,9 @@ pub struct Options {
     /// Extra arguments of `bspweb supernode` (also when it restarts).
     pub supernode_args: Vec<String>,
     /// Start every peer with `--idle-file`, reporting an idle fraction of 1
-    /// until [`Cluster::set_idle`] changes it (no availability noise from
-    /// the machine the tests run on).
+    /// until [`Cluster::set_idle`] changes it (the default: no availability
+    /// noise from the machine the tests run on, whose cores the tests keep
+    /// busy; `false` measures `/proc/stat`).
     pub idle_files: bool,
     /// Write each child's log to a file in the data directory (see
     /// [`Cluster::keep_logs`]) instead of the test's stderr.
@@ -85,7 +90,7 @@ impl Default for Options {
             lease_ttl_secs: 15,
             peer_args: vec![],
             supernode_args: vec![],
-            idle_files: false,
+            idle_files: true,
             log_files: false,
         }
     }
@@ -124,7 +129,7 @@ impl Cluster {
             ])
             .arg("--exit-on-stdin-eof")
             .args(extra)
-            .env("BSPWEB_LOG", log_filter())
+            .env("BSPWEB_LOG", log_filter(self.opts.log_files))
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(self.log_sink(&format!("peer-{name}.log")));
@@ -417,7 +422,7 @@ fn spawn_supernode(listen: &str, data: &Path, opts: &Options) -> Result<(Child, 
         .args(&opts.supernode_args)
         .env("BSPWEB_USER", ADMIN)
         .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
-        .env("BSPWEB_LOG", log_filter())
+        .env("BSPWEB_LOG", log_filter(opts.log_files))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(log_sink(data, "supernode.log", opts.log_files))

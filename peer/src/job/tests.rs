@@ -360,6 +360,30 @@ async fn a_job_on_one_peer_needs_no_network() {
     assert_eq!(exited, 3);
 }
 
+/// A fenced peer (declared gone, logging in under a new id) stops its jobs
+/// and may be given the same job again under its new identity at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_fence_the_same_job_starts_again_under_the_new_identity() {
+    let mut peers = start_peers(1).await;
+    let wasm = ring_guest("(i32.const 200000)", 0, None);
+    let a = assignment(3, &wasm, &peers, vec![0, 0]);
+    let old = start_everywhere(&peers, &a, &wasm);
+    assert_eq!(peers[0].jobs.running(), vec![3]);
+    peers[0].jobs.fence();
+    assert!(
+        peers[0].jobs.running().is_empty(),
+        "fenced jobs are forgotten at once"
+    );
+    // Under the new identity it runs, while the old driver winds down.
+    peers[0].id = 900;
+    let wasm = ring_guest("(i32.const 4)", 1000, None);
+    let b = assignment(3, &wasm, &peers, vec![0, 0]);
+    let handles = start_everywhere(&peers, &b, &wasm);
+    let events = run_to_end(&peers, 3, 2, handles).await;
+    assert_eq!(exited_pids(&events), BTreeSet::from([0, 1]));
+    wait_all(old).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trap_is_reported_and_the_job_waits_for_kill_job() {
     let peers = start_peers(2).await;
