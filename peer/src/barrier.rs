@@ -389,12 +389,12 @@ mod tests {
         ));
     }
 
-    /// A reference run: `plan[s][q]` lists the (dst, payload) that `q` sends
-    /// in superstep `s`; every process runs every superstep.
-    fn deliveries(
-        nprocs: u32,
-        plan: &[Vec<Vec<(Pid, Vec<u8>)>>],
-    ) -> Vec<(WireMessage, Option<(u32, ProcDone)>)> {
+    /// What every process sends in every superstep: `plan[s][q]` lists the
+    /// (dst, payload) that `q` sends in superstep `s`.
+    type Plan = Vec<Vec<Vec<(Pid, Vec<u8>)>>>;
+
+    /// A reference run of `plan`; every process runs every superstep.
+    fn deliveries(nprocs: u32, plan: &Plan) -> Vec<(WireMessage, Option<(u32, ProcDone)>)> {
         let mut out = Vec::new();
         for (s, per) in plan.iter().enumerate() {
             for q in 0..nprocs {
@@ -427,7 +427,7 @@ mod tests {
             // Build a plan from the seed.
             let mut x = seed | 1;
             let mut next = move || { x ^= x << 13; x ^= x >> 7; x ^= x << 17; x };
-            let plan: Vec<Vec<Vec<(Pid, Vec<u8>)>>> = (0..steps).map(|_| {
+            let plan: Plan = (0..steps).map(|_| {
                 (0..nprocs).map(|_| {
                     (0..(next() % 4)).map(|_| {
                         let dst = (next() % nprocs as u64) as Pid;
@@ -488,7 +488,7 @@ mod tests {
         ) {
             let mut x = seed | 1;
             let mut next = move || { x ^= x << 13; x ^= x >> 7; x ^= x << 17; x };
-            let plan: Vec<Vec<Vec<(Pid, Vec<u8>)>>> = vec![(0..nprocs).map(|_| {
+            let plan: Plan = vec![(0..nprocs).map(|_| {
                 (0..(next() % 3)).map(|_| ((next() % nprocs as u64) as Pid, vec![1])).collect()
             }).collect()];
             let events = deliveries(nprocs, &plan);

@@ -240,13 +240,16 @@ impl Jobs {
 struct Proc {
     process: Process,
     tracker: PageTracker,
+    /// The last snapshot `tracker` took: the next capture recycles its
+    /// memory buffer once nobody else holds it (its replicas acknowledged).
+    last: Option<Arc<Snapshot>>,
 }
 
 enum State {
     /// A resume, capture or restore is running on a blocking thread.
     Busy,
     /// At sync of its current superstep, waiting for its barrier.
-    AtSync(Proc),
+    AtSync(Box<Proc>),
     /// Returned from `main`.
     Exited,
     /// Waiting for the snapshots other peers hold.
@@ -435,7 +438,7 @@ fn whole(s: &Snapshot) -> Vec<Frame> {
 
 /// Whether superstep `s` is checkpointed with interval `every`.
 fn checkpointed(s: u32, every: u32) -> bool {
-    every <= 1 || (s + 1) % every == 0
+    every <= 1 || (s + 1).is_multiple_of(every)
 }
 
 /// The `Done` of `pid` for superstep `s`, counted from its messages.
@@ -692,6 +695,7 @@ impl Driver {
                     let mut p = Proc {
                         process: runtime.instantiate(&module, info, pid)?,
                         tracker: PageTracker::new(),
+                        last: None,
                     };
                     let outcome = p.process.resume();
                     Ok((p, outcome))
@@ -793,7 +797,7 @@ impl Driver {
             let d = done_of(pid, false, self.retained.get(&pid).map_or(&[], |v| v), s);
             self.announce(s, d);
             if let Some(l) = self.local.get_mut(&pid) {
-                l.state = State::AtSync(p);
+                l.state = State::AtSync(Box::new(p));
             }
         }
     }
@@ -805,7 +809,13 @@ impl Driver {
         let outbox = self.retained.get(&pid).cloned().unwrap_or_default();
         self.tasks.spawn(async move {
             let joined = tokio::task::spawn_blocking(move || {
-                let snapshot = p.process.checkpoint(&mut p.tracker, outbox, exited);
+                let snapshot = match p.last.take().map(Arc::try_unwrap) {
+                    Some(Ok(previous)) => {
+                        p.process
+                            .checkpoint_reusing(&mut p.tracker, outbox, exited, previous)
+                    }
+                    _ => p.process.checkpoint(&mut p.tracker, outbox, exited),
+                };
                 (p, snapshot)
             })
             .await;
@@ -814,7 +824,7 @@ impl Driver {
     }
 
     fn on_captured(&mut self, pid: Pid, r: Result<(Proc, Snapshot), String>) {
-        let (p, snapshot) = match r {
+        let (mut p, snapshot) = match r {
             Ok(x) => x,
             Err(e) => {
                 return self.fail(Some(pid), format!("could not checkpoint the process: {e}"));
@@ -827,6 +837,7 @@ impl Driver {
         let leaving = l.leaving;
         let exited = snapshot.exited;
         let snapshot = Arc::new(snapshot);
+        p.last = Some(snapshot.clone());
         let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
         for &r in &targets {
             let plan = p.tracker.plan(r, &snapshot);
@@ -845,7 +856,7 @@ impl Driver {
         l.state = if exited {
             State::Exited
         } else {
-            State::AtSync(p)
+            State::AtSync(Box::new(p))
         };
         if leaving {
             if let Some(l) = self.local.get_mut(&pid) {
@@ -965,7 +976,7 @@ impl Driver {
                 })
                 .collect();
             p.process.begin_superstep(s + 1, inbox);
-            self.spawn_resume(pid, p);
+            self.spawn_resume(pid, *p);
         }
         self.collect_garbage();
     }
@@ -981,7 +992,7 @@ impl Driver {
         if let State::AtSync(p) = std::mem::replace(&mut l.state, State::Busy) {
             // Its `Done`s wait for its replicas as usual; the new host
             // repeats them after it replicated the snapshot itself.
-            self.spawn_capture(pid, p, false);
+            self.spawn_capture(pid, *p, false);
         }
     }
 
@@ -1110,7 +1121,11 @@ impl Driver {
                     })
                     .await;
                     let r = match joined {
-                        Ok(Ok(p)) => Ok(p.map(|(process, tracker)| Proc { process, tracker })),
+                        Ok(Ok(p)) => Ok(p.map(|(process, tracker)| Proc {
+                            process,
+                            tracker,
+                            last: None,
+                        })),
                         Ok(Err(e)) => Err(e),
                         Err(e) => Err(e.to_string()),
                     };
@@ -1180,7 +1195,7 @@ impl Driver {
             snapshot: snapshot.clone(),
         });
         l.state = match p {
-            Some(p) => State::AtSync(p),
+            Some(p) => State::AtSync(Box::new(p)),
             None => State::Exited,
         };
         self.release_if_acked(pid);
