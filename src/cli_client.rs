@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use base64::Engine;
+use bsp_api::PeerId;
 use bsp_api::client::{Client, ClientError};
 use bsp_api::rest::{JobEventKind, JobInfo, JobLimits, JobOutcome, JobState, SubmitJob};
 use clap::Args;
@@ -181,6 +182,15 @@ pub struct SubmitArgs {
     /// Memory cap per process, in MiB
     #[arg(long)]
     memory_mib: Option<u32>,
+    /// Peers that keep a copy of each checkpoint [default: 2]; the job
+    /// survives losing up to this many peers at once
+    #[arg(long, value_name = "N")]
+    replicas: Option<u32>,
+    /// Checkpoint every K supersteps [default: 1]; larger values suit huge
+    /// state and short supersteps, but a lost process re-executes up to K
+    /// supersteps
+    #[arg(long, value_name = "K")]
+    checkpoint_every: Option<u32>,
     /// Stream the job's output until it ends; exit non-zero if it did not exit normally
     #[arg(long, short = 'f')]
     follow: bool,
@@ -209,21 +219,7 @@ pub async fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
             base64::engine::general_purpose::STANDARD.encode(bytes),
         );
     }
-    let limits = if a.superstep_secs.is_some() || a.memory_mib.is_some() {
-        let mut l = JobLimits::default();
-        if let Some(s) = a.superstep_secs {
-            if !(s.is_finite() && s > 0.0) {
-                bail!("--superstep-secs must be a positive number");
-            }
-            l.superstep_ms = (s * 1000.0).round() as u64;
-        }
-        if let Some(m) = a.memory_mib {
-            l.memory_mib = m;
-        }
-        Some(l)
-    } else {
-        None
-    };
+    let limits = limits(&a)?;
     let client = connect().await?;
     let program = if a.program.ends_with(".wasm") || Path::new(&a.program).is_file() {
         let bytes = std::fs::read(&a.program)
@@ -263,6 +259,57 @@ pub async fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
     follow(&client, job.id, a.raw_dir.as_deref()).await
 }
 
+/// The job limits the flags ask for, or `None` to take the supernode's defaults.
+fn limits(a: &SubmitArgs) -> anyhow::Result<Option<JobLimits>> {
+    if a.superstep_secs.is_none()
+        && a.memory_mib.is_none()
+        && a.replicas.is_none()
+        && a.checkpoint_every.is_none()
+    {
+        return Ok(None);
+    }
+    let mut l = JobLimits::default();
+    if let Some(s) = a.superstep_secs {
+        if !(s.is_finite() && s > 0.0) {
+            bail!("--superstep-secs must be a positive number");
+        }
+        l.superstep_ms = (s * 1000.0).round() as u64;
+    }
+    if let Some(m) = a.memory_mib {
+        l.memory_mib = m;
+    }
+    if let Some(r) = a.replicas {
+        l.replicas = r;
+    }
+    if let Some(k) = a.checkpoint_every {
+        if k == 0 {
+            bail!("--checkpoint-every must be at least 1 (1 = checkpoint at every superstep)");
+        }
+        l.checkpoint_every = k;
+    }
+    Ok(Some(l))
+}
+
+/// Names of peers by id, fetched when an event names a peer not seen yet.
+struct PeerNames {
+    names: BTreeMap<PeerId, String>,
+}
+
+impl PeerNames {
+    /// `peer 3 (alice-laptop)`, or `peer 3` when its name cannot be fetched.
+    async fn describe(&mut self, client: &Client, id: PeerId) -> String {
+        if !self.names.contains_key(&id)
+            && let Ok(peers) = client.peers().await
+        {
+            self.names.extend(peers.into_iter().map(|p| (p.id, p.name)));
+        }
+        match self.names.get(&id) {
+            Some(name) => format!("peer {id} ({name})"),
+            None => format!("peer {id}"),
+        }
+    }
+}
+
 /// Print a job's events until its terminal event; the exit code tells how it ended.
 async fn follow(client: &Client, job: i64, raw_dir: Option<&Path>) -> anyhow::Result<ExitCode> {
     let mut events = client.events(job, None);
@@ -272,6 +319,9 @@ async fn follow(client: &Client, job: i64, raw_dir: Option<&Path>) -> anyhow::Re
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let mut code = ExitCode::SUCCESS;
+    let mut peer_names = PeerNames {
+        names: BTreeMap::new(),
+    };
     loop {
         let event = tokio::select! {
             e = events.next() => e.context("lost the job's event stream")?,
@@ -315,13 +365,28 @@ async fn follow(client: &Client, job: i64, raw_dir: Option<&Path>) -> anyhow::Re
                             };
                         f.write_all(&bytes)?;
                     }
-                    _ => println!("[{pid}] <raw data: {} bytes>", bytes.len()),
+                    // Standard output carries only the program's standard output.
+                    _ => eprintln!(
+                        "[{pid}] <raw data: {} bytes; --raw-dir DIR saves it>",
+                        bytes.len()
+                    ),
                 }
             }
             JobEventKind::Status { text } => eprintln!("== {text}"),
             JobEventKind::ProcessExited { .. } => {}
-            JobEventKind::ProcessRolledBack { superstep } => {
-                eprintln!("== process {pid} rolled back to superstep {superstep}")
+            JobEventKind::ProcessRolledBack { superstep } => eprintln!(
+                "== process {pid} was lost with its peer; restored from its checkpoint of superstep {superstep}, it re-executes from there (its repeated output is not shown again)"
+            ),
+            JobEventKind::ProcessMigrated {
+                from,
+                to,
+                superstep,
+            } => {
+                let from = peer_names.describe(client, from).await;
+                let to = peer_names.describe(client, to).await;
+                eprintln!(
+                    "== process {pid} migrated from {from} to {to} after superstep {superstep}"
+                );
             }
             JobEventKind::JobExited => eprintln!("== job {job} exited"),
             JobEventKind::JobAborted { reason } => {

@@ -45,16 +45,19 @@ fn open_supernode(
     lease_ttl_secs: u64,
     overload_factor: f64,
     public_url: String,
+    adjust: impl FnOnce(&mut bspweb_supernode::Config),
 ) -> anyhow::Result<bspweb_supernode::Supernode> {
     if lease_ttl_secs == 0 {
         bail!("--lease-ttl-secs must be at least 1");
     }
-    let config = bspweb_supernode::Config {
+    let mut config = bspweb_supernode::Config {
         data_dir: data.to_path_buf(),
         lease_ttl: Duration::from_secs(lease_ttl_secs),
         overload_factor,
         public_url: Some(public_url),
+        ..bspweb_supernode::Config::default()
     };
+    adjust(&mut config);
     bspweb_supernode::Supernode::open(config)
         .with_context(|| format!("cannot open the supernode's state in {}", data.display()))
 }
@@ -124,7 +127,7 @@ pub async fn up(
     let listener = bind(listen).await?;
     let addr = listener.local_addr()?;
     let url = format!("http://{addr}");
-    let node = open_supernode(&data, lease_ttl_secs, 4.0, url.clone())?;
+    let node = open_supernode(&data, lease_ttl_secs, 4.0, url.clone(), |_| {})?;
     let examples = register_examples(&node).await?;
     let (user, password) = ensure_user(&node, &data).await?;
 
@@ -248,7 +251,16 @@ pub async fn supernode(a: SupernodeArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(a.listen).await?;
     let addr = listener.local_addr()?;
     let url = format!("http://{addr}");
-    let node = open_supernode(&data, a.lease_ttl_secs, a.overload_factor, url.clone())?;
+    let node = open_supernode(
+        &data,
+        a.lease_ttl_secs,
+        a.overload_factor,
+        url.clone(),
+        |c| {
+            c.power_hysteresis = a.power_hysteresis;
+            c.migration_interval = Duration::from_millis(a.migration_interval_ms);
+        },
+    )?;
     if !a.no_examples {
         register_examples(&node).await?;
     }
@@ -284,33 +296,84 @@ pub async fn peer(a: PeerArgs) -> anyhow::Result<ExitCode> {
         }),
         nice: a.nice,
         speed: a.speed,
+        drain_timeout: Duration::from_secs(a.drain_timeout_secs),
+        idle_file: a.idle_file,
     };
-    bspweb_peer::run(config, shutdown_signal(a.exit_on_stdin_eof)).await?;
+    // The first Ctrl-C or SIGTERM drains the peer, a second one stops it at once.
+    let stops = stop_requests(a.exit_on_stdin_eof);
+    let (mut first, mut second) = (stops.clone(), stops);
+    bspweb_peer::run(
+        config,
+        async move {
+            let _ = first.wait_for(|n| *n >= 1).await;
+        },
+        async move {
+            let _ = second.wait_for(|n| *n >= 2).await;
+        },
+    )
+    .await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Counts stop requests: every Ctrl-C and SIGTERM, and (when asked) stdin
+/// closing.
+fn stop_requests(exit_on_stdin_eof: bool) -> tokio::sync::watch::Receiver<u32> {
+    let (tx, rx) = tokio::sync::watch::channel(0u32);
+    tokio::spawn(async move {
+        let mut stdin_closed = Box::pin(shutdown_signal_stdin(exit_on_stdin_eof));
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        loop {
+            let term_recv = async {
+                match term.as_mut() {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                r = tokio::signal::ctrl_c() => {
+                    if r.is_err() {
+                        return;
+                    }
+                }
+                () = term_recv => {}
+                () = &mut stdin_closed => {
+                    stdin_closed = Box::pin(shutdown_signal_stdin(false));
+                }
+            }
+            tx.send_modify(|n| *n += 1);
+        }
+    });
+    rx
+}
+
+/// Resolves when stdin closes, if `enabled`; never otherwise.
+async fn shutdown_signal_stdin(enabled: bool) {
+    if !enabled {
+        return std::future::pending::<()>().await;
+    }
+    // A plain thread: tokio's stdin needs a feature the rest does not.
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut stdin = std::io::stdin();
+        let mut buf = [0u8; 256];
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        let _ = tx.send(());
+    });
+    let _ = rx.await;
 }
 
 /// Resolves on Ctrl-C, on SIGTERM, and (when asked) when stdin closes.
 async fn shutdown_signal(exit_on_stdin_eof: bool) {
-    let stdin_eof = async {
-        if !exit_on_stdin_eof {
-            return std::future::pending::<()>().await;
-        }
-        // A plain thread: tokio's stdin needs a feature the rest does not.
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        std::thread::spawn(move || {
-            use std::io::Read;
-            let mut stdin = std::io::stdin();
-            let mut buf = [0u8; 256];
-            loop {
-                match stdin.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
-                }
-            }
-            let _ = tx.send(());
-        });
-        let _ = rx.await;
-    };
+    let stdin_eof = shutdown_signal_stdin(exit_on_stdin_eof);
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {

@@ -90,6 +90,13 @@ pub struct SupernodeArgs {
     /// Do not register the bundled example programs
     #[arg(long)]
     no_examples: bool,
+    /// Relative change of a peer's power (speed × idle) that re-weights it
+    /// in the placement table and migrates processes (0.25 = 25 %)
+    #[arg(long, default_value_t = 0.25)]
+    power_hysteresis: f64,
+    /// Shortest time between two migrations of one job, in milliseconds
+    #[arg(long, default_value_t = 5000)]
+    migration_interval_ms: u64,
     /// Stop when standard input closes (for supervisors and tests)
     #[arg(long, hide = true)]
     exit_on_stdin_eof: bool,
@@ -124,6 +131,14 @@ pub struct PeerArgs {
     /// Override the benchmarked speed weight (1.0 = reference machine)
     #[arg(long)]
     speed: Option<f64>,
+    /// On Ctrl-C or SIGTERM, wait this long for the supernode to move this
+    /// peer's processes away before stopping them (a second Ctrl-C stops at once)
+    #[arg(long, default_value_t = 60)]
+    drain_timeout_secs: u64,
+    /// Report the idle fraction read from this file (a number in [0, 1]) instead
+    /// of measuring the CPU; unreadable or invalid content falls back to the measurement
+    #[arg(long)]
+    idle_file: Option<PathBuf>,
     /// Stop when standard input closes (for supervisors and tests)
     #[arg(long, hide = true)]
     exit_on_stdin_eof: bool,

@@ -10,6 +10,7 @@
 //! | GET | `/api/v1/peer/commands?after=SEQ&wait_ms=MS` | long poll → [`Commands`] |
 //! | POST | `/api/v1/peer/report` | [`PeerReport`] → 204 |
 //! | GET | `/api/v1/peer/modules/{hash}` | → the module's bytes |
+//! | POST | `/api/v1/peer/drain` | → 204: move every process away, then release the peer |
 //!
 //! The supernode is not on the data path: processes exchange messages directly
 //! between peers ([`crate::wire`]). It is consulted to start and stop jobs, to
@@ -44,6 +45,10 @@ pub struct PeerRenew {
     pub idle: f64,
     /// Jobs the peer is currently running processes of.
     pub jobs: Vec<JobId>,
+    /// The peer is draining: it wants no new processes and its processes to
+    /// move away (set once `POST /api/v1/peer/drain` was accepted).
+    #[serde(default)]
+    pub draining: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -70,10 +75,17 @@ pub struct SeqCommand {
     pub command: Command,
 }
 
+// Commands are few and short-lived; boxing the assignment would only change
+// every constructor and match.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Command {
-    /// Run the processes of this job that are placed on you.
+    /// Run the processes of this job that are placed on you. Sent again,
+    /// with a higher `epoch`, whenever the job's peers or placement change
+    /// (a peer was lost, a process migrates): a peer already running the job
+    /// switches to the new assignment; a peer not in `peers` any more drops
+    /// the job. See `docs/fault-tolerance.md`.
     StartJob(JobAssignment),
     /// Stop every process of this job now and forget it.
     KillJob { job: JobId, reason: String },
@@ -98,6 +110,20 @@ pub struct JobAssignment {
     pub peers: Vec<JobPeer>,
     /// Named resources, base64.
     pub resources: Vec<(String, String)>,
+    /// Configuration epoch, from 0; increases with every change of `peers`
+    /// or `placement`. Older assignments than the one held are ignored, and
+    /// data-plane connections carry it in their `Hello`.
+    #[serde(default)]
+    pub epoch: u64,
+    /// Pids whose host changed in this epoch (lost with a peer, or
+    /// migrating). Their new host restores them from their newest checkpoint;
+    /// every other peer re-sends them what it retained.
+    #[serde(default)]
+    pub restore: Vec<Pid>,
+    /// Pids that migrate (a subset of `restore`): their old host is alive and
+    /// hands the process over at its next sync.
+    #[serde(default)]
+    pub migrate: Vec<Pid>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -155,6 +181,22 @@ pub enum PeerEvent {
         pid: Option<Pid>,
         superstep: u32,
         reason: String,
+    },
+    /// The process now runs on this peer, resumed from its checkpoint of
+    /// `superstep` (after a loss or a migration, in assignment `epoch`).
+    ProcessRestored {
+        job: JobId,
+        pid: Pid,
+        superstep: u32,
+        epoch: u64,
+    },
+    /// The process left this peer for another one at the end of `superstep`
+    /// (migration or drain, in assignment `epoch`).
+    ProcessHandedOver {
+        job: JobId,
+        pid: Pid,
+        superstep: u32,
+        epoch: u64,
     },
     /// A status line for people (e.g. "superstep 10 done").
     Status {

@@ -85,6 +85,23 @@ pub struct JobLimits {
     pub memory_mib: u32,
     /// Total stdout + stderr + raw output per process, in MiB.
     pub output_mib: u32,
+    /// Checkpoint every this many supersteps (1 = at every sync). Larger
+    /// values suit programs with huge state and tiny supersteps; a restore
+    /// then re-executes up to this many supersteps.
+    #[serde(default = "default_checkpoint_every")]
+    pub checkpoint_every: u32,
+    /// Peers that hold a copy of each checkpoint (r). The job survives the
+    /// loss of up to this many peers at once.
+    #[serde(default = "default_replicas")]
+    pub replicas: u32,
+}
+
+fn default_checkpoint_every() -> u32 {
+    1
+}
+
+fn default_replicas() -> u32 {
+    2
 }
 
 impl Default for JobLimits {
@@ -93,6 +110,8 @@ impl Default for JobLimits {
             superstep_ms: 10 * 60 * 1000,
             memory_mib: 512,
             output_mib: 64,
+            checkpoint_every: default_checkpoint_every(),
+            replicas: default_replicas(),
         }
     }
 }
@@ -238,8 +257,15 @@ pub enum JobEventKind {
     Status { text: String },
     /// The process returned from `main`.
     ProcessExited { superstep: u32 },
-    /// The process was restored from its checkpoint of `superstep`.
+    /// The process was lost with its peer and restored from its checkpoint
+    /// of `superstep`; it re-executes from there (repeated output is dropped).
     ProcessRolledBack { superstep: u32 },
+    /// The process moved from one peer to another at the end of `superstep`.
+    ProcessMigrated {
+        from: PeerId,
+        to: PeerId,
+        superstep: u32,
+    },
     /// Every process exited normally; the last event of the stream.
     JobExited,
     /// The program aborted (abort, error from `main`, panic); the last event.
@@ -260,6 +286,7 @@ impl JobEventKind {
             JobEventKind::Status { .. } => "status",
             JobEventKind::ProcessExited { .. } => "process_exited",
             JobEventKind::ProcessRolledBack { .. } => "process_rolled_back",
+            JobEventKind::ProcessMigrated { .. } => "process_migrated",
             JobEventKind::JobExited => "job_exited",
             JobEventKind::JobAborted { .. } => "job_aborted",
             JobEventKind::JobFailed { .. } => "job_failed",
@@ -290,11 +317,13 @@ pub struct PeerInfo {
     /// Idle-CPU fraction in `[0, 1]` at the last renewal.
     pub idle: f64,
     pub cores: u32,
-    /// `online` while its lease is valid, `gone` after it expired.
+    /// `online` while its lease is valid, `draining` while it is online but
+    /// moving its processes away, `gone` after its lease expired.
     pub state: String,
     /// Unix milliseconds at which the current lease expires.
     pub lease_expires_at: i64,
-    /// Number of processes currently placed on it.
+    /// Number of processes currently placed on it, or migrating away from it
+    /// and not handed over yet.
     pub processes: u32,
 }
 

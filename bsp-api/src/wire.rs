@@ -12,20 +12,27 @@
 //! assignment rejects with [`RejectReason::UnknownJob`]; the sender retries
 //! with backoff until its connect deadline.
 //!
-//! **Barrier with counts** (DESIGN.md, Execution 4): when all local processes
-//! of a job reached sync `s`, a peer sends every other peer of the job its
-//! [`Frame::Data`] frames of superstep `s`, then `Marker { superstep: s,
-//! frames: k }` where `k` counts those data frames. A peer passes barrier `s`
-//! once it holds a marker for `s` from every other peer and all the frames
-//! counted. [`Frame::Finished`] is a marker that also says "all my processes
-//! of this job have returned; count me as present at every later barrier".
+//! **Process-level barrier** (docs/fault-tolerance.md): after superstep `s`,
+//! every process `Q` is announced to every peer of the job with
+//! [`Frame::Done`], which counts the messages `Q` sent in `s` to each pid the
+//! receiving peer hosts, after those [`Frame::Data`] frames on the same
+//! connection. A process passes barrier `s` on its host once the host holds
+//! `Done(Q, s)` from every process of the job and all the messages to it they
+//! count. Messages are identified by `(src, superstep, seq)`; receivers drop
+//! repeats, so a restored process that re-executes, or a peer that re-sends
+//! what it retained, is harmless.
+//!
+//! **Checkpoints** travel on the same connections: [`Frame::Checkpoint`] from
+//! a process's host to its replicas, answered by [`Frame::CheckpointAck`];
+//! [`Frame::FetchCheckpoint`] from a process's new host, answered by
+//! [`Frame::Snapshot`].
 
 use serde::{Deserialize, Serialize};
 
 use crate::{JobId, PeerId, Pid};
 
 /// Version of the data-plane protocol carried in [`Frame::Hello`].
-pub const WIRE_VERSION: u32 = 1;
+pub const WIRE_VERSION: u32 = 2;
 
 /// Largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
@@ -40,25 +47,101 @@ pub enum Frame {
         job: JobId,
         from: PeerId,
         token: String,
+        /// The sender's assignment epoch for the job. A listener that holds a
+        /// newer epoch in which the sender is no longer a peer refuses it.
+        epoch: u64,
     },
     Welcome,
     Reject {
         reason: RejectReason,
         message: String,
     },
-    /// Messages sent during `superstep`, to be read in `superstep + 1`.
+    /// Messages, each to be read in the superstep after the one it was sent
+    /// in. Receivers drop repeats by `(src, superstep, seq)`.
     Data {
-        superstep: u32,
         messages: Vec<WireMessage>,
     },
-    Marker {
+    /// These processes are through `superstep`, and every message they sent
+    /// in it to pids on the receiving peer precedes this frame.
+    Done {
         superstep: u32,
-        frames: u32,
+        procs: Vec<ProcDone>,
     },
-    Finished {
+    /// Part of the [`Frame::Checkpoint`] or [`Frame::Snapshot`] for the same
+    /// `(pid, superstep)` that follows on this connection: more pages and
+    /// outbox messages, so a checkpoint of any size fits in frames of at most
+    /// [`MAX_FRAME_BYTES`].
+    CheckpointPart {
+        pid: Pid,
         superstep: u32,
-        frames: u32,
+        pages: Vec<(u32, Vec<u8>)>,
+        outbox: Vec<WireMessage>,
     },
+    /// A process's checkpoint, from its host to one of its replicas (the
+    /// last frame of it; earlier parts come as [`Frame::CheckpointPart`]).
+    Checkpoint(Box<Checkpoint>),
+    /// A replica's answer to [`Frame::Checkpoint`]. `ok = false`: the replica
+    /// lacks the base or the result did not match the hash; send it whole.
+    CheckpointAck {
+        pid: Pid,
+        superstep: u32,
+        ok: bool,
+    },
+    /// The sender now hosts `pid`: send it your newest whole snapshot.
+    FetchCheckpoint {
+        pid: Pid,
+    },
+    /// Answer to [`Frame::FetchCheckpoint`]; `None` if the sender holds none.
+    Snapshot {
+        pid: Pid,
+        snapshot: Option<Box<Checkpoint>>,
+    },
+}
+
+/// One process in a [`Frame::Done`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProcDone {
+    pub pid: Pid,
+    /// The process returned from `main` in this superstep: count it as done
+    /// at every later barrier.
+    pub exited: bool,
+    /// `(dst, n)`: `pid` sent `n` messages to `dst` in the superstep, for
+    /// every destination (not only the receiver's pids: placement may change
+    /// before they are read). Destinations with no message are left out.
+    pub counts: Vec<(Pid, u32)>,
+}
+
+/// A process's state at the end of a superstep (docs/fault-tolerance.md).
+///
+/// Whole (`base == None`): `pages` holds every page of linear memory that is
+/// not all zeros. Delta (`base == Some(b)`): `pages` holds the pages that
+/// differ from the snapshot of superstep `b` the replica holds. Either way
+/// `hash` is the SHA-256 of the whole state's canonical encoding, so the
+/// receiver can check what it rebuilt.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub pid: Pid,
+    pub superstep: u32,
+    pub base: Option<u32>,
+    /// Size of linear memory in bytes (a multiple of the 64 KiB wasm page).
+    pub memory_len: u64,
+    /// `(index, bytes)` of 64 KiB pages, ascending by index (together with
+    /// the pages of the preceding [`Frame::CheckpointPart`]s).
+    pub pages: Vec<(u32, Vec<u8>)>,
+    /// Values of the module's mutable globals, in index order, as raw bits.
+    pub globals: Vec<u64>,
+    /// Sequence number of the process's next output record.
+    pub output_seq: u64,
+    /// Output bytes the process wrote so far.
+    pub output_bytes: u64,
+    /// The process returned from `main` in this superstep.
+    pub exited: bool,
+    /// The messages the process sent in the supersteps its host still
+    /// retained when it took the checkpoint, this one included (after those
+    /// of the preceding [`Frame::CheckpointPart`]s), by superstep and send
+    /// order. A new host re-sends them after a restore.
+    pub outbox: Vec<WireMessage>,
+    pub hash: [u8; 32],
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -77,6 +160,8 @@ pub enum RejectReason {
 pub struct WireMessage {
     pub src: Pid,
     pub dst: Pid,
+    /// The superstep in which `src` sent it; `dst` reads it in the next one.
+    pub superstep: u32,
     /// Position of the message among everything `src` sent in this superstep.
     pub seq: u32,
     pub payload: Vec<u8>,

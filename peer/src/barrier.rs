@@ -1,207 +1,296 @@
-//! The barrier with delivery guarantee (DESIGN.md, Execution 4), for one job
-//! on one peer, as a pure state machine.
+//! The process-level barrier with delivery guarantee (docs/fault-tolerance.md),
+//! for one job on one peer, as a pure state machine.
 //!
-//! **Architecture Invariant:** no IO, no clock. The job driver feeds it the
-//! frames other peers sent ([`Barrier::on_frame`]) and asks whether barrier
-//! `s` has passed; the property tests drive the same code with random
-//! interleavings.
+//! **Architecture Invariant:** no IO, no clock. The job driver feeds it every
+//! message and every `Done` that reaches this peer — from other peers and
+//! from its own processes — and asks whether a local process may pass its
+//! barrier; the property tests drive the same code with random interleavings,
+//! repeats and re-sends.
 //!
-//! A remote peer is *present* at barrier `s` when its marker for `s` arrived
-//! together with every data frame the marker counts, or when it sent
-//! `Finished` at an earlier superstep. Barrier `s` passes when every remote
-//! peer is present. Frames of later supersteps (a peer may run one superstep
-//! ahead of this one) are buffered until their barrier.
+//! Process `p` may pass barrier `s` once, for every process `q` of the job,
+//! either `q` exited before `s`, or `Done(q, s)` is here and so are all the
+//! messages it counts from `q` to `p`. Who sent a message or a `Done` does not
+//! matter, so a process restored on another peer, or a peer re-sending what
+//! it retained, fits in without special cases: repeats are dropped by
+//! `(src, superstep, seq)`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use bsp_api::wire::{Frame, WireMessage};
+use bsp_api::Pid;
+use bsp_api::wire::{ProcDone, WireMessage};
+use bytes::Bytes;
 
-/// A frame that breaks the protocol. The peer that sent it is faulty.
+/// A message or `Done` that breaks the protocol. The peer that sent it is faulty.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BarrierError {
-    #[error("unknown remote peer index {0}")]
-    UnknownPeer(usize),
+    #[error("pid {pid} does not exist in a job of {nprocs} processes")]
+    NoSuchPid { pid: Pid, nprocs: u32 },
     #[error(
-        "a {kind} frame for superstep {superstep} arrived after barrier {superstep} had passed"
+        "pid {src} sent more than {limit} bytes of messages in superstep {superstep}, more than a process may send"
     )]
-    Late { kind: &'static str, superstep: u32 },
-    #[error(
-        "a {kind} frame for superstep {superstep} arrived while this peer waits for barrier {waiting}; a peer can be at most one superstep ahead"
-    )]
-    TooEarly {
-        kind: &'static str,
+    TooMuchData {
+        src: Pid,
         superstep: u32,
-        waiting: u32,
+        limit: usize,
     },
+    #[error("two different reports that pid {pid} finished superstep {superstep}")]
+    ConflictingDone { pid: Pid, superstep: u32 },
     #[error(
-        "a {kind} frame for superstep {superstep} arrived after the peer said it finished at superstep {finished}"
+        "a message from pid {src} (superstep {superstep}, number {seq}) differs from an earlier copy"
     )]
-    AfterFinished {
-        kind: &'static str,
+    ConflictingMessage { src: Pid, superstep: u32, seq: u32 },
+    #[error(
+        "pid {pid} is reported done with superstep {superstep} after it exited in superstep {exited}"
+    )]
+    AfterExit {
+        pid: Pid,
         superstep: u32,
-        finished: u32,
+        exited: u32,
     },
-    #[error("a second marker for superstep {0}")]
-    DuplicateMarker(u32),
-    #[error("more data frames for superstep {superstep} than the {counted} its marker counts")]
-    TooManyFrames { superstep: u32, counted: u32 },
-    #[error("a {0} frame is not allowed after the handshake")]
-    Unexpected(&'static str),
 }
 
-#[derive(Debug, Clone, Default)]
-struct Remote {
-    /// Data frames received, per superstep.
-    frames: BTreeMap<u32, u32>,
-    /// Marker counts received, per superstep.
-    markers: BTreeMap<u32, u32>,
-    /// The superstep of its `Finished`, if it sent one.
-    finished: Option<u32>,
-}
-
-impl Remote {
-    fn present_at(&self, s: u32) -> bool {
-        if self.finished.is_some_and(|f| f < s) {
-            return true;
-        }
-        match self.markers.get(&s) {
-            Some(&k) => self.frames.get(&s).copied().unwrap_or(0) == k,
-            None => false,
-        }
-    }
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DoneRec {
+    exited: bool,
+    counts: BTreeMap<Pid, u32>,
 }
 
 /// The barrier state of one job on one peer.
 #[derive(Debug, Clone)]
 pub struct Barrier {
-    remotes: Vec<Remote>,
-    /// The barrier this peer waits for next; every earlier one has been taken.
-    next: u32,
-    /// Messages received, per superstep in which they were sent.
-    messages: BTreeMap<u32, Vec<WireMessage>>,
+    nprocs: u32,
+    /// Bytes one process may send in one superstep.
+    limit: usize,
+    /// `Done` records: superstep → pid → record.
+    done: BTreeMap<u32, BTreeMap<Pid, DoneRec>>,
+    /// pid → the superstep in which it exited.
+    exited: BTreeMap<Pid, u32>,
+    /// Messages to read: (dst, superstep sent) → (src, seq) → payload.
+    messages: BTreeMap<(Pid, u32), BTreeMap<(Pid, u32), Bytes>>,
+    /// Message bytes accepted per (src, superstep).
+    bytes: HashMap<(Pid, u32), usize>,
+    /// Messages to `dst` sent before `floor[dst]` are no longer wanted.
+    floor: HashMap<Pid, u32>,
+    /// `Done` records before this superstep have been forgotten.
+    forgotten: u32,
 }
 
 impl Barrier {
-    /// A barrier over `remotes` other peers, indexed `0..remotes`, waiting for
-    /// barrier 0.
-    pub fn new(remotes: usize) -> Self {
+    /// A barrier for a job of `nprocs` processes, each of which may send at
+    /// most `limit` bytes of messages per superstep.
+    pub fn new(nprocs: u32, limit: usize) -> Self {
         Barrier {
-            remotes: vec![Remote::default(); remotes],
-            next: 0,
+            nprocs,
+            limit,
+            done: BTreeMap::new(),
+            exited: BTreeMap::new(),
             messages: BTreeMap::new(),
+            bytes: HashMap::new(),
+            floor: HashMap::new(),
+            forgotten: 0,
         }
     }
 
-    /// The barrier this peer waits for next.
-    pub fn next(&self) -> u32 {
-        self.next
-    }
-
-    /// Number of remote peers.
-    pub fn remotes(&self) -> usize {
-        self.remotes.len()
-    }
-
-    /// Account for one frame from remote peer `from`. On error the state is
-    /// unchanged and the sender is to be treated as faulty.
-    pub fn on_frame(&mut self, from: usize, frame: Frame) -> Result<(), BarrierError> {
-        let next = self.next;
-        let r = self
-            .remotes
-            .get_mut(from)
-            .ok_or(BarrierError::UnknownPeer(from))?;
-        let (kind, superstep) = match &frame {
-            Frame::Data { superstep, .. } => ("data", *superstep),
-            Frame::Marker { superstep, .. } => ("marker", *superstep),
-            Frame::Finished { superstep, .. } => ("finished", *superstep),
-            Frame::Hello { .. } => return Err(BarrierError::Unexpected("hello")),
-            Frame::Welcome => return Err(BarrierError::Unexpected("welcome")),
-            Frame::Reject { .. } => return Err(BarrierError::Unexpected("reject")),
-        };
-        if superstep < next {
-            return Err(BarrierError::Late { kind, superstep });
+    fn check_pid(&self, pid: Pid) -> Result<(), BarrierError> {
+        if pid < self.nprocs {
+            Ok(())
+        } else {
+            Err(BarrierError::NoSuchPid {
+                pid,
+                nprocs: self.nprocs,
+            })
         }
-        if superstep > next.saturating_add(1) {
-            return Err(BarrierError::TooEarly {
-                kind,
-                superstep,
-                waiting: next,
+    }
+
+    /// Take one message. Returns whether it was new (not a repeat and still
+    /// wanted). On error nothing changed.
+    pub fn on_message(&mut self, m: WireMessage) -> Result<bool, BarrierError> {
+        self.check_pid(m.src)?;
+        self.check_pid(m.dst)?;
+        if self.floor.get(&m.dst).is_some_and(|&f| m.superstep < f) {
+            return Ok(false);
+        }
+        let key = (m.src, m.seq);
+        if let Some(old) = self
+            .messages
+            .get(&(m.dst, m.superstep))
+            .and_then(|b| b.get(&key))
+        {
+            return if old[..] == m.payload[..] {
+                Ok(false)
+            } else {
+                Err(BarrierError::ConflictingMessage {
+                    src: m.src,
+                    superstep: m.superstep,
+                    seq: m.seq,
+                })
+            };
+        }
+        let used = self.bytes.entry((m.src, m.superstep)).or_default();
+        let total = used.saturating_add(m.payload.len());
+        if total > self.limit {
+            return Err(BarrierError::TooMuchData {
+                src: m.src,
+                superstep: m.superstep,
+                limit: self.limit,
             });
         }
-        if let Some(f) = r.finished {
-            // Only late data frames of the finishing superstep may follow `Finished`.
-            if superstep > f || !matches!(frame, Frame::Data { .. }) {
-                return Err(BarrierError::AfterFinished {
-                    kind,
+        *used = total;
+        self.messages
+            .entry((m.dst, m.superstep))
+            .or_default()
+            .insert(key, Bytes::from(m.payload));
+        Ok(true)
+    }
+
+    /// Take one `Done` for `superstep`. Repeats are fine; a `Done` that
+    /// contradicts an earlier one is an error (guests are deterministic).
+    pub fn on_done(&mut self, superstep: u32, d: ProcDone) -> Result<(), BarrierError> {
+        self.check_pid(d.pid)?;
+        for &(dst, _) in &d.counts {
+            self.check_pid(dst)?;
+        }
+        if let Some(&e) = self.exited.get(&d.pid)
+            && (superstep > e || (superstep == e && !d.exited))
+        {
+            return Err(BarrierError::AfterExit {
+                pid: d.pid,
+                superstep,
+                exited: e,
+            });
+        }
+        let rec = DoneRec {
+            exited: d.exited,
+            counts: d.counts.into_iter().filter(|&(_, n)| n > 0).collect(),
+        };
+        if superstep < self.forgotten {
+            if d.exited {
+                self.exited.entry(d.pid).or_insert(superstep);
+            }
+            return Ok(());
+        }
+        let at = self.done.entry(superstep).or_default();
+        match at.get(&d.pid) {
+            Some(old) if *old != rec => {
+                return Err(BarrierError::ConflictingDone {
+                    pid: d.pid,
                     superstep,
-                    finished: f,
                 });
             }
+            Some(_) => return Ok(()),
+            None => {}
         }
-        match frame {
-            Frame::Data {
-                superstep,
-                messages,
-            } => {
-                let got = r.frames.get(&superstep).copied().unwrap_or(0);
-                if let Some(&counted) = r.markers.get(&superstep)
-                    && got >= counted
-                {
-                    return Err(BarrierError::TooManyFrames { superstep, counted });
-                }
-                r.frames.insert(superstep, got + 1);
-                self.messages.entry(superstep).or_default().extend(messages);
-            }
-            Frame::Marker { superstep, frames } | Frame::Finished { superstep, frames } => {
-                if r.markers.contains_key(&superstep) {
-                    return Err(BarrierError::DuplicateMarker(superstep));
-                }
-                let got = r.frames.get(&superstep).copied().unwrap_or(0);
-                if got > frames {
-                    return Err(BarrierError::TooManyFrames {
-                        superstep,
-                        counted: frames,
-                    });
-                }
-                r.markers.insert(superstep, frames);
-                if kind == "finished" {
-                    r.finished = Some(superstep);
-                }
-            }
-            _ => unreachable!("handshake frames were refused above"),
+        if rec.exited {
+            self.exited.insert(d.pid, superstep);
         }
+        at.insert(d.pid, rec);
         Ok(())
     }
 
-    /// Whether barrier `s` has passed: every remote peer is present at `s`
-    /// (or `s` was already taken).
-    pub fn passed(&self, s: u32) -> bool {
-        s < self.next || self.remotes.iter().all(|r| r.present_at(s))
-    }
-
-    /// If barrier `next()` has passed, take the messages sent in that
-    /// superstep (in arrival order) and move on to the next barrier.
-    pub fn take(&mut self) -> Option<Vec<WireMessage>> {
-        let s = self.next;
-        if !self.passed(s) {
-            return None;
+    /// Whether `q` is accounted for at barrier `s` as far as `Done` goes.
+    fn done_rec(&self, q: Pid, s: u32) -> Option<Option<&DoneRec>> {
+        if self.exited.get(&q).is_some_and(|&e| e < s) {
+            return Some(None);
         }
-        for r in &mut self.remotes {
-            r.frames.remove(&s);
-            r.markers.remove(&s);
+        self.done.get(&s).and_then(|m| m.get(&q)).map(Some)
+    }
+
+    /// Whether process `pid` may pass barrier `s`.
+    pub fn ready(&self, pid: Pid, s: u32) -> bool {
+        let got = self.messages.get(&(pid, s));
+        (0..self.nprocs).all(|q| match self.done_rec(q, s) {
+            None => false,
+            Some(None) => true,
+            Some(Some(rec)) => {
+                let want = rec.counts.get(&pid).copied().unwrap_or(0) as usize;
+                let have = got.map_or(0, |b| b.range((q, 0)..=(q, u32::MAX)).count());
+                have == want
+            }
+        })
+    }
+
+    /// What `pid` still waits for at barrier `s`, in words (for logs).
+    pub fn missing(&self, pid: Pid, s: u32) -> String {
+        let got = self.messages.get(&(pid, s));
+        let mut out = Vec::new();
+        for q in 0..self.nprocs {
+            match self.done_rec(q, s) {
+                None => out.push(format!("Done({q})")),
+                Some(None) => {}
+                Some(Some(rec)) => {
+                    let want = rec.counts.get(&pid).copied().unwrap_or(0) as usize;
+                    let have = got.map_or(0, |b| b.range((q, 0)..=(q, u32::MAX)).count());
+                    if have != want {
+                        out.push(format!("{have}/{want} messages from {q}"));
+                    }
+                }
+            }
         }
-        self.next += 1;
-        Some(self.messages.remove(&s).unwrap_or_default())
+        if s < self.forgotten {
+            out.push(format!("(Dones before {} forgotten)", self.forgotten));
+        }
+        out.join(", ")
     }
 
-    /// The superstep at which remote peer `from` finished, if it did.
-    pub fn finished_at(&self, from: usize) -> Option<u32> {
-        self.remotes.get(from).and_then(|r| r.finished)
+    /// Whether every process's `Done` for `s` is here (or it exited before).
+    pub fn complete(&self, s: u32) -> bool {
+        (0..self.nprocs).all(|q| self.done_rec(q, s).is_some())
     }
 
-    /// Whether every remote peer has finished.
-    pub fn all_finished(&self) -> bool {
-        self.remotes.iter().all(|r| r.finished.is_some())
+    /// The messages `pid` reads after barrier `s` (sent in `s`), by
+    /// (source, send order); later messages to `pid` from `s` or before are
+    /// dropped from now on.
+    pub fn take(&mut self, pid: Pid, s: u32) -> Vec<(Pid, Bytes)> {
+        let taken = self.messages.remove(&(pid, s)).unwrap_or_default();
+        self.set_floor(pid, s + 1);
+        taken
+            .into_iter()
+            .map(|((src, _), payload)| (src, payload))
+            .collect()
+    }
+
+    /// Drop messages to `pid` sent before `superstep`, now and later (a
+    /// process restored from its checkpoint of `superstep - 1` reads from
+    /// `superstep - 1` on, so `floor = superstep - 1`).
+    pub fn set_floor(&mut self, pid: Pid, superstep: u32) {
+        let f = self.floor.entry(pid).or_default();
+        if superstep > *f {
+            *f = superstep;
+        }
+        let f = *f;
+        self.messages.retain(|&(dst, s), _| dst != pid || s >= f);
+    }
+
+    /// The superstep in which `pid` exited, if it did.
+    pub fn exited(&self, pid: Pid) -> Option<u32> {
+        self.exited.get(&pid).copied()
+    }
+
+    /// Whether every process of the job exited.
+    pub fn all_exited(&self) -> bool {
+        self.exited.len() as u32 == self.nprocs
+    }
+
+    /// Forget `Done` records, messages and byte counts of supersteps before `s` (no
+    /// process here waits at those barriers any more, and nobody restores
+    /// from before them). Exits are remembered for good.
+    pub fn forget_before(&mut self, s: u32) {
+        if s <= self.forgotten {
+            return;
+        }
+        self.forgotten = s;
+        self.done = self.done.split_off(&s);
+        self.bytes.retain(|&(_, ss), _| ss >= s);
+        self.messages.retain(|&(_, ss), _| ss >= s);
+    }
+
+    /// Bytes of messages held.
+    pub fn held_bytes(&self) -> usize {
+        self.messages
+            .values()
+            .flat_map(|b| b.values())
+            .map(|p| p.len())
+            .sum()
     }
 }
 
@@ -210,318 +299,213 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn msg(src: u32, dst: u32, seq: u32) -> WireMessage {
+    fn msg(src: Pid, dst: Pid, superstep: u32, seq: u32, payload: &[u8]) -> WireMessage {
         WireMessage {
             src,
             dst,
+            superstep,
             seq,
-            payload: vec![src as u8, seq as u8],
+            payload: payload.to_vec(),
         }
     }
 
-    fn data(s: u32, msgs: Vec<WireMessage>) -> Frame {
-        Frame::Data {
-            superstep: s,
-            messages: msgs,
+    fn done(pid: Pid, exited: bool, counts: &[(Pid, u32)]) -> ProcDone {
+        ProcDone {
+            pid,
+            exited,
+            counts: counts.to_vec(),
         }
     }
 
     #[test]
-    fn a_peer_without_remotes_passes_every_barrier() {
-        let mut b = Barrier::new(0);
-        assert!(b.passed(0));
-        assert_eq!(b.take(), Some(vec![]));
-        assert_eq!(b.next(), 1);
-    }
-
-    #[test]
-    fn barrier_waits_for_all_counted_frames_even_when_the_marker_comes_first() {
-        let mut b = Barrier::new(2);
-        b.on_frame(
-            0,
-            Frame::Marker {
-                superstep: 0,
-                frames: 1,
-            },
-        )
-        .unwrap();
-        b.on_frame(
-            1,
-            Frame::Marker {
-                superstep: 0,
-                frames: 0,
-            },
-        )
-        .unwrap();
-        assert!(!b.passed(0), "one counted frame is missing");
-        assert_eq!(b.take(), None);
-        b.on_frame(0, data(0, vec![msg(3, 0, 0)])).unwrap();
-        assert!(b.passed(0));
-        assert_eq!(b.take(), Some(vec![msg(3, 0, 0)]));
-    }
-
-    #[test]
-    fn frames_of_the_next_superstep_are_buffered() {
-        let mut b = Barrier::new(2);
-        b.on_frame(0, data(0, vec![msg(1, 0, 0)])).unwrap();
-        b.on_frame(
-            0,
-            Frame::Marker {
-                superstep: 0,
-                frames: 1,
-            },
-        )
-        .unwrap();
-        // Peer 0 is already in superstep 1.
-        b.on_frame(0, data(1, vec![msg(1, 0, 7)])).unwrap();
-        b.on_frame(
-            0,
-            Frame::Marker {
-                superstep: 1,
-                frames: 1,
-            },
-        )
-        .unwrap();
-        assert!(!b.passed(0));
-        b.on_frame(
-            1,
-            Frame::Marker {
-                superstep: 0,
-                frames: 0,
-            },
-        )
-        .unwrap();
-        assert_eq!(b.take(), Some(vec![msg(1, 0, 0)]));
-        assert!(!b.passed(1));
-        b.on_frame(
-            1,
-            Frame::Marker {
-                superstep: 1,
-                frames: 0,
-            },
-        )
-        .unwrap();
-        assert_eq!(b.take(), Some(vec![msg(1, 0, 7)]));
-    }
-
-    #[test]
-    fn a_finished_peer_is_present_at_every_later_barrier() {
-        let mut b = Barrier::new(2);
-        b.on_frame(
-            0,
-            Frame::Finished {
-                superstep: 0,
-                frames: 0,
-            },
-        )
-        .unwrap();
-        b.on_frame(
-            1,
-            Frame::Marker {
-                superstep: 0,
-                frames: 0,
-            },
-        )
-        .unwrap();
-        assert!(b.take().is_some());
-        b.on_frame(
-            1,
-            Frame::Marker {
-                superstep: 1,
-                frames: 0,
-            },
-        )
-        .unwrap();
-        assert!(b.take().is_some());
-        assert_eq!(b.finished_at(0), Some(0));
-        assert!(!b.all_finished());
-        assert!(matches!(
-            b.on_frame(
-                0,
-                Frame::Marker {
-                    superstep: 2,
-                    frames: 0
-                }
-            ),
-            Err(BarrierError::AfterFinished { .. })
-        ));
-    }
-
-    #[test]
-    fn protocol_violations_are_refused_without_changing_state() {
-        let mut b = Barrier::new(1);
+    fn a_process_passes_once_every_done_and_every_counted_message_is_here() {
+        let mut b = Barrier::new(3, 1 << 20);
+        b.on_done(0, done(1, false, &[(0, 2)])).unwrap();
+        b.on_done(0, done(2, false, &[])).unwrap();
+        assert!(!b.ready(0, 0), "no Done from pid 0 itself yet");
+        b.on_done(0, done(0, false, &[])).unwrap();
+        assert!(!b.ready(0, 0), "pid 1's two messages are missing");
+        assert!(b.on_message(msg(1, 0, 0, 1, b"b")).unwrap());
+        assert!(!b.ready(0, 0));
+        assert!(b.on_message(msg(1, 0, 0, 0, b"a")).unwrap());
+        assert!(b.ready(0, 0));
+        assert!(b.complete(0));
         assert_eq!(
-            b.on_frame(3, Frame::Welcome),
-            Err(BarrierError::UnknownPeer(3))
+            b.take(0, 0),
+            vec![(1, Bytes::from_static(b"a")), (1, Bytes::from_static(b"b"))]
         );
+        assert!(
+            !b.on_message(msg(1, 0, 0, 0, b"a")).unwrap(),
+            "a repeat after the barrier is dropped"
+        );
+    }
+
+    #[test]
+    fn exited_processes_count_as_present_at_later_barriers() {
+        let mut b = Barrier::new(2, 1 << 20);
+        b.on_done(3, done(1, true, &[(0, 1)])).unwrap();
+        b.on_done(3, done(0, false, &[])).unwrap();
+        assert!(!b.ready(0, 3), "its last message is counted");
+        b.on_message(msg(1, 0, 3, 0, b"x")).unwrap();
+        assert!(b.ready(0, 3));
+        b.take(0, 3);
+        b.on_done(4, done(0, false, &[])).unwrap();
+        assert!(b.ready(0, 4));
+        assert_eq!(b.exited(1), Some(3));
         assert_eq!(
-            b.on_frame(0, Frame::Welcome),
-            Err(BarrierError::Unexpected("welcome"))
-        );
-        assert!(matches!(
-            b.on_frame(0, data(2, vec![])),
-            Err(BarrierError::TooEarly {
-                superstep: 2,
-                waiting: 0,
-                ..
+            b.on_done(5, done(1, false, &[])),
+            Err(BarrierError::AfterExit {
+                pid: 1,
+                superstep: 5,
+                exited: 3
             })
-        ));
-        b.on_frame(
-            0,
-            Frame::Marker {
-                superstep: 0,
-                frames: 0,
-            },
-        )
-        .unwrap();
-        assert_eq!(
-            b.on_frame(
-                0,
-                Frame::Marker {
-                    superstep: 0,
-                    frames: 0
-                }
-            ),
-            Err(BarrierError::DuplicateMarker(0))
         );
+    }
+
+    #[test]
+    fn contradictions_and_foreign_pids_are_errors() {
+        let mut b = Barrier::new(2, 4);
+        b.on_done(0, done(1, false, &[(0, 1)])).unwrap();
         assert!(matches!(
-            b.on_frame(0, data(0, vec![])),
-            Err(BarrierError::TooManyFrames {
-                superstep: 0,
-                counted: 0
-            })
+            b.on_done(0, done(1, false, &[(0, 2)])),
+            Err(BarrierError::ConflictingDone { .. })
         ));
-        assert_eq!(b.take(), Some(vec![]));
+        b.on_message(msg(1, 0, 0, 0, b"ab")).unwrap();
         assert!(matches!(
-            b.on_frame(0, data(0, vec![])),
-            Err(BarrierError::Late { superstep: 0, .. })
+            b.on_message(msg(1, 0, 0, 0, b"xy")),
+            Err(BarrierError::ConflictingMessage { .. })
+        ));
+        assert!(matches!(
+            b.on_message(msg(1, 0, 0, 1, b"abc")),
+            Err(BarrierError::TooMuchData { .. })
+        ));
+        assert!(matches!(
+            b.on_message(msg(2, 0, 0, 0, b"")),
+            Err(BarrierError::NoSuchPid { .. })
+        ));
+        assert!(matches!(
+            b.on_done(0, done(0, false, &[(9, 1)])),
+            Err(BarrierError::NoSuchPid { .. })
         ));
     }
 
-    /// The script of one remote peer: per superstep, its data frames (each a
-    /// list of destination pids); it finishes after its last superstep.
-    #[derive(Debug, Clone)]
-    struct Script {
-        supersteps: Vec<Vec<Vec<u32>>>,
-        finishes: bool,
-    }
+    /// What every process sends in every superstep: `plan[s][q]` lists the
+    /// (dst, payload) that `q` sends in superstep `s`.
+    type Plan = Vec<Vec<Vec<(Pid, Vec<u8>)>>>;
 
-    fn script() -> impl Strategy<Value = Script> {
-        let frame = proptest::collection::vec(0u32..4, 0..4);
-        let superstep = proptest::collection::vec(frame, 0..4);
-        (proptest::collection::vec(superstep, 1..5), any::<bool>()).prop_map(
-            |(supersteps, finishes)| Script {
-                supersteps,
-                finishes,
-            },
-        )
-    }
-
-    /// Frames of peer `peer`'s script, tagged with their superstep, in one of
-    /// many per-superstep orders (a marker may overtake its data frames).
-    fn frames_of(peer: u32, s: &Script, total: u32, rotate: &[usize]) -> Vec<(u32, Frame)> {
+    /// A reference run of `plan`; every process runs every superstep.
+    fn deliveries(nprocs: u32, plan: &Plan) -> Vec<(WireMessage, Option<(u32, ProcDone)>)> {
         let mut out = Vec::new();
-        let mut seq = 0;
-        let last = s.supersteps.len() as u32 - 1;
-        for step in 0..total {
-            if s.finishes && step > last {
-                break;
+        for (s, per) in plan.iter().enumerate() {
+            for q in 0..nprocs {
+                let sends = &per[q as usize];
+                let mut counts: BTreeMap<Pid, u32> = BTreeMap::new();
+                for (seq, (dst, payload)) in sends.iter().enumerate() {
+                    *counts.entry(*dst).or_default() += 1;
+                    out.push((msg(q, *dst, s as u32, seq as u32, payload), None));
+                }
+                let d = done(q, false, &counts.into_iter().collect::<Vec<_>>());
+                out.push((msg(q, q, u32::MAX, 0, &[]), Some((s as u32, d))));
             }
-            let frames = s.supersteps.get(step as usize).cloned().unwrap_or_default();
-            let k = frames.len() as u32;
-            let mut these: Vec<Frame> = frames
-                .into_iter()
-                .map(|dsts| {
-                    let msgs = dsts
-                        .into_iter()
-                        .map(|dst| {
-                            seq += 1;
-                            msg(peer, dst, seq)
-                        })
-                        .collect();
-                    data(step, msgs)
-                })
-                .collect();
-            let marker = if s.finishes && step == last {
-                Frame::Finished {
-                    superstep: step,
-                    frames: k,
-                }
-            } else {
-                Frame::Marker {
-                    superstep: step,
-                    frames: k,
-                }
-            };
-            these.push(marker);
-            let r = rotate.get(step as usize).copied().unwrap_or(0) % these.len();
-            these.rotate_left(r);
-            out.extend(these.into_iter().map(|f| (step, f)));
         }
         out
     }
 
     proptest! {
-        /// DESIGN.md, Execution 4: whatever the interleaving, barrier `s`
-        /// passes exactly when every message of superstep `s` has arrived, and
-        /// yields exactly those messages; nothing early, nothing lost.
+        /// Delivery guarantee (DESIGN.md, Execution 4) at process level:
+        /// whatever the order of arrival, and with any events repeated
+        /// (re-sends after a restore), every process passes each barrier
+        /// exactly when everything for it arrived, and reads exactly what
+        /// was sent to it, in (source, send order).
         #[test]
-        fn barrier_yields_exactly_the_messages_of_each_superstep(
-            scripts in proptest::collection::vec(script(), 1..4),
-            rotations in proptest::collection::vec(0usize..8, 8),
-            choices in proptest::collection::vec(0usize..1000, 0..400),
+        fn every_process_reads_exactly_what_was_sent_whatever_the_order(
+            nprocs in 1u32..5,
+            steps in 1usize..4,
+            seed in any::<u64>(),
+            repeat in proptest::collection::vec(any::<bool>(), 64),
         ) {
-            let total = 5u32;
-            let mut streams: Vec<std::collections::VecDeque<(u32, Frame)>> = scripts
-                .iter()
-                .enumerate()
-                .map(|(i, s)| frames_of(i as u32, s, total, &rotations).into())
-                .collect();
-            // Expected messages per superstep, by peer.
-            let mut expected: BTreeMap<u32, Vec<WireMessage>> = BTreeMap::new();
-            for stream in &streams {
-                for (s, f) in stream {
-                    if let Frame::Data { messages, .. } = f {
-                        expected.entry(*s).or_default().extend(messages.iter().cloned());
+            // Build a plan from the seed.
+            let mut x = seed | 1;
+            let mut next = move || { x ^= x << 13; x ^= x >> 7; x ^= x << 17; x };
+            let plan: Plan = (0..steps).map(|_| {
+                (0..nprocs).map(|_| {
+                    (0..(next() % 4)).map(|_| {
+                        let dst = (next() % nprocs as u64) as Pid;
+                        let len = (next() % 4) as usize;
+                        (dst, (0..len).map(|_| next() as u8).collect())
+                    }).collect()
+                }).collect()
+            }).collect();
+            let mut events = deliveries(nprocs, &plan);
+            // Shuffle, then repeat some events.
+            for i in (1..events.len()).rev() {
+                let j = (next() % (i as u64 + 1)) as usize;
+                events.swap(i, j);
+            }
+            let extra: Vec<_> = events.iter().zip(repeat.iter().cycle())
+                .filter(|(_, r)| **r).map(|(e, _)| e.clone()).collect();
+            events.extend(extra);
+
+            let mut b = Barrier::new(nprocs, 1 << 20);
+            let mut at = vec![0u32; nprocs as usize];
+            let mut read: Vec<Vec<Vec<(Pid, Bytes)>>> = vec![Vec::new(); nprocs as usize];
+            let pump = |b: &mut Barrier, at: &mut Vec<u32>, read: &mut Vec<Vec<Vec<(Pid, Bytes)>>>| {
+                for p in 0..nprocs {
+                    while (at[p as usize] as usize) < steps && b.ready(p, at[p as usize]) {
+                        let s = at[p as usize];
+                        read[p as usize].push(b.take(p, s));
+                        at[p as usize] += 1;
                     }
+                }
+            };
+            for (m, d) in events {
+                match d {
+                    Some((s, d)) => b.on_done(s, d).unwrap(),
+                    None => { b.on_message(m).unwrap(); }
+                }
+                pump(&mut b, &mut at, &mut read);
+            }
+            for p in 0..nprocs {
+                prop_assert_eq!(at[p as usize] as usize, steps, "pid {} is stuck", p);
+                for s in 0..steps {
+                    let want: Vec<(Pid, Bytes)> = (0..nprocs).flat_map(|q| {
+                        plan[s][q as usize].iter()
+                            .filter(|(dst, _)| *dst == p)
+                            .map(move |(_, pl)| (q, Bytes::from(pl.clone())))
+                    }).collect();
+                    prop_assert_eq!(&read[p as usize][s], &want);
                 }
             }
-            let mut b = Barrier::new(scripts.len());
-            let mut choice = choices.into_iter();
-            loop {
-                // Drain every barrier that passed and check its messages.
-                while b.passed(b.next()) {
-                    let s = b.next();
-                    if s >= total {
-                        break;
-                    }
-                    // Nothing early: every frame of `s` has been delivered.
-                    for stream in &streams {
-                        prop_assert!(stream.iter().all(|(fs, _)| *fs != s),
-                            "barrier {} passed with frames of it still in flight", s);
-                    }
-                    let mut got = b.take().unwrap();
-                    let mut want = expected.remove(&s).unwrap_or_default();
-                    got.sort_by_key(|m| (m.src, m.seq));
-                    want.sort_by_key(|m| (m.src, m.seq));
-                    prop_assert_eq!(got, want);
+        }
+
+        /// A process never passes a barrier early: with any one message or
+        /// Done withheld, the processes it concerns stay at that barrier.
+        #[test]
+        fn a_missing_message_or_done_holds_the_barrier(
+            nprocs in 1u32..4,
+            seed in any::<u64>(),
+            pick in any::<prop::sample::Index>(),
+        ) {
+            let mut x = seed | 1;
+            let mut next = move || { x ^= x << 13; x ^= x >> 7; x ^= x << 17; x };
+            let plan: Plan = vec![(0..nprocs).map(|_| {
+                (0..(next() % 3)).map(|_| ((next() % nprocs as u64) as Pid, vec![1])).collect()
+            }).collect()];
+            let events = deliveries(nprocs, &plan);
+            let skip = pick.index(events.len());
+            let mut b = Barrier::new(nprocs, 1 << 20);
+            for (i, (m, d)) in events.iter().cloned().enumerate() {
+                if i == skip { continue; }
+                match d {
+                    Some((s, d)) => b.on_done(s, d).unwrap(),
+                    None => { b.on_message(m).unwrap(); }
                 }
-                // Peers may run at most one superstep ahead of this one.
-                let window = b.next() + 1;
-                let ready: Vec<usize> = (0..streams.len())
-                    .filter(|&i| streams[i].front().is_some_and(|(s, _)| *s <= window))
-                    .collect();
-                if ready.is_empty() {
-                    break;
-                }
-                let pick = ready[choice.next().unwrap_or(0) % ready.len()];
-                let (_, f) = streams[pick].pop_front().unwrap();
-                prop_assert_eq!(b.on_frame(pick, f), Ok(()));
             }
-            // Nothing lost: every superstep passed and all its messages came out.
-            prop_assert!(b.next() >= total, "stuck at barrier {}", b.next());
-            prop_assert!(expected.is_empty(), "messages never delivered: {:?}", expected);
-            prop_assert_eq!(b.all_finished(), scripts.iter().all(|s| s.finishes));
+            let (m, d) = &events[skip];
+            match d {
+                Some(_) => for p in 0..nprocs { prop_assert!(!b.ready(p, 0)); },
+                None => prop_assert!(!b.ready(m.dst, 0)),
+            }
         }
     }
 }

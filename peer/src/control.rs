@@ -1,6 +1,13 @@
 //! The supernode client of the control plane (see [`bsp_api::control`]):
 //! login and lease renewal, the command long poll, the ordered report
-//! uploader, and module downloads.
+//! uploader, module downloads, and the drain request.
+//!
+//! **Fencing.** A 401 on any call means the lease is gone: the supernode
+//! declared this peer lost and restored its processes elsewhere. The client
+//! then runs the *fenced* hook (the peer kills all its jobs), forgets its
+//! peer id and logs in as a new peer, so nothing it still sends can be
+//! mistaken for the old peer's (docs/fault-tolerance.md, "Failure and
+//! restore" 5).
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -50,14 +57,26 @@ impl ControlError {
     }
 }
 
+/// What the peer does when its lease turns out to be gone.
+pub type FencedHook = Box<dyn Fn() + Send + Sync>;
+
 /// A client of one supernode, holding the current lease.
-#[derive(Debug)]
 pub struct Client {
     http: reqwest::Client,
     base: String,
     login: RwLock<PeerLogin>,
     lease: RwLock<Option<Lease>>,
     relogin: tokio::sync::Mutex<()>,
+    on_fenced: RwLock<Option<FencedHook>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("base", &self.base)
+            .field("peer_id", &self.peer_id())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Client {
@@ -81,6 +100,7 @@ impl Client {
             login: RwLock::new(login),
             lease: RwLock::new(None),
             relogin: tokio::sync::Mutex::new(()),
+            on_fenced: RwLock::new(None),
         }))
     }
 
@@ -123,7 +143,15 @@ impl Client {
         l.idle = idle;
     }
 
-    /// Log in and store the lease.
+    /// Set what to do when the lease turns out to be gone (before logging
+    /// in again as a new peer): the peer kills all its jobs.
+    pub fn set_on_fenced(&self, hook: FencedHook) {
+        *self.on_fenced.write().unwrap_or_else(|p| p.into_inner()) = Some(hook);
+    }
+
+    /// Log in and store the lease. The first login and every login after a
+    /// fence are fresh (a new peer id); `previous_id` is only sent for a
+    /// login while a lease is held.
     pub async fn login(&self) -> Result<Lease, ControlError> {
         let mut body = self.login.read().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(id) = self.peer_id() {
@@ -162,20 +190,34 @@ impl Client {
         }
     }
 
-    /// Log in again unless another task already did since `stale` was the token.
+    /// The lease whose token was `stale` is gone: unless another task
+    /// already handled it, run the fenced hook (kill every job), forget the
+    /// peer id and log in as a new peer.
     async fn relogin(&self, stale: &str) -> Result<(), ControlError> {
         let _guard = self.relogin.lock().await;
         if self.token() != stale {
             return Ok(());
         }
-        tracing::info!("the lease expired; logging in to the supernode again");
+        if self.peer_id().is_some() {
+            tracing::warn!(
+                peer = self.peer_id(),
+                "the supernode refused the lease: this peer was declared gone; \
+                 stopping its jobs and logging in again as a new peer"
+            );
+            if let Some(hook) = &*self.on_fenced.read().unwrap_or_else(|p| p.into_inner()) {
+                hook();
+            }
+            *self.lease.write().unwrap_or_else(|p| p.into_inner()) = None;
+        }
         self.login().await.map(|_| ())
     }
 
-    /// Send an authorized request; on 401 log in again and retry once.
+    /// Send an authorized request; on 401 log in again (see the module
+    /// docs) and, if `retry`, send it once more with the new lease.
     async fn authorized(
         &self,
         what: &'static str,
+        retry: bool,
         build: impl Fn(&str) -> RequestBuilder,
     ) -> Result<Response, ControlError> {
         for attempt in 0..2 {
@@ -186,7 +228,12 @@ impl Client {
                 .await
                 .map_err(ControlError::Unreachable)?;
             match check(what, resp).await {
-                Err(ControlError::Unauthorized) if attempt == 0 => self.relogin(&token).await?,
+                Err(ControlError::Unauthorized) if attempt == 0 => {
+                    self.relogin(&token).await?;
+                    if !retry {
+                        return Err(ControlError::Unauthorized);
+                    }
+                }
                 other => return other,
             }
         }
@@ -196,7 +243,7 @@ impl Client {
     /// Renew the lease, reporting speed, idle fraction and running jobs.
     pub async fn renew(&self, body: &PeerRenew) -> Result<Lease, ControlError> {
         let resp = self
-            .authorized("renew", |_| {
+            .authorized("renew", true, |_| {
                 self.http
                     .post(self.url("renew"))
                     .timeout(Duration::from_secs(30))
@@ -209,6 +256,9 @@ impl Client {
     }
 
     /// Long-poll for commands with sequence numbers greater than `after`.
+    /// After a fence it answers [`ControlError::Unauthorized`] without
+    /// retrying: the new peer's commands are numbered from 0 again, so the
+    /// caller starts over with `after = 0` (see [`Client::peer_id`]).
     pub async fn commands(&self, after: u64, wait: Duration) -> Result<Commands, ControlError> {
         let url = format!(
             "{}?after={after}&wait_ms={}",
@@ -216,7 +266,7 @@ impl Client {
             wait.as_millis()
         );
         let resp = self
-            .authorized("commands", |_| {
+            .authorized("commands", false, |_| {
                 self.http.get(&url).timeout(wait + Duration::from_secs(15))
             })
             .await?;
@@ -228,11 +278,23 @@ impl Client {
         let body = PeerReport {
             events: events.to_vec(),
         };
-        self.authorized("report", |_| {
+        self.authorized("report", true, |_| {
             self.http
                 .post(self.url("report"))
                 .timeout(Duration::from_secs(60))
                 .json(&body)
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Ask the supernode to drain this peer: no new processes, and its
+    /// processes migrate away (`POST /api/v1/peer/drain`).
+    pub async fn drain(&self) -> Result<(), ControlError> {
+        self.authorized("drain", false, |_| {
+            self.http
+                .post(self.url("drain"))
+                .timeout(Duration::from_secs(30))
         })
         .await
         .map(|_| ())
@@ -248,7 +310,7 @@ impl Client {
         }
         let url = self.url(&format!("modules/{hash}"));
         let mut resp = self
-            .authorized("module", |_| {
+            .authorized("module", true, |_| {
                 self.http.get(&url).timeout(Duration::from_secs(300))
             })
             .await?;

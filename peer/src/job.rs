@@ -1,18 +1,27 @@
-//! The job driver: runs this peer's share of a job superstep by superstep
-//! (DESIGN.md, Execution 2–4).
+//! The job driver: runs this peer's share of a job superstep by superstep,
+//! checkpoints every process, and restores or hands over processes when the
+//! job's placement changes (DESIGN.md, Execution 2–7; docs/fault-tolerance.md).
 //!
-//! Per superstep: resume every local unfinished process (on blocking threads,
-//! at most `slots` at once); route what they send (local destinations
-//! directly, remote ones in batched `Data` frames); once every local process
-//! reached `sync` or returned, send every other peer its `Marker` (or
-//! `Finished` once all local processes returned); wait for the barrier;
-//! deliver the inboxes sorted by (source, send order); repeat.
+//! Per process and superstep: resume it (on blocking threads, at most
+//! `slots` at once) until it syncs or returns; route what it sent (local
+//! destinations straight into the [`Barrier`], remote ones in `Data` frames)
+//! and retain it; at a checkpointed superstep capture its state and send it
+//! to its replicas; once they all acknowledged (at once when the superstep is
+//! not checkpointed), tell every peer `Done(pid, s)`; when the barrier says
+//! the process has everything for `s`, give it its inbox and resume it.
+//!
+//! A new assignment (a higher epoch) changes the routing table; processes
+//! that moved here are restored from the newest snapshot any peer holds, and
+//! processes that moved away are handed over at their next sync. Everything
+//! another peer may need again — messages and `Done`s since the newest
+//! globally safe checkpoint — is retained and re-sent to a process's new
+//! host, and to any peer whose connection broke and came back.
 //!
 //! The driver knows nothing about HTTP: it takes the assignment and the
 //! compiled module, talks to other peers through [`crate::net`], and emits
 //! [`PeerEvent`]s into a [`Reporter`].
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,9 +29,8 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use bsp_api::control::{JobAssignment, PeerEvent};
-use bsp_api::wire::{Frame, WireMessage};
+use bsp_api::wire::{Frame, ProcDone, WireMessage};
 use bsp_api::{JobId, PeerId, Pid};
-use bytes::Bytes;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
@@ -30,16 +38,13 @@ use tokio_util::sync::CancellationToken;
 use wasmtime::Module;
 
 use crate::barrier::Barrier;
+use crate::checkpoint::{self, Assembled, Assembler, PageTracker, ReplicaStore, Snapshot};
 use crate::net::{self, Dial, Inbound, Registry};
 use crate::report::Reporter;
 use crate::runtime::{JobInfo, Message, Outcome, Process, Runtime};
 
 /// Target size of one `Data` frame's payloads.
 const BATCH_BYTES: usize = 1 << 20;
-
-/// Host-side cost counted per received message on top of its payload (the
-/// same as the sender's outbox accounting).
-const MESSAGE_OVERHEAD: usize = crate::runtime::MESSAGE_OVERHEAD;
 
 /// Job ids remembered after they ended, so a repeated `StartJob` is ignored.
 const REMEMBER_ENDED: usize = 4096;
@@ -64,14 +69,20 @@ pub struct JobEnv {
 }
 
 struct Running {
+    /// The identity (peer id) this peer runs the job under.
+    me: PeerId,
     cancel: CancellationToken,
+    epoch: u64,
+    updates: mpsc::UnboundedSender<JobAssignment>,
 }
 
 #[derive(Default)]
 struct Table {
     running: HashMap<JobId, Running>,
-    ended: HashSet<JobId>,
-    ended_order: std::collections::VecDeque<JobId>,
+    /// Jobs that ended, per identity of this peer: after a fence the peer
+    /// logs in under a new id and may be given the same job again.
+    ended: HashSet<(PeerId, JobId)>,
+    ended_order: std::collections::VecDeque<(PeerId, JobId)>,
 }
 
 /// The jobs running on this peer.
@@ -101,9 +112,12 @@ impl Jobs {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Start this peer's share of a job (`me` is this peer's id). `module`
-    /// resolves to the compiled program, or to a reason it is unavailable.
-    /// Returns `None` if the job is already running or ran before.
+    /// Start this peer's share of a job (`me` is this peer's id), or hand a
+    /// newer assignment (higher epoch) to the job already running. `module`
+    /// resolves to the compiled program, or to a reason it is unavailable;
+    /// it is only awaited when the job starts here. Returns `None` if the job
+    /// was already running (the assignment, if newer, was passed on) or ran
+    /// before.
     pub fn start<F>(
         self: &Arc<Self>,
         me: PeerId,
@@ -115,15 +129,29 @@ impl Jobs {
     {
         let job = assignment.job;
         let cancel = CancellationToken::new();
+        let (updates_tx, updates) = mpsc::unbounded_channel();
         {
             let mut t = self.lock();
-            if t.running.contains_key(&job) || t.ended.contains(&job) {
+            if let Some(r) = t.running.get_mut(&job) {
+                if r.me == me && assignment.epoch > r.epoch {
+                    r.epoch = assignment.epoch;
+                    let _ = r.updates.send(assignment);
+                }
+                return None;
+            }
+            if t.ended.contains(&(me, job)) {
+                return None;
+            }
+            if !assignment.peers.iter().any(|p| p.id == me) {
                 return None;
             }
             t.running.insert(
                 job,
                 Running {
+                    me,
                     cancel: cancel.clone(),
+                    epoch: assignment.epoch,
+                    updates: updates_tx,
                 },
             );
         }
@@ -142,7 +170,7 @@ impl Jobs {
                 _ = cancel.cancelled() => {}
                 module = module => match module {
                     Ok(module) => {
-                        run_job(env.clone(), me, assignment, module, tx, rx, cancel).await;
+                        run_job(env.clone(), me, assignment, module, tx, rx, updates, cancel).await;
                     }
                     Err(reason) => {
                         env.reporter.emit(PeerEvent::ProcessFailed {
@@ -156,11 +184,13 @@ impl Jobs {
                     }
                 },
             }
-            jobs.env.registry.unregister(job);
+            jobs.env.registry.unregister(job, me);
             let mut t = jobs.lock();
-            t.running.remove(&job);
-            if t.ended.insert(job) {
-                t.ended_order.push_back(job);
+            if t.running.get(&job).is_some_and(|r| r.me == me) {
+                t.running.remove(&job);
+            }
+            if t.ended.insert((me, job)) {
+                t.ended_order.push_back((me, job));
                 if t.ended_order.len() > REMEMBER_ENDED
                     && let Some(old) = t.ended_order.pop_front()
                 {
@@ -188,6 +218,15 @@ impl Jobs {
         }
     }
 
+    /// This peer was declared gone (fenced): stop every job and forget them
+    /// at once, so the same job can start again under the new identity the
+    /// peer logs in with, while the old drivers are still shutting down.
+    pub fn fence(&self) {
+        for (_, r) in self.lock().running.drain() {
+            r.cancel.cancel();
+        }
+    }
+
     /// The jobs currently running.
     pub fn running(&self) -> Vec<JobId> {
         let mut v: Vec<JobId> = self.lock().running.keys().copied().collect();
@@ -196,78 +235,111 @@ impl Jobs {
     }
 }
 
-enum Slot {
-    /// Being resumed on a blocking thread (or waiting for a slot).
-    Running,
-    /// Reached `sync` in the current superstep.
-    AtSync(Process),
-    /// Returned from `main`.
-    Done,
+/// A process and what its checkpoints need, moved together between the
+/// driver and blocking threads.
+struct Proc {
+    process: Process,
+    tracker: PageTracker,
+    /// The last snapshot `tracker` took: the next capture recycles its
+    /// memory buffer once nobody else holds it (its replicas acknowledged).
+    last: Option<Arc<Snapshot>>,
 }
 
-struct Remote {
-    id: PeerId,
+enum State {
+    /// A resume, capture or restore is running on a blocking thread.
+    Busy,
+    /// At sync of its current superstep, waiting for its barrier.
+    AtSync(Box<Proc>),
+    /// Returned from `main`.
+    Exited,
+    /// Waiting for the snapshots other peers hold.
+    Fetching,
+}
+
+struct Local {
+    state: State,
+    /// The superstep it is in (or at the sync of).
+    superstep: u32,
+    /// A checkpoint sent to replicas that have not all acknowledged.
+    pending: Option<Pending>,
+    /// `Done`s to send once `pending` is acknowledged.
+    held: Vec<(u32, ProcDone)>,
+    /// Moves to another peer at its next sync.
+    leaving: bool,
+    /// A snapshot taken for the new host, while it has not asked yet.
+    handover: Option<Arc<Snapshot>>,
+}
+
+struct Pending {
+    superstep: u32,
+    waiting: HashSet<PeerId>,
+    snapshot: Arc<Snapshot>,
+}
+
+struct Fetch {
+    waiting: HashSet<PeerId>,
+    best: Option<Arc<Snapshot>>,
+}
+
+struct Link {
     addr: String,
-    /// Index in the assignment's peer list.
-    peer_index: u32,
-    writer: Option<mpsc::UnboundedSender<Frame>>,
-    task: Option<JoinHandle<()>>,
+    writer: mpsc::UnboundedSender<Frame>,
+    task: JoinHandle<()>,
     batch: Vec<WireMessage>,
     batch_bytes: usize,
-    /// Data frames sent in the current superstep.
-    frames: u32,
-    /// Its connection to us was welcomed.
-    connected: bool,
-    /// It finished, or its connection ended after we finished.
-    gone: bool,
-    /// Message bytes received from it, per superstep not yet passed.
-    received: BTreeMap<u32, usize>,
-    /// Most message bytes its processes may send us in one superstep.
-    allowance: usize,
 }
 
-impl Remote {
-    fn describe(&self) -> String {
-        format!("peer #{} ({})", self.id, self.addr)
+impl Link {
+    fn send(&self, frame: Frame) {
+        // A closed writer reports its failure as `SendFailed`.
+        let _ = self.writer.send(frame);
     }
 }
 
-#[derive(PartialEq, Eq, Clone, Copy)]
-enum Phase {
-    /// Running supersteps.
-    Running,
-    /// Every local process returned; waiting until every other peer finished.
-    Finished,
-    /// A process or the messaging failed; waiting for `KillJob`.
-    Failed,
+/// What a blocking task hands back.
+enum Task {
+    Resumed(Pid, Result<(Proc, Outcome), String>),
+    Captured(Pid, Result<(Proc, Snapshot), String>),
+    /// `None`: the snapshot is of a process that had exited.
+    Restored(Pid, Arc<Snapshot>, Result<Option<Proc>, String>),
 }
-
-type Resumed = (Pid, Result<(Process, Outcome), String>);
 
 struct Driver {
     env: JobEnv,
     info: Arc<JobInfo>,
+    module: Module,
     job: JobId,
-    placement: Vec<u32>,
-    me_index: u32,
-    remotes: Vec<Remote>,
-    remote_by_id: HashMap<PeerId, usize>,
-    /// `remote_of_peer[i]` is the remote index of assignment peer `i`.
-    remote_of_peer: Vec<Option<usize>>,
-    procs: BTreeMap<Pid, Slot>,
+    me: PeerId,
+    token: String,
+    epoch: u64,
+    checkpoint_every: u32,
+    replicas: usize,
+    /// `placement[pid]` is the peer that hosts `pid`.
+    placement: Vec<PeerId>,
+    /// The job's peers (this one included), in assignment order.
+    peers: Vec<PeerId>,
+    links: HashMap<PeerId, Link>,
     barrier: Barrier,
-    /// Messages between local processes, for the next superstep: (src, seq, dst, payload).
-    local_next: Vec<(Pid, u32, Pid, Bytes)>,
-    superstep: u32,
-    markers_sent: bool,
-    phase: Phase,
-    tasks: JoinSet<Resumed>,
-    /// Keeps the event channel open, so `recv` never reports it closed.
-    _events_tx: mpsc::Sender<Inbound>,
+    local: BTreeMap<Pid, Local>,
+    /// Messages local processes sent in supersteps ≥ `safe`, per source.
+    retained: BTreeMap<Pid, Vec<WireMessage>>,
+    /// `Done`s of local processes already sent, per (pid, superstep).
+    dones: BTreeMap<(Pid, u32), ProcDone>,
+    /// The newest checkpointed superstep for which every process's `Done`
+    /// is here: nobody is ever restored from before it.
+    safe: Option<u32>,
+    store: ReplicaStore,
+    assemblers: HashMap<PeerId, Assembler>,
+    fetches: BTreeMap<Pid, Fetch>,
+    /// Peers that asked for a snapshot of a local process (a handover).
+    handovers: BTreeMap<Pid, BTreeSet<PeerId>>,
+    tasks: JoinSet<Task>,
+    failed: bool,
+    events_tx: mpsc::Sender<Inbound>,
 }
 
-/// Check an assignment and return this peer's index in it.
-fn check_assignment(me: PeerId, a: &JobAssignment) -> Result<u32, String> {
+/// Check an assignment and return the pid → peer table.
+fn check_assignment(me: PeerId, a: &JobAssignment) -> Result<Vec<PeerId>, String> {
     if a.nprocs == 0 {
         return Err("the job has no processes".into());
     }
@@ -284,15 +356,23 @@ fn check_assignment(me: PeerId, a: &JobAssignment) -> Result<u32, String> {
             a.peers.len()
         ));
     }
+    if let Some(bad) = a.restore.iter().find(|&&p| p >= a.nprocs) {
+        return Err(format!(
+            "the job's assignment restores pid {bad}, but the job has {} processes",
+            a.nprocs
+        ));
+    }
     let mut seen = HashSet::new();
     if let Some(dup) = a.peers.iter().find(|p| !seen.insert(p.id)) {
         return Err(format!("the job lists peer #{} twice", dup.id));
     }
-    a.peers
+    if !a.peers.iter().any(|p| p.id == me) {
+        return Err(format!("this peer (#{me}) is not one of the job's peers"));
+    }
+    Ok(a.placement
         .iter()
-        .position(|p| p.id == me)
-        .map(|i| i as u32)
-        .ok_or_else(|| format!("this peer (#{me}) is not one of the job's peers"))
+        .map(|&i| a.peers[i as usize].id)
+        .collect())
 }
 
 fn job_info(env: &JobEnv, a: &JobAssignment, kill: Arc<AtomicBool>) -> Result<JobInfo, String> {
@@ -321,6 +401,60 @@ fn job_info(env: &JobEnv, a: &JobAssignment, kill: Arc<AtomicBool>) -> Result<Jo
     })
 }
 
+/// The `count` replicas of `pid`'s checkpoints among `peers` (not `host`):
+/// rendezvous hashing of `(job, pid, peer)`, so anyone who knows the peer
+/// list finds them.
+pub fn replicas_of(
+    job: JobId,
+    pid: Pid,
+    host: PeerId,
+    peers: &[PeerId],
+    count: usize,
+) -> Vec<PeerId> {
+    let mut scored: Vec<(u64, PeerId)> = peers
+        .iter()
+        .filter(|&&p| p != host)
+        .map(|&p| (mix(job as u64, pid as u64, p as u64), p))
+        .collect();
+    scored.sort_unstable();
+    scored.into_iter().take(count).map(|(_, p)| p).collect()
+}
+
+/// A fixed 64-bit mix (SplitMix64 finalizer over the three keys).
+fn mix(a: u64, b: u64, c: u64) -> u64 {
+    let mut z = a
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(b.rotate_left(21))
+        .wrapping_add(c.rotate_left(42) ^ 0xD6E8_FEB8_6659_FD93);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The frames that carry `s` whole to a replica.
+fn whole(s: &Snapshot) -> Vec<Frame> {
+    checkpoint::to_frames(s, &s.nonzero_pages(), None)
+}
+
+/// Whether superstep `s` is checkpointed with interval `every`.
+fn checkpointed(s: u32, every: u32) -> bool {
+    every <= 1 || (s + 1).is_multiple_of(every)
+}
+
+/// The `Done` of `pid` for superstep `s`, counted from its messages.
+fn done_of(pid: Pid, exited: bool, messages: &[WireMessage], s: u32) -> ProcDone {
+    let mut counts: BTreeMap<Pid, u32> = BTreeMap::new();
+    for m in messages.iter().filter(|m| m.superstep == s) {
+        *counts.entry(m.dst).or_default() += 1;
+    }
+    ProcDone {
+        pid,
+        exited,
+        counts: counts.into_iter().collect(),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn run_job(
     env: JobEnv,
     me: PeerId,
@@ -328,13 +462,14 @@ async fn run_job(
     module: Module,
     events_tx: mpsc::Sender<Inbound>,
     events: mpsc::Receiver<Inbound>,
+    updates: mpsc::UnboundedReceiver<JobAssignment>,
     cancel: CancellationToken,
 ) {
     let job = a.job;
     let kill = Arc::new(AtomicBool::new(false));
     let setup = check_assignment(me, &a)
-        .and_then(|me_index| job_info(&env, &a, kill.clone()).map(|info| (me_index, info)));
-    let (me_index, info) = match setup {
+        .and_then(|placement| job_info(&env, &a, kill.clone()).map(|info| (placement, info)));
+    let (placement, info) = match setup {
         Ok(x) => x,
         Err(reason) => {
             env.reporter.emit(PeerEvent::ProcessFailed {
@@ -347,175 +482,84 @@ async fn run_job(
             return;
         }
     };
-    let info = Arc::new(info);
-    let deadline = Instant::now() + env.connect_timeout;
-    let mut remotes = Vec::new();
-    let mut remote_by_id = HashMap::new();
-    let mut remote_of_peer = vec![None; a.peers.len()];
-    for (i, p) in a.peers.iter().enumerate() {
-        if i as u32 == me_index {
-            continue;
-        }
-        let (wtx, wrx) = mpsc::unbounded_channel();
-        let dial = Dial {
-            addr: p.addr.clone(),
-            job,
-            from: me,
-            to: p.id,
-            token: a.job_token.clone(),
-            deadline,
-        };
-        let task = net::spawn_writer(dial, wrx, events_tx.clone());
-        remote_of_peer[i] = Some(remotes.len());
-        remote_by_id.insert(p.id, remotes.len());
-        remotes.push(Remote {
-            id: p.id,
-            addr: p.addr.clone(),
-            peer_index: i as u32,
-            writer: Some(wtx),
-            task: Some(task),
-            batch: Vec::new(),
-            batch_bytes: 0,
-            frames: 0,
-            connected: false,
-            gone: false,
-            received: BTreeMap::new(),
-            allowance: a
-                .placement
-                .iter()
-                .filter(|&&pi| pi as usize == i)
-                .count()
-                .saturating_mul(info.outbox_limit),
-        });
-    }
-    let barrier = Barrier::new(remotes.len());
+    let limit = info.outbox_limit;
+    let nprocs = a.nprocs;
     let mut d = Driver {
         env,
-        info,
+        info: Arc::new(info),
+        module,
         job,
-        placement: a.placement.clone(),
-        me_index,
-        remotes,
-        remote_by_id,
-        remote_of_peer,
-        procs: BTreeMap::new(),
-        barrier,
-        local_next: Vec::new(),
-        superstep: 0,
-        markers_sent: false,
-        phase: Phase::Running,
+        me,
+        token: a.job_token.clone(),
+        epoch: a.epoch,
+        checkpoint_every: a.limits.checkpoint_every.max(1),
+        replicas: a.limits.replicas as usize,
+        placement,
+        peers: a.peers.iter().map(|p| p.id).collect(),
+        links: HashMap::new(),
+        barrier: Barrier::new(nprocs, limit),
+        local: BTreeMap::new(),
+        retained: BTreeMap::new(),
+        dones: BTreeMap::new(),
+        safe: None,
+        store: ReplicaStore::new(),
+        assemblers: HashMap::new(),
+        fetches: BTreeMap::new(),
+        handovers: BTreeMap::new(),
         tasks: JoinSet::new(),
-        _events_tx: events_tx,
+        failed: false,
+        events_tx,
     };
-    d.run(module, events, cancel).await;
+    for p in &a.peers {
+        if p.id != me {
+            d.open_link(p.id, p.addr.clone());
+        }
+    }
+    let restore: HashSet<Pid> = a.restore.iter().copied().collect();
+    let mine: Vec<Pid> = (0..nprocs)
+        .filter(|&p| d.placement[p as usize] == me)
+        .collect();
+    let (fresh, restored): (Vec<Pid>, Vec<Pid>) =
+        mine.into_iter().partition(|p| !restore.contains(p));
+    for pid in restored {
+        d.begin_fetch(pid);
+    }
+    d.start_fresh(fresh);
+    d.run(events, updates, cancel).await;
     // Stop whatever still runs, close our connections.
     kill.store(true, Ordering::Relaxed);
     d.tasks.abort_all();
-    for r in &mut d.remotes {
-        r.writer = None;
-        if d.phase != Phase::Finished
-            && let Some(t) = r.task.take()
-        {
-            t.abort();
-        }
+    for (_, l) in d.links.drain() {
+        l.task.abort();
     }
 }
 
 impl Driver {
     async fn run(
         &mut self,
-        module: Module,
         mut events: mpsc::Receiver<Inbound>,
+        mut updates: mpsc::UnboundedReceiver<JobAssignment>,
         cancel: CancellationToken,
     ) {
-        self.start_processes(module).await;
-        let connect_deadline = Instant::now() + self.env.connect_timeout + Duration::from_secs(10);
         loop {
-            self.advance();
-            if self.phase == Phase::Finished && self.remotes.iter().all(|r| r.gone) {
-                return;
-            }
-            let waiting_for_connections = self.phase == Phase::Running
-                && self.remotes.iter().any(|r| !r.connected && !r.gone);
+            self.pump();
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 Some(joined) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                     match joined {
-                        Ok((pid, resumed)) => self.on_resumed(pid, resumed),
+                        Ok(task) => self.on_task(task),
                         Err(e) if e.is_cancelled() => {}
                         Err(e) => self.fail(None, format!("a process's host thread failed: {e}")),
                     }
                 }
                 Some(event) = events.recv() => self.on_inbound(event),
-                _ = tokio::time::sleep_until(connect_deadline), if waiting_for_connections => {
-                    let missing: Vec<String> = self
-                        .remotes
-                        .iter()
-                        .filter(|r| !r.connected && !r.gone)
-                        .map(Remote::describe)
-                        .collect();
-                    self.fail(None, format!(
-                        "{} did not connect to this peer within {} s",
-                        missing.join(", "),
-                        (self.env.connect_timeout + Duration::from_secs(10)).as_secs()
-                    ));
+                Some(a) = updates.recv() => {
+                    if !self.reassign(a) {
+                        return;
+                    }
                 }
             }
         }
-    }
-
-    async fn start_processes(&mut self, module: Module) {
-        let local: Vec<Pid> = (0..self.placement.len() as u32)
-            .filter(|&pid| self.placement[pid as usize] == self.me_index)
-            .collect();
-        let runtime = self.env.runtime.clone();
-        let info = self.info.clone();
-        let created = tokio::task::spawn_blocking(move || {
-            local
-                .into_iter()
-                .map(|pid| (pid, runtime.instantiate(&module, info.clone(), pid)))
-                .collect::<Vec<_>>()
-        })
-        .await;
-        let created = match created {
-            Ok(c) => c,
-            Err(e) => {
-                self.fail(None, format!("could not start the processes: {e}"));
-                return;
-            }
-        };
-        let mut ready = Vec::new();
-        for (pid, p) in created {
-            match p {
-                Ok(p) => ready.push(p),
-                Err(reason) => {
-                    self.fail(Some(pid), reason);
-                    return;
-                }
-            }
-        }
-        for p in ready {
-            self.spawn_resume(p);
-        }
-    }
-
-    fn spawn_resume(&mut self, mut p: Process) {
-        let pid = p.pid();
-        self.procs.insert(pid, Slot::Running);
-        let slots = self.env.slots.clone();
-        self.tasks.spawn(async move {
-            let permit = match slots.acquire_owned().await {
-                Ok(p) => p,
-                Err(_) => return (pid, Err("the peer is shutting down".to_string())),
-            };
-            let joined = tokio::task::spawn_blocking(move || {
-                let outcome = p.resume();
-                drop(permit);
-                (p, outcome)
-            })
-            .await;
-            (pid, joined.map_err(|e| e.to_string()))
-        });
     }
 
     fn emit(&self, e: PeerEvent) {
@@ -524,284 +568,972 @@ impl Driver {
 
     /// End the job on this peer with an error and wait for `KillJob`.
     fn fail(&mut self, pid: Option<Pid>, reason: String) {
-        if self.phase == Phase::Failed {
+        if self.failed {
             return;
         }
+        let superstep = pid
+            .and_then(|p| self.local.get(&p))
+            .map_or(0, |l| l.superstep);
         tracing::warn!(job = self.job, ?pid, "job failed on this peer: {reason}");
         self.emit(PeerEvent::ProcessFailed {
             job: self.job,
             pid,
-            superstep: self.superstep,
+            superstep,
             reason,
         });
-        self.enter_failed();
-    }
-
-    fn enter_failed(&mut self) {
-        self.phase = Phase::Failed;
-        // Stop the other local processes; they are not reported.
+        self.failed = true;
         self.info.kill.store(true, Ordering::Relaxed);
-        self.procs.clear();
-        self.local_next.clear();
+        self.local.clear();
     }
 
-    fn on_resumed(&mut self, pid: Pid, resumed: Result<(Process, Outcome), String>) {
-        if self.phase == Phase::Failed {
+    fn open_link(&mut self, peer: PeerId, addr: String) {
+        let (wtx, wrx) = mpsc::unbounded_channel();
+        let dial = Dial {
+            addr: addr.clone(),
+            job: self.job,
+            from: self.me,
+            to: peer,
+            token: self.token.clone(),
+            epoch: self.epoch,
+            deadline: Instant::now() + self.env.connect_timeout,
+        };
+        let task = net::spawn_writer(dial, wrx, self.events_tx.clone());
+        self.links.insert(
+            peer,
+            Link {
+                addr,
+                writer: wtx,
+                task,
+                batch: Vec::new(),
+                batch_bytes: 0,
+            },
+        );
+    }
+
+    fn send_to(&mut self, peer: PeerId, frame: Frame) {
+        if let Some(l) = self.links.get_mut(&peer) {
+            Self::flush_link(l);
+            l.send(frame);
+        }
+    }
+
+    fn flush_link(l: &mut Link) {
+        if l.batch.is_empty() {
             return;
         }
+        let messages = std::mem::take(&mut l.batch);
+        l.batch_bytes = 0;
+        l.send(Frame::Data { messages });
+    }
+
+    /// Send a message to its destination's host (or into the local barrier).
+    fn deliver(&mut self, m: WireMessage) {
+        let host = self.placement[m.dst as usize];
+        if host == self.me {
+            if let Err(e) = self.barrier.on_message(m) {
+                self.fail(None, format!("a local message broke the protocol: {e}"));
+            }
+            return;
+        }
+        if let Some(l) = self.links.get_mut(&host) {
+            if !l.batch.is_empty() && l.batch_bytes + m.payload.len() > BATCH_BYTES {
+                Self::flush_link(l);
+            }
+            l.batch_bytes += m.payload.len() + 16;
+            l.batch.push(m);
+        }
+    }
+
+    fn flush_all(&mut self) {
+        for l in self.links.values_mut() {
+            Self::flush_link(l);
+        }
+    }
+
+    /// Tell every peer (and the local barrier) that `pid` is through `s`.
+    fn announce(&mut self, s: u32, d: ProcDone) {
+        self.dones.insert((d.pid, s), d.clone());
+        let peers: Vec<PeerId> = self.links.keys().copied().collect();
+        for p in peers {
+            self.send_to(
+                p,
+                Frame::Done {
+                    superstep: s,
+                    procs: vec![d.clone()],
+                },
+            );
+        }
+        if let Err(e) = self.barrier.on_done(s, d) {
+            self.fail(
+                None,
+                format!("a local process's report broke the protocol: {e}"),
+            );
+        }
+    }
+
+    fn start_fresh(&mut self, pids: Vec<Pid>) {
+        for pid in pids {
+            self.local.insert(
+                pid,
+                Local {
+                    state: State::Busy,
+                    superstep: 0,
+                    pending: None,
+                    held: Vec::new(),
+                    leaving: false,
+                    handover: None,
+                },
+            );
+            let runtime = self.env.runtime.clone();
+            let module = self.module.clone();
+            let info = self.info.clone();
+            let slots = self.env.slots.clone();
+            self.tasks.spawn(async move {
+                let permit = slots.acquire_owned().await;
+                let joined = tokio::task::spawn_blocking(move || {
+                    let _permit = permit;
+                    let mut p = Proc {
+                        process: runtime.instantiate(&module, info, pid)?,
+                        tracker: PageTracker::new(),
+                        last: None,
+                    };
+                    let outcome = p.process.resume();
+                    Ok((p, outcome))
+                })
+                .await;
+                Task::Resumed(pid, joined.unwrap_or_else(|e| Err(e.to_string())))
+            });
+        }
+    }
+
+    fn spawn_resume(&mut self, pid: Pid, mut p: Proc) {
+        if let Some(l) = self.local.get_mut(&pid) {
+            l.state = State::Busy;
+        }
+        let slots = self.env.slots.clone();
+        self.tasks.spawn(async move {
+            let permit = match slots.acquire_owned().await {
+                Ok(p) => p,
+                Err(_) => return Task::Resumed(pid, Err("the peer is shutting down".into())),
+            };
+            let joined = tokio::task::spawn_blocking(move || {
+                let outcome = p.process.resume();
+                drop(permit);
+                (p, outcome)
+            })
+            .await;
+            Task::Resumed(pid, joined.map_err(|e| e.to_string()))
+        });
+    }
+
+    fn on_task(&mut self, task: Task) {
+        if self.failed {
+            return;
+        }
+        match task {
+            Task::Resumed(pid, r) => self.on_resumed(pid, r),
+            Task::Captured(pid, r) => self.on_captured(pid, r),
+            Task::Restored(pid, snap, r) => self.on_restored(pid, snap, r),
+        }
+    }
+
+    fn on_resumed(&mut self, pid: Pid, resumed: Result<(Proc, Outcome), String>) {
+        let Some(l) = self.local.get(&pid) else {
+            return;
+        };
+        let s = l.superstep;
         let (mut p, outcome) = match resumed {
             Ok(x) => x,
             Err(e) => {
-                return self.fail(Some(pid), format!("the process's host thread failed: {e}"));
+                return self.fail(Some(pid), format!("the process could not run: {e}"));
             }
         };
-        match outcome {
-            Outcome::Yield => self.spawn_resume(p),
-            Outcome::Sync => {
-                let out = p.take_outbox();
-                self.route(pid, out);
-                self.procs.insert(pid, Slot::AtSync(p));
-            }
-            Outcome::Done => {
-                let out = p.take_outbox();
-                self.route(pid, out);
-                self.procs.insert(pid, Slot::Done);
-                self.emit(PeerEvent::ProcessExited {
-                    job: self.job,
-                    pid,
-                    superstep: self.superstep,
-                });
-            }
+        let exited = match outcome {
+            // A `may_migrate` point: a leaving process still moves at its next sync.
+            Outcome::Yield => return self.spawn_resume(pid, p),
+            Outcome::Sync => false,
+            Outcome::Done => true,
             Outcome::Aborted(reason) => {
                 self.emit(PeerEvent::ProcessAborted {
                     job: self.job,
                     pid,
-                    superstep: self.superstep,
+                    superstep: s,
                     reason,
                 });
-                self.enter_failed();
-            }
-            Outcome::Failed(reason) => self.fail(Some(pid), reason),
-        }
-    }
-
-    fn route(&mut self, src: Pid, out: Vec<crate::runtime::Outgoing>) {
-        for m in out {
-            let peer = self.placement[m.dst as usize];
-            if peer == self.me_index {
-                self.local_next.push((src, m.seq, m.dst, m.payload));
-                continue;
-            }
-            let Some(r) = self.remote_of_peer[peer as usize] else {
-                continue;
-            };
-            if self.remotes[r].gone || self.barrier.finished_at(r).is_some() {
-                // Every process of that peer returned: messages to it are dropped.
-                continue;
-            }
-            let remote = &mut self.remotes[r];
-            if !remote.batch.is_empty() && remote.batch_bytes + m.payload.len() > BATCH_BYTES {
-                Self::send_batch(self.superstep, remote);
-            }
-            remote.batch_bytes += m.payload.len() + 16;
-            remote.batch.push(WireMessage {
-                src,
-                dst: m.dst,
-                seq: m.seq,
-                payload: m.payload.to_vec(),
-            });
-        }
-    }
-
-    fn send_batch(superstep: u32, remote: &mut Remote) {
-        if remote.batch.is_empty() {
-            return;
-        }
-        let messages = std::mem::take(&mut remote.batch);
-        remote.batch_bytes = 0;
-        remote.frames += 1;
-        if let Some(w) = &remote.writer {
-            // A closed writer reports its failure as `SendFailed`.
-            let _ = w.send(Frame::Data {
-                superstep,
-                messages,
-            });
-        }
-    }
-
-    /// Send markers when the local processes are through the superstep, and
-    /// pass the barrier when it is complete.
-    fn advance(&mut self) {
-        if self.phase != Phase::Running {
-            return;
-        }
-        if !self.markers_sent {
-            if self.procs.values().any(|s| matches!(s, Slot::Running)) || !self.tasks.is_empty() {
+                self.failed = true;
+                self.info.kill.store(true, Ordering::Relaxed);
+                self.local.clear();
                 return;
             }
-            let all_done = self.procs.values().all(|s| matches!(s, Slot::Done));
-            let s = self.superstep;
-            for r in 0..self.remotes.len() {
-                if self.barrier.finished_at(r).is_some() || self.remotes[r].gone {
-                    continue;
-                }
-                let remote = &mut self.remotes[r];
-                Self::send_batch(s, remote);
-                let frames = std::mem::take(&mut remote.frames);
-                let marker = if all_done {
-                    Frame::Finished {
-                        superstep: s,
-                        frames,
+            Outcome::Failed(reason) => return self.fail(Some(pid), reason),
+        };
+        let out: Vec<WireMessage> = p
+            .process
+            .take_outbox()
+            .into_iter()
+            .map(|o| WireMessage {
+                src: pid,
+                dst: o.dst,
+                superstep: s,
+                seq: o.seq,
+                payload: o.payload.to_vec(),
+            })
+            .collect();
+        for m in &out {
+            self.deliver(m.clone());
+        }
+        self.flush_all();
+        self.retained.entry(pid).or_default().extend(out);
+        if exited {
+            self.emit(PeerEvent::ProcessExited {
+                job: self.job,
+                pid,
+                superstep: s,
+            });
+        }
+        if exited || checkpointed(s, self.checkpoint_every) {
+            self.spawn_capture(pid, p, exited);
+        } else {
+            let d = done_of(pid, false, self.retained.get(&pid).map_or(&[], |v| v), s);
+            self.announce(s, d);
+            if let Some(l) = self.local.get_mut(&pid) {
+                l.state = State::AtSync(Box::new(p));
+            }
+        }
+    }
+
+    fn spawn_capture(&mut self, pid: Pid, mut p: Proc, exited: bool) {
+        if let Some(l) = self.local.get_mut(&pid) {
+            l.state = State::Busy;
+        }
+        let outbox = self.retained.get(&pid).cloned().unwrap_or_default();
+        self.tasks.spawn(async move {
+            let joined = tokio::task::spawn_blocking(move || {
+                let snapshot = match p.last.take().map(Arc::try_unwrap) {
+                    Some(Ok(previous)) => {
+                        p.process
+                            .checkpoint_reusing(&mut p.tracker, outbox, exited, previous)
                     }
-                } else {
-                    Frame::Marker {
-                        superstep: s,
-                        frames,
-                    }
+                    _ => p.process.checkpoint(&mut p.tracker, outbox, exited),
                 };
-                if let Some(w) = &remote.writer {
-                    let _ = w.send(marker);
-                }
+                (p, snapshot)
+            })
+            .await;
+            Task::Captured(pid, joined.map_err(|e| e.to_string()))
+        });
+    }
+
+    fn on_captured(&mut self, pid: Pid, r: Result<(Proc, Snapshot), String>) {
+        let (mut p, snapshot) = match r {
+            Ok(x) => x,
+            Err(e) => {
+                return self.fail(Some(pid), format!("could not checkpoint the process: {e}"));
             }
-            self.markers_sent = true;
-            if all_done {
-                self.phase = Phase::Finished;
-                for r in 0..self.remotes.len() {
-                    if self.barrier.finished_at(r).is_some() {
-                        self.remotes[r].gone = true;
-                    }
-                }
-                return;
-            }
-        }
-        let Some(received) = self.barrier.take() else {
+        };
+        let Some(l) = self.local.get(&pid) else {
             return;
         };
-        let s = self.superstep;
-        for r in &mut self.remotes {
-            r.received.remove(&s);
+        let s = l.superstep;
+        let leaving = l.leaving;
+        let exited = snapshot.exited;
+        let snapshot = Arc::new(snapshot);
+        p.last = Some(snapshot.clone());
+        let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
+        for &r in &targets {
+            let plan = p.tracker.plan(r, &snapshot);
+            for f in checkpoint::to_frames(&snapshot, &plan.pages, plan.base) {
+                self.send_to(r, f);
+            }
         }
-        let mut inboxes: BTreeMap<Pid, Vec<(Pid, u32, Bytes)>> = BTreeMap::new();
-        for m in received {
-            inboxes
-                .entry(m.dst)
-                .or_default()
-                .push((m.src, m.seq, Bytes::from(m.payload)));
+        let done = done_of(pid, exited, &snapshot.outbox, s);
+        let l = self.local.get_mut(&pid).expect("checked above");
+        l.held.push((s, done));
+        l.pending = Some(Pending {
+            superstep: s,
+            waiting: targets.into_iter().collect(),
+            snapshot: snapshot.clone(),
+        });
+        l.state = if exited {
+            State::Exited
+        } else {
+            State::AtSync(Box::new(p))
+        };
+        if leaving {
+            if let Some(l) = self.local.get_mut(&pid) {
+                l.handover = Some(snapshot);
+            }
+            self.hand_over(pid);
         }
-        for (src, seq, dst, payload) in self.local_next.drain(..) {
-            inboxes.entry(dst).or_default().push((src, seq, payload));
+        self.release_if_acked(pid);
+    }
+
+    /// Send the held `Done`s of `pid` once its checkpoint is on every replica.
+    fn release_if_acked(&mut self, pid: Pid) {
+        let Some(l) = self.local.get_mut(&pid) else {
+            return;
+        };
+        if l.pending.as_ref().is_some_and(|p| !p.waiting.is_empty()) {
+            return;
         }
-        self.superstep = s + 1;
-        self.markers_sent = false;
-        let waiting: Vec<Pid> = self
-            .procs
+        l.pending = None;
+        let held = std::mem::take(&mut l.held);
+        for (s, d) in held {
+            self.announce(s, d);
+        }
+    }
+
+    fn on_ack(&mut self, from: PeerId, pid: Pid, superstep: u32, ok: bool) {
+        let Some(l) = self.local.get_mut(&pid) else {
+            return;
+        };
+        let Some(p) = &mut l.pending else { return };
+        if p.superstep != superstep {
+            return;
+        }
+        if !p.waiting.contains(&from) {
+            return;
+        }
+        if let State::AtSync(proc_) = &mut l.state {
+            proc_.tracker.acked(from, superstep, ok);
+        }
+        if ok {
+            p.waiting.remove(&from);
+            self.release_if_acked(pid);
+        } else {
+            // The replica lacks the base or could not rebuild it: send it whole.
+            let frames = whole(&p.snapshot);
+            for f in frames {
+                self.send_to(from, f);
+            }
+        }
+    }
+
+    /// `pid` leaves this peer: once its snapshot is taken and its new host
+    /// asked for it, send it and forget the process.
+    fn hand_over(&mut self, pid: Pid) {
+        let Some(snapshot) = self.local.get(&pid).and_then(|l| l.handover.clone()) else {
+            return;
+        };
+        let Some(askers) = self.handovers.remove(&pid) else {
+            return;
+        };
+        for a in askers {
+            for f in checkpoint::to_snapshot_frames(&snapshot) {
+                self.send_to(a, f);
+            }
+        }
+        self.local.remove(&pid);
+        self.emit(PeerEvent::ProcessHandedOver {
+            job: self.job,
+            pid,
+            superstep: snapshot.superstep,
+            epoch: self.epoch,
+        });
+    }
+
+    /// Pass every local process whose barrier is complete; hand over leaving
+    /// processes that are at a sync.
+    fn pump(&mut self) {
+        if self.failed {
+            return;
+        }
+        let waiting: Vec<(Pid, u32, bool)> = self
+            .local
             .iter()
-            .filter(|(_, slot)| matches!(slot, Slot::AtSync(_)))
-            .map(|(pid, _)| *pid)
+            .filter(|(_, l)| matches!(l.state, State::AtSync(_)))
+            .map(|(pid, l)| (*pid, l.superstep, l.leaving))
             .collect();
-        for pid in waiting {
-            let Some(Slot::AtSync(mut p)) = self.procs.remove(&pid) else {
+        for (pid, s, leaving) in waiting {
+            if leaving {
+                self.prepare_handover(pid);
+                continue;
+            }
+            if !self.barrier.ready(pid, s) {
+                tracing::trace!(
+                    job = self.job,
+                    me = self.me,
+                    pid,
+                    s,
+                    "waits for {}",
+                    self.barrier.missing(pid, s)
+                );
+                continue;
+            }
+            let inbox = self.barrier.take(pid, s);
+            let Some(l) = self.local.get_mut(&pid) else {
                 continue;
             };
-            let mut inbox = inboxes.remove(&pid).unwrap_or_default();
-            inbox.sort_by_key(|(src, seq, _)| (*src, *seq));
+            let State::AtSync(mut p) = std::mem::replace(&mut l.state, State::Busy) else {
+                continue;
+            };
+            l.superstep = s + 1;
             let inbox = inbox
                 .into_iter()
-                .map(|(src, _, payload)| Message {
+                .map(|(src, payload)| Message {
                     src,
                     superstep: s,
                     payload,
                 })
                 .collect();
-            p.begin_superstep(s + 1, inbox);
-            self.spawn_resume(p);
+            p.process.begin_superstep(s + 1, inbox);
+            self.spawn_resume(pid, *p);
         }
-        // Whatever is left was sent to processes that returned: dropped.
+        self.collect_garbage();
+    }
+
+    /// A leaving process at a sync: take a whole snapshot for its new host.
+    fn prepare_handover(&mut self, pid: Pid) {
+        let Some(l) = self.local.get_mut(&pid) else {
+            return;
+        };
+        if l.handover.is_some() {
+            return;
+        }
+        if let State::AtSync(p) = std::mem::replace(&mut l.state, State::Busy) {
+            // Its `Done`s wait for its replicas as usual; the new host
+            // repeats them after it replicated the snapshot itself.
+            self.spawn_capture(pid, *p, false);
+        }
+    }
+
+    /// Advance the safe point and drop what nobody can need any more.
+    fn collect_garbage(&mut self) {
+        let lowest_waiting = self
+            .local
+            .values()
+            .filter(|l| !matches!(l.state, State::Exited))
+            .map(|l| l.superstep)
+            .min();
+        // The newest checkpointed superstep that is complete.
+        let mut s = self.safe.map_or(0, |s| s + 1);
+        let mut safe = self.safe;
+        // No `Done` can exist beyond the furthest local process (plus the
+        // one superstep others may be ahead): once everyone exited, every
+        // later barrier is trivially complete, so stop there.
+        let horizon = self.local.values().map(|l| l.superstep).max().unwrap_or(0) + 1;
+        while s <= horizon {
+            if !self.barrier.complete(s) {
+                break;
+            }
+            if checkpointed(s, self.checkpoint_every) {
+                safe = Some(s);
+            }
+            s += 1;
+        }
+        if safe == self.safe {
+            return;
+        }
+        self.safe = safe;
+        let Some(g) = safe else { return };
+        for msgs in self.retained.values_mut() {
+            msgs.retain(|m| m.superstep >= g);
+        }
+        self.dones.retain(|&(_, s), d| s >= g || d.exited);
+        let forget = lowest_waiting.map_or(g, |w| w.min(g));
+        self.barrier.forget_before(forget);
+    }
+
+    fn begin_fetch(&mut self, pid: Pid) {
+        let waiting: HashSet<PeerId> = self.links.keys().copied().collect();
+        let best = self.store.newest(pid).cloned().map(Arc::new);
+        self.local.insert(
+            pid,
+            Local {
+                state: State::Fetching,
+                superstep: 0,
+                pending: None,
+                held: Vec::new(),
+                leaving: false,
+                handover: None,
+            },
+        );
+        for &p in &waiting {
+            self.send_to(p, Frame::FetchCheckpoint { pid });
+        }
+        self.fetches.insert(pid, Fetch { waiting, best });
+        self.finish_fetch(pid);
+    }
+
+    fn on_snapshot(&mut self, from: PeerId, pid: Pid, snap: Option<Snapshot>) {
+        if snap.as_ref().is_some_and(|s| s.pid != pid) {
+            return;
+        }
+        let Some(f) = self.fetches.get_mut(&pid) else {
+            return;
+        };
+        f.waiting.remove(&from);
+        if let Some(s) = snap
+            && f.best.as_ref().is_none_or(|b| s.superstep > b.superstep)
+        {
+            f.best = Some(Arc::new(s));
+        }
+        self.finish_fetch(pid);
+    }
+
+    fn finish_fetch(&mut self, pid: Pid) {
+        let Some(f) = self.fetches.get(&pid) else {
+            return;
+        };
+        if !f.waiting.is_empty() {
+            return;
+        }
+        let f = self.fetches.remove(&pid).expect("checked above");
+        match f.best {
+            None => {
+                tracing::warn!(
+                    job = self.job,
+                    pid,
+                    "no snapshot of the process survived; starting it from the beginning"
+                );
+                self.emit(PeerEvent::Status {
+                    job: self.job,
+                    pid: Some(pid),
+                    text: format!(
+                        "no checkpoint of pid {pid} survived; re-running it from the start"
+                    ),
+                });
+                self.emit(PeerEvent::ProcessRestored {
+                    job: self.job,
+                    pid,
+                    superstep: 0,
+                    epoch: self.epoch,
+                });
+                self.local.remove(&pid);
+                self.start_fresh(vec![pid]);
+            }
+            Some(snapshot) => {
+                let runtime = self.env.runtime.clone();
+                let module = self.module.clone();
+                let info = self.info.clone();
+                if let Some(l) = self.local.get_mut(&pid) {
+                    l.state = State::Busy;
+                }
+                self.tasks.spawn(async move {
+                    let snap = snapshot.clone();
+                    let joined = tokio::task::spawn_blocking(move || {
+                        if snap.exited {
+                            // It had returned: nothing runs any more.
+                            return Ok(None);
+                        }
+                        let process = runtime.restore(&module, info, &snap)?;
+                        // Replicas that get this snapshot can take deltas against it.
+                        Ok::<_, String>(Some((process, PageTracker::seeded(&snap))))
+                    })
+                    .await;
+                    let r = match joined {
+                        Ok(Ok(p)) => Ok(p.map(|(process, tracker)| Proc {
+                            process,
+                            tracker,
+                            last: None,
+                        })),
+                        Ok(Err(e)) => Err(e),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    Task::Restored(pid, snapshot, r)
+                });
+            }
+        }
+    }
+
+    fn on_restored(&mut self, pid: Pid, snapshot: Arc<Snapshot>, r: Result<Option<Proc>, String>) {
+        let c = snapshot.superstep;
+        let p = match r {
+            Ok(p) => p,
+            Err(e) => {
+                return self.fail(
+                    Some(pid),
+                    format!(
+                        "could not restore the process from its checkpoint of superstep {c}: {e}"
+                    ),
+                );
+            }
+        };
+        let Some(l) = self.local.get_mut(&pid) else {
+            return;
+        };
+        l.superstep = c;
+        self.barrier.set_floor(pid, c);
+        self.emit(PeerEvent::ProcessRestored {
+            job: self.job,
+            pid,
+            superstep: c,
+            epoch: self.epoch,
+        });
+        // Re-send what it sent since the safe point; receivers drop repeats.
+        for m in snapshot.outbox.clone() {
+            self.deliver(m);
+        }
+        self.flush_all();
+        self.retained.insert(pid, snapshot.outbox.clone());
+        // Its `Done`s go out once the snapshot is on its (new) replicas.
+        let supersteps: BTreeSet<u32> = snapshot
+            .outbox
+            .iter()
+            .map(|m| m.superstep)
+            .chain([c])
+            .collect();
+        let held: Vec<(u32, ProcDone)> = supersteps
+            .into_iter()
+            .map(|s| {
+                (
+                    s,
+                    done_of(pid, snapshot.exited && s == c, &snapshot.outbox, s),
+                )
+            })
+            .collect();
+        let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
+        for &r in &targets {
+            for f in whole(&snapshot) {
+                self.send_to(r, f);
+            }
+        }
+        let l = self.local.get_mut(&pid).expect("checked above");
+        l.held = held;
+        l.pending = Some(Pending {
+            superstep: c,
+            waiting: targets.into_iter().collect(),
+            snapshot: snapshot.clone(),
+        });
+        l.state = match p {
+            Some(p) => State::AtSync(Box::new(p)),
+            None => State::Exited,
+        };
+        self.release_if_acked(pid);
     }
 
     fn on_inbound(&mut self, event: Inbound) {
-        let (peer, frame, error) = match event {
-            Inbound::Connected { from } => {
-                if let Some(&r) = self.remote_by_id.get(&from) {
-                    self.remotes[r].connected = true;
-                }
-                return;
-            }
-            Inbound::Frame { from, frame } => (from, Some(frame), None),
-            Inbound::Closed { from, error } => (
-                from,
-                None,
-                Some(error.unwrap_or_else(|| "the connection was closed".into())),
-            ),
-            Inbound::SendFailed { to, error } => (to, None, Some(error)),
-        };
-        let Some(&r) = self.remote_by_id.get(&peer) else {
-            return;
-        };
-        if let Some(error) = error {
-            let finished = self.barrier.finished_at(r).is_some();
-            if self.phase == Phase::Running && !finished && !self.remotes[r].gone {
-                let who = self.remotes[r].describe();
-                self.fail(None, format!("lost connection to {who}: {error}"));
-            } else {
-                self.remotes[r].gone = true;
-            }
-            return;
-        }
-        let Some(frame) = frame else { return };
-        match self.phase {
-            Phase::Failed => {}
-            Phase::Finished => {
-                if matches!(frame, Frame::Finished { .. }) {
-                    self.remotes[r].gone = true;
+        match event {
+            Inbound::Connected { .. } => {}
+            Inbound::Closed { from, error } => {
+                // Its writer reconnects; partial checkpoint parts are void.
+                self.assemblers.remove(&from);
+                if let Some(e) = error {
+                    tracing::debug!(job = self.job, from, "connection from peer closed: {e}");
                 }
             }
-            Phase::Running => {
-                if let Frame::Data { messages, .. } = &frame
-                    && let Some(bad) = messages.iter().find(|m| !self.plausible(r, m))
-                {
-                    let who = self.remotes[r].describe();
-                    let reason = format!(
-                        "{who} sent a message from pid {} to pid {}, which does not match the job's placement",
-                        bad.src, bad.dst
+            Inbound::SendFailed { to, error } => {
+                tracing::info!(
+                    job = self.job,
+                    to,
+                    "connection to peer #{to} failed: {error}; reconnecting"
+                );
+                if let Some(l) = self.links.remove(&to) {
+                    l.task.abort();
+                    let addr = l.addr;
+                    self.open_link(to, addr);
+                    self.resync(to, None);
+                }
+            }
+            Inbound::Frame { from, frame } => {
+                if !self.peers.contains(&from) {
+                    return;
+                }
+                if let Err(e) = self.on_frame(from, frame) {
+                    tracing::warn!(
+                        job = self.job,
+                        from,
+                        "peer #{from} broke the data-plane protocol: {e}"
                     );
-                    return self.fail(None, reason);
-                }
-                if let Frame::Data {
-                    superstep,
-                    messages,
-                } = &frame
-                {
-                    let bytes: usize = messages
-                        .iter()
-                        .map(|m| m.payload.len() + MESSAGE_OVERHEAD)
-                        .sum();
-                    let remote = &mut self.remotes[r];
-                    let total = remote.received.entry(*superstep).or_default();
-                    *total = total.saturating_add(bytes);
-                    if *total > remote.allowance {
-                        let reason = format!(
-                            "{} sent more message data in superstep {superstep} than its processes may send",
-                            remote.describe()
-                        );
-                        return self.fail(None, reason);
-                    }
-                }
-                if let Err(e) = self.barrier.on_frame(r, frame) {
-                    let who = self.remotes[r].describe();
-                    self.fail(None, format!("{who} broke the data-plane protocol: {e}"));
+                    self.fail(
+                        None,
+                        format!("peer #{from} broke the data-plane protocol: {e}"),
+                    );
                 }
             }
         }
     }
 
-    /// A message from remote `r` must come from one of its pids, go to one of
-    /// ours, and respect the size limit.
-    fn plausible(&self, r: usize, m: &WireMessage) -> bool {
-        let on = |pid: Pid| self.placement.get(pid as usize).copied();
-        on(m.src) == Some(self.remotes[r].peer_index)
-            && on(m.dst) == Some(self.me_index)
-            && m.payload.len() <= bspweb_abi::MAX_MESSAGE_BYTES
+    fn on_frame(&mut self, from: PeerId, frame: Frame) -> Result<(), String> {
+        match frame {
+            Frame::Data { messages } => {
+                for m in messages {
+                    self.barrier.on_message(m).map_err(|e| e.to_string())?;
+                }
+            }
+            Frame::Done { superstep, procs } => {
+                for d in procs {
+                    self.barrier
+                        .on_done(superstep, d)
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+            f @ (Frame::CheckpointPart { .. } | Frame::Checkpoint(_)) => {
+                let cap = (self.info.memory_limit as u64)
+                    .saturating_add(self.info.outbox_limit as u64 * 4);
+                let last = match &f {
+                    Frame::Checkpoint(c) => Some((c.pid, c.superstep)),
+                    _ => None,
+                };
+                let built = self
+                    .assemblers
+                    .entry(from)
+                    .or_insert_with(|| Assembler::new(cap))
+                    .push(f, &self.store);
+                match built {
+                    Ok(Some(Assembled::Checkpoint(snap))) => {
+                        let (pid, superstep) = (snap.pid, snap.superstep);
+                        self.store.insert(snap);
+                        self.send_to(
+                            from,
+                            Frame::CheckpointAck {
+                                pid,
+                                superstep,
+                                ok: true,
+                            },
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::info!(job = self.job, from, "discarding a checkpoint: {e}");
+                        if let Some((pid, superstep)) = last {
+                            self.send_to(
+                                from,
+                                Frame::CheckpointAck {
+                                    pid,
+                                    superstep,
+                                    ok: false,
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+            Frame::CheckpointAck { pid, superstep, ok } => self.on_ack(from, pid, superstep, ok),
+            Frame::FetchCheckpoint { pid } => {
+                if pid >= self.info.nprocs {
+                    return Err(format!("it asked for pid {pid}, which does not exist"));
+                }
+                if self.local.contains_key(&pid) {
+                    // We host it: hand it over at its next sync (once our own
+                    // assignment says it moves, if the asker is ahead of us).
+                    self.handovers.entry(pid).or_default().insert(from);
+                    self.hand_over(pid);
+                } else {
+                    match self.store.newest(pid) {
+                        Some(s) => {
+                            let s = s.clone();
+                            for f in checkpoint::to_snapshot_frames(&s) {
+                                self.send_to(from, f);
+                            }
+                        }
+                        None => self.send_to(
+                            from,
+                            Frame::Snapshot {
+                                pid,
+                                snapshot: None,
+                            },
+                        ),
+                    }
+                }
+            }
+            f @ Frame::Snapshot { .. } => {
+                let Frame::Snapshot { pid, .. } = &f else {
+                    unreachable!("matched above")
+                };
+                let pid = *pid;
+                let cap = (self.info.memory_limit as u64)
+                    .saturating_add(self.info.outbox_limit as u64 * 4);
+                let built = self
+                    .assemblers
+                    .entry(from)
+                    .or_insert_with(|| Assembler::new(cap))
+                    .push(f, &self.store);
+                let snap = match built {
+                    Ok(Some(Assembled::Fetched { snapshot, .. })) => snapshot,
+                    Ok(_) => None,
+                    Err(e) => {
+                        tracing::info!(job = self.job, from, pid, "discarding a snapshot: {e}");
+                        None
+                    }
+                };
+                self.on_snapshot(from, pid, snap);
+            }
+            Frame::Hello { .. } | Frame::Welcome | Frame::Reject { .. } => {
+                return Err("a handshake frame is not allowed after the handshake".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Re-send to `peer` what it may have missed: messages to its pids (only
+    /// to `only` if given) and every `Done` of ours; a pending checkpoint if
+    /// it is a replica; pending snapshot requests.
+    fn resync(&mut self, peer: PeerId, only: Option<&HashSet<Pid>>) {
+        let wanted = |dst: Pid| match only {
+            Some(set) => set.contains(&dst),
+            None => true,
+        };
+        let msgs: Vec<WireMessage> = self
+            .retained
+            .values()
+            .flatten()
+            .filter(|m| self.placement[m.dst as usize] == peer && wanted(m.dst))
+            .cloned()
+            .collect();
+        for m in msgs {
+            self.deliver(m);
+        }
+        self.flush_all();
+        let dones: Vec<(u32, ProcDone)> = self
+            .dones
+            .iter()
+            .map(|(&(_, s), d)| (s, d.clone()))
+            .collect();
+        for (s, d) in dones {
+            self.send_to(
+                peer,
+                Frame::Done {
+                    superstep: s,
+                    procs: vec![d],
+                },
+            );
+        }
+        if only.is_none() {
+            let pending: Vec<Arc<Snapshot>> = self
+                .local
+                .values()
+                .filter_map(|l| l.pending.as_ref())
+                .filter(|p| p.waiting.contains(&peer))
+                .map(|p| p.snapshot.clone())
+                .collect();
+            for s in pending {
+                for f in whole(&s) {
+                    self.send_to(peer, f);
+                }
+            }
+            let fetching: Vec<Pid> = self
+                .fetches
+                .iter()
+                .filter(|(_, f)| f.waiting.contains(&peer))
+                .map(|(pid, _)| *pid)
+                .collect();
+            for pid in fetching {
+                self.send_to(peer, Frame::FetchCheckpoint { pid });
+            }
+        }
+    }
+
+    /// Switch to a newer assignment. Returns false if this peer is no longer
+    /// part of the job.
+    fn reassign(&mut self, a: JobAssignment) -> bool {
+        if a.epoch <= self.epoch || a.job != self.job || a.nprocs != self.info.nprocs {
+            return true;
+        }
+        let placement = match check_assignment(self.me, &a) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::info!(job = self.job, "leaving the job: {e}");
+                return false;
+            }
+        };
+        self.epoch = a.epoch;
+        let old_peers: HashSet<PeerId> = self.peers.iter().copied().collect();
+        self.peers = a.peers.iter().map(|p| p.id).collect();
+        self.placement = placement;
+        self.env
+            .registry
+            .update_peers(self.job, self.me, self.peers.iter().copied());
+        // Links: close removed peers, open new ones.
+        let now: HashSet<PeerId> = self.peers.iter().copied().collect();
+        let gone: Vec<PeerId> = self
+            .links
+            .keys()
+            .filter(|p| !now.contains(p))
+            .copied()
+            .collect();
+        for p in &gone {
+            if let Some(l) = self.links.remove(p) {
+                l.task.abort();
+            }
+            self.assemblers.remove(p);
+        }
+        for p in &a.peers {
+            if p.id != self.me && !self.links.contains_key(&p.id) {
+                self.open_link(p.id, p.addr.clone());
+            }
+        }
+        // Replicas that are gone will not answer.
+        for pid in self.local.keys().copied().collect::<Vec<_>>() {
+            if let Some(l) = self.local.get_mut(&pid)
+                && let Some(p) = &mut l.pending
+            {
+                for g in &gone {
+                    p.waiting.remove(g);
+                }
+                // Replicas chosen among the new peer list get the checkpoint too.
+                let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
+                let fresh: Vec<PeerId> = targets
+                    .into_iter()
+                    .filter(|t| !old_peers.contains(t) || gone.contains(t))
+                    .collect();
+                let snap = p.snapshot.clone();
+                for t in fresh {
+                    p.waiting.insert(t);
+                    for f in whole(&snap) {
+                        if let Some(l) = self.links.get(&t) {
+                            l.send(f);
+                        }
+                    }
+                }
+            }
+            self.release_if_acked(pid);
+        }
+        for f in self.fetches.values_mut() {
+            f.waiting.retain(|p| now.contains(p));
+        }
+        let fetching: Vec<Pid> = self.fetches.keys().copied().collect();
+        for pid in fetching {
+            self.finish_fetch(pid);
+        }
+        let restore: HashSet<Pid> = a.restore.iter().copied().collect();
+        for &pid in &a.restore {
+            let host = self.placement[pid as usize];
+            if host == self.me {
+                if !self.local.contains_key(&pid) {
+                    self.begin_fetch(pid);
+                }
+            } else if let Some(l) = self.local.get_mut(&pid) {
+                l.leaving = true;
+            }
+        }
+        // Processes here whose host moved without being listed (should not
+        // happen) are handed over too.
+        for (pid, l) in self.local.iter_mut() {
+            if self.placement[*pid as usize] != self.me {
+                l.leaving = true;
+            }
+        }
+        // Re-send what the new hosts need.
+        let mut by_host: HashMap<PeerId, HashSet<Pid>> = HashMap::new();
+        for &pid in &restore {
+            let host = self.placement[pid as usize];
+            if host != self.me {
+                by_host.entry(host).or_default().insert(pid);
+            }
+        }
+        for (host, pids) in by_host {
+            self.resync(host, Some(&pids));
+        }
+        // Messages to pids restored here that their old host never got.
+        let to_me: Vec<WireMessage> = self
+            .retained
+            .values()
+            .flatten()
+            .filter(|m| restore.contains(&m.dst) && self.placement[m.dst as usize] == self.me)
+            .cloned()
+            .collect();
+        for m in to_me {
+            self.deliver(m);
+        }
+        let newcomers: Vec<PeerId> = now
+            .iter()
+            .filter(|p| !old_peers.contains(p) && **p != self.me)
+            .copied()
+            .collect();
+        for p in newcomers {
+            self.resync(p, Some(&HashSet::new()));
+        }
+        true
     }
 }
 

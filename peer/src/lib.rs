@@ -4,6 +4,7 @@
 //!
 //! - [`runtime`]: the engine, module cache, host functions and limits.
 //! - [`barrier`]: the barrier-with-counts state machine (pure).
+//! - [`checkpoint`]: snapshots, change detection, checkpoint frames (pure).
 //! - [`net`]: the peer ↔ peer data plane (listener, handshake, writers).
 //! - [`job`]: the job driver (supersteps, routing, barrier, events).
 //! - [`control`]: the supernode client (lease, commands, reports, modules).
@@ -13,6 +14,7 @@
 //! [`run`] puts them together: `bspweb peer` and `bspweb up` call it.
 
 pub mod barrier;
+pub mod checkpoint;
 pub mod control;
 pub mod job;
 pub mod net;
@@ -22,7 +24,9 @@ pub mod sysinfo;
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -63,6 +67,13 @@ pub struct PeerConfig {
     pub nice: i32,
     /// Speed weight; `None` runs the benchmark.
     pub speed: Option<f64>,
+    /// On shutdown, how long to wait for the supernode to move this peer's
+    /// processes away before stopping them anyway.
+    pub drain_timeout: Duration,
+    /// Read the idle fraction reported at each renewal from this file (a
+    /// number in `[0, 1]`) instead of measuring `/proc/stat`: a test hook
+    /// to script availability. See [`sysinfo::IdleSource`].
+    pub idle_file: Option<PathBuf>,
 }
 
 impl PeerConfig {
@@ -80,6 +91,8 @@ impl PeerConfig {
                 .unwrap_or(1),
             nice: 10,
             speed: None,
+            drain_timeout: Duration::from_secs(60),
+            idle_file: None,
         }
     }
 }
@@ -109,8 +122,19 @@ pub fn advertised_addr(advertise: Option<&str>, listen: SocketAddr, bound: Socke
 }
 
 /// Run a peer until `shutdown` resolves: benchmark, listen, log in, then
-/// execute the supernode's commands. On shutdown every job is stopped.
-pub async fn run(config: PeerConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+/// execute the supernode's commands.
+///
+/// On `shutdown` the peer *drains*: it asks the supernode to move its
+/// processes away (`POST /api/v1/peer/drain`, and `draining` in its
+/// renewals) and waits until it runs no job, at most
+/// [`PeerConfig::drain_timeout`], or until `force` resolves (a second
+/// Ctrl-C); then it stops whatever is left and returns. If the supernode
+/// cannot be asked, the peer stops at once.
+pub async fn run(
+    config: PeerConfig,
+    shutdown: impl Future<Output = ()>,
+    force: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     if config.slots == 0 {
         anyhow::bail!("slots must be at least 1");
     }
@@ -141,7 +165,7 @@ pub async fn run(config: PeerConfig, shutdown: impl Future<Output = ()>) -> anyh
     let cancel = CancellationToken::new();
     tokio::spawn(net::serve(listener, registry.clone(), cancel.clone()));
 
-    let mut idle = sysinfo::IdleMonitor::new();
+    let mut idle = sysinfo::IdleSource::new(config.idle_file.clone());
     let cores = std::thread::available_parallelism()
         .map(|n| n.get() as u32)
         .unwrap_or(1);
@@ -174,12 +198,20 @@ pub async fn run(config: PeerConfig, shutdown: impl Future<Output = ()>) -> anyh
         connect_timeout: CONNECT_TIMEOUT,
     };
     let jobs = Jobs::new(env);
+    // Fenced (the supernode declared this peer gone): its processes run
+    // elsewhere now, so stop them before logging in as a new peer.
+    client.set_on_fenced({
+        let jobs = jobs.clone();
+        Box::new(move || jobs.fence())
+    });
+    let draining = Arc::new(AtomicBool::new(false));
 
     let main = {
         let cancel = cancel.clone();
         let client = client.clone();
         let jobs = jobs.clone();
         let reporter = reporter.clone();
+        let draining = draining.clone();
         async move {
             let Some(lease) = client.login_until_ok(&cancel).await else {
                 return;
@@ -194,6 +226,7 @@ pub async fn run(config: PeerConfig, shutdown: impl Future<Output = ()>) -> anyh
                 jobs.clone(),
                 speed,
                 idle,
+                draining,
                 cancel.clone(),
             ));
             tokio::spawn(upload_loop(client.clone(), reporter, cancel.clone()));
@@ -202,6 +235,8 @@ pub async fn run(config: PeerConfig, shutdown: impl Future<Output = ()>) -> anyh
     };
     let main = tokio::spawn(main);
     shutdown.await;
+    tokio::pin!(force);
+    drain(&client, &jobs, &draining, config.drain_timeout, &mut force).await;
     tracing::info!("peer shutting down");
     jobs.kill_all();
     // Give the uploader a moment to deliver what is queued (final output, exits).
@@ -218,6 +253,53 @@ pub async fn run(config: PeerConfig, shutdown: impl Future<Output = ()>) -> anyh
     Ok(())
 }
 
+/// Asks the supernode to drain this peer and waits until it runs no job,
+/// `timeout` passes, or `force` resolves.
+async fn drain(
+    client: &Client,
+    jobs: &Jobs,
+    draining: &AtomicBool,
+    timeout: Duration,
+    force: &mut (impl Future<Output = ()> + Unpin),
+) {
+    if client.peer_id().is_none() {
+        return;
+    }
+    draining.store(true, Ordering::SeqCst);
+    tracing::info!(
+        "draining: the supernode moves this peer's processes away (up to {timeout:?}; \
+         press Ctrl-C again to stop at once)"
+    );
+    let asked = tokio::select! {
+        r = tokio::time::timeout(Duration::from_secs(10), client.drain()) => r,
+        () = &mut *force => return,
+    };
+    match asked {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!("cannot ask the supernode to drain this peer ({e}); stopping now");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!("the supernode did not answer the drain request; stopping now");
+            return;
+        }
+    }
+    let wait = async {
+        while !jobs.running().is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::select! {
+        () = wait => tracing::info!("drained: no job runs here any more"),
+        () = tokio::time::sleep(timeout) => tracing::warn!(
+            "the drain did not finish within {timeout:?}; stopping the jobs left: {:?}",
+            jobs.running()
+        ),
+        () = &mut *force => tracing::warn!("stopping at once"),
+    }
+}
+
 async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) -> bool {
     tokio::select! {
         _ = cancel.cancelled() => false,
@@ -229,7 +311,8 @@ async fn renew_loop(
     client: Arc<Client>,
     jobs: Arc<Jobs>,
     speed: f64,
-    mut idle: sysinfo::IdleMonitor,
+    mut idle: sysinfo::IdleSource,
+    draining: Arc<AtomicBool>,
     cancel: CancellationToken,
 ) {
     loop {
@@ -246,7 +329,10 @@ async fn renew_loop(
             speed,
             idle: idle_now,
             jobs: jobs.running(),
+            draining: draining.load(Ordering::SeqCst),
         };
+        // A refused lease fences the peer (see `control`); an unreachable
+        // supernode is retried at the next tick, the jobs carry on.
         if let Err(e) = client.renew(&body).await {
             tracing::warn!("cannot renew the lease: {e}");
         }
@@ -293,8 +379,15 @@ async fn command_loop(
     cancel: CancellationToken,
 ) {
     let mut after = 0u64;
+    let mut polled_as = client.peer_id();
     let mut backoff = Duration::from_millis(200);
     loop {
+        // A new peer id (after a fence) numbers its commands from 0 again.
+        let me = client.peer_id();
+        if me != polled_as {
+            polled_as = me;
+            after = 0;
+        }
         let polled = tokio::select! {
             _ = cancel.cancelled() => return,
             r = client.commands(after, control::COMMAND_WAIT) => r,
@@ -387,6 +480,8 @@ mod tests {
         let c = PeerConfig::new("http://127.0.0.1:7878");
         assert_eq!(c.nice, 10);
         assert_eq!(c.max_memory_mib, 1024);
+        assert_eq!(c.drain_timeout, Duration::from_secs(60));
+        assert!(c.idle_file.is_none());
         assert!(c.slots >= 1);
         assert!(!c.name.is_empty());
     }

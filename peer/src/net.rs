@@ -73,7 +73,9 @@ struct Entry {
     token: String,
     me: PeerId,
     peers: HashSet<PeerId>,
-    connected: HashSet<PeerId>,
+    /// The live connection from each peer; a newer one replaces it (the
+    /// peer reconnected after its connection broke).
+    connected: HashMap<PeerId, CancellationToken>,
     tx: mpsc::Sender<Inbound>,
 }
 
@@ -114,16 +116,54 @@ impl Registry {
             token: token.to_string(),
             me,
             peers: peers.into_iter().filter(|p| *p != me).collect(),
-            connected: HashSet::new(),
+            connected: HashMap::new(),
             tx: tx.clone(),
         };
-        self.lock().insert(job, entry);
+        if let Some(old) = self.lock().insert(job, entry) {
+            for c in old.connected.values() {
+                c.cancel();
+            }
+        }
         (tx, rx)
     }
 
-    /// Stop admitting connections for `job`.
-    pub fn unregister(&self, job: JobId) {
-        self.lock().remove(&job);
+    /// Stop admitting connections for `job` as peer `me` (a registration of
+    /// the same job under a newer identity of this peer stays).
+    pub fn unregister(&self, job: JobId, me: PeerId) {
+        let mut jobs = self.lock();
+        if jobs.get(&job).is_some_and(|e| e.me == me)
+            && let Some(e) = jobs.remove(&job)
+        {
+            for c in e.connected.values() {
+                c.cancel();
+            }
+        }
+    }
+
+    /// The job's peers changed (a new assignment epoch): admit only `peers`
+    /// from now on, and close the connections of peers that are no longer
+    /// part of the job (fencing).
+    pub fn update_peers(&self, job: JobId, me: PeerId, peers: impl IntoIterator<Item = PeerId>) {
+        let mut jobs = self.lock();
+        let Some(e) = jobs.get_mut(&job) else { return };
+        e.peers = peers.into_iter().filter(|p| *p != me).collect();
+        let peers = &e.peers;
+        e.connected.retain(|p, c| {
+            let keep = peers.contains(p);
+            if !keep {
+                c.cancel();
+            }
+            keep
+        });
+    }
+
+    fn disconnected(&self, job: JobId, from: PeerId) {
+        let mut jobs = self.lock();
+        if let Some(e) = jobs.get_mut(&job)
+            && e.connected.get(&from).is_some_and(|c| c.is_cancelled())
+        {
+            e.connected.remove(&from);
+        }
     }
 
     fn admit(
@@ -131,7 +171,7 @@ impl Registry {
         job: JobId,
         from: PeerId,
         token: &str,
-    ) -> Result<mpsc::Sender<Inbound>, (RejectReason, String)> {
+    ) -> Result<(mpsc::Sender<Inbound>, CancellationToken), (RejectReason, String)> {
         let mut jobs = self.lock();
         let Some(e) = jobs.get_mut(&job) else {
             return Err((
@@ -151,13 +191,13 @@ impl Registry {
                 format!("peer #{from} is not one of the other peers of job {job}"),
             ));
         }
-        if !e.connected.insert(from) {
-            return Err((
-                RejectReason::Protocol,
-                format!("peer #{from} is already connected for job {job}"),
-            ));
+        // A peer reconnects when its connection broke; the old one, if it is
+        // still half open, is closed.
+        let conn = CancellationToken::new();
+        if let Some(old) = e.connected.insert(from, conn.clone()) {
+            old.cancel();
         }
-        Ok(e.tx.clone())
+        Ok((e.tx.clone(), conn))
     }
 }
 
@@ -224,6 +264,7 @@ async fn handle_connection(
             job,
             from,
             token,
+            epoch: _,
         }) => {
             if version != WIRE_VERSION {
                 let msg = format!(
@@ -238,8 +279,8 @@ async fn handle_connection(
             return reject(conn, RejectReason::Protocol, msg).await;
         }
     };
-    let tx = match registry.admit(job, from, &token) {
-        Ok(tx) => tx,
+    let (tx, this_conn) = match registry.admit(job, from, &token) {
+        Ok(x) => x,
         Err((reason, msg)) => return reject(conn, reason, msg).await,
     };
     let welcomed = match encode(&Frame::Welcome) {
@@ -258,10 +299,17 @@ async fn handle_connection(
     if tx.send(Inbound::Connected { from }).await.is_err() {
         return;
     }
+    let _forget = Forget {
+        registry: &registry,
+        job,
+        from,
+        conn: this_conn.clone(),
+    };
     loop {
         let item = tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tx.closed() => return,
+            _ = this_conn.cancelled() => return,
             item = conn.next() => item,
         };
         let event = match item {
@@ -285,6 +333,21 @@ async fn handle_connection(
     }
 }
 
+/// Removes a connection from the registry when its reader ends.
+struct Forget<'a> {
+    registry: &'a Registry,
+    job: JobId,
+    from: PeerId,
+    conn: CancellationToken,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.conn.cancel();
+        self.registry.disconnected(self.job, self.from);
+    }
+}
+
 /// Open a data-plane connection to `addr` for `job` and get it welcomed.
 /// Retries refused connections and `Reject{UnknownJob}` with backoff until
 /// `deadline`; other rejections fail at once.
@@ -293,6 +356,7 @@ pub async fn connect(
     job: JobId,
     from: PeerId,
     token: &str,
+    epoch: u64,
     deadline: Instant,
 ) -> Result<FramedConn, String> {
     let hello = encode(&Frame::Hello {
@@ -300,6 +364,7 @@ pub async fn connect(
         job,
         from,
         token: token.to_string(),
+        epoch,
     })
     .map_err(|e| format!("cannot encode hello: {e}"))?;
     let mut backoff = Duration::from_millis(50);
@@ -359,6 +424,8 @@ pub struct Dial {
     pub to: PeerId,
     /// The job's token, shown in `Hello`.
     pub token: String,
+    /// This peer's assignment epoch for the job, shown in `Hello`.
+    pub epoch: u64,
     /// When to give up dialing.
     pub deadline: Instant,
 }
@@ -374,9 +441,16 @@ pub fn spawn_writer(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let result: Result<(), String> = async {
-            let mut conn = connect(&dial.addr, dial.job, dial.from, &dial.token, dial.deadline)
-                .await
-                .map_err(|e| format!("could not connect: {e}"))?;
+            let mut conn = connect(
+                &dial.addr,
+                dial.job,
+                dial.from,
+                &dial.token,
+                dial.epoch,
+                dial.deadline,
+            )
+            .await
+            .map_err(|e| format!("could not connect: {e}"))?;
             while let Some(frame) = frames.recv().await {
                 let mut next = Some(frame);
                 // Feed everything queued, then flush once.
@@ -431,6 +505,7 @@ mod tests {
             job,
             from,
             token: token.into(),
+            epoch: 0,
         })
         .unwrap()
     }
@@ -441,9 +516,13 @@ mod tests {
 
     #[test]
     fn frames_round_trip_and_trailing_bytes_are_refused() {
-        let f = Frame::Marker {
+        let f = Frame::Done {
             superstep: 3,
-            frames: 9,
+            procs: vec![bsp_api::wire::ProcDone {
+                pid: 1,
+                exited: false,
+                counts: vec![(0, 9)],
+            }],
         };
         let mut b = encode(&f).unwrap().to_vec();
         assert_eq!(decode(&b).unwrap(), f);
@@ -520,12 +599,12 @@ mod tests {
         ));
 
         // The listener still serves the real peer.
-        let mut c = connect(&addr.to_string(), 7, 2, "secret", soon())
+        let mut c = connect(&addr.to_string(), 7, 2, "secret", 0, soon())
             .await
             .unwrap();
-        let data = Frame::Marker {
+        let data = Frame::Done {
             superstep: 0,
-            frames: 0,
+            procs: Vec::new(),
         };
         c.send(encode(&data).unwrap()).await.unwrap();
         assert_eq!(rx.recv().await, Some(Inbound::Connected { from: 2 }));
@@ -537,14 +616,20 @@ mod tests {
             })
         );
 
-        // A second connection for the same peer and job is refused.
-        let err = connect(&addr.to_string(), 7, 2, "secret", soon())
+        // A second connection for the same peer and job replaces the first
+        // (the peer reconnected after its connection broke).
+        let mut c2 = connect(&addr.to_string(), 7, 2, "secret", 0, soon())
             .await
-            .unwrap_err();
-        assert!(err.contains("already connected"), "{err}");
+            .unwrap();
+        assert_eq!(rx.recv().await, Some(Inbound::Connected { from: 2 }));
+        assert_eq!(
+            answer(&mut c).await,
+            None,
+            "the replaced connection is closed"
+        );
 
         // A malformed frame closes that connection and tells the job.
-        c.send(Bytes::from_static(b"\x09")).await.unwrap();
+        c2.send(Bytes::from_static(b"\x09")).await.unwrap();
         assert!(matches!(
             rx.recv().await,
             Some(Inbound::Closed { from: 2, error: Some(e) }) if e.contains("malformed")
@@ -555,7 +640,7 @@ mod tests {
     async fn a_dialer_retries_until_the_job_is_known() {
         let (addr, reg, _stop) = listener().await;
         let dial = tokio::spawn(async move {
-            connect(&addr.to_string(), 5, 3, "t", soon())
+            connect(&addr.to_string(), 5, 3, "t", 0, soon())
                 .await
                 .map(|_| ())
         });
@@ -570,7 +655,7 @@ mod tests {
     async fn a_dialer_gives_up_at_its_deadline() {
         let (addr, _reg, _stop) = listener().await;
         let deadline = Instant::now() + Duration::from_millis(300);
-        let err = connect(&addr.to_string(), 5, 3, "t", deadline)
+        let err = connect(&addr.to_string(), 5, 3, "t", 0, deadline)
             .await
             .unwrap_err();
         assert!(err.contains("does not know the job"), "{err}");

@@ -212,7 +212,9 @@ fn estimated_size(e: &PeerEvent) -> usize {
             OVERHEAD + reason.len() * 6 / 5
         }
         PeerEvent::Status { text, .. } => OVERHEAD + text.len() * 6 / 5,
-        PeerEvent::ProcessExited { .. } => OVERHEAD,
+        PeerEvent::ProcessExited { .. }
+        | PeerEvent::ProcessRestored { .. }
+        | PeerEvent::ProcessHandedOver { .. } => OVERHEAD,
     }
 }
 

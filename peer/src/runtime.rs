@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use bsp_api::control::{PeerEvent, Stream};
+use bsp_api::wire::WireMessage;
 use bsp_api::{JobId, Pid};
 use bspweb_abi::{
     ERR_BAD_PID, ERR_BAD_RANGE, ERR_NOT_FOUND, ERR_TOO_LARGE, HOST_MODULE, MAX_MESSAGE_BYTES,
@@ -25,10 +26,12 @@ use bspweb_abi::{
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use wasmtime::{
-    Caller, Config, Engine, Linker, Memory, Module, ResourceLimiter, Store, StoreContextMut,
-    Strategy, Trap, TypedFunc, UpdateDeadline, WasmBacktrace,
+    Caller, Config, Engine, Extern, Global, Instance, Linker, Memory, Module, Mutability,
+    ResourceLimiter, Store, StoreContextMut, Strategy, Trap, TypedFunc, UpdateDeadline, Val,
+    ValType, WasmBacktrace,
 };
 
+use crate::checkpoint::{PAGE_SIZE, PageTracker, Snapshot};
 use crate::report::Reporter;
 
 /// How often the epoch ticker advances the engine's epoch.
@@ -207,12 +210,151 @@ impl Runtime {
             .get_typed_func::<(), i32>(&mut store, RESUME_EXPORT)
             .map_err(|e| format!("the module's `{RESUME_EXPORT}` export is unusable: {e:#}"))?;
         store.data_mut().memory = Some(memory);
+        let globals = exported_mutable_globals(&instance, &mut store);
         Ok(Process {
             store,
             resume,
+            globals,
             ended: false,
         })
     }
+
+    /// Re-create a process from `snapshot` (docs/fault-tolerance.md,
+    /// "Failure and restore"): a fresh instance of `module` whose memory,
+    /// exported mutable globals and host state (superstep, output counters)
+    /// are the snapshot's. Then `begin_superstep(snapshot.superstep + 1,
+    /// inbox)` and `resume` go on exactly as the original would have. A
+    /// snapshot of an exited process gives a process that has ended.
+    ///
+    /// The stack pointer of Rust guests (`__stack_pointer`, the one mutable
+    /// global `bspweb_abi` allows) is not exported, so wasmtime cannot set
+    /// it; it needs no restoring because a snapshot is taken only when no
+    /// wasm frame is live, when it is back at its initial value, which the
+    /// fresh instance has (`bspweb_abi` module docs). Exported mutable
+    /// globals are restored.
+    pub fn restore(
+        &self,
+        module: &Module,
+        job: Arc<JobInfo>,
+        snapshot: &Snapshot,
+    ) -> Result<Process, String> {
+        let (pid, step) = (snapshot.pid, snapshot.superstep);
+        let what = || format!("cannot restore pid {pid} from its checkpoint of superstep {step}");
+        if pid >= job.nprocs {
+            return Err(format!(
+                "{}: the job has only {} processes",
+                what(),
+                job.nprocs
+            ));
+        }
+        let limit = job.memory_limit;
+        if snapshot.memory.len() > limit {
+            return Err(format!(
+                "{}: its memory is {} MiB, more than the job's memory limit of {} MiB on this peer",
+                what(),
+                (snapshot.memory.len() as u64).div_ceil(MIB),
+                limit as u64 / MIB
+            ));
+        }
+        if !snapshot.memory.len().is_multiple_of(PAGE_SIZE) {
+            return Err(format!(
+                "{}: its memory of {} bytes is not a whole number of 64 KiB pages",
+                what(),
+                snapshot.memory.len()
+            ));
+        }
+        let mut process = self
+            .instantiate(module, job, pid)
+            .map_err(|e| format!("{}: {e}", what()))?;
+        let st = &mut process.store;
+        if snapshot.exited {
+            process.ended = true;
+        } else {
+            let memory = st.data().memory.ok_or_else(what)?;
+            let have = memory.data_size(&*st);
+            let want = snapshot.memory.len();
+            if want < have {
+                return Err(format!(
+                    "{}: its memory of {want} bytes is smaller than the program's initial memory of {have} bytes; is it a checkpoint of another program?",
+                    what()
+                ));
+            }
+            if want > have {
+                let pages = ((want - have) / PAGE_SIZE) as u64;
+                if let Err(e) = memory.grow(&mut *st, pages) {
+                    let reason = match st.data_mut().stop.take() {
+                        Some(stop) => stop.to_string(),
+                        None => format!("{e:#}"),
+                    };
+                    return Err(format!("{}: {reason}", what()));
+                }
+            }
+            memory.data_mut(&mut *st).copy_from_slice(&snapshot.memory);
+            if snapshot.globals.len() != process.globals.len() {
+                return Err(format!(
+                    "{}: it has {} globals, the program exports {} mutable globals; is it a checkpoint of another program?",
+                    what(),
+                    snapshot.globals.len(),
+                    process.globals.len()
+                ));
+            }
+            for (g, &bits) in process.globals.iter().zip(&snapshot.globals) {
+                let ty = g.ty(&*st);
+                let val = val_from_bits(ty.content(), bits)
+                    .ok_or_else(|| format!("{}: a global has an unsupported type", what()))?;
+                g.set(&mut *st, val)
+                    .map_err(|e| format!("{}: cannot set a global: {e:#}", what()))?;
+            }
+        }
+        let s = st.data_mut();
+        s.host.superstep = step;
+        s.host.output_seq = snapshot.output_seq;
+        s.host.output_bytes = snapshot.output_bytes;
+        Ok(process)
+    }
+}
+
+/// The exported mutable globals of an instance with a type that fits in 64
+/// bits, in export order: what a checkpoint records besides memory.
+fn exported_mutable_globals(instance: &Instance, store: &mut Store<ProcState>) -> Vec<Global> {
+    let exports: Vec<Extern> = instance
+        .exports(&mut *store)
+        .map(|e| e.into_extern())
+        .collect();
+    exports
+        .into_iter()
+        .filter_map(|e| e.into_global())
+        .filter(|g| {
+            let ty = g.ty(&*store);
+            ty.mutability() == Mutability::Var
+                && matches!(
+                    ty.content(),
+                    ValType::I32 | ValType::I64 | ValType::F32 | ValType::F64
+                )
+        })
+        .collect()
+}
+
+/// The raw bits of a numeric value.
+fn val_bits(v: &Val) -> u64 {
+    match *v {
+        Val::I32(x) => x as u32 as u64,
+        Val::I64(x) => x as u64,
+        Val::F32(x) => u64::from(x),
+        Val::F64(x) => x,
+        _ => 0,
+    }
+}
+
+/// A value of type `ty` from raw bits.
+fn val_from_bits(ty: &ValType, bits: u64) -> Option<Val> {
+    Some(match ty {
+        ValType::I32 => Val::I32(bits as u32 as i32),
+        ValType::I64 => Val::I64(bits as i64),
+        ValType::F32 => Val::F32(bits as u32),
+        ValType::F64 => Val::F64(bits),
+        _ => return None,
+    })
 }
 
 impl Drop for Runtime {
@@ -432,6 +574,8 @@ impl ResourceLimiter for ProcState {
 pub struct Process {
     store: Store<ProcState>,
     resume: TypedFunc<(), i32>,
+    /// Exported mutable globals, checkpointed with memory.
+    globals: Vec<Global>,
     ended: bool,
 }
 
@@ -459,6 +603,73 @@ impl Process {
     /// The checkpointable host state.
     pub fn host_state(&self) -> &HostState {
         &self.store.data().host
+    }
+
+    /// Snapshot this process at the end of superstep [`Process::superstep`]
+    /// through `tracker`: memory (copied once, in the same pass as change
+    /// detection; nothing when `exited`), exported mutable globals, output
+    /// counters, `exited` and `outbox` (the messages sent in the superstep,
+    /// from [`Process::take_outbox`]). The snapshot's hash is set.
+    ///
+    /// Call it only after [`Process::resume`] returned [`Outcome::Sync`] or
+    /// [`Outcome::Done`] (no wasm frame is live then, so the stack pointer
+    /// is at its initial value and memory plus globals is the whole state),
+    /// and before [`Process::begin_superstep`] of the next superstep.
+    pub fn checkpoint(
+        &mut self,
+        tracker: &mut PageTracker,
+        outbox: Vec<WireMessage>,
+        exited: bool,
+    ) -> Snapshot {
+        self.checkpoint_into(tracker, outbox, exited, None)
+    }
+
+    /// [`Process::checkpoint`] that recycles `previous`, the last snapshot
+    /// `tracker` took (unmodified), copying only the pages that changed
+    /// ([`PageTracker::capture_reusing`]). Use it when the previous snapshot
+    /// is no longer needed (its replicas acknowledged it).
+    pub fn checkpoint_reusing(
+        &mut self,
+        tracker: &mut PageTracker,
+        outbox: Vec<WireMessage>,
+        exited: bool,
+        previous: Snapshot,
+    ) -> Snapshot {
+        self.checkpoint_into(tracker, outbox, exited, Some(previous))
+    }
+
+    fn checkpoint_into(
+        &mut self,
+        tracker: &mut PageTracker,
+        outbox: Vec<WireMessage>,
+        exited: bool,
+        previous: Option<Snapshot>,
+    ) -> Snapshot {
+        let globals: Vec<u64> = self
+            .globals
+            .iter()
+            .map(|g| val_bits(&g.get(&mut self.store)))
+            .collect();
+        let host = &self.store.data().host;
+        let head = Snapshot {
+            pid: host.pid,
+            superstep: host.superstep,
+            memory: Vec::new(),
+            globals,
+            output_seq: host.output_seq,
+            output_bytes: host.output_bytes,
+            exited,
+            outbox,
+            hash: [0; 32],
+        };
+        let memory: &[u8] = match self.store.data().memory {
+            Some(m) => m.data(&self.store),
+            None => &[],
+        };
+        match previous {
+            Some(p) => tracker.capture_reusing(head, memory, p),
+            None => tracker.capture(head, memory),
+        }
     }
 
     /// Take the messages sent since the last call.

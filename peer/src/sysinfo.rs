@@ -1,7 +1,9 @@
 //! What the peer tells the supernode about its machine: the idle-CPU fraction
-//! (from `/proc/stat` deltas) and a benchmarked speed weight.
+//! (from `/proc/stat` deltas, or a file for tests) and a benchmarked speed
+//! weight.
 
 use std::hint::black_box;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Cumulative CPU time of all cores, in `/proc/stat` ticks.
@@ -73,6 +75,65 @@ impl IdleMonitor {
         };
         self.last = Some(now);
         f
+    }
+}
+
+/// Parses the contents of an idle file: one number in `[0, 1]`, surrounding
+/// white space allowed.
+pub fn parse_idle(text: &str) -> Result<f64, String> {
+    let t = text.trim();
+    let v: f64 = t.parse().map_err(|_| {
+        format!(
+            "`{}` is not a number",
+            t.chars().take(40).collect::<String>()
+        )
+    })?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not a fraction between 0 and 1"))
+    }
+}
+
+/// Where the idle fraction reported at each renewal comes from:
+/// `/proc/stat`, or a file (`bspweb peer --idle-file`, a test hook to
+/// script availability).
+#[derive(Debug)]
+pub struct IdleSource {
+    monitor: IdleMonitor,
+    file: Option<PathBuf>,
+}
+
+impl IdleSource {
+    /// Measure `/proc/stat`, or read `file` when given.
+    pub fn new(file: Option<PathBuf>) -> Self {
+        IdleSource {
+            monitor: IdleMonitor::new(),
+            file,
+        }
+    }
+
+    /// The idle fraction now. With a file, its number; if the file cannot
+    /// be read or holds no fraction in `[0, 1]`, a warning is logged and the
+    /// measured value is used, so a typo never makes a busy machine look idle.
+    pub fn sample(&mut self) -> f64 {
+        let measured = self.monitor.sample();
+        let Some(path) = &self.file else {
+            return measured;
+        };
+        let read = std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| parse_idle(&t));
+        match read {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(
+                    "cannot use the idle file {}: {e}; reporting the measured idle fraction {measured:.2}",
+                    path.display()
+                );
+                measured
+            }
+        }
     }
 }
 
@@ -157,6 +218,34 @@ ctxt 1990473\n";
         assert_eq!(idle_fraction(a, a), 1.0);
         // A counter that went backwards (e.g. a CPU went offline) stays in range.
         assert!((0.0..=1.0).contains(&idle_fraction(b, a)));
+    }
+
+    #[test]
+    fn idle_files_hold_one_fraction() {
+        assert_eq!(parse_idle("0.25\n"), Ok(0.25));
+        assert_eq!(parse_idle(" 1 "), Ok(1.0));
+        assert_eq!(parse_idle("0"), Ok(0.0));
+        assert!(parse_idle("1.5").unwrap_err().contains("between 0 and 1"));
+        assert!(parse_idle("-0.1").is_err());
+        assert!(parse_idle("NaN").is_err());
+        assert!(parse_idle("half").unwrap_err().contains("not a number"));
+        assert!(parse_idle("").is_err());
+    }
+
+    #[test]
+    fn the_idle_file_overrides_the_measurement_and_bad_content_falls_back() {
+        let dir = std::env::temp_dir().join(format!("bspweb-idle-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("idle");
+        std::fs::write(&path, "0.125").unwrap();
+        let mut source = IdleSource::new(Some(path.clone()));
+        assert_eq!(source.sample(), 0.125);
+        std::fs::write(&path, "2").unwrap();
+        let fallback = source.sample();
+        assert!((0.0..=1.0).contains(&fallback));
+        std::fs::remove_file(&path).unwrap();
+        assert!((0.0..=1.0).contains(&source.sample()));
+        let _ = std::fs::remove_dir(&dir);
     }
 
     #[test]

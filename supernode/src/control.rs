@@ -73,6 +73,8 @@ pub(crate) async fn commands(
         while p.queue.front().is_some_and(|c| c.seq <= after) {
             p.queue.pop_front();
         }
+        // The lease sweeper deletes acknowledged commands from SQLite.
+        p.acked = p.acked.max(after.min(p.last_seq));
         Ok((!p.queue.is_empty()).then(|| Commands {
             commands: p.queue.iter().cloned().collect(),
         }))
@@ -113,6 +115,14 @@ pub(crate) async fn report(
         return Ok(no_content());
     }
     sn.with_core(move |core, inner, fx| core.report(inner, fx, peer.id, report.events))
+        .await?;
+    Ok(no_content())
+}
+
+/// `POST /api/v1/peer/drain`: the peer gets no new processes and its
+/// processes migrate away; it leaves each job once it hosts nothing there.
+pub(crate) async fn drain(State(sn): State<Supernode>, peer: AuthPeer) -> Result<Response, Error> {
+    sn.with_core(move |core, inner, fx| core.drain(inner, fx, peer.id))
         .await?;
     Ok(no_content())
 }

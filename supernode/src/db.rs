@@ -10,10 +10,16 @@ use crate::Error;
 
 /// The numbered migration files, applied in order. `PRAGMA user_version` is
 /// the number already applied.
-const MIGRATIONS: &[(&str, &str)] = &[(
-    "0001_init.sql",
-    include_str!("../../migrations/0001_init.sql"),
-)];
+const MIGRATIONS: &[(&str, &str)] = &[
+    (
+        "0001_init.sql",
+        include_str!("../../migrations/0001_init.sql"),
+    ),
+    (
+        "0002_fault_tolerance.sql",
+        include_str!("../../migrations/0002_fault_tolerance.sql"),
+    ),
+];
 
 /// Opens (creating if needed) the database and brings its schema up to date.
 pub(crate) fn open(path: &Path) -> anyhow::Result<Connection> {
@@ -65,7 +71,7 @@ pub(crate) fn u64_from_sql(v: i64) -> u64 {
 
 const JOB_COLUMNS: &str = "j.id, u.name, j.program, j.program_hash, j.nprocs, j.args, j.description, \
      j.state, j.outcome, j.error, j.error_pid, j.seed, j.superstep_ms, j.memory_mib, j.output_mib, \
-     j.submitted_at, j.started_at, j.finished_at, j.exited";
+     j.submitted_at, j.started_at, j.finished_at, j.exited, j.checkpoint_every, j.replicas";
 
 fn job_from_row(row: &Row<'_>) -> rusqlite::Result<JobInfo> {
     let args: String = row.get(5)?;
@@ -88,6 +94,8 @@ fn job_from_row(row: &Row<'_>) -> rusqlite::Result<JobInfo> {
             superstep_ms: u64_from_sql(row.get(12)?),
             memory_mib: row.get(13)?,
             output_mib: row.get(14)?,
+            checkpoint_every: row.get(19)?,
+            replicas: row.get(20)?,
         },
         submitted_at: row.get(15)?,
         started_at: row.get(16)?,

@@ -54,6 +54,7 @@ pub(crate) fn router(sn: Supernode) -> Router {
             "/peer/report",
             post(control::report).layer(DefaultBodyLimit::max(REPORT_BODY)),
         )
+        .route("/peer/drain", post(control::drain))
         .route("/peer/modules/{hash}", get(control::module));
     Router::new()
         .route("/", get(|| async { Html(INDEX_HTML) }))

@@ -13,7 +13,12 @@
 //!   whether the scheduler should run), applied after the commit while the
 //!   lock is still held, so peers see commands in the order the state changed.
 //! - Peer command queues and lease records are kept in memory (`Live`), so
-//!   the long poll and lease checks need no SQL.
+//!   the long poll and lease checks need no SQL; the queues are mirrored in
+//!   SQLite (written in the transaction that queues a command, pruned of
+//!   acknowledged commands by the lease sweeper) and survive a restart.
+//! - Fault tolerance ([`epoch`](crate::epoch)): a lost peer's processes are
+//!   re-placed and restored in a new epoch of the job's assignment; power
+//!   changes beyond the hysteresis and drains migrate processes.
 //! - Background tasks started by [`Supernode::serve`]: the scheduler (woken
 //!   on submit, peer login, availability change and job end) and the lease
 //!   sweeper (every TTL/4, see [`lease`]).
@@ -25,6 +30,7 @@
 mod auth;
 mod control;
 mod db;
+mod epoch;
 mod error;
 mod http;
 pub mod lease;
@@ -57,6 +63,13 @@ pub struct Config {
     pub overload_factor: f64,
     /// The URL people and peers reach this supernode at, for logs.
     pub public_url: Option<String>,
+    /// Relative change of a peer's power (speed × idle) below which a
+    /// renewal leaves the DHHT as it is (0.25: a change of more than 25 %
+    /// re-weights the peer and migrates processes whose host changed).
+    pub power_hysteresis: f64,
+    /// The shortest time between two migration epochs of one job, so noisy
+    /// availability cannot thrash it. Losses and drains are not limited.
+    pub migration_interval: Duration,
 }
 
 impl Default for Config {
@@ -66,6 +79,8 @@ impl Default for Config {
             lease_ttl: Duration::from_secs(15),
             overload_factor: 4.0,
             public_url: None,
+            power_hysteresis: 0.25,
+            migration_interval: Duration::from_secs(5),
         }
     }
 }
@@ -108,8 +123,13 @@ pub(crate) struct LivePeer {
     pub(crate) expires_at: i64,
     /// Sequence number of the last command queued (persisted in `peers.cmd_seq`).
     pub(crate) last_seq: u64,
-    /// Commands not yet acknowledged by a poll with a larger `after`.
+    /// Commands not yet acknowledged by a poll with a larger `after`
+    /// (mirrored in the `commands` table).
     pub(crate) queue: VecDeque<SeqCommand>,
+    /// The largest `after` a poll of this peer acknowledged.
+    pub(crate) acked: u64,
+    /// The largest `after` whose commands were deleted from SQLite.
+    pub(crate) pruned: u64,
     pub(crate) notify: Arc<Notify>,
 }
 
@@ -191,6 +211,12 @@ impl Supernode {
             anyhow::bail!(
                 "the overload factor must be a positive number, not {}",
                 config.overload_factor
+            );
+        }
+        if !(config.power_hysteresis.is_finite() && config.power_hysteresis >= 0.0) {
+            anyhow::bail!(
+                "the power hysteresis must be a fraction of at least 0, not {}",
+                config.power_hysteresis
             );
         }
         if config.lease_ttl < Duration::from_millis(30) {

@@ -7,9 +7,7 @@ use std::sync::Arc;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use bsp_api::control::{
-    Command, JobAssignment, JobPeer, Lease, PeerEvent, PeerLogin, PeerRenew, SeqCommand, Stream,
-};
+use bsp_api::control::{Command, Lease, PeerEvent, PeerLogin, PeerRenew, SeqCommand, Stream};
 use bsp_api::rest::{
     JobEventKind, JobInfo, JobLimits, JobOutcome, PeerInfo, ProgramInfo, UserInfo,
 };
@@ -20,7 +18,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
 use crate::db::{self, u64_from_sql, u64_to_sql};
-use crate::{Effects, Error, Inner, Live, LivePeer, Supernode, lease, now_ms};
+use crate::{Effects, Error, Inner, Live, LivePeer, Supernode, epoch, lease, now_ms};
 
 /// Largest number of processes of one job.
 pub(crate) const MAX_NPROCS: u32 = 4096;
@@ -32,8 +30,12 @@ pub(crate) const MAX_RESOURCE_BYTES: usize = 64 << 20;
 const MAX_DESCRIPTION_CHARS: usize = 4096;
 /// Longest reason or status text kept from a peer, in characters.
 const MAX_REASON_CHARS: usize = 4096;
-/// Lowest availability used in a peer's weight, so an idle-less peer still
-/// has a (small) share of the ring.
+/// Most checkpoint replicas a job may ask for.
+const MAX_REPLICAS: u32 = 8;
+/// Below this idle fraction a peer's owner is using the machine: it takes
+/// no processes (weight 0, out of the DHHT) and the ones it hosts migrate
+/// away, as a switched-off host leaves the balancer in §4.3. Its index on
+/// the ring is kept, so it returns to the same position when idle again.
 const MIN_AVAILABILITY: f64 = 0.05;
 
 /// The state behind the supernode's lock: the database and the placement
@@ -43,18 +45,37 @@ pub(crate) struct Core {
     place: Place,
 }
 
-/// The in-memory DHHT of the online peers and the golden-index allocators
-/// (dissertation §4.2.2, §4.2.4), mirrors of what SQLite records.
+/// The in-memory DHHT of the online peers that take work (not draining) and
+/// the golden-index allocators (dissertation §4.2.2, §4.2.4), mirrors of
+/// what SQLite records.
 #[derive(Default)]
-struct Place {
-    dhht: Dhht,
+pub(crate) struct Place {
+    pub(crate) dhht: Dhht,
     peer_indices: IndexAllocator,
     process_indices: IndexAllocator,
+    /// Some job's processes differ from their DHHT hosts and wait for the
+    /// migration interval (or a handover); the lease sweeper retries.
+    rebalance_pending: bool,
 }
 
-/// A peer's weight in the DHHT: speed × availability, availability at least 5 %.
+/// A peer's weight in the DHHT: speed × availability; 0 (no share) below
+/// [`MIN_AVAILABILITY`].
 fn weight(speed: f64, idle: f64) -> f64 {
-    speed * idle.max(MIN_AVAILABILITY)
+    if idle < MIN_AVAILABILITY {
+        0.0
+    } else {
+        speed * idle
+    }
+}
+
+/// Whether a peer's power moved from `old` to `new` by more than the
+/// relative `hysteresis`, so the DHHT should follow. Becoming busy (0) or
+/// available again always counts.
+fn power_moved(old: f64, new: f64, hysteresis: f64) -> bool {
+    if old <= 0.0 || new <= 0.0 {
+        return (old <= 0.0) != (new <= 0.0);
+    }
+    (new - old).abs() > hysteresis * old
 }
 
 fn truncate(text: &str, max_chars: usize) -> String {
@@ -138,6 +159,8 @@ pub(crate) fn clamp_limits(limits: JobLimits) -> JobLimits {
         superstep_ms: limits.superstep_ms.clamp(100, 86_400_000),
         memory_mib: limits.memory_mib.clamp(1, 4096),
         output_mib: limits.output_mib.clamp(1, 1024),
+        checkpoint_every: limits.checkpoint_every.clamp(1, 1_000_000),
+        replicas: limits.replicas.min(MAX_REPLICAS),
     }
 }
 
@@ -281,8 +304,10 @@ pub(crate) fn validate_renew(renew: &PeerRenew) -> Result<(), Error> {
 
 // ---------------------------------------------------------------- helpers
 
-/// Queues `command` for `peer` if it is online.
-fn queue(
+/// Queues `command` for `peer` if it holds a valid lease; the command is
+/// stored in the `commands` table in the caller's transaction, so it
+/// survives a restart with its sequence number.
+pub(crate) fn queue(
     tx: &Connection,
     inner: &Inner,
     fx: &mut Effects,
@@ -294,6 +319,9 @@ fn queue(
         let Some(p) = live.peers.get_mut(&peer) else {
             return Ok(());
         };
+        if !lease::is_valid(now_ms(), p.expires_at) {
+            return Ok(());
+        }
         p.last_seq += 1;
         p.last_seq
     };
@@ -301,40 +329,31 @@ fn queue(
         "UPDATE peers SET cmd_seq = max(cmd_seq, ?2) WHERE id = ?1",
         params![peer, u64_to_sql(seq)],
     )?;
+    let body = serde_json::to_string(&command)
+        .map_err(|e| Error::Internal(format!("cannot encode a command: {e}")))?;
+    tx.execute(
+        "INSERT OR REPLACE INTO commands (peer_id, seq, body) VALUES (?1, ?2, ?3)",
+        params![peer, u64_to_sql(seq), body],
+    )?;
     fx.commands.push((peer, SeqCommand { seq, command }));
     Ok(())
 }
 
-/// The distinct peers of a job, in order of their first process.
-fn peers_of_job(tx: &Connection, job: JobId) -> Result<Vec<PeerId>, Error> {
-    let mut stmt =
-        tx.prepare_cached("SELECT peer_id FROM placements WHERE job = ?1 ORDER BY pid")?;
-    let mut seen = HashSet::new();
-    let mut peers = Vec::new();
-    for peer in stmt.query_map([job], |r| r.get::<_, PeerId>(0))? {
-        let peer = peer?;
-        if seen.insert(peer) {
-            peers.push(peer);
-        }
-    }
-    Ok(peers)
-}
-
 /// How a job ends.
-struct Ending {
-    outcome: JobOutcome,
-    error: Option<String>,
-    error_pid: Option<Pid>,
-    event: JobEventKind,
+pub(crate) struct Ending {
+    pub(crate) outcome: JobOutcome,
+    pub(crate) error: Option<String>,
+    pub(crate) error_pid: Option<Pid>,
+    pub(crate) event: JobEventKind,
     /// Send `KillJob` with this reason to the job's peers.
-    kill: Option<String>,
+    pub(crate) kill: Option<String>,
     /// A peer not to send `KillJob` to (one that is gone).
-    skip_peer: Option<PeerId>,
+    pub(crate) skip_peer: Option<PeerId>,
 }
 
 /// Ends an unfinished job: state, terminal event, golden indices, commands.
 /// Returns false (changing nothing) if the job was finished already.
-fn finish_job(
+pub(crate) fn finish_job(
     tx: &Connection,
     place: &mut Place,
     inner: &Inner,
@@ -359,7 +378,7 @@ fn finish_job(
         }
     }
     if let Some(reason) = ending.kill {
-        for peer in peers_of_job(tx, job)? {
+        for peer in epoch::job_peers(tx, job)? {
             if Some(peer) != ending.skip_peer {
                 queue(
                     tx,
@@ -385,7 +404,7 @@ fn finish_job(
     Ok(true)
 }
 
-fn pid_list(pids: &[Pid]) -> String {
+pub(crate) fn pid_list(pids: &[Pid]) -> String {
     const SHOWN: usize = 20;
     let mut text = pids
         .iter()
@@ -407,8 +426,10 @@ fn pid_list(pids: &[Pid]) -> String {
 struct ReportJob {
     active: bool,
     nprocs: u32,
-    /// The peer of each pid.
-    placement: Vec<PeerId>,
+    /// The job's current epoch.
+    epoch: u64,
+    /// The processes, indexed by pid.
+    placement: Vec<epoch::Placed>,
 }
 
 impl Core {
@@ -439,15 +460,36 @@ impl Core {
                     r.get::<_, i64>(3)?,
                 ))
             })?;
+            let mut commands = core
+                .conn
+                .prepare("SELECT seq, body FROM commands WHERE peer_id = ?1 ORDER BY seq")?;
             for row in rows {
                 let (id, lease_id, expires_at, seq) = row?;
+                let mut queue = VecDeque::new();
+                for c in commands
+                    .query_map([id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?
+                {
+                    let (seq, body) = c?;
+                    match serde_json::from_str::<Command>(&body) {
+                        Ok(command) => queue.push_back(SeqCommand {
+                            seq: u64_from_sql(seq),
+                            command,
+                        }),
+                        Err(e) => {
+                            tracing::error!(peer = id, seq, error = %e, "skipping an unreadable stored command")
+                        }
+                    }
+                }
+                let acked = queue.front().map_or(u64_from_sql(seq), |c| c.seq - 1);
                 live.peers.insert(
                     id,
                     LivePeer {
                         lease_id,
                         expires_at,
                         last_seq: u64_from_sql(seq),
-                        queue: VecDeque::new(),
+                        queue,
+                        acked,
+                        pruned: acked,
                         notify: Arc::new(Notify::new()),
                     },
                 );
@@ -463,34 +505,39 @@ impl Core {
         let mut unplaced = Vec::new();
         {
             let mut stmt = self.conn.prepare(
-                "SELECT id, golden, speed, idle FROM peers WHERE state = 'online' ORDER BY id",
+                "SELECT id, golden, \
+                 coalesce(power, CASE WHEN idle < ?1 THEN 0.0 ELSE speed * idle END), draining \
+                 FROM peers WHERE state = 'online' ORDER BY id",
             )?;
-            let rows = stmt.query_map([], |r| {
+            let rows = stmt.query_map([MIN_AVAILABILITY], |r| {
                 Ok((
                     r.get::<_, PeerId>(0)?,
                     r.get::<_, Option<i64>>(1)?,
                     r.get::<_, f64>(2)?,
-                    r.get::<_, f64>(3)?,
+                    r.get::<_, bool>(3)?,
                 ))
             })?;
             for row in rows {
-                let (id, golden, speed, idle) = row?;
-                match golden
+                let (id, golden, power, draining) = row?;
+                let k = golden
                     .map(u64_from_sql)
-                    .filter(|&k| place.peer_indices.restore(k))
-                {
-                    Some(k) => insert_peer(&mut place.dhht, id, k, speed, idle),
-                    None => unplaced.push((id, speed, idle)),
+                    .filter(|&k| place.peer_indices.restore(k));
+                match k {
+                    Some(k) if !draining => insert_peer(&mut place.dhht, id, k, power),
+                    Some(_) => {}
+                    None => unplaced.push((id, power, draining)),
                 }
             }
         }
-        for (id, speed, idle) in unplaced {
+        for (id, power, draining) in unplaced {
             let k = place.peer_indices.alloc();
             self.conn.execute(
                 "UPDATE peers SET golden = ?2 WHERE id = ?1",
                 params![id, u64_to_sql(k)],
             )?;
-            insert_peer(&mut place.dhht, id, k, speed, idle);
+            if !draining {
+                insert_peer(&mut place.dhht, id, k, power);
+            }
         }
         {
             let mut stmt = self.conn.prepare(
@@ -500,6 +547,8 @@ impl Core {
                 place.process_indices.restore(u64_from_sql(k?));
             }
         }
+        // Cheap to check once: whether running jobs match the table.
+        place.rebalance_pending = true;
         self.place = place;
         Ok(())
     }
@@ -706,8 +755,8 @@ impl Core {
         let hash = Self::resolve_program(&tx, owner, &job.program)?;
         tx.execute(
             "INSERT INTO jobs (owner, program, program_hash, nprocs, args, description, seed, \
-                 superstep_ms, memory_mib, output_mib, state, submitted_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'waiting', ?11)",
+                 superstep_ms, memory_mib, output_mib, state, submitted_at, checkpoint_every, replicas) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'waiting', ?11, ?12, ?13)",
             params![
                 owner,
                 job.program,
@@ -719,7 +768,9 @@ impl Core {
                 u64_to_sql(job.limits.superstep_ms),
                 job.limits.memory_mib,
                 job.limits.output_mib,
-                now
+                now,
+                job.limits.checkpoint_every,
+                job.limits.replicas
             ],
         )?;
         let id = tx.last_insert_rowid();
@@ -850,7 +901,8 @@ impl Core {
         let tx = self.conn.transaction()?;
         let online: HashMap<PeerId, (String, u32)> = {
             let mut stmt = tx.prepare(
-                "SELECT id, addr, cores FROM peers WHERE state = 'online' AND lease_expires_at >= ?1",
+                "SELECT id, addr, cores FROM peers \
+                 WHERE state = 'online' AND lease_expires_at >= ?1 AND draining = 0",
             )?;
             stmt.query_map([now], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))?
                 .collect::<rusqlite::Result<_>>()?
@@ -920,19 +972,20 @@ impl Core {
             Some(id) => {
                 tx.execute(
                     "UPDATE peers SET name = ?2, addr = ?3, speed = ?4, idle = ?5, cores = ?6, golden = ?7, \
-                         lease_id = ?8, lease_expires_at = ?9, state = 'online', last_seen = ?10 WHERE id = ?1",
+                         lease_id = ?8, lease_expires_at = ?9, state = 'online', last_seen = ?10, \
+                         draining = 0, power = ?11 WHERE id = ?1",
                     params![id, login.name, login.addr, login.speed, login.idle, login.cores,
-                        u64_to_sql(k), lease_id, expires_at, now],
+                        u64_to_sql(k), lease_id, expires_at, now, weight(login.speed, login.idle)],
                 )?;
                 id
             }
             None => {
                 tx.execute(
                     "INSERT INTO peers (name, addr, speed, idle, cores, golden, lease_id, lease_expires_at, \
-                         state, first_seen, last_seen) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'online', ?9, ?9)",
+                         state, first_seen, last_seen, power) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'online', ?9, ?9, ?10)",
                     params![login.name, login.addr, login.speed, login.idle, login.cores,
-                        u64_to_sql(k), lease_id, expires_at, now],
+                        u64_to_sql(k), lease_id, expires_at, now, weight(login.speed, login.idle)],
                 )?;
                 tx.last_insert_rowid()
             }
@@ -941,7 +994,7 @@ impl Core {
             r.get(0)
         })?;
         tx.commit()?;
-        insert_peer(&mut self.place.dhht, id, k, login.speed, login.idle);
+        insert_peer(&mut self.place.dhht, id, k, weight(login.speed, login.idle));
         {
             let mut live = inner.live();
             for gone in expired {
@@ -956,6 +1009,8 @@ impl Core {
                     expires_at,
                     last_seq: u64_from_sql(seq),
                     queue: VecDeque::new(),
+                    acked: u64_from_sql(seq),
+                    pruned: u64_from_sql(seq),
                     notify: Arc::new(Notify::new()),
                 },
             );
@@ -995,16 +1050,17 @@ impl Core {
         };
         let expires_at = lease::expiry(now, ttl);
         let tx = self.conn.transaction()?;
-        tx.execute(
+        let draining: bool = tx.query_row(
             "UPDATE peers SET speed = ?2, idle = ?3, lease_expires_at = ?4, last_seen = ?5 \
-             WHERE id = ?1 AND state = 'online'",
+             WHERE id = ?1 AND state = 'online' RETURNING draining",
             params![peer, renew.speed, renew.idle, expires_at, now],
+            |r| r.get(0),
         )?;
-        // Jobs the peer runs but should not: finished, unknown, or not placed there.
+        // Jobs the peer runs but should not: finished, unknown, or not among its peers.
         let mut stale = Vec::new();
         {
             let mut stmt = tx.prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM placements p JOIN jobs j ON j.id = p.job \
+                "SELECT EXISTS (SELECT 1 FROM job_peers p JOIN jobs j ON j.id = p.job \
                  WHERE p.job = ?1 AND p.peer_id = ?2 AND j.state = 'active')",
             )?;
             let mut seen = HashSet::new();
@@ -1033,19 +1089,46 @@ impl Core {
                 },
             )?;
         }
+        if renew.draining && !draining {
+            drain_in(&tx, &mut self.place, inner, fx, peer, now)?;
+        } else if !draining {
+            let w = weight(renew.speed, renew.idle);
+            // Out of the DHHT (and not draining): busy, power 0.
+            let old = self.place.dhht.get(peer).map_or(0.0, |p| p.weight);
+            if power_moved(old, w, inner.config.power_hysteresis) {
+                let golden: Option<i64> =
+                    tx.query_row("SELECT golden FROM peers WHERE id = ?1", [peer], |r| {
+                        r.get(0)
+                    })?;
+                if let Some(k) = golden {
+                    insert_peer(&mut self.place.dhht, peer, u64_from_sql(k), w);
+                    tx.execute(
+                        "UPDATE peers SET power = ?2 WHERE id = ?1",
+                        params![peer, w],
+                    )?;
+                    if w <= 0.0 {
+                        tracing::info!(
+                            peer,
+                            "peer is busy (its owner uses it): moving its processes away"
+                        );
+                    } else {
+                        tracing::info!(
+                            peer,
+                            from = old,
+                            to = w,
+                            "peer's power changed beyond the hysteresis"
+                        );
+                    }
+                    self.place.rebalance_pending =
+                        epoch::rebalance(&tx, &self.place, inner, fx, now)?;
+                    epoch::settle_drains(&tx, inner, fx, now)?;
+                    fx.wake_scheduler = true;
+                }
+            }
+        }
         tx.commit()?;
         if let Some(p) = inner.live().peers.get_mut(&peer) {
             p.expires_at = expires_at;
-        }
-        let w = weight(renew.speed, renew.idle);
-        if let Some(old) = self.place.dhht.get(peer)
-            && old.weight != w
-        {
-            let mut updated = old;
-            updated.weight = w;
-            if self.place.dhht.update(updated).is_ok() {
-                fx.wake_scheduler = true;
-            }
         }
         Ok(Lease {
             peer_id: peer,
@@ -1055,9 +1138,10 @@ impl Core {
         })
     }
 
-    /// Declares the peers whose lease ended by `now` gone and fails the jobs
-    /// that lost processes with them.
-    pub(crate) fn expire_leases(
+    /// The lease sweep: declares the peers whose lease ended by `now` gone
+    /// and restores their processes elsewhere, retries migrations that were
+    /// waiting, and deletes acknowledged commands from SQLite.
+    pub(crate) fn sweep(
         &mut self,
         inner: &Inner,
         fx: &mut Effects,
@@ -1065,19 +1149,67 @@ impl Core {
     ) -> Result<Vec<PeerId>, Error> {
         let tx = self.conn.transaction()?;
         let expired = expire_overdue(&tx, &mut self.place, inner, fx, now)?;
+        if self.place.rebalance_pending {
+            self.place.rebalance_pending = epoch::rebalance(&tx, &self.place, inner, fx, now)?;
+            epoch::settle_drains(&tx, inner, fx, now)?;
+        }
+        let acked: Vec<(PeerId, u64)> = inner
+            .live()
+            .peers
+            .iter()
+            .filter(|(_, p)| p.acked > p.pruned)
+            .map(|(&id, p)| (id, p.acked))
+            .collect();
+        for &(peer, upto) in &acked {
+            tx.execute(
+                "DELETE FROM commands WHERE peer_id = ?1 AND seq <= ?2",
+                params![peer, u64_to_sql(upto)],
+            )?;
+        }
         tx.commit()?;
-        if !expired.is_empty() {
-            let mut live = inner.live();
-            for id in &expired {
-                if let Some(p) = live.peers.remove(id) {
-                    p.notify.notify_waiters();
-                }
+        let mut live = inner.live();
+        for (peer, upto) in acked {
+            if let Some(p) = live.peers.get_mut(&peer) {
+                p.pruned = p.pruned.max(upto);
+            }
+        }
+        for id in &expired {
+            if let Some(p) = live.peers.remove(id) {
+                p.notify.notify_waiters();
             }
         }
         Ok(expired)
     }
 
-    /// Applies a peer's report, in order.
+    /// `POST /api/v1/peer/drain`: the peer takes no new processes and its
+    /// processes migrate away at once; it leaves each job once it hosts
+    /// nothing there.
+    pub(crate) fn drain(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        peer: PeerId,
+    ) -> Result<(), Error> {
+        let now = now_ms();
+        let tx = self.conn.transaction()?;
+        let draining: Option<bool> = tx
+            .query_row(
+                "SELECT draining FROM peers WHERE id = ?1 AND state = 'online'",
+                [peer],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if draining == Some(false) {
+            drain_in(&tx, &mut self.place, inner, fx, peer, now)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Applies a peer's report, in order. A peer whose lease has ended is
+    /// refused (401) even if its request passed the check at the door: the
+    /// lease sweep may have declared it gone and restored its processes
+    /// elsewhere meanwhile, and a zombie must not write output or events.
     pub(crate) fn report(
         &mut self,
         inner: &Inner,
@@ -1086,14 +1218,28 @@ impl Core {
         events: Vec<PeerEvent>,
     ) -> Result<(), Error> {
         let now = now_ms();
+        let holds_lease = inner
+            .live()
+            .peers
+            .get(&peer)
+            .is_some_and(|p| lease::is_valid(now, p.expires_at));
+        if !holds_lease {
+            return Err(Error::Unauthorized {
+                code: "lease_expired",
+                message: format!("the lease of peer {peer} has expired; log in again"),
+            });
+        }
         let tx = self.conn.transaction()?;
         let mut jobs: HashMap<JobId, Option<ReportJob>> = HashMap::new();
+        let mut handed_over = false;
         for event in events {
             let job = match &event {
                 PeerEvent::Output { job, .. }
                 | PeerEvent::ProcessExited { job, .. }
                 | PeerEvent::ProcessAborted { job, .. }
                 | PeerEvent::ProcessFailed { job, .. }
+                | PeerEvent::ProcessRestored { job, .. }
+                | PeerEvent::ProcessHandedOver { job, .. }
                 | PeerEvent::Status { job, .. } => *job,
             };
             let entry = match jobs.entry(job) {
@@ -1104,7 +1250,7 @@ impl Core {
                         tracing::warn!(
                             peer,
                             job,
-                            "ignoring a report about a job not placed on this peer"
+                            "ignoring a report about a job this peer is not part of"
                         );
                     }
                     e.insert(info)
@@ -1117,7 +1263,12 @@ impl Core {
                 tracing::debug!(peer, job, "ignoring a report about a finished job");
                 continue;
             }
-            let own = |pid: Pid| ctx.placement.get(pid as usize) == Some(&peer);
+            // The host of `pid`, or its old host while it hands it over.
+            let own = |pid: Pid| {
+                ctx.placement
+                    .get(pid as usize)
+                    .is_some_and(|p| p.is_run_by(peer))
+            };
             match event {
                 PeerEvent::Output {
                     pid,
@@ -1176,6 +1327,71 @@ impl Core {
                     db::insert_event(&tx, job, pid, None, &kind, now)?;
                     fx.jobs.insert(job);
                 }
+                PeerEvent::ProcessRestored {
+                    pid,
+                    superstep,
+                    epoch: at,
+                    ..
+                } => {
+                    let Some(p) = ctx.placement.get(pid as usize) else {
+                        continue;
+                    };
+                    let (Some(moved), Some(kind)) = (p.moved_epoch, p.moved_kind) else {
+                        tracing::warn!(
+                            peer,
+                            job,
+                            pid,
+                            "ignoring the restore of a process that never moved"
+                        );
+                        continue;
+                    };
+                    if p.peer != peer || at < moved || at > ctx.epoch {
+                        tracing::info!(
+                            peer,
+                            job,
+                            pid,
+                            epoch = at,
+                            moved,
+                            "ignoring the restore report of a stale epoch or host"
+                        );
+                        continue;
+                    }
+                    let kind = match kind {
+                        epoch::MoveKind::Lost => JobEventKind::ProcessRolledBack { superstep },
+                        epoch::MoveKind::Migrate => JobEventKind::ProcessMigrated {
+                            from: p.moved_from.unwrap_or_default(),
+                            to: peer,
+                            superstep,
+                        },
+                    };
+                    // One event per move, however often it is reported.
+                    let seq = -2 - u64_to_sql(moved);
+                    if db::insert_event(&tx, job, Some(pid), Some(seq), &kind, now)?.is_some() {
+                        fx.jobs.insert(job);
+                    }
+                }
+                PeerEvent::ProcessHandedOver { pid, epoch: at, .. } => {
+                    let Some(p) = ctx.placement.get_mut(pid as usize) else {
+                        continue;
+                    };
+                    if p.handing_over_from() != Some(peer) || p.moved_epoch.is_none_or(|m| at < m) {
+                        tracing::info!(
+                            peer,
+                            job,
+                            pid,
+                            epoch = at,
+                            "ignoring a handover report of a stale epoch or host"
+                        );
+                        continue;
+                    }
+                    tx.execute(
+                        "UPDATE placements SET handed_over = 1 WHERE job = ?1 AND pid = ?2",
+                        params![job, pid],
+                    )?;
+                    p.handed_over = true;
+                    handed_over = true;
+                    fx.jobs.insert(job);
+                }
                 PeerEvent::ProcessExited { pid, superstep, .. } => {
                     if !own(pid) {
                         tracing::warn!(
@@ -1187,7 +1403,8 @@ impl Core {
                         continue;
                     }
                     let kind = JobEventKind::ProcessExited { superstep };
-                    // seq -1: a process exits once, however often it is reported.
+                    // seq -1: a process exits once, however often it is
+                    // reported (a restored process re-executes and exits again).
                     if db::insert_event(&tx, job, Some(pid), Some(-1), &kind, now)?.is_none() {
                         continue;
                     }
@@ -1203,7 +1420,8 @@ impl Core {
                             error: None,
                             error_pid: None,
                             event: JobEventKind::JobExited,
-                            kill: None,
+                            // Peers keep checkpoint replicas until the job ends.
+                            kill: Some("the job finished".into()),
                             skip_peer: None,
                         };
                         finish_job(&tx, &mut self.place, inner, fx, job, ending, now)?;
@@ -1277,6 +1495,12 @@ impl Core {
                 }
             }
         }
+        if handed_over {
+            // A draining peer that handed over its last process leaves the job;
+            // processes that waited for their handover may move now.
+            epoch::settle_drains(&tx, inner, fx, now)?;
+            self.place.rebalance_pending = true;
+        }
         tx.commit()?;
         Ok(())
     }
@@ -1288,8 +1512,8 @@ impl Core {
             self.conn
                 .query_row(
                     "SELECT p.bytes FROM programs p WHERE p.hash = ?1 AND EXISTS ( \
-                         SELECT 1 FROM jobs j JOIN placements pl ON pl.job = j.id \
-                         WHERE j.program_hash = ?1 AND pl.peer_id = ?2)",
+                         SELECT 1 FROM jobs j JOIN job_peers jp ON jp.job = j.id \
+                         WHERE j.program_hash = ?1 AND jp.peer_id = ?2)",
                     params![hash, peer],
                     |r| r.get(0),
                 )
@@ -1305,12 +1529,17 @@ impl Core {
         })
     }
 
-    /// Every peer the supernode knows, online first.
+    /// Every peer the supernode knows, online (and draining) first. A
+    /// peer's `processes` counts those placed on it and those it still hands
+    /// over to their new host.
     pub(crate) fn peers(&self) -> Result<Vec<PeerInfo>, Error> {
         let mut stmt = self.conn.prepare(
-            "SELECT id, name, addr, speed, idle, cores, state, lease_expires_at, \
+            "SELECT id, name, addr, speed, idle, cores, \
+                 CASE WHEN state = 'online' AND draining = 1 THEN 'draining' ELSE state END, \
+                 lease_expires_at, \
                  (SELECT count(*) FROM placements pl JOIN jobs j ON j.id = pl.job \
-                  WHERE pl.peer_id = peers.id AND j.state = 'active') \
+                  WHERE j.state = 'active' AND (pl.peer_id = peers.id OR (pl.moved_from = peers.id \
+                      AND pl.moved_kind = 'migrate' AND pl.handed_over = 0))) \
              FROM peers ORDER BY state != 'online', id",
         )?;
         let rows = stmt.query_map([], |r| {
@@ -1334,13 +1563,19 @@ fn no_job(id: JobId) -> Error {
     Error::NotFound(format!("no job {id} among your jobs"))
 }
 
-/// Puts peer `id` at golden index `k` into the DHHT (replacing a stale entry).
-fn insert_peer(dhht: &mut Dhht, id: PeerId, k: u64, speed: f64, idle: f64) {
+/// Puts peer `id` at golden index `k` with weight `power` into the DHHT
+/// (replacing a stale entry).
+/// Puts peer `id` at golden index `k` with `power` into the DHHT, or keeps
+/// it out while its power is 0 (busy).
+fn insert_peer(dhht: &mut Dhht, id: PeerId, k: u64, power: f64) {
     dhht.remove(id);
+    if power <= 0.0 {
+        return;
+    }
     let peer = placement::Peer {
         id,
         position: golden_position(k),
-        weight: weight(speed, idle),
+        weight: power,
     };
     if let Err(e) = dhht.insert(peer) {
         tracing::error!(peer = id, error = %e, "cannot add a peer to the placement table");
@@ -1348,25 +1583,26 @@ fn insert_peer(dhht: &mut Dhht, id: PeerId, k: u64, speed: f64, idle: f64) {
 }
 
 fn load_report_job(tx: &Connection, job: JobId, peer: PeerId) -> Result<Option<ReportJob>, Error> {
-    let row: Option<(String, u32)> = tx
-        .query_row("SELECT state, nprocs FROM jobs WHERE id = ?1", [job], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })
+    let row: Option<(String, u32, i64)> = tx
+        .query_row(
+            "SELECT state, nprocs, epoch FROM jobs WHERE id = ?1",
+            [job],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
         .optional()?;
-    let Some((state, nprocs)) = row else {
+    let Some((state, nprocs, epoch)) = row else {
         return Ok(None);
     };
-    let mut stmt =
-        tx.prepare_cached("SELECT peer_id FROM placements WHERE job = ?1 ORDER BY pid")?;
-    let placement = stmt
-        .query_map([job], |r| r.get::<_, PeerId>(0))?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    if !placement.contains(&peer) {
+    let placement = epoch::placements(tx, job)?;
+    let member =
+        epoch::job_peers(tx, job)?.contains(&peer) || placement.iter().any(|p| p.is_run_by(peer));
+    if !member {
         return Ok(None);
     }
     Ok(Some(ReportJob {
         active: state == "active",
         nprocs,
+        epoch: u64_from_sql(epoch),
         placement,
     }))
 }
@@ -1405,23 +1641,20 @@ fn place_job(
             }
         }
     }
-    // The job's peers in order of their first pid; `placement[pid]` indexes them.
-    let mut peers: Vec<JobPeer> = Vec::new();
-    let mut index_of: HashMap<PeerId, u32> = HashMap::new();
-    let mut placement = Vec::with_capacity(owners.len());
+    // The job's peers in order of their first pid, then replica-only peers.
+    let mut peers: Vec<PeerId> = Vec::new();
     for &peer in &owners {
-        let i = *index_of.entry(peer).or_insert_with(|| {
-            peers.push(JobPeer {
-                id: peer,
-                addr: online
-                    .get(&peer)
-                    .map(|(a, _)| a.clone())
-                    .unwrap_or_default(),
-            });
-            (peers.len() - 1) as u32
-        });
-        placement.push(i);
+        if !peers.contains(&peer) {
+            peers.push(peer);
+        }
     }
+    let hosts = peers.len();
+    let replicas: u32 = tx.query_row("SELECT replicas FROM jobs WHERE id = ?1", [job], |r| {
+        r.get(0)
+    })?;
+    let candidates = online.keys().copied().collect();
+    epoch::top_up_replicas(job, &mut peers, replicas, &candidates);
+    epoch::set_job_peers(tx, job, &peers)?;
     {
         let mut stmt = tx.prepare_cached(
             "INSERT INTO placements (job, pid, peer_id, position) VALUES (?1, ?2, ?3, ?4)",
@@ -1432,56 +1665,29 @@ fn place_job(
     }
     let job_token = hex::encode(rand::random::<[u8; 32]>());
     tx.execute(
-        "UPDATE jobs SET state = 'active', started_at = ?2, job_token = ?3 WHERE id = ?1",
+        "UPDATE jobs SET state = 'active', started_at = ?2, job_token = ?3, epoch = 0 WHERE id = ?1",
         params![job, now, job_token],
     )?;
-    let text = format!(
-        "placed {nprocs} process{} on {} peer{}",
+    let mut text = format!(
+        "placed {nprocs} process{} on {hosts} peer{}",
         if nprocs == 1 { "" } else { "es" },
-        peers.len(),
-        if peers.len() == 1 { "" } else { "s" }
+        if hosts == 1 { "" } else { "s" }
     );
-    db::insert_event(tx, job, None, None, &JobEventKind::Status { text }, now)?;
-    let (program_hash, args, seed, superstep_ms, memory_mib, output_mib): (String, String, i64, i64, u32, u32) =
-        tx.query_row(
-            "SELECT program_hash, args, seed, superstep_ms, memory_mib, output_mib FROM jobs WHERE id = ?1",
-            [job],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
-        )?;
-    let resources: Vec<(String, String)> = {
-        let mut stmt =
-            tx.prepare_cached("SELECT name, data FROM job_resources WHERE job = ?1 ORDER BY name")?;
-        stmt.query_map([job], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
-        })?
-        .map(|row| row.map(|(name, data)| (name, BASE64.encode(data))))
-        .collect::<rusqlite::Result<_>>()?
-    };
-    let assignment = JobAssignment {
-        job,
-        program_hash,
-        nprocs,
-        args,
-        seed: u64_from_sql(seed),
-        limits: JobLimits {
-            superstep_ms: u64_from_sql(superstep_ms),
-            memory_mib,
-            output_mib,
-        },
-        job_token,
-        placement,
-        peers: peers.clone(),
-        resources,
-    };
-    for peer in &peers {
-        queue(
-            tx,
-            inner,
-            fx,
-            peer.id,
-            Command::StartJob(assignment.clone()),
-        )?;
+    if peers.len() > hosts {
+        let extra = peers.len() - hosts;
+        text.push_str(&format!(
+            " and {extra} more peer{} for checkpoints",
+            if extra == 1 { "" } else { "s" }
+        ));
     }
+    db::insert_event(tx, job, None, None, &JobEventKind::Status { text }, now)?;
+    if replicas > 0 && peers.len() == 1 {
+        let text =
+            "there is no other peer to keep checkpoints on: if this peer is lost, the job is lost"
+                .to_string();
+        db::insert_event(tx, job, None, None, &JobEventKind::Status { text }, now)?;
+    }
+    epoch::send_assignment(tx, inner, fx, job, Vec::new(), Vec::new(), now)?;
     let per_peer: BTreeMap<PeerId, usize> = owners.iter().fold(BTreeMap::new(), |mut m, p| {
         *m.entry(*p).or_default() += 1;
         m
@@ -1492,8 +1698,9 @@ fn place_job(
 }
 
 /// Marks the online peers whose lease ended by `now` as gone: frees their
-/// golden index, removes them from the DHHT, and fails every active job
-/// that had a process on them. Returns their ids; the caller removes them
+/// golden index, removes them from the DHHT, drops their queued commands,
+/// and restores their processes on the remaining peers of each job
+/// ([`epoch::restore_lost`]). Returns their ids; the caller removes them
 /// from [`Live`] after the commit.
 fn expire_overdue(
     tx: &Transaction<'_>,
@@ -1515,6 +1722,7 @@ fn expire_overdue(
         .collect::<rusqlite::Result<_>>()?
     };
     let expired = lease::expired(now, table);
+    let mut lost = BTreeMap::new();
     for &peer in &expired {
         let (name, golden): (String, Option<i64>) = tx.query_row(
             "SELECT name, golden FROM peers WHERE id = ?1",
@@ -1522,44 +1730,42 @@ fn expire_overdue(
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
         tx.execute(
-            "UPDATE peers SET state = 'gone', golden = NULL WHERE id = ?1",
+            "UPDATE peers SET state = 'gone', golden = NULL, draining = 0, power = NULL WHERE id = ?1",
             [peer],
         )?;
+        tx.execute("DELETE FROM commands WHERE peer_id = ?1", [peer])?;
         if let Some(k) = golden {
             place.peer_indices.free(u64_from_sql(k));
         }
         place.dhht.remove(peer);
         tracing::warn!(peer, name = %name, "peer stopped renewing its lease; it is gone");
-        let lost: Vec<(JobId, Pid)> = {
-            let mut stmt = tx.prepare_cached(
-                "SELECT p.job, p.pid FROM placements p JOIN jobs j ON j.id = p.job \
-                 WHERE p.peer_id = ?1 AND j.state = 'active' ORDER BY p.job, p.pid",
-            )?;
-            stmt.query_map([peer], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<rusqlite::Result<_>>()?
-        };
-        let mut by_job: BTreeMap<JobId, Vec<Pid>> = BTreeMap::new();
-        for (job, pid) in lost {
-            by_job.entry(job).or_default().push(pid);
-        }
-        for (job, pids) in by_job {
-            let reason = format!(
-                "peer {name} (#{peer}) stopped renewing its lease; its processes ({}) were lost",
-                pid_list(&pids)
-            );
-            let ending = Ending {
-                outcome: JobOutcome::Failed,
-                error: Some(reason.clone()),
-                error_pid: None,
-                event: JobEventKind::JobFailed { reason },
-                kill: Some(format!("peer #{peer} of the job is gone")),
-                skip_peer: Some(peer),
-            };
-            finish_job(tx, place, inner, fx, job, ending, now)?;
-        }
+        lost.insert(peer, name);
+    }
+    if !lost.is_empty() {
+        epoch::restore_lost(tx, place, inner, fx, &lost, now)?;
         fx.wake_scheduler = true;
     }
     Ok(expired)
+}
+
+/// Marks `peer` draining: out of the DHHT (power 0 for placement), its
+/// processes migrate away at once, and it leaves the jobs where it hosts
+/// nothing.
+fn drain_in(
+    tx: &Connection,
+    place: &mut Place,
+    inner: &Inner,
+    fx: &mut Effects,
+    peer: PeerId,
+    now: i64,
+) -> Result<(), Error> {
+    tx.execute("UPDATE peers SET draining = 1 WHERE id = ?1", [peer])?;
+    place.dhht.remove(peer);
+    tracing::info!(peer, "peer is draining: moving its processes away");
+    place.rebalance_pending = epoch::rebalance(tx, place, inner, fx, now)?;
+    epoch::settle_drains(tx, inner, fx, now)?;
+    fx.wake_scheduler = true;
+    Ok(())
 }
 
 // ---------------------------------------------------------------- tasks
@@ -1594,7 +1800,7 @@ pub(crate) async fn lease_task(sn: Supernode) {
     loop {
         tick.tick().await;
         let result = sn
-            .with_core(|core, inner, fx| core.expire_leases(inner, fx, now_ms()))
+            .with_core(|core, inner, fx| core.sweep(inner, fx, now_ms()))
             .await;
         if let Err(e) = result {
             tracing::error!(error = %e, "lease sweep failed");
@@ -1648,35 +1854,65 @@ mod tests {
             superstep_ms: 0,
             memory_mib: 0,
             output_mib: 0,
+            checkpoint_every: 0,
+            replicas: 0,
         });
         assert_eq!(
             l,
             JobLimits {
                 superstep_ms: 100,
                 memory_mib: 1,
-                output_mib: 1
+                output_mib: 1,
+                checkpoint_every: 1,
+                replicas: 0,
             }
         );
         let l = clamp_limits(JobLimits {
             superstep_ms: u64::MAX,
             memory_mib: u32::MAX,
             output_mib: u32::MAX,
+            checkpoint_every: u32::MAX,
+            replicas: u32::MAX,
         });
         assert_eq!(
             l,
             JobLimits {
                 superstep_ms: 86_400_000,
                 memory_mib: 4096,
-                output_mib: 1024
+                output_mib: 1024,
+                checkpoint_every: 1_000_000,
+                replicas: MAX_REPLICAS,
             }
         );
         assert_eq!(clamp_limits(JobLimits::default()), JobLimits::default());
     }
 
     #[test]
-    fn weights_keep_a_floor_of_five_percent_availability() {
+    fn power_follows_only_changes_beyond_the_hysteresis() {
+        assert!(!power_moved(1.0, 1.0, 0.25));
+        assert!(!power_moved(1.0, 0.8, 0.25));
+        assert!(!power_moved(1.0, 1.25, 0.25));
+        assert!(power_moved(1.0, 0.7, 0.25));
+        assert!(power_moved(1.0, 1.3, 0.25));
+        // Going busy and coming back always count.
+        assert!(power_moved(weight(2.0, 1.0), weight(2.0, 0.0), 1e9));
+        assert!(power_moved(0.0, weight(2.0, 0.06), 1e9));
+        assert!(!power_moved(0.0, 0.0, 0.0));
+        // Zero hysteresis follows every change.
+        assert!(power_moved(1.0, 0.999, 0.0));
+    }
+
+    #[test]
+    fn a_peer_below_five_percent_availability_has_no_weight() {
         assert_eq!(weight(2.0, 0.5), 1.0);
-        assert_eq!(weight(2.0, 0.0), 2.0 * MIN_AVAILABILITY);
+        assert_eq!(weight(2.0, MIN_AVAILABILITY), 2.0 * MIN_AVAILABILITY);
+        assert_eq!(weight(2.0, 0.049), 0.0);
+        assert_eq!(weight(2.0, 0.0), 0.0);
+        let mut dhht = Dhht::new();
+        insert_peer(&mut dhht, 1, 1, weight(2.0, 0.0));
+        assert!(dhht.is_empty(), "a busy peer is not in the DHHT");
+        insert_peer(&mut dhht, 1, 1, weight(2.0, 0.5));
+        assert_eq!(dhht.get(1).map(|p| p.weight), Some(1.0));
     }
 
     #[test]

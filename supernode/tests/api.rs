@@ -379,11 +379,84 @@ impl Harness {
             .status()
     }
 
+    /// Renews with availability `idle`, maybe asking to drain.
+    async fn renew_with(&self, peer: &FakePeer, idle: f64, draining: bool) -> StatusCode {
+        self.http
+            .post(self.url("/peer/renew"))
+            .bearer_auth(&peer.token)
+            .json(&PeerRenew {
+                speed: 1.0,
+                idle,
+                jobs: vec![],
+                draining,
+            })
+            .send()
+            .await
+            .unwrap()
+            .status()
+    }
+
+    /// Renews `peer`'s lease every 100 ms in the background (abort to stop).
+    fn keep_alive(&self, peer: &FakePeer) -> tokio::task::JoinHandle<()> {
+        let (http, url, token) = (
+            self.http.clone(),
+            self.url("/peer/renew"),
+            peer.token.clone(),
+        );
+        tokio::spawn(async move {
+            loop {
+                let renew = PeerRenew {
+                    speed: 1.0,
+                    idle: 1.0,
+                    jobs: vec![],
+                    draining: false,
+                };
+                match http
+                    .post(&url)
+                    .bearer_auth(&token)
+                    .json(&renew)
+                    .send()
+                    .await
+                {
+                    Ok(resp) if resp.status() == StatusCode::OK => {}
+                    _ => return,
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    }
+
+    /// Reads `peer`'s commands until a `StartJob` of `job` with at least
+    /// `epoch` arrives; returns the newest such assignment.
+    async fn assignment_at(&self, peer: &mut FakePeer, job: i64, epoch: u64) -> JobAssignment {
+        loop {
+            let found = self
+                .commands(peer)
+                .await
+                .into_iter()
+                .rev()
+                .find_map(|c| match c.command {
+                    Command::StartJob(a) if a.job == job && a.epoch >= epoch => Some(a),
+                    _ => None,
+                });
+            if let Some(a) = found {
+                return a;
+            }
+        }
+    }
+
+    async fn peer_list(&self, token: &str) -> Vec<PeerInfo> {
+        let (status, body) = self.get("/peers", token).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        serde_json::from_value(body).unwrap()
+    }
+
     async fn renew(&self, peer: &FakePeer) -> (StatusCode, Value) {
         let renew = PeerRenew {
             speed: 1.0,
             idle: 1.0,
             jobs: vec![],
+            draining: false,
         };
         let resp = self
             .http
@@ -396,6 +469,23 @@ impl Harness {
         let status = resp.status();
         (status, resp.json().await.unwrap())
     }
+}
+
+/// The pids `a` places on `peer`, in order.
+fn hosts(a: &JobAssignment, peer: i64) -> Vec<u32> {
+    (0..a.nprocs)
+        .filter(|&pid| host_of(a, pid) == peer)
+        .collect()
+}
+
+/// The peer `a` places `pid` on.
+fn host_of(a: &JobAssignment, pid: u32) -> i64 {
+    a.peers[a.placement[pid as usize] as usize].id
+}
+
+/// The peer of each pid, as `JobInfo::placement` lists them.
+fn hosts_by_pid(a: &JobAssignment) -> Vec<i64> {
+    (0..a.nprocs).map(|pid| host_of(a, pid)).collect()
 }
 
 fn start_job(cmds: &[SeqCommand]) -> JobAssignment {
@@ -893,6 +983,7 @@ async fn a_waiting_job_is_placed_when_a_peer_logs_in_and_runs_to_its_end() {
         kinds,
         [
             "status",
+            "status",
             "stdout",
             "stdout",
             "status",
@@ -910,6 +1001,11 @@ async fn a_waiting_job_is_placed_when_a_peer_logs_in_and_runs_to_its_end() {
             text: "placed 3 processes on 1 peer".into()
         }
     );
+    // Alone in the network, the peer has nowhere to keep checkpoints: said at start.
+    match &events[1].2.kind {
+        JobEventKind::Status { text } => assert!(text.contains("job is lost"), "{text}"),
+        other => panic!("expected a status line, got {other:?}"),
+    }
     let texts: Vec<_> = events
         .iter()
         .filter_map(|(_, _, e)| match &e.kind {
@@ -931,6 +1027,12 @@ async fn a_waiting_job_is_placed_when_a_peer_logs_in_and_runs_to_its_end() {
     }
     assert!(events.windows(2).all(|w| w[0].2.id < w[1].2.id));
 
+    // The peers drop the finished job (and its checkpoint replicas).
+    let cmds = h.commands(&mut peer).await;
+    assert!(
+        matches!(&cmds[..], [SeqCommand { command: Command::KillJob { job: j, .. }, .. }] if *j == job.id),
+        "{cmds:?}"
+    );
     // Commands are acknowledged by `after`: nothing new for the peer now.
     let resp = h
         .http
@@ -1034,11 +1136,12 @@ async fn event_streams_resume_after_last_event_id_and_follow_live_output() {
         .await
         .expect("live events arrive")
     };
-    assert_eq!(next_events(1).await[0].1, "status");
+    // "placed …" and "no other peer to keep checkpoints on".
+    assert_eq!(next_events(2).await[1].1, "status");
     for i in 0..5u64 {
         h.report(&peer, vec![out(job.id, 0, i, &format!("line {i}"))])
             .await;
-        let events = next_events(2 + i as usize).await;
+        let events = next_events(3 + i as usize).await;
         assert_eq!(
             events.last().unwrap().2.kind,
             JobEventKind::Stdout {
@@ -1047,12 +1150,12 @@ async fn event_streams_resume_after_last_event_id_and_follow_live_output() {
         );
     }
     h.report(&peer, vec![exited(job.id, 0)]).await;
-    let live = next_events(8).await;
+    let live = next_events(9).await;
     assert_eq!(live.last().unwrap().1, "job_exited");
 
     // Resuming from every point gives exactly the rest, with no duplicates.
     let all = h.events(&alice, job.id, None).await;
-    assert_eq!(all.len(), 8);
+    assert_eq!(all.len(), 9);
     assert_eq!(
         all.iter().map(|e| e.2.clone()).collect::<Vec<_>>(),
         live.iter().map(|e| e.2.clone()).collect::<Vec<_>>()
@@ -1067,7 +1170,7 @@ async fn event_streams_resume_after_last_event_id_and_follow_live_output() {
     // `?after=` does the same for clients that cannot set headers.
     let resp = h
         .http
-        .get(h.url(&format!("/jobs/{}/events?after={}", job.id, all[5].2.id)))
+        .get(h.url(&format!("/jobs/{}/events?after={}", job.id, all[6].2.id)))
         .bearer_auth(&alice)
         .send()
         .await
@@ -1086,45 +1189,166 @@ async fn event_streams_resume_after_last_event_id_and_follow_live_output() {
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
 }
 
+/// "pid 3" or "pids 1, 4", as the supernode's status lines say it.
+fn pids_text(pids: &[u32]) -> String {
+    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+    if pids.len() == 1 {
+        format!("pid {}", list[0])
+    } else {
+        format!("pids {}", list.join(", "))
+    }
+}
+
+/// docs/fault-tolerance.md, "Failure and restore" 1 and 5: a peer whose lease
+/// expires is gone; its processes are re-placed on the remaining peers in a
+/// new epoch sent to every live peer of the job with `restore`, and the job
+/// goes on. The gone peer is fenced; the restore becomes a rolled-back event.
 #[tokio::test]
-async fn a_peer_that_stops_renewing_fails_its_jobs() {
+async fn a_lost_peer_s_processes_are_restored_on_the_others_in_a_new_epoch() {
+    let h = Harness::start_with(|c| c.lease_ttl = Duration::from_millis(1_500)).await;
+    let alice = h.login("alice", "alice-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
+    let mut dying = h.peer_login(login_body("dying", 4, None)).await;
+    let mut a = h.peer_login(login_body("a", 4, None)).await;
+    let mut b = h.peer_login(login_body("b", 4, None)).await;
+    let keep = [h.keep_alive(&a), h.keep_alive(&b)];
+    let job = h.submit(&alice, "ring", 12).await;
+    let first = start_job(&h.commands(&mut dying).await);
+    assert_eq!((first.epoch, first.limits.replicas), (0, 2));
+    assert!(first.restore.is_empty() && first.migrate.is_empty());
+    start_job(&h.commands(&mut a).await);
+    start_job(&h.commands(&mut b).await);
+    let lost = hosts(&first, dying.id);
+    assert!(!lost.is_empty() && lost.len() < 12, "{:?}", first.placement);
+
+    // `dying` stops renewing: both others get epoch 1 with the lost pids in `restore`.
+    let next = h.assignment_at(&mut a, job.id, 1).await;
+    let next_b = h.assignment_at(&mut b, job.id, 1).await;
+    assert_eq!(next.epoch, 1);
+    assert_eq!(
+        (&next.placement, &next.peers, &next.restore),
+        (&next_b.placement, &next_b.peers, &next_b.restore)
+    );
+    assert_eq!(next.restore, lost);
+    assert!(next.migrate.is_empty());
+    assert_eq!(next.job_token, first.job_token);
+    assert!(next.peers.iter().all(|p| p.id != dying.id));
+    for pid in 0..12 {
+        let before = host_of(&first, pid);
+        let after = host_of(&next, pid);
+        if lost.contains(&pid) {
+            assert!(after == a.id || after == b.id, "pid {pid} went to {after}");
+        } else {
+            assert_eq!(before, after, "pid {pid} moved though its peer lives");
+        }
+    }
+    let info = h.job(&alice, job.id).await;
+    assert_eq!(info.state, JobState::Active);
+    assert!(!info.placement.contains(&dying.id));
+
+    // The zombie is fenced: no renewal, no commands, no report.
+    let (status, body) = h.renew(&dying).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(api_error(&body).code, "lease_expired");
+    let resp = h
+        .http
+        .get(h.url("/peer/commands?after=0&wait_ms=10"))
+        .bearer_auth(&dying.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        h.report(&dying, vec![out(job.id, lost[0], 0, "zombie")])
+            .await,
+        StatusCode::UNAUTHORIZED
+    );
+
+    // The new host reports the restore: one rolled-back event; a stale epoch
+    // or another peer's claim changes nothing.
+    let pid = lost[0];
+    let (host, other) = if host_of(&next, pid) == a.id {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    let restored = |superstep, epoch| PeerEvent::ProcessRestored {
+        job: job.id,
+        pid,
+        superstep,
+        epoch,
+    };
+    assert_eq!(
+        h.report(other, vec![restored(7, 1)]).await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        h.report(host, vec![restored(9, 0), restored(3, 1), restored(3, 1)])
+            .await,
+        StatusCode::NO_CONTENT
+    );
+
+    // Every process exits; restored ones may report their exit twice.
+    for peer in [&a, &b] {
+        let mut events: Vec<PeerEvent> = hosts(&next, peer.id)
+            .into_iter()
+            .map(|pid| exited(job.id, pid))
+            .collect();
+        events.extend(events.clone());
+        assert_eq!(h.report(peer, events).await, StatusCode::NO_CONTENT);
+    }
+    let done = h.job(&alice, job.id).await;
+    assert_eq!((done.outcome, done.exited), (Some(JobOutcome::Exited), 12));
+    let events = h.events(&alice, job.id, None).await;
+    let lost_line = format!(
+        "peer #{} lost; restoring {} on ",
+        dying.id,
+        pids_text(&lost)
+    );
+    assert!(
+        events.iter().any(|(_, _, e)| matches!(&e.kind,
+            JobEventKind::Status { text } if text.starts_with(&lost_line) && text.ends_with("(epoch 1)"))),
+        "no status line `{lost_line}…`: {events:?}"
+    );
+    let rolled: Vec<(Option<u32>, &JobEventKind)> = events
+        .iter()
+        .filter(|e| e.1 == "process_rolled_back")
+        .map(|(_, _, e)| (e.pid, &e.kind))
+        .collect();
+    assert_eq!(
+        rolled,
+        vec![(Some(pid), &JobEventKind::ProcessRolledBack { superstep: 3 })]
+    );
+    assert_eq!(
+        events.iter().filter(|e| e.1 == "process_exited").count(),
+        12
+    );
+    assert!(events.iter().all(|e| e.1 != "stdout"), "the zombie wrote");
+
+    // Logging in again keeps the peer's id; an online peer's id is not handed out twice.
+    let back = h.peer_login(login_body("dying", 2, Some(dying.id))).await;
+    assert_eq!(back.id, dying.id);
+    let twin = h.peer_login(login_body("twin", 2, Some(a.id))).await;
+    assert_ne!(twin.id, a.id);
+    for k in keep {
+        k.abort();
+    }
+}
+
+/// docs/fault-tolerance.md, "Replicas": with a single peer in the network a
+/// loss of that peer loses the job, and the reason says why.
+#[tokio::test]
+async fn a_job_fails_only_when_no_live_peer_is_left() {
     let h = Harness::start_with(|c| c.lease_ttl = Duration::from_millis(1_000)).await;
     let alice = h.login("alice", "alice-password").await;
     h.sn.register_builtin("ring", "", &wasm(GUEST))
         .await
         .unwrap();
-    let mut dying = h.peer_login(login_body("dying", 2, None)).await;
-    let mut healthy = h.peer_login(login_body("healthy", 2, None)).await;
-    // The healthy peer renews every TTL/3 in the background.
-    let renewer = {
-        let (http, url, token) = (h.http.clone(), h.url("/peer/renew"), healthy.token.clone());
-        tokio::spawn(async move {
-            loop {
-                let resp = http
-                    .post(&url)
-                    .bearer_auth(&token)
-                    .json(&PeerRenew {
-                        speed: 1.0,
-                        idle: 1.0,
-                        jobs: vec![],
-                    })
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(resp.status(), StatusCode::OK);
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        })
-    };
-    let job = h.submit(&alice, "ring", 8).await;
-    let a = start_job(&h.commands(&mut dying).await);
-    start_job(&h.commands(&mut healthy).await);
-    let lost: Vec<String> = (0..8)
-        .filter(|&pid| a.peers[a.placement[pid] as usize].id == dying.id)
-        .map(|pid| pid.to_string())
-        .collect();
-    assert!(!lost.is_empty() && lost.len() < 8, "{:?}", a.placement);
-
+    let mut lonely = h.peer_login(login_body("lonely", 2, None)).await;
+    let job = h.submit(&alice, "ring", 2).await;
+    start_job(&h.commands(&mut lonely).await);
     let failed = h
         .wait_job(&alice, job.id, "the job to fail", |j| {
             j.state == JobState::Finished
@@ -1132,36 +1356,337 @@ async fn a_peer_that_stops_renewing_fails_its_jobs() {
         .await;
     assert_eq!(failed.outcome, Some(JobOutcome::Failed));
     let error = failed.error.unwrap();
-    assert!(
-        error.starts_with(&format!(
-            "peer dying (#{}) stopped renewing its lease",
-            dying.id
-        )),
-        "{error}"
+    assert_eq!(
+        error,
+        format!(
+            "peer lonely (#{}) stopped renewing its lease and no live peer is left to restore pids 0, 1",
+            lonely.id
+        )
     );
-    assert!(
-        error.contains(&lost.join(", ")),
-        "{error} should name {lost:?}"
-    );
-
-    // The surviving peer is told to stop the job.
-    let cmds = h.commands(&mut healthy).await;
-    assert!(
-        cmds.iter()
-            .any(|c| matches!(&c.command, Command::KillJob { job: j, .. } if *j == job.id))
-    );
-    // The expired lease is refused; logging in again keeps the peer's id.
-    let (status, body) = h.renew(&dying).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert_eq!(api_error(&body).code, "lease_expired");
-    let back = h.peer_login(login_body("dying", 2, Some(dying.id))).await;
-    assert_eq!(back.id, dying.id);
-    // An online peer's id is not handed out twice.
-    let twin = h.peer_login(login_body("twin", 2, Some(healthy.id))).await;
-    assert_ne!(twin.id, healthy.id);
     let events = h.events(&alice, job.id, None).await;
     assert_eq!(events.last().unwrap().1, "job_failed");
-    renewer.abort();
+}
+
+/// docs/fault-tolerance.md, "Migration and drain": availability changes
+/// within the hysteresis move nothing; a big drop migrates the peer's
+/// processes whose DHHT host changed (epoch + 1, `migrate` = `restore`); the
+/// old host's output counts until its handover; the new host's restore
+/// becomes a migrated event; a second migration waits for the interval.
+#[tokio::test]
+async fn a_big_availability_drop_migrates_processes_and_small_ones_do_not() {
+    let h = Harness::start_with(|c| c.migration_interval = Duration::from_secs(3600)).await;
+    let alice = h.login("alice", "alice-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
+    let mut p1 = h.peer_login(login_body("p1", 8, None)).await;
+    let mut p2 = h.peer_login(login_body("p2", 8, None)).await;
+    let job = h.submit(&alice, "ring", 16).await;
+    let first = start_job(&h.commands(&mut p1).await);
+    start_job(&h.commands(&mut p2).await);
+    let on_p1 = hosts(&first, p1.id);
+    assert!(
+        !on_p1.is_empty() && on_p1.len() < 16,
+        "{:?}",
+        first.placement
+    );
+    let placed = h.job(&alice, job.id).await.placement;
+
+    // Changes of at most 25 % leave everything where it is.
+    for idle in [0.9, 0.8, 0.95, 0.76, 1.0] {
+        assert_eq!(h.renew_with(&p1, idle, false).await, StatusCode::OK);
+        assert_eq!(h.job(&alice, job.id).await.placement, placed, "idle {idle}");
+    }
+    // A big drop moves processes from p1 to p2 in the next epoch (the first since placement).
+    assert_eq!(h.renew_with(&p1, 0.1, false).await, StatusCode::OK);
+    let next = h.assignment_at(&mut p2, job.id, 1).await;
+    assert_eq!(next.epoch, 1, "small changes made no epoch");
+    assert_eq!(
+        h.assignment_at(&mut p1, job.id, 1).await.migrate,
+        next.migrate
+    );
+    let moved = next.migrate.clone();
+    assert!(!moved.is_empty());
+    assert_eq!(next.restore, moved);
+    for pid in 0..16 {
+        if moved.contains(&pid) {
+            assert_eq!((host_of(&first, pid), host_of(&next, pid)), (p1.id, p2.id));
+        } else {
+            assert_eq!(host_of(&first, pid), host_of(&next, pid));
+        }
+    }
+    // p1 still hosts what it has not handed over yet.
+    let count =
+        |peers: &[PeerInfo], id: i64| peers.iter().find(|p| p.id == id).unwrap().processes as usize;
+    assert_eq!(count(&h.peer_list(&alice).await, p1.id), on_p1.len());
+
+    // The old host's output counts until its handover, and not after it.
+    let m = moved[0];
+    let handed = PeerEvent::ProcessHandedOver {
+        job: job.id,
+        pid: m,
+        superstep: 4,
+        epoch: 1,
+    };
+    h.report(
+        &p1,
+        vec![
+            out(job.id, m, 0, "before the handover"),
+            handed,
+            out(job.id, m, 1, "after the handover"),
+        ],
+    )
+    .await;
+    assert_eq!(count(&h.peer_list(&alice).await, p1.id), on_p1.len() - 1);
+    h.report(
+        &p2,
+        vec![PeerEvent::ProcessRestored {
+            job: job.id,
+            pid: m,
+            superstep: 4,
+            epoch: 1,
+        }],
+    )
+    .await;
+
+    // Back to idle: a big change, but the job migrated less than the interval ago.
+    assert_eq!(h.renew_with(&p1, 1.0, false).await, StatusCode::OK);
+    assert_eq!(h.job(&alice, job.id).await.placement, hosts_by_pid(&next));
+
+    for (peer, a) in [(&p1, &next), (&p2, &next)] {
+        let events = hosts(a, peer.id)
+            .into_iter()
+            .map(|pid| exited(job.id, pid))
+            .collect();
+        h.report(peer, events).await;
+    }
+    assert_eq!(
+        h.job(&alice, job.id).await.outcome,
+        Some(JobOutcome::Exited)
+    );
+    let events = h.events(&alice, job.id, None).await;
+    let migrated: Vec<(Option<u32>, &JobEventKind)> = events
+        .iter()
+        .filter(|e| e.1 == "process_migrated")
+        .map(|(_, _, e)| (e.pid, &e.kind))
+        .collect();
+    assert_eq!(
+        migrated,
+        vec![(
+            Some(m),
+            &JobEventKind::ProcessMigrated {
+                from: p1.id,
+                to: p2.id,
+                superstep: 4
+            }
+        )]
+    );
+    let texts: Vec<&str> = events
+        .iter()
+        .filter_map(|(_, _, e)| match &e.kind {
+            JobEventKind::Stdout { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(texts, ["before the handover"]);
+    let line = format!(
+        "migrating {} from peer #{} to peer #{} (load change, epoch 1)",
+        pids_text(&moved),
+        p1.id,
+        p2.id
+    );
+    assert!(
+        events
+            .iter()
+            .any(|(_, _, e)| e.kind == JobEventKind::Status { text: line.clone() }),
+        "no status line `{line}`"
+    );
+}
+
+/// docs/fault-tolerance.md, "Migration and drain": a draining peer gets no
+/// new processes, its processes migrate away at once, and once it handed
+/// them over it leaves the job.
+#[tokio::test]
+async fn a_drained_peer_hands_everything_over_and_gets_no_new_work() {
+    let h = Harness::start().await;
+    let alice = h.login("alice", "alice-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
+    let mut p1 = h.peer_login(login_body("p1", 4, None)).await;
+    let mut p2 = h.peer_login(login_body("p2", 4, None)).await;
+    let job = h.submit(&alice, "ring", 8).await;
+    let first = start_job(&h.commands(&mut p1).await);
+    start_job(&h.commands(&mut p2).await);
+    let on_p1 = hosts(&first, p1.id);
+    assert!(!on_p1.is_empty(), "{:?}", first.placement);
+
+    let resp = h
+        .http
+        .post(h.url("/peer/drain"))
+        .bearer_auth(&p1.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    let next = h.assignment_at(&mut p2, job.id, 1).await;
+    assert_eq!(
+        (next.migrate.clone(), next.restore.clone()),
+        (on_p1.clone(), on_p1.clone())
+    );
+    assert_eq!(hosts(&next, p2.id).len(), 8);
+    assert_eq!(h.assignment_at(&mut p1, job.id, 1).await.migrate, on_p1);
+    let p1_id = p1.id;
+    let me = |peers: Vec<PeerInfo>| peers.into_iter().find(|p| p.id == p1_id).unwrap();
+    let info = me(h.peer_list(&alice).await);
+    assert_eq!(
+        (info.state.as_str(), info.processes as usize),
+        ("draining", on_p1.len())
+    );
+
+    // A new job goes to p2 only.
+    let second = h.submit(&alice, "ring", 4).await;
+    let a = h.assignment_at(&mut p2, second.id, 0).await;
+    assert_eq!(
+        a.peers.iter().map(|p| p.id).collect::<Vec<_>>(),
+        vec![p2.id]
+    );
+
+    // p1 hands everything over, then leaves the job (a KillJob for it, epoch 2 for p2).
+    let handovers = on_p1
+        .iter()
+        .map(|&pid| PeerEvent::ProcessHandedOver {
+            job: job.id,
+            pid,
+            superstep: 1,
+            epoch: 1,
+        })
+        .collect();
+    assert_eq!(h.report(&p1, handovers).await, StatusCode::NO_CONTENT);
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|c: &SeqCommand| matches!(&c.command, Command::KillJob { job: j, .. } if *j == job.id))
+    {
+        seen.extend(h.commands(&mut p1).await);
+    }
+    assert!(
+        seen.iter()
+            .all(|c| !matches!(&c.command, Command::StartJob(a) if a.job == second.id)),
+        "{seen:?}"
+    );
+    let last = h.assignment_at(&mut p2, job.id, 2).await;
+    assert_eq!(
+        last.peers.iter().map(|p| p.id).collect::<Vec<_>>(),
+        vec![p2.id]
+    );
+    assert!(last.restore.is_empty());
+    let info = me(h.peer_list(&alice).await);
+    assert_eq!((info.state.as_str(), info.processes), ("draining", 0));
+
+    // `draining` in a renewal drains too.
+    let p3 = h.peer_login(login_body("p3", 4, None)).await;
+    assert_eq!(h.renew_with(&p3, 1.0, true).await, StatusCode::OK);
+    let peers = h.peer_list(&alice).await;
+    assert_eq!(
+        peers.iter().find(|p| p.id == p3.id).unwrap().state,
+        "draining"
+    );
+}
+
+/// The commands after `seen`, as (seq, job, epoch of a `StartJob`), without
+/// acknowledging any.
+async fn pending_starts(h: &Harness, token: &str, seen: u64) -> Vec<(u64, i64, Option<u64>)> {
+    let resp = h
+        .http
+        .get(h.url(&format!("/peer/commands?after={seen}&wait_ms=2000")))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let cmds: bsp_api::control::Commands = resp.json().await.unwrap();
+    cmds.commands
+        .into_iter()
+        .map(|c| match c.command {
+            Command::StartJob(a) => (c.seq, a.job, Some(a.epoch)),
+            Command::KillJob { job, .. } => (c.seq, job, None),
+        })
+        .collect()
+}
+
+/// docs/fault-tolerance.md, "Supernode restart": unfetched commands keep
+/// their sequence numbers, leases get a fresh TTL instead of expiring, and
+/// event ids keep increasing (even past the events of a disposed job).
+#[tokio::test]
+async fn commands_leases_and_event_ids_survive_a_restart() {
+    let h = Harness::start().await;
+    let alice = h.login("alice", "alice-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
+    let mut peer = h.peer_login(login_body("p1", 4, None)).await;
+    let kept = h.submit(&alice, "ring", 2).await;
+    let gone = h.submit(&alice, "ring", 1).await;
+    // Look without acknowledging (after=0), then acknowledge the first command.
+    let token = peer.token.clone();
+    let all = poll("both start commands", || async {
+        let p = pending_starts(&h, &token, 0).await;
+        (p.len() == 2).then_some(p)
+    })
+    .await;
+    assert_eq!(
+        all.iter().map(|c| c.1).collect::<Vec<_>>(),
+        vec![kept.id, gone.id]
+    );
+    assert_eq!(pending_starts(&h, &token, all[0].0).await, all[1..]);
+    peer.seen = all[0].0;
+    // The second job ends and is disposed of: its events held the highest ids.
+    h.report(&peer, vec![out(gone.id, 0, 0, "bye"), exited(gone.id, 0)])
+        .await;
+    let highest = h.events(&alice, gone.id, None).await.last().unwrap().2.id;
+    let (status, _) = h
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/jobs/{}", gone.id),
+            Some(&alice),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let unfetched = pending_starts(&h, &token, peer.seen).await;
+    assert_eq!(
+        unfetched.len(),
+        2,
+        "StartJob and KillJob of the second job: {unfetched:?}"
+    );
+    assert_eq!(unfetched[0], all[1]);
+    let dir = h.stop().await;
+
+    // The stored lease ran out long ago: the restart grants a fresh TTL anyway.
+    {
+        let db = rusqlite::Connection::open(dir.path().join("bspweb.sqlite3")).unwrap();
+        db.execute("UPDATE peers SET lease_expires_at = 0", [])
+            .unwrap();
+    }
+    let h = Harness::start_in(dir, |_| {}, false).await;
+    assert_eq!(pending_starts(&h, &token, peer.seen).await, unfetched);
+    assert_eq!(h.renew(&peer).await.0, StatusCode::OK);
+    h.report(&peer, vec![out(kept.id, 0, 0, "after the restart")])
+        .await;
+    h.report(&peer, vec![exited(kept.id, 0), exited(kept.id, 1)])
+        .await;
+    let events = h.events(&alice, kept.id, None).await;
+    let after: Vec<i64> = events
+        .iter()
+        .filter(|e| e.1 != "status")
+        .map(|e| e.2.id)
+        .collect();
+    assert_eq!(after.len(), 4, "{events:?}");
+    assert!(
+        after.iter().all(|&id| id > highest),
+        "{after:?} vs {highest}"
+    );
 }
 
 #[tokio::test]
@@ -1337,8 +1862,13 @@ async fn state_survives_a_restart() {
     // A new job goes to the re-attached peer, with command numbers that keep rising.
     let seen = peer.seen;
     let second = h.submit(&alice, "ring", 1).await;
-    let cmds = h.commands(&mut peer).await;
-    assert_eq!(start_job(&cmds).job, second.id);
+    let mut cmds = Vec::new();
+    while !cmds
+        .iter()
+        .any(|c: &SeqCommand| matches!(&c.command, Command::StartJob(a) if a.job == second.id))
+    {
+        cmds.extend(h.commands(&mut peer).await);
+    }
     assert!(cmds[0].seq > seen);
 }
 
@@ -1386,6 +1916,7 @@ async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_o
             speed: 2.0,
             idle: 0.5,
             jobs: vec![job.id, 12345],
+            draining: false,
         })
         .send()
         .await

@@ -89,6 +89,54 @@ fn cli_errors_say_what_to_do() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-program"));
 }
 
+#[test]
+fn submit_sets_replicas_and_checkpoint_interval_and_documents_them() {
+    let help = bspweb().args(["submit", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("--replicas <N>"), "{help}");
+    assert!(help.contains("--checkpoint-every <K>"), "{help}");
+
+    let c = shared();
+    let config = tempfile::tempdir().unwrap();
+    let submit = |extra: &[&str]| {
+        bspweb()
+            .args(["submit", "ring", "-n", "2"])
+            .args(extra)
+            .env("BSPWEB_URL", &c.url)
+            .env("BSPWEB_USER", ADMIN)
+            .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
+            .env("BSPWEB_CONFIG_DIR", config.path())
+            .output()
+            .unwrap()
+    };
+    let out = submit(&["--replicas", "1", "--checkpoint-every", "3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let id: i64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("submit prints the job id");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let limits = rt.block_on(async {
+        let client = c.admin().await;
+        let info = client.job(id).await.unwrap();
+        crate::harness::collect(&client, id).await.assert_exited();
+        info.limits
+    });
+    assert_eq!((limits.replicas, limits.checkpoint_every), (1, 3));
+
+    let out = submit(&["--checkpoint-every", "0"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--checkpoint-every must be at least 1"),
+        "{stderr}"
+    );
+}
+
 /// `bspweb sim` writes a report folder whose README names the command that
 /// reproduces it, and the same command gives the same bytes.
 #[test]

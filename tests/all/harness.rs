@@ -1,14 +1,18 @@
-//! Start real supernodes and peers (the `bspweb` binary) on loopback.
+//! Start real supernodes and peers (the `bspweb` binary) on loopback, and
+//! break them on purpose: SIGKILL or SIGTERM a peer, add one mid-job, SIGKILL
+//! the supernode and restart it on the same address and data directory, lower
+//! a peer's reported availability through its idle file.
 //!
 //! Every child is started with `--exit-on-stdin-eof` and a piped stdin, so it
 //! ends when the test process ends, whatever way that happens.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use bsp_api::PeerId;
 use bsp_api::client::Client;
 use bsp_api::rest::{JobEvent, JobEventKind, JobInfo, SubmitJob};
 
@@ -19,29 +23,64 @@ pub fn bspweb() -> Command {
     Command::new(env!("CARGO_BIN_EXE_bspweb"))
 }
 
+/// The log filter of the children: `BSPWEB_TEST_LOG`, else `warn`.
+/// The children's log filter: `BSPWEB_TEST_LOG`, else `info` when logs go
+/// to files (kept for a failed fault test), `warn` when they go to the
+/// test's stderr.
+fn log_filter(to_files: bool) -> String {
+    std::env::var("BSPWEB_TEST_LOG")
+        .unwrap_or_else(|_| if to_files { "info" } else { "warn" }.to_string())
+}
+
+/// One peer process of a [`Cluster`].
+pub struct Peer {
+    /// Its `--name`, unique in the cluster.
+    pub name: String,
+    child: Child,
+    /// The file it reads its idle fraction from, when started with one.
+    idle_file: Option<PathBuf>,
+    /// The test stopped it on purpose (killed, or waited for its exit).
+    stopped: bool,
+}
+
 /// A supernode and its peers, each a separate OS process.
 pub struct Cluster {
     pub url: String,
+    /// `host:port` the supernode listens on; a restart binds it again.
+    listen: String,
     supernode: Child,
-    peers: Vec<Child>,
-    _data: tempfile::TempDir,
+    pub peers: Vec<Peer>,
+    opts: Options,
+    data_path: PathBuf,
+    data: Option<tempfile::TempDir>,
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
         for p in self.peers.iter_mut() {
-            let _ = p.kill();
-            let _ = p.wait();
+            let _ = p.child.kill();
+            let _ = p.child.wait();
         }
         let _ = self.supernode.kill();
         let _ = self.supernode.wait();
     }
 }
 
+#[derive(Clone)]
 pub struct Options {
     pub peers: usize,
     pub lease_ttl_secs: u64,
     pub peer_args: Vec<String>,
+    /// Extra arguments of `bspweb supernode` (also when it restarts).
+    pub supernode_args: Vec<String>,
+    /// Start every peer with `--idle-file`, reporting an idle fraction of 1
+    /// until [`Cluster::set_idle`] changes it (the default: no availability
+    /// noise from the machine the tests run on, whose cores the tests keep
+    /// busy; `false` measures `/proc/stat`).
+    pub idle_files: bool,
+    /// Write each child's log to a file in the data directory (see
+    /// [`Cluster::keep_logs`]) instead of the test's stderr.
+    pub log_files: bool,
 }
 
 impl Default for Options {
@@ -50,6 +89,9 @@ impl Default for Options {
             peers: 3,
             lease_ttl_secs: 15,
             peer_args: vec![],
+            supernode_args: vec![],
+            idle_files: true,
+            log_files: false,
         }
     }
 }
@@ -57,40 +99,18 @@ impl Default for Options {
 impl Cluster {
     pub fn start(opts: Options) -> Cluster {
         let data = tempfile::tempdir().expect("temp dir");
-        let mut supernode = bspweb()
-            .args([
-                "supernode",
-                "--listen",
-                "127.0.0.1:0",
-                "--exit-on-stdin-eof",
-            ])
-            .arg("--data")
-            .arg(data.path())
-            .args(["--lease-ttl-secs", &opts.lease_ttl_secs.to_string()])
-            .env("BSPWEB_USER", ADMIN)
-            .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
-            .env("BSPWEB_LOG", "warn")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the supernode");
-        // The first line on stdout names the URL it listens on.
-        let stdout = supernode.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the supernode's URL");
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("supernode did not print its URL: {line:?}"))
-            .to_string();
+        let data_path = data.path().to_path_buf();
+        let (supernode, url) =
+            spawn_supernode("127.0.0.1:0", &data_path, &opts).expect("start the supernode");
+        let listen = url.trim_start_matches("http://").to_string();
         let mut cluster = Cluster {
             url,
+            listen,
             supernode,
             peers: vec![],
-            _data: data,
+            opts: opts.clone(),
+            data_path,
+            data: Some(data),
         };
         for i in 0..opts.peers {
             cluster.add_peer(&format!("test-peer-{i}"), &opts.peer_args);
@@ -99,55 +119,142 @@ impl Cluster {
         cluster
     }
 
-    pub fn add_peer(&mut self, name: &str, extra: &[String]) {
-        let child = bspweb()
-            .args(["peer", "--supernode", &self.url, "--listen", "127.0.0.1:0"])
+    /// Start one more peer (also while jobs run); returns its index in
+    /// [`Cluster::peers`].
+    pub fn add_peer(&mut self, name: &str, extra: &[String]) -> usize {
+        let mut cmd = bspweb();
+        cmd.args(["peer", "--supernode", &self.url, "--listen", "127.0.0.1:0"])
             .args([
                 "--name", name, "--nice", "0", "--speed", "1.0", "--slots", "2",
             ])
             .arg("--exit-on-stdin-eof")
             .args(extra)
-            .env("BSPWEB_LOG", "warn")
+            .env("BSPWEB_LOG", log_filter(self.opts.log_files))
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start a peer");
-        self.peers.push(child);
-    }
-
-    pub fn wait_for_peers(&self, n: usize) {
-        // On a thread of its own: callers may be inside a tokio runtime.
-        std::thread::scope(|s| {
-            s.spawn(|| self.wait_for_peers_blocking(n))
-                .join()
-                .expect("waiting for peers");
+            .stderr(self.log_sink(&format!("peer-{name}.log")));
+        let idle_file = self.opts.idle_files.then(|| {
+            let path = self.data_path.join(format!("idle-{name}"));
+            write_atomically(&path, "1.0");
+            cmd.arg("--idle-file").arg(&path);
+            path
         });
+        let child = cmd.spawn().expect("start a peer");
+        self.peers.push(Peer {
+            name: name.to_string(),
+            child,
+            idle_file,
+            stopped: false,
+        });
+        self.peers.len() - 1
     }
 
-    fn wait_for_peers_blocking(&self, n: usize) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let client = self.admin().await;
-            let deadline = Instant::now() + Duration::from_secs(60);
-            loop {
-                let online = client
-                    .peers()
-                    .await
-                    .map(|ps| ps.iter().filter(|p| p.state == "online").count())
-                    .unwrap_or(0);
-                if online >= n {
+    fn log_sink(&self, file: &str) -> Stdio {
+        log_sink(&self.data_path, file, self.opts.log_files)
+    }
+
+    /// Keep the data directory (database and, with `log_files`, every
+    /// child's log) after the cluster is dropped; returns its path.
+    pub fn keep_logs(&mut self) -> PathBuf {
+        if let Some(d) = self.data.take() {
+            let _ = d.keep();
+        }
+        self.data_path.clone()
+    }
+
+    /// The index of the peer the supernode knows as `id`.
+    pub async fn peer_index(&self, client: &Client, id: PeerId) -> Option<usize> {
+        let infos = client.peers().await.ok()?;
+        let name = &infos.iter().find(|p| p.id == id)?.name;
+        self.peers.iter().position(|p| &p.name == name)
+    }
+
+    /// SIGKILL the peer at `index` (no goodbye, like a machine switched off)
+    /// and reap it.
+    pub fn kill_peer(&mut self, index: usize) {
+        let peer = &mut self.peers[index];
+        peer.stopped = true;
+        // `Child::kill` sends SIGKILL on unix.
+        peer.child.kill().expect("SIGKILL a peer");
+        peer.child.wait().expect("reap a killed peer");
+    }
+
+    /// Send SIGTERM to the peer at `index` (it drains, then exits).
+    pub fn terminate_peer(&self, index: usize) {
+        let pid = self.peers[index].child.id();
+        let status = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("run kill(1) to send SIGTERM");
+        assert!(status.success(), "kill -TERM {pid} failed: {status}");
+    }
+
+    /// Wait (polling, at most `limit`) for the peer at `index` to exit.
+    pub async fn wait_peer_exit(&mut self, index: usize, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let peer = &mut self.peers[index];
+            if let Some(status) = peer.child.try_wait().expect("poll a peer") {
+                peer.stopped = true;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Set the idle fraction the peer at `index` reports at its next
+    /// renewals (the cluster must have been started with `idle_files`).
+    pub fn set_idle(&self, index: usize, idle: f64) {
+        let path = self.peers[index]
+            .idle_file
+            .as_ref()
+            .expect("the cluster was started with idle files");
+        write_atomically(path, &format!("{idle}"));
+    }
+
+    /// SIGKILL the supernode and reap it.
+    pub fn kill_supernode(&mut self) {
+        self.supernode.kill().expect("SIGKILL the supernode");
+        self.supernode.wait().expect("reap the supernode");
+    }
+
+    /// Start the supernode again on the same address and data directory
+    /// (after [`Cluster::kill_supernode`]); retries while the address is
+    /// not free yet, for at most 30 s.
+    pub fn restart_supernode(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match spawn_supernode(&self.listen, &self.data_path, &self.opts) {
+                Ok((child, url)) => {
+                    assert_eq!(url, self.url, "the restarted supernode moved");
+                    self.supernode = child;
                     return;
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "only {online} of {n} peers came online"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                Err(e) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the supernode did not restart on {}: {e}",
+                        self.listen
+                    );
+                    std::thread::sleep(Duration::from_millis(100));
+                }
             }
+        }
+    }
+
+    /// Wait until `n` peers are online (at most 60 s); fails at once if a
+    /// peer process exits.
+    pub fn wait_for_peers(&mut self, n: usize) {
+        let logs = self.opts.log_files.then_some(self.data_path.as_path());
+        let (url, peers) = (&self.url, &mut self.peers);
+        // On a thread of its own: callers may be inside a tokio runtime.
+        std::thread::scope(|s| {
+            s.spawn(|| wait_for_peers_blocking(url, peers, n, logs))
+                .join()
+                .expect("waiting for peers");
         });
     }
 
@@ -277,7 +384,9 @@ pub async fn collect(client: &Client, id: i64) -> Run {
     .await;
     assert!(
         result.is_ok(),
-        "job {id} did not end within {deadline:?}; events so far: {events:?}"
+        "job {id} did not end within {deadline:?}; {} events so far, the last ones: {:?}",
+        events.len(),
+        &events[events.len().saturating_sub(20)..]
     );
     let info = client.job(id).await.expect("job info");
     Run { info, events }
@@ -286,4 +395,101 @@ pub async fn collect(client: &Client, id: i64) -> Run {
 #[allow(dead_code)]
 pub fn target_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target")
+}
+
+/// Where a child's stderr goes: a file in `dir` (appending, so a restarted
+/// supernode keeps its earlier log) or the test's stderr.
+fn log_sink(dir: &Path, file: &str, to_file: bool) -> Stdio {
+    if !to_file {
+        return Stdio::inherit();
+    }
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(file))
+        .expect("create a log file");
+    Stdio::from(f)
+}
+
+/// Start a supernode listening on `listen` with its state in `data`;
+/// returns it and the URL it printed, or why it did not start.
+fn spawn_supernode(listen: &str, data: &Path, opts: &Options) -> Result<(Child, String), String> {
+    let mut supernode = bspweb()
+        .args(["supernode", "--listen", listen, "--exit-on-stdin-eof"])
+        .arg("--data")
+        .arg(data)
+        .args(["--lease-ttl-secs", &opts.lease_ttl_secs.to_string()])
+        .args(&opts.supernode_args)
+        .env("BSPWEB_USER", ADMIN)
+        .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
+        .env("BSPWEB_LOG", log_filter(opts.log_files))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(log_sink(data, "supernode.log", opts.log_files))
+        .spawn()
+        .map_err(|e| format!("cannot run bspweb: {e}"))?;
+    // The first line on stdout names the URL it listens on.
+    let stdout = supernode.stdout.take().expect("stdout");
+    let mut line = String::new();
+    let read = BufReader::new(stdout).read_line(&mut line);
+    match line.split_whitespace().find(|w| w.starts_with("http://")) {
+        Some(url) => Ok((supernode, url.to_string())),
+        None => {
+            let status = supernode.wait().ok();
+            Err(format!(
+                "the supernode printed {line:?} ({read:?}) and exited with {status:?}"
+            ))
+        }
+    }
+}
+
+/// Replace `path`'s contents in one step, so a reader never sees half.
+fn write_atomically(path: &Path, contents: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents).expect("write a temp file");
+    std::fs::rename(&tmp, path).expect("rename a temp file");
+}
+
+fn wait_for_peers_blocking(url: &str, peers: &mut [Peer], n: usize, logs: Option<&Path>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = Client::login(url, ADMIN, ADMIN_PASSWORD)
+            .await
+            .expect("admin login");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let online = client
+                .peers()
+                .await
+                .map(|ps| ps.iter().filter(|p| p.state == "online").count())
+                .unwrap_or(0);
+            if online >= n {
+                return;
+            }
+            for p in peers.iter_mut().filter(|p| !p.stopped) {
+                if let Ok(Some(status)) = p.child.try_wait() {
+                    let log = logs
+                        .and_then(|d| {
+                            std::fs::read_to_string(d.join(format!("peer-{}.log", p.name))).ok()
+                        })
+                        .map(|l| format!("; its log ends with:\n{}", tail_lines(&l, 20)))
+                        .unwrap_or_default();
+                    panic!("peer {} exited while starting: {status}{log}", p.name);
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {online} of {n} peers came online"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}
+
+fn tail_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }

@@ -8,4 +8,5 @@ mod harness;
 mod cli;
 mod errors;
 mod examples;
+mod faults;
 mod security;

@@ -92,6 +92,7 @@ async fn a_peer_frame_for_a_job_the_peer_is_not_part_of_is_rejected() {
             job: 987_654_321,
             from: 1,
             token: "guess".into(),
+            epoch: 0,
         },
     );
     match read_frame(&mut s) {
@@ -101,13 +102,7 @@ async fn a_peer_frame_for_a_job_the_peer_is_not_part_of_is_rejected() {
 
     // Data before any Hello.
     let mut s = connect();
-    write_frame(
-        &mut s,
-        &Frame::Data {
-            superstep: 0,
-            messages: vec![],
-        },
-    );
+    write_frame(&mut s, &Frame::Data { messages: vec![] });
     match read_frame(&mut s) {
         Some(Frame::Reject { reason, .. }) => assert_eq!(reason, RejectReason::Protocol),
         other => panic!("expected a rejection, got {other:?}"),
@@ -146,6 +141,7 @@ async fn a_peer_frame_for_a_job_the_peer_is_not_part_of_is_rejected() {
                 job: long.id,
                 from: host,
                 token: "forged".into(),
+                epoch: 0,
             },
         );
         match read_frame(&mut s) {

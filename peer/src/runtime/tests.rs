@@ -604,3 +604,330 @@ fn backtrace_symbols_are_demangled() {
     assert_eq!(demangle("_ZN99short"), "_ZN99short");
     assert_eq!(demangle("_ZN99shortE"), "_ZN99shortE");
 }
+
+// ---- checkpoint and restore (docs/fault-tolerance.md) -------------------------
+
+fn job_for(nprocs: u32, args: &str, memory_mib: usize) -> Arc<JobInfo> {
+    Arc::new(JobInfo {
+        job: 7,
+        nprocs,
+        seed: 0x5eed,
+        args: args.as_bytes().to_vec(),
+        resources: HashMap::new(),
+        memory_limit: memory_mib << 20,
+        superstep_budget: Duration::from_secs(60),
+        output_limit: 64 << 20,
+        outbox_limit: 64 << 20,
+        kill: Arc::new(AtomicBool::new(false)),
+        reporter: Reporter::new(),
+    })
+}
+
+fn program(name: &str) -> Module {
+    let wasm = bspweb_programs::get(name)
+        .unwrap_or_else(|| panic!("program {name} is built in"))
+        .wasm;
+    runtime()
+        .compile(&module_hash(wasm), wasm)
+        .expect("the example compiles")
+}
+
+/// All processes of a job run in lockstep on one thread, checkpointed at
+/// the end of every superstep, with messages routed by (source, send order).
+struct World {
+    job: Arc<JobInfo>,
+    procs: Vec<Process>,
+    trackers: Vec<PageTracker>,
+    exited: Vec<bool>,
+    /// Recycle the previous snapshot's buffer ([`Process::checkpoint_reusing`]).
+    reuse: Option<Vec<Option<Snapshot>>>,
+}
+
+impl World {
+    fn start(module: &Module, job: Arc<JobInfo>) -> World {
+        let procs = (0..job.nprocs)
+            .map(|pid| runtime().instantiate(module, job.clone(), pid).unwrap())
+            .collect();
+        World {
+            trackers: (0..job.nprocs).map(|_| PageTracker::new()).collect(),
+            exited: vec![false; job.nprocs as usize],
+            job,
+            procs,
+            reuse: None,
+        }
+    }
+
+    /// Restore every process from `snapshots` (of one superstep) into a new
+    /// job; the messages of that superstep come from the snapshots' outboxes.
+    fn restore(module: &Module, job: Arc<JobInfo>, snapshots: &[Snapshot]) -> World {
+        let procs = snapshots
+            .iter()
+            .map(|s| runtime().restore(module, job.clone(), s).unwrap())
+            .collect();
+        let mut w = World {
+            trackers: snapshots.iter().map(PageTracker::seeded).collect(),
+            exited: snapshots.iter().map(|s| s.exited).collect(),
+            job,
+            procs,
+            reuse: None,
+        };
+        w.deliver(snapshots);
+        w
+    }
+
+    /// Start the next superstep of every live process with the messages of
+    /// `snapshots`' outboxes.
+    fn deliver(&mut self, snapshots: &[Snapshot]) {
+        let step = snapshots[0].superstep;
+        for (pid, p) in self.procs.iter_mut().enumerate() {
+            if self.exited[pid] {
+                continue;
+            }
+            let mut inbox = Vec::new();
+            for s in snapshots {
+                let sent = s.outbox.iter().filter(|m| m.superstep == step);
+                for m in sent.filter(|m| m.dst == pid as Pid) {
+                    inbox.push(Message {
+                        src: m.src,
+                        superstep: m.superstep,
+                        payload: Bytes::from(m.payload.clone()),
+                    });
+                }
+            }
+            p.begin_superstep(step + 1, inbox);
+        }
+    }
+
+    /// Run one superstep: every live process to its sync or return, then
+    /// checkpoint all (exited ones again, unchanged) and deliver.
+    fn step(&mut self) -> Vec<Snapshot> {
+        let mut snaps = Vec::new();
+        for (pid, p) in self.procs.iter_mut().enumerate() {
+            let mut exited = self.exited[pid];
+            if !exited {
+                match p.resume() {
+                    Outcome::Sync => {}
+                    Outcome::Done => exited = true,
+                    other => panic!("pid {pid}: {other:?}"),
+                }
+            }
+            let outbox = p
+                .take_outbox()
+                .into_iter()
+                .map(|o| WireMessage {
+                    src: pid as Pid,
+                    dst: o.dst,
+                    superstep: p.superstep(),
+                    seq: o.seq,
+                    payload: o.payload.to_vec(),
+                })
+                .collect();
+            let tracker = &mut self.trackers[pid];
+            let previous = self.reuse.as_mut().and_then(|r| r.get_mut(pid)?.take());
+            let snap = match previous {
+                Some(previous) => p.checkpoint_reusing(tracker, outbox, exited, previous),
+                None => p.checkpoint(tracker, outbox, exited),
+            };
+            snaps.push(snap);
+            self.exited[pid] = exited;
+        }
+        self.deliver(&snaps);
+        if let Some(prev) = self.reuse.as_mut() {
+            *prev = snaps.iter().cloned().map(Some).collect();
+        }
+        snaps
+    }
+
+    fn finished(&self) -> bool {
+        self.exited.iter().all(|&e| e)
+    }
+
+    /// Run to the end; the snapshots of every superstep.
+    fn run(&mut self) -> Vec<Vec<Snapshot>> {
+        let mut all = Vec::new();
+        while !self.finished() {
+            assert!(all.len() < 100, "the program does not end");
+            all.push(self.step());
+        }
+        all
+    }
+
+    /// Output records as (pid, seq, stream, data).
+    fn output(&self) -> Vec<(Pid, u64, Stream, String)> {
+        let mut out: Vec<_> = self
+            .job
+            .reporter
+            .drain()
+            .into_iter()
+            .filter_map(|e| match e {
+                PeerEvent::Output {
+                    pid,
+                    seq,
+                    stream,
+                    data,
+                    ..
+                } => Some((pid, seq, stream, data)),
+                _ => None,
+            })
+            .collect();
+        out.sort_by_key(|o| (o.0, o.1));
+        out
+    }
+}
+
+const SORT_ARGS: &str = r#"{"n": 3000, "oversample": 16, "emit": true}"#;
+
+#[test]
+fn a_restored_process_goes_on_exactly_like_the_original() {
+    let module = program("sample-sort");
+    let mut original = World::start(&module, job_for(3, SORT_ARGS, 64));
+    let reference = original.run();
+    let reference_output = original.output();
+    assert!(reference.len() >= 3, "{} supersteps", reference.len());
+    assert!(
+        reference_output
+            .iter()
+            .any(|o| o.3.starts_with("sorted 3000 keys on 3 processes: ok")),
+        "{reference_output:?}"
+    );
+
+    // Restore every process from the checkpoint of each superstep in turn.
+    for c in 0..reference.len() - 1 {
+        let mut first = World::start(&module, job_for(3, SORT_ARGS, 64));
+        first.reuse = Some(Vec::new());
+        let mut taken = Vec::new();
+        for _ in 0..=c {
+            taken = first.step();
+        }
+        assert_eq!(taken, reference[c], "run from scratch, superstep {c}");
+        let mut restored = World::restore(&module, job_for(3, SORT_ARGS, 64), &taken);
+        let rest = restored.run();
+        assert_eq!(&rest[..], &reference[c + 1..], "restored at superstep {c}");
+        let expected: Vec<_> = reference_output
+            .iter()
+            .filter(|o| o.1 >= taken[o.0 as usize].output_seq)
+            .cloned()
+            .collect();
+        assert_eq!(restored.output(), expected, "restored at superstep {c}");
+    }
+}
+
+/// The issue's determinism check at unit level: the same job run twice
+/// gives identical checkpoint hashes at every superstep.
+#[test]
+fn the_same_job_run_twice_has_identical_checkpoint_hashes() {
+    let module = program("supersteps");
+    let args = r#"{"k": 5, "h": 5000}"#;
+    let hashes = |world: &mut World| -> Vec<Vec<String>> {
+        world
+            .run()
+            .iter()
+            .map(|step| step.iter().map(Snapshot::hash_hex).collect())
+            .collect()
+    };
+    let a = hashes(&mut World::start(&module, job_for(3, args, 64)));
+    let b = hashes(&mut World::start(&module, job_for(3, args, 64)));
+    assert_eq!(a.len(), 6);
+    assert_eq!(a, b);
+    // Distinct processes and supersteps have distinct states.
+    let mut all: Vec<&String> = a.iter().flatten().collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 18);
+}
+
+#[test]
+fn exported_mutable_globals_are_checkpointed_and_restored() {
+    // The guest keeps a counter in an exported mutable global (allowed by
+    // the validator when named `__stack_pointer`) and reports it each step.
+    let wasm = wat::parse_str(format!(
+        r#"(module {IMPORTS}
+          (memory (export "memory") 1)
+          (global $__stack_pointer (export "__stack_pointer") (mut i32) (i32.const 1000))
+          (func (export "bspweb_resume") (result i32)
+            (global.set $__stack_pointer (i32.add (global.get $__stack_pointer) (i32.const 1)))
+            (i32.store (i32.const 0) (global.get $__stack_pointer))
+            (drop (call $write_raw (i32.const 0) (i32.const 4)))
+            (i32.const 0)))"#
+    ))
+    .unwrap();
+    let rt = runtime();
+    let module = rt.compile(&module_hash(&wasm), &wasm).unwrap();
+    let job = job_for(1, "{}", 1);
+    let mut p = rt.instantiate(&module, job.clone(), 0).unwrap();
+    let mut tracker = PageTracker::new();
+    assert_eq!(p.resume(), Outcome::Sync);
+    p.begin_superstep(1, vec![]);
+    assert_eq!(p.resume(), Outcome::Sync);
+    let snap = p.checkpoint(&mut tracker, vec![], false);
+    assert_eq!(snap.globals, vec![1002]);
+    assert_eq!(snap.output_seq, 2);
+
+    let job2 = job_for(1, "{}", 1);
+    let mut q = rt.restore(&module, job2.clone(), &snap).unwrap();
+    assert_eq!(q.superstep(), 1);
+    assert_eq!(q.host_state().output_seq, 2);
+    q.begin_superstep(2, vec![]);
+    assert_eq!(q.resume(), Outcome::Sync);
+    let raw = raw_outputs(&job2.reporter.drain());
+    assert_eq!(raw.len(), 1);
+    assert_eq!(raw[0].0, 2, "output numbering goes on");
+    assert_eq!(words(&raw[0].1), vec![1003]);
+}
+
+#[test]
+fn restoring_into_a_smaller_memory_limit_fails_readably() {
+    // Grows to 40 pages (2.5 MiB) in superstep 0.
+    let wasm = guest(
+        1,
+        "",
+        r#"(drop (memory.grow (i32.const 39)))
+           (i32.store (i32.const 2555000) (i32.const 7))
+           (i32.const 0)"#,
+    );
+    let rt = runtime();
+    let module = rt.compile(&module_hash(&wasm), &wasm).unwrap();
+    let mut p = rt.instantiate(&module, job_for(1, "{}", 4), 0).unwrap();
+    assert_eq!(p.resume(), Outcome::Sync);
+    let snap = p.checkpoint(&mut PageTracker::new(), vec![], false);
+    assert_eq!(snap.memory.len(), 40 << 16);
+
+    let err = rt.restore(&module, job_for(1, "{}", 2), &snap).unwrap_err();
+    assert!(
+        err.starts_with("cannot restore pid 0 from its checkpoint of superstep 0")
+            && err.contains("3 MiB, more than the job's memory limit of 2 MiB"),
+        "{err}"
+    );
+    let restored = rt.restore(&module, job_for(1, "{}", 3), &snap).unwrap();
+    let mut again = restored;
+    let snap2 = again.checkpoint(&mut PageTracker::new(), vec![], false);
+    assert_eq!(snap2, snap);
+
+    // A snapshot of another program does not fit.
+    let other = guest(2, "", "(i32.const 0)");
+    let other = rt.compile(&module_hash(&other), &other).unwrap();
+    let mut small = snap.clone();
+    small.memory.truncate(1 << 16);
+    let err = rt.restore(&other, job_for(1, "{}", 4), &small).unwrap_err();
+    assert!(
+        err.contains("smaller than the program's initial memory"),
+        "{err}"
+    );
+    let err = rt
+        .restore(&module, job_for(1, "{}", 4), &Snapshot { pid: 3, ..snap })
+        .unwrap_err();
+    assert!(err.contains("the job has only 1 processes"), "{err}");
+}
+
+#[test]
+fn an_exited_snapshot_restores_an_ended_process() {
+    let wasm = guest(1, "", "(i32.const 1)");
+    let rt = runtime();
+    let module = rt.compile(&module_hash(&wasm), &wasm).unwrap();
+    let mut p = rt.instantiate(&module, job_for(1, "{}", 4), 0).unwrap();
+    assert_eq!(p.resume(), Outcome::Done);
+    let snap = p.checkpoint(&mut PageTracker::new(), vec![], true);
+    assert!(snap.exited && snap.memory.is_empty());
+    let mut q = rt.restore(&module, job_for(1, "{}", 4), &snap).unwrap();
+    assert!(matches!(q.resume(), Outcome::Failed(r) if r.contains("already ended")));
+}

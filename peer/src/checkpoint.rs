@@ -1,0 +1,996 @@
+//! Checkpoints of processes (docs/fault-tolerance.md): the whole state of a
+//! process at the end of a superstep ([`Snapshot`]), its content hash, change
+//! detection on the owner ([`PageTracker`]), the wire form ([`to_frames`],
+//! [`to_snapshot_frames`]), reassembly and verification on a replica
+//! ([`Assembler`]) and the replica's store ([`ReplicaStore`]).
+//!
+//! Pure: no IO, no clock. The only randomness is the key of a tracker's page
+//! fingerprints (std's [`RandomState`]), which never influences a result:
+//! hashes, page lists and frames depend only on the snapshots.
+//!
+//! # Content hash
+//!
+//! [`Snapshot::compute_hash`] is the SHA-256 of this canonical encoding
+//! (integers little-endian), the same on every run and machine:
+//!
+//! ```text
+//! "bspweb-checkpoint-v1\n"
+//! pid: u32, superstep: u32, exited: u8 (0 or 1),
+//! output_seq: u64, output_bytes: u64, memory_len: u64,
+//! SHA-256 of each 64 KiB page of memory, in page order (32 bytes each),
+//! number of globals: u64, each global: u64,
+//! number of outbox messages: u64,
+//! each message: src: u32, dst: u32, superstep: u32, seq: u32,
+//!   payload length: u64, payload
+//! ```
+//!
+//! Hashing pages first (Merkle style) lets the owner cache the hash of every
+//! page and rehash only the pages that changed since its last capture.
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::OnceLock;
+
+use bsp_api::wire::{Checkpoint, Frame, MAX_FRAME_BYTES, WireMessage};
+use bsp_api::{PeerId, Pid};
+use sha2::{Digest, Sha256};
+
+/// Size of a wasm page, the unit of change detection and transfer.
+pub const PAGE_SIZE: usize = 64 << 10;
+
+/// Frames from [`to_frames`] are filled up to about this many bytes; an item
+/// larger than this (an outbox message of up to 8 MiB) travels alone.
+pub const PART_TARGET_BYTES: usize = 4 << 20;
+
+/// Every frame from [`to_frames`] encodes to at most this many bytes, as
+/// long as every outbox payload is at most
+/// [`MAX_MESSAGE_BYTES`](bsp_api::wire::MAX_MESSAGE_BYTES).
+pub const FRAME_BOUND_BYTES: usize = MAX_FRAME_BYTES - (1 << 20);
+
+/// Domain tag at the start of the canonical encoding.
+const HASH_TAG: &[u8] = b"bspweb-checkpoint-v1\n";
+
+/// Bytes counted per outbox message on top of its payload.
+const MESSAGE_COST: u64 = 32;
+
+/// Upper bound of the postcard encoding of one page entry beyond its bytes.
+const PAGE_OVERHEAD: usize = 16;
+
+/// A process's whole state at the end of a superstep
+/// (docs/fault-tolerance.md, "Checkpoint `K_s(P)`").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The process.
+    pub pid: Pid,
+    /// The superstep at whose end it was taken.
+    pub superstep: u32,
+    /// Linear memory (a multiple of [`PAGE_SIZE`]); empty when `exited`.
+    pub memory: Vec<u8>,
+    /// Values of the module's exported mutable globals as raw bits (see
+    /// [`Process::checkpoint`](crate::runtime::Process::checkpoint)).
+    pub globals: Vec<u64>,
+    /// Sequence number of the process's next output record.
+    pub output_seq: u64,
+    /// Output bytes written so far.
+    pub output_bytes: u64,
+    /// The process returned from `main` in this superstep.
+    pub exited: bool,
+    /// The messages the process sent in the supersteps its host still
+    /// retained, this one included, by superstep and send order (see
+    /// [`Checkpoint::outbox`]).
+    pub outbox: Vec<WireMessage>,
+    /// SHA-256 of the canonical encoding (see the module docs). Set by
+    /// [`PageTracker::capture`], [`Snapshot::seal`] and [`Assembler`].
+    pub hash: [u8; 32],
+}
+
+impl Snapshot {
+    /// Number of pages of memory.
+    pub fn page_count(&self) -> usize {
+        self.memory.len().div_ceil(PAGE_SIZE)
+    }
+
+    /// The bytes of page `index` (empty if out of range).
+    pub fn page(&self, index: usize) -> &[u8] {
+        let start = (index.saturating_mul(PAGE_SIZE)).min(self.memory.len());
+        let end = (start + PAGE_SIZE).min(self.memory.len());
+        &self.memory[start..end]
+    }
+
+    /// Indices of the pages that are not all zeros: what a whole checkpoint
+    /// carries.
+    pub fn nonzero_pages(&self) -> Vec<u32> {
+        self.memory
+            .chunks(PAGE_SIZE)
+            .enumerate()
+            .filter(|(_, p)| !is_zero(p))
+            .map(|(i, _)| i as u32)
+            .collect()
+    }
+
+    /// Bytes the snapshot occupies: memory plus outbox payloads (with a
+    /// small per-message cost).
+    pub fn size_bytes(&self) -> u64 {
+        self.memory.len() as u64 + outbox_bytes(&self.outbox)
+    }
+
+    /// The content hash computed from scratch (SHA-256 of every page).
+    pub fn compute_hash(&self) -> [u8; 32] {
+        let pages = self.memory.chunks(PAGE_SIZE).map(page_hash);
+        canonical_hash(self, pages)
+    }
+
+    /// Set [`Snapshot::hash`] to [`Snapshot::compute_hash`].
+    pub fn seal(mut self) -> Self {
+        self.hash = self.compute_hash();
+        self
+    }
+
+    /// Whether [`Snapshot::hash`] matches the content.
+    pub fn verify(&self) -> bool {
+        self.compute_hash() == self.hash
+    }
+
+    /// Hex form of the hash, for logs and the determinism check.
+    pub fn hash_hex(&self) -> String {
+        hex::encode(self.hash)
+    }
+}
+
+/// SHA-256 of one page.
+pub fn page_hash(page: &[u8]) -> [u8; 32] {
+    Sha256::digest(page).into()
+}
+
+fn zero_page_hash() -> [u8; 32] {
+    static H: OnceLock<[u8; 32]> = OnceLock::new();
+    *H.get_or_init(|| page_hash(&[0u8; PAGE_SIZE]))
+}
+
+fn is_zero(bytes: &[u8]) -> bool {
+    bytes.iter().all(|&b| b == 0)
+}
+
+fn outbox_bytes(outbox: &[WireMessage]) -> u64 {
+    outbox
+        .iter()
+        .map(|m| m.payload.len() as u64 + MESSAGE_COST)
+        .sum()
+}
+
+/// The canonical hash of `s` with the given page hashes (in page order).
+fn canonical_hash(s: &Snapshot, page_hashes: impl Iterator<Item = [u8; 32]>) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(HASH_TAG);
+    h.update(s.pid.to_le_bytes());
+    h.update(s.superstep.to_le_bytes());
+    h.update([u8::from(s.exited)]);
+    h.update(s.output_seq.to_le_bytes());
+    h.update(s.output_bytes.to_le_bytes());
+    h.update((s.memory.len() as u64).to_le_bytes());
+    for p in page_hashes {
+        h.update(p);
+    }
+    h.update((s.globals.len() as u64).to_le_bytes());
+    for g in &s.globals {
+        h.update(g.to_le_bytes());
+    }
+    h.update((s.outbox.len() as u64).to_le_bytes());
+    for m in &s.outbox {
+        h.update(m.src.to_le_bytes());
+        h.update(m.dst.to_le_bytes());
+        h.update(m.superstep.to_le_bytes());
+        h.update(m.seq.to_le_bytes());
+        h.update((m.payload.len() as u64).to_le_bytes());
+        h.update(&m.payload);
+    }
+    h.finalize().into()
+}
+
+// ---- owner side: change detection --------------------------------------------
+
+/// What to send one replica: a delta against `base` or (`base == None`) the
+/// whole snapshot, with the pages to include.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The superstep of the replica's snapshot the delta applies to.
+    pub base: Option<u32>,
+    /// Page indices to send, ascending.
+    pub pages: Vec<u32>,
+}
+
+/// Change detection for one process on its host.
+///
+/// Keeps, per page, a fingerprint (SipHash keyed randomly per tracker, so a
+/// guest cannot craft collisions without the key), the cached SHA-256 and the
+/// superstep of the last capture at which the page changed. A capture costs
+/// one fingerprint pass over memory plus SHA-256 of the changed pages. Pages
+/// beyond the memory of a capture count as zeros, so growth needs no special
+/// case.
+///
+/// It also remembers which snapshot each replica holds ([`PageTracker::acked`]),
+/// so [`PageTracker::plan`] can send a replica just the pages changed since
+/// *its* base: those whose last change is after the base.
+#[derive(Debug)]
+pub struct PageTracker {
+    keys: RandomState,
+    zero_fp: u64,
+    fps: Vec<u64>,
+    shas: Vec<[u8; 32]>,
+    /// 0: never changed from zeros; `s + 1`: changed at the capture of `s`.
+    changed: Vec<u64>,
+    /// Pages of the last capture.
+    len_pages: usize,
+    /// Superstep of the first capture since the tracker (re)started: deltas
+    /// need a base at or after it.
+    origin: Option<u32>,
+    /// Superstep and hash of the last capture.
+    last: Option<(u32, [u8; 32])>,
+    replicas: HashMap<PeerId, u32>,
+}
+
+impl Default for PageTracker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PageTracker {
+    /// A tracker that has seen nothing: the first capture's plans are whole.
+    pub fn new() -> Self {
+        let keys = RandomState::new();
+        let zero_fp = fingerprint(&keys, &[0u8; PAGE_SIZE]);
+        PageTracker {
+            keys,
+            zero_fp,
+            fps: Vec::new(),
+            shas: Vec::new(),
+            changed: Vec::new(),
+            len_pages: 0,
+            origin: None,
+            last: None,
+            replicas: HashMap::new(),
+        }
+    }
+
+    /// Capture `memory` into `snapshot` (whose other fields are set; its
+    /// `memory` and `hash` are overwritten): copies memory (nothing when
+    /// `exited`), updates the page state in the same pass and sets the hash.
+    ///
+    /// Captures must come with increasing supersteps; one at or before the
+    /// previous capture starts the tracker over (every replica then gets a
+    /// whole snapshot).
+    pub fn capture(&mut self, snapshot: Snapshot, memory: &[u8]) -> Snapshot {
+        self.capture_into(snapshot, memory, None)
+    }
+
+    /// [`PageTracker::capture`] that reuses the memory buffer of `previous`,
+    /// the tracker's last capture (as returned, unmodified), copying only
+    /// the pages that changed: far cheaper than a fresh copy of a large
+    /// memory. Any other `previous` is just dropped (a full copy is made).
+    pub fn capture_reusing(
+        &mut self,
+        snapshot: Snapshot,
+        memory: &[u8],
+        previous: Snapshot,
+    ) -> Snapshot {
+        self.capture_into(snapshot, memory, Some(previous))
+    }
+
+    fn capture_into(
+        &mut self,
+        mut snapshot: Snapshot,
+        memory: &[u8],
+        previous: Option<Snapshot>,
+    ) -> Snapshot {
+        let reuse = previous.filter(|p| {
+            self.last == Some((p.superstep, p.hash))
+                && p.memory.len() == self.len_pages * PAGE_SIZE
+                && snapshot.superstep > p.superstep
+        });
+        if self.last.is_some_and(|(s, _)| snapshot.superstep <= s) {
+            self.restart();
+        }
+        let mem: &[u8] = if snapshot.exited { &[] } else { memory };
+        let n = mem.len().div_ceil(PAGE_SIZE);
+        let tag = u64::from(snapshot.superstep) + 1;
+        if self.fps.len() < n {
+            self.fps.resize(n, self.zero_fp);
+            self.shas.resize(n, zero_page_hash());
+            self.changed.resize(n, 0);
+        }
+        // With a reused buffer (the last capture, pages beyond it zeros),
+        // unchanged pages are already in place.
+        let (mut copy, in_place) = match reuse {
+            Some(p) => {
+                let mut m = p.memory;
+                m.resize(mem.len(), 0);
+                (m, true)
+            }
+            None => (Vec::with_capacity(mem.len()), false),
+        };
+        for (i, page) in mem.chunks(PAGE_SIZE).enumerate() {
+            let fp = fingerprint(&self.keys, page);
+            let changed = fp != self.fps[i] || page.len() != PAGE_SIZE;
+            if changed {
+                self.fps[i] = fp;
+                self.shas[i] = page_hash(page);
+                self.changed[i] = tag;
+            }
+            if !in_place {
+                copy.extend_from_slice(page);
+            } else if changed {
+                let start = i * PAGE_SIZE;
+                copy[start..start + page.len()].copy_from_slice(page);
+            }
+        }
+        // Pages beyond this memory count as zeros.
+        for i in n..self.fps.len() {
+            if self.fps[i] != self.zero_fp {
+                self.fps[i] = self.zero_fp;
+                self.shas[i] = zero_page_hash();
+                self.changed[i] = tag;
+            }
+        }
+        self.len_pages = n;
+        snapshot.memory = copy;
+        snapshot.hash = canonical_hash(&snapshot, self.shas[..n].iter().copied());
+        self.origin.get_or_insert(snapshot.superstep);
+        self.last = Some((snapshot.superstep, snapshot.hash));
+        snapshot
+    }
+
+    /// A tracker whose first capture is `snapshot` (a process restored from
+    /// it): replicas known to hold exactly this snapshot (tell it with
+    /// [`PageTracker::acked`]) can get deltas against it.
+    pub fn seeded(snapshot: &Snapshot) -> Self {
+        let mut t = PageTracker::new();
+        let head = Snapshot {
+            memory: Vec::new(),
+            globals: snapshot.globals.clone(),
+            outbox: snapshot.outbox.clone(),
+            ..*snapshot
+        };
+        t.capture(head, &snapshot.memory);
+        t
+    }
+
+    /// What to send `replica` for `snapshot`, the last capture: the pages
+    /// changed since the replica's base, or the whole snapshot if it has no
+    /// usable base (or `snapshot` is not the last capture).
+    pub fn plan(&self, replica: PeerId, snapshot: &Snapshot) -> Plan {
+        let is_last = self.last == Some((snapshot.superstep, snapshot.hash))
+            && snapshot.page_count() == self.len_pages;
+        let base =
+            self.replicas.get(&replica).copied().filter(|&b| {
+                is_last && self.origin.is_some_and(|o| o <= b) && b <= snapshot.superstep
+            });
+        match base {
+            Some(b) => {
+                let after = u64::from(b) + 1;
+                let pages = (0..self.len_pages)
+                    .filter(|&i| self.changed[i] > after)
+                    .map(|i| i as u32)
+                    .collect();
+                Plan {
+                    base: Some(b),
+                    pages,
+                }
+            }
+            None => Plan {
+                base: None,
+                pages: snapshot.nonzero_pages(),
+            },
+        }
+    }
+
+    /// Record `replica`'s [`Frame::CheckpointAck`] for `superstep`: with
+    /// `ok` it now holds that snapshot as its base; without, it needs a whole
+    /// snapshot next time.
+    pub fn acked(&mut self, replica: PeerId, superstep: u32, ok: bool) {
+        if !ok {
+            self.replicas.remove(&replica);
+            return;
+        }
+        let known = self
+            .last
+            .is_some_and(|(s, _)| self.origin.is_some_and(|o| o <= superstep) && superstep <= s);
+        if known {
+            let e = self.replicas.entry(replica).or_insert(superstep);
+            *e = (*e).max(superstep);
+        } else {
+            self.replicas.remove(&replica);
+        }
+    }
+
+    /// Forget `replica` (it left the job or is no longer a replica).
+    pub fn forget(&mut self, replica: PeerId) {
+        self.replicas.remove(&replica);
+    }
+
+    /// The superstep of the snapshot `replica` holds as base, if known.
+    pub fn replica_base(&self, replica: PeerId) -> Option<u32> {
+        self.replicas.get(&replica).copied()
+    }
+
+    fn restart(&mut self) {
+        self.fps.clear();
+        self.shas.clear();
+        self.changed.clear();
+        self.len_pages = 0;
+        self.origin = None;
+        self.last = None;
+        self.replicas.clear();
+    }
+}
+
+fn fingerprint(keys: &RandomState, page: &[u8]) -> u64 {
+    let mut h = keys.build_hasher();
+    h.write(page);
+    h.finish()
+}
+
+// ---- wire form ------------------------------------------------------------------
+
+/// The frames that carry `snapshot` to a replica: [`Frame::CheckpointPart`]s
+/// then the final [`Frame::Checkpoint`], with the pages `pages` (ascending;
+/// from [`PageTracker::plan`]) and `base` (`None`: whole). Each frame encodes
+/// to at most [`FRAME_BOUND_BYTES`]. Page indices beyond the memory are
+/// skipped.
+pub fn to_frames(snapshot: &Snapshot, pages: &[u32], base: Option<u32>) -> Vec<Frame> {
+    let (mut frames, last) = split(snapshot, pages, base);
+    frames.push(Frame::Checkpoint(Box::new(last)));
+    frames
+}
+
+/// The frames that answer [`Frame::FetchCheckpoint`] with `snapshot`:
+/// [`Frame::CheckpointPart`]s then [`Frame::Snapshot`] with the whole
+/// checkpoint (the pages that are not all zeros).
+pub fn to_snapshot_frames(snapshot: &Snapshot) -> Vec<Frame> {
+    let (mut frames, last) = split(snapshot, &snapshot.nonzero_pages(), None);
+    frames.push(Frame::Snapshot {
+        pid: snapshot.pid,
+        snapshot: Some(Box::new(last)),
+    });
+    frames
+}
+
+/// The parts and the final checkpoint (with the tail of pages and messages).
+fn split(snapshot: &Snapshot, pages: &[u32], base: Option<u32>) -> (Vec<Frame>, Checkpoint) {
+    let mut frames = Vec::new();
+    let mut cur_pages: Vec<(u32, Vec<u8>)> = Vec::new();
+    let mut cur_outbox: Vec<WireMessage> = Vec::new();
+    let mut cur = 0usize;
+    let (pid, superstep) = (snapshot.pid, snapshot.superstep);
+    let mut flush = |p: &mut Vec<(u32, Vec<u8>)>, o: &mut Vec<WireMessage>| {
+        frames.push(Frame::CheckpointPart {
+            pid,
+            superstep,
+            pages: std::mem::take(p),
+            outbox: std::mem::take(o),
+        });
+    };
+    let mut sorted: Vec<u32> = pages
+        .iter()
+        .copied()
+        .filter(|&i| (i as usize) < snapshot.page_count())
+        .collect();
+    sorted.sort_unstable();
+    sorted.dedup();
+    for i in sorted {
+        let bytes = snapshot.page(i as usize);
+        let cost = bytes.len() + PAGE_OVERHEAD;
+        if cur > 0 && cur + cost > PART_TARGET_BYTES {
+            flush(&mut cur_pages, &mut cur_outbox);
+            cur = 0;
+        }
+        cur_pages.push((i, bytes.to_vec()));
+        cur += cost;
+    }
+    for m in &snapshot.outbox {
+        let cost = m.payload.len() + 32;
+        if cur > 0 && cur + cost > PART_TARGET_BYTES {
+            flush(&mut cur_pages, &mut cur_outbox);
+            cur = 0;
+        }
+        cur_outbox.push(m.clone());
+        cur += cost;
+    }
+    let last = Checkpoint {
+        pid,
+        superstep,
+        base,
+        memory_len: snapshot.memory.len() as u64,
+        pages: cur_pages,
+        globals: snapshot.globals.clone(),
+        output_seq: snapshot.output_seq,
+        output_bytes: snapshot.output_bytes,
+        exited: snapshot.exited,
+        outbox: cur_outbox,
+        hash: snapshot.hash,
+    };
+    (frames, last)
+}
+
+// ---- replica side -----------------------------------------------------------------
+
+/// Why a received checkpoint was refused. Every variant names the process
+/// and superstep, so the receiver can answer `CheckpointAck { ok: false }`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckpointError {
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep}: memory of {memory_len} bytes is not a multiple of the 64 KiB wasm page"
+    )]
+    MemoryLen {
+        pid: Pid,
+        superstep: u32,
+        memory_len: u64,
+    },
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep}: {bytes} bytes exceed this peer's limit of {cap} bytes per checkpoint"
+    )]
+    TooLarge {
+        pid: Pid,
+        superstep: u32,
+        bytes: u64,
+        cap: u64,
+    },
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep}: page {index} is outside its memory of {pages} pages"
+    )]
+    PageIndex {
+        pid: Pid,
+        superstep: u32,
+        index: u32,
+        pages: u64,
+    },
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep}: page {index} has {len} bytes, not 65536"
+    )]
+    PageSize {
+        pid: Pid,
+        superstep: u32,
+        index: u32,
+        len: usize,
+    },
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep}: page {index} comes after page {previous}; pages must be sent in ascending order, each once"
+    )]
+    PageOrder {
+        pid: Pid,
+        superstep: u32,
+        index: u32,
+        previous: u32,
+    },
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep} was abandoned: a part of the checkpoint of superstep {next} arrived before its end"
+    )]
+    Interleaved { pid: Pid, superstep: u32, next: u32 },
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep} is a delta against superstep {base}, but this peer holds {held}; send it whole"
+    )]
+    MissingBase {
+        pid: Pid,
+        superstep: u32,
+        base: u32,
+        held: String,
+    },
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep} does not match its hash: the rebuilt state hashes to {actual}, the sender said {expected}"
+    )]
+    HashMismatch {
+        pid: Pid,
+        superstep: u32,
+        expected: String,
+        actual: String,
+    },
+    #[error(
+        "snapshot answer for pid {pid} carries the checkpoint of pid {inner}; the sender is confused"
+    )]
+    WrongPid { pid: Pid, inner: Pid },
+    #[error("not a checkpoint frame: {0}")]
+    NotCheckpoint(&'static str),
+}
+
+impl CheckpointError {
+    /// The process and superstep of the refused checkpoint, if the error
+    /// is about one.
+    pub fn subject(&self) -> Option<(Pid, u32)> {
+        use CheckpointError::*;
+        match *self {
+            MemoryLen { pid, superstep, .. }
+            | TooLarge { pid, superstep, .. }
+            | PageIndex { pid, superstep, .. }
+            | PageSize { pid, superstep, .. }
+            | PageOrder { pid, superstep, .. }
+            | Interleaved { pid, superstep, .. }
+            | MissingBase { pid, superstep, .. }
+            | HashMismatch { pid, superstep, .. } => Some((pid, superstep)),
+            WrongPid { .. } | NotCheckpoint(_) => None,
+        }
+    }
+}
+
+/// A checkpoint frame sequence completed by [`Assembler::push`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Assembled {
+    /// A verified [`Frame::Checkpoint`] (store it, answer `ok = true`).
+    Checkpoint(Snapshot),
+    /// A [`Frame::Snapshot`] answer: the verified snapshot, or `None` if the
+    /// sender holds none of `pid`.
+    Fetched {
+        /// The process asked about.
+        pid: Pid,
+        /// Its snapshot.
+        snapshot: Option<Snapshot>,
+    },
+}
+
+#[derive(Debug)]
+struct Pending {
+    superstep: u32,
+    pages: Vec<(u32, Vec<u8>)>,
+    outbox: Vec<WireMessage>,
+    bytes: u64,
+}
+
+/// Rebuilds checkpoints from the frames of one connection: collects
+/// [`Frame::CheckpointPart`]s per pid and, on the final frame, applies the
+/// pages to the base (for a delta) or to zeros, and verifies the hash.
+/// Hostile input gives errors, never panics, and never more than the cap
+/// of bytes per checkpoint.
+#[derive(Debug)]
+pub struct Assembler {
+    cap: u64,
+    pending: HashMap<Pid, Pending>,
+    /// Per pid, the hash and page hashes of the last snapshot assembled
+    /// here: a delta against it rehashes only the pages it carries.
+    page_hashes: HashMap<Pid, ([u8; 32], Vec<[u8; 32]>)>,
+}
+
+impl Assembler {
+    /// An assembler that accepts checkpoints of at most `max_bytes` (memory
+    /// plus outbox; use the job's memory limit plus its outbox limit).
+    pub fn new(max_bytes: u64) -> Self {
+        Assembler {
+            cap: max_bytes,
+            pending: HashMap::new(),
+            page_hashes: HashMap::new(),
+        }
+    }
+
+    /// Bytes of parts held for unfinished checkpoints.
+    pub fn pending_bytes(&self) -> u64 {
+        self.pending.values().map(|p| p.bytes).sum()
+    }
+
+    /// Drop the unfinished checkpoint of `pid`, if any.
+    pub fn discard(&mut self, pid: Pid) {
+        self.pending.remove(&pid);
+    }
+
+    /// Take one [`Frame::CheckpointPart`]. A part for another superstep of
+    /// the same pid abandons the unfinished one (reported as
+    /// [`CheckpointError::Interleaved`]) and starts the new one.
+    pub fn part(
+        &mut self,
+        pid: Pid,
+        superstep: u32,
+        pages: Vec<(u32, Vec<u8>)>,
+        outbox: Vec<WireMessage>,
+    ) -> Result<(), CheckpointError> {
+        let mut result = Ok(());
+        if let Some(p) = self.pending.get(&pid)
+            && p.superstep != superstep
+        {
+            result = Err(CheckpointError::Interleaved {
+                pid,
+                superstep: p.superstep,
+                next: superstep,
+            });
+            self.pending.remove(&pid);
+        }
+        let p = self.pending.entry(pid).or_insert_with(|| Pending {
+            superstep,
+            pages: Vec::new(),
+            outbox: Vec::new(),
+            bytes: 0,
+        });
+        let add = pages
+            .iter()
+            .map(|(_, b)| b.len() as u64)
+            .sum::<u64>()
+            .saturating_add(outbox_bytes(&outbox));
+        let bytes = p.bytes.saturating_add(add);
+        if bytes > self.cap {
+            self.pending.remove(&pid);
+            return Err(CheckpointError::TooLarge {
+                pid,
+                superstep,
+                bytes,
+                cap: self.cap,
+            });
+        }
+        p.bytes = bytes;
+        p.pages.extend(pages);
+        p.outbox.extend(outbox);
+        result
+    }
+
+    /// Take the final frame of a checkpoint: with the preceding parts,
+    /// rebuild the snapshot on `base` (required when `checkpoint.base` is
+    /// set: the snapshot of that superstep of the same pid) and verify it.
+    pub fn finish(
+        &mut self,
+        checkpoint: Checkpoint,
+        base: Option<&Snapshot>,
+    ) -> Result<Snapshot, CheckpointError> {
+        let Checkpoint {
+            pid,
+            superstep,
+            base: base_step,
+            memory_len,
+            pages,
+            globals,
+            output_seq,
+            output_bytes,
+            exited,
+            outbox,
+            hash,
+        } = checkpoint;
+        let pending = self.pending.remove(&pid);
+        let (mut all_pages, mut all_outbox, held) = match pending {
+            Some(p) if p.superstep != superstep => {
+                return Err(CheckpointError::Interleaved {
+                    pid,
+                    superstep: p.superstep,
+                    next: superstep,
+                });
+            }
+            Some(p) => (p.pages, p.outbox, p.bytes),
+            None => (Vec::new(), Vec::new(), 0),
+        };
+        all_pages.extend(pages);
+        all_outbox.extend(outbox);
+        if !memory_len.is_multiple_of(PAGE_SIZE as u64) {
+            return Err(CheckpointError::MemoryLen {
+                pid,
+                superstep,
+                memory_len,
+            });
+        }
+        let total = memory_len
+            .saturating_add(outbox_bytes(&all_outbox))
+            .max(held);
+        if total > self.cap || usize::try_from(memory_len).is_err() {
+            return Err(CheckpointError::TooLarge {
+                pid,
+                superstep,
+                bytes: total,
+                cap: self.cap,
+            });
+        }
+        let npages = memory_len / PAGE_SIZE as u64;
+        let mut previous: Option<u32> = None;
+        for (index, bytes) in &all_pages {
+            if u64::from(*index) >= npages {
+                return Err(CheckpointError::PageIndex {
+                    pid,
+                    superstep,
+                    index: *index,
+                    pages: npages,
+                });
+            }
+            if bytes.len() != PAGE_SIZE {
+                return Err(CheckpointError::PageSize {
+                    pid,
+                    superstep,
+                    index: *index,
+                    len: bytes.len(),
+                });
+            }
+            if let Some(prev) = previous
+                && *index <= prev
+            {
+                return Err(CheckpointError::PageOrder {
+                    pid,
+                    superstep,
+                    index: *index,
+                    previous: prev,
+                });
+            }
+            previous = Some(*index);
+        }
+        let base = match base_step {
+            None => None,
+            Some(b) => match base {
+                Some(s) if s.pid == pid && s.superstep == b => Some(s),
+                other => {
+                    return Err(CheckpointError::MissingBase {
+                        pid,
+                        superstep,
+                        base: b,
+                        held: match other {
+                            Some(s) if s.pid == pid => format!("superstep {}", s.superstep),
+                            _ => "no snapshot of it".to_string(),
+                        },
+                    });
+                }
+            },
+        };
+        // Page hashes: those of the base (cached if it was assembled here) or
+        // of zeros, replaced by those of the pages received.
+        let npages = npages as usize;
+        let mut hashes: Vec<[u8; 32]> = vec![zero_page_hash(); npages];
+        let mut memory = match base {
+            Some(b) => {
+                let known = self
+                    .page_hashes
+                    .get(&pid)
+                    .filter(|(h, v)| *h == b.hash && v.len() == b.page_count());
+                for (i, page) in b.memory.chunks(PAGE_SIZE).enumerate().take(npages) {
+                    hashes[i] = match known {
+                        Some((_, v)) => v[i],
+                        None => page_hash(page),
+                    };
+                }
+                let mut m = b.memory.clone();
+                m.resize(memory_len as usize, 0);
+                if b.memory.len() % PAGE_SIZE != 0 && b.memory.len() < m.len() {
+                    // A partial last page of the base is now padded.
+                    let i = b.memory.len() / PAGE_SIZE;
+                    hashes[i] = page_hash(&m[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+                }
+                m
+            }
+            None => vec![0; memory_len as usize],
+        };
+        for (index, bytes) in &all_pages {
+            let i = *index as usize;
+            memory[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(bytes);
+            hashes[i] = page_hash(bytes);
+        }
+        let snapshot = Snapshot {
+            pid,
+            superstep,
+            memory,
+            globals,
+            output_seq,
+            output_bytes,
+            exited,
+            outbox: all_outbox,
+            hash,
+        };
+        let actual = canonical_hash(&snapshot, hashes.iter().copied());
+        if actual != hash {
+            return Err(CheckpointError::HashMismatch {
+                pid,
+                superstep,
+                expected: hex::encode(hash),
+                actual: hex::encode(actual),
+            });
+        }
+        self.page_hashes.insert(pid, (hash, hashes));
+        Ok(snapshot)
+    }
+
+    /// Take any checkpoint frame: parts give `Ok(None)`; a final
+    /// [`Frame::Checkpoint`] (with its base looked up in `store`) or
+    /// [`Frame::Snapshot`] gives the verified result. Other frames are an
+    /// error.
+    pub fn push(
+        &mut self,
+        frame: Frame,
+        store: &ReplicaStore,
+    ) -> Result<Option<Assembled>, CheckpointError> {
+        match frame {
+            Frame::CheckpointPart {
+                pid,
+                superstep,
+                pages,
+                outbox,
+            } => self.part(pid, superstep, pages, outbox).map(|()| None),
+            Frame::Checkpoint(c) => {
+                let base = c.base.and_then(|b| store.get(c.pid, b));
+                self.finish(*c, base)
+                    .map(|s| Some(Assembled::Checkpoint(s)))
+            }
+            Frame::Snapshot {
+                pid,
+                snapshot: None,
+            } => {
+                self.pending.remove(&pid);
+                Ok(Some(Assembled::Fetched {
+                    pid,
+                    snapshot: None,
+                }))
+            }
+            Frame::Snapshot {
+                pid,
+                snapshot: Some(c),
+            } => {
+                if c.pid != pid {
+                    self.pending.remove(&c.pid);
+                    return Err(CheckpointError::WrongPid { pid, inner: c.pid });
+                }
+                let base = c.base.and_then(|b| store.get(c.pid, b));
+                let s = self.finish(*c, base)?;
+                Ok(Some(Assembled::Fetched {
+                    pid,
+                    snapshot: Some(s),
+                }))
+            }
+            Frame::Hello { .. } => Err(CheckpointError::NotCheckpoint("Hello")),
+            Frame::Welcome => Err(CheckpointError::NotCheckpoint("Welcome")),
+            Frame::Reject { .. } => Err(CheckpointError::NotCheckpoint("Reject")),
+            Frame::Data { .. } => Err(CheckpointError::NotCheckpoint("Data")),
+            Frame::Done { .. } => Err(CheckpointError::NotCheckpoint("Done")),
+            Frame::CheckpointAck { .. } => Err(CheckpointError::NotCheckpoint("CheckpointAck")),
+            Frame::FetchCheckpoint { .. } => Err(CheckpointError::NotCheckpoint("FetchCheckpoint")),
+        }
+    }
+}
+
+/// A replica's snapshots: the newest verified one per process.
+#[derive(Debug, Default)]
+pub struct ReplicaStore {
+    snapshots: HashMap<Pid, Snapshot>,
+    bytes: u64,
+}
+
+impl ReplicaStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Keep `snapshot` (verified, e.g. from [`Assembler`]) if it is newer
+    /// than the one held for its pid (or the same superstep: replaces it).
+    /// Returns whether it was kept.
+    pub fn insert(&mut self, snapshot: Snapshot) -> bool {
+        if let Some(old) = self.snapshots.get(&snapshot.pid) {
+            if old.superstep > snapshot.superstep {
+                return false;
+            }
+            self.bytes -= old.size_bytes();
+        }
+        self.bytes += snapshot.size_bytes();
+        self.snapshots.insert(snapshot.pid, snapshot);
+        true
+    }
+
+    /// The snapshot of `pid` at `superstep`, if that is the one held.
+    pub fn get(&self, pid: Pid, superstep: u32) -> Option<&Snapshot> {
+        self.snapshots
+            .get(&pid)
+            .filter(|s| s.superstep == superstep)
+    }
+
+    /// The newest snapshot held of `pid`.
+    pub fn newest(&self, pid: Pid) -> Option<&Snapshot> {
+        self.snapshots.get(&pid)
+    }
+
+    /// Drop the snapshot of `pid`.
+    pub fn remove_pid(&mut self, pid: Pid) -> Option<Snapshot> {
+        let s = self.snapshots.remove(&pid)?;
+        self.bytes -= s.size_bytes();
+        Some(s)
+    }
+
+    /// Pids with a snapshot, ascending.
+    pub fn pids(&self) -> Vec<Pid> {
+        let mut v: Vec<Pid> = self.snapshots.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Bytes held ([`Snapshot::size_bytes`] summed).
+    pub fn total_bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,641 @@
+//! Checkpoints against a reference model: a replica that applies what the
+//! owner sends ends up with the owner's snapshot, byte for byte
+//! (docs/fault-tolerance.md, "Replicas").
+
+use proptest::prelude::*;
+
+use super::*;
+
+const P: usize = PAGE_SIZE;
+
+/// A page whose bytes are derived from `seed` (cheap to generate, distinct).
+fn page_of(seed: u8) -> Vec<u8> {
+    if seed == 0 {
+        return vec![0; P];
+    }
+    (0..P)
+        .map(|i| (i as u8).wrapping_mul(seed) ^ seed)
+        .collect()
+}
+
+fn head(pid: Pid, superstep: u32, outbox: Vec<WireMessage>) -> Snapshot {
+    Snapshot {
+        pid,
+        superstep,
+        memory: Vec::new(),
+        globals: vec![1 << 20],
+        output_seq: u64::from(superstep) * 3,
+        output_bytes: u64::from(superstep) * 100,
+        exited: false,
+        outbox,
+        hash: [0; 32],
+    }
+}
+
+fn msg(src: Pid, dst: Pid, seq: u32, len: usize) -> WireMessage {
+    WireMessage {
+        src,
+        dst,
+        superstep: 0,
+        seq,
+        payload: (0..len).map(|i| (i as u8) ^ (seq as u8)).collect(),
+    }
+}
+
+/// Deliver `frames` to a replica's assembler and store.
+fn deliver(
+    asm: &mut Assembler,
+    store: &mut ReplicaStore,
+    frames: Vec<Frame>,
+) -> Result<Snapshot, CheckpointError> {
+    let mut out = None;
+    for f in frames {
+        if let Some(a) = asm.push(f, store)? {
+            out = Some(a);
+        }
+    }
+    match out {
+        Some(Assembled::Checkpoint(s))
+        | Some(Assembled::Fetched {
+            snapshot: Some(s), ..
+        }) => {
+            store.insert(s.clone());
+            Ok(s)
+        }
+        other => panic!("the frames did not end in a checkpoint: {other:?}"),
+    }
+}
+
+fn frame_len(f: &Frame) -> usize {
+    postcard::to_stdvec(f).expect("frame encodes").len()
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// Write `byte` at `offset` of page `page` (modulo the current size).
+    Write {
+        page: usize,
+        offset: usize,
+        byte: u8,
+    },
+    /// Replace a page with a patterned page.
+    Fill { page: usize, seed: u8 },
+    /// Grow memory by this many pages (zeros).
+    Grow(usize),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0..64usize, 0..P, any::<u8>()).prop_map(|(page, offset, byte)| Step::Write { page, offset, byte }),
+        2 => (0..64usize, any::<u8>()).prop_map(|(page, seed)| Step::Fill { page, seed }),
+        1 => (0..3usize).prop_map(Step::Grow),
+    ]
+}
+
+#[derive(Debug, Clone, Copy)]
+enum ReplicaEvent {
+    /// Receives and acknowledges normally.
+    Normal,
+    /// Loses its store before this checkpoint arrives.
+    Forgets,
+    /// Misses this checkpoint (not sent).
+    Skipped,
+}
+
+fn replica_event() -> impl Strategy<Value = ReplicaEvent> {
+    prop_oneof![
+        6 => Just(ReplicaEvent::Normal),
+        1 => Just(ReplicaEvent::Forgets),
+        1 => Just(ReplicaEvent::Skipped),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Delta-applied-on-replica == owner's snapshot, for every replica and
+    /// superstep, whatever the replica missed or lost.
+    #[test]
+    fn replicas_rebuild_the_owners_snapshot_byte_for_byte(
+        initial in proptest::collection::vec(0u8..4, 1..5),
+        supersteps in proptest::collection::vec(
+            (proptest::collection::vec(step(), 0..6),
+             proptest::collection::vec(replica_event(), 2),
+             0usize..3,
+             any::<bool>()),
+            1..7),
+    ) {
+        let mut memory: Vec<u8> = initial.iter().flat_map(|&s| page_of(s)).collect();
+        let mut tracker = PageTracker::new();
+        let mut replicas: Vec<(Assembler, ReplicaStore)> =
+            (0..2).map(|_| (Assembler::new(64 << 20), ReplicaStore::new())).collect();
+        let mut previous: Option<Snapshot> = None;
+        for (s, (steps, events, nmsgs, reuse)) in supersteps.into_iter().enumerate() {
+            let s = s as u32;
+            for st in steps {
+                let pages = memory.len() / P;
+                match st {
+                    Step::Write { page, offset, byte } => memory[(page % pages) * P + offset] = byte,
+                    Step::Fill { page, seed } => {
+                        let at = (page % pages) * P;
+                        memory[at..at + P].copy_from_slice(&page_of(seed));
+                    }
+                    Step::Grow(k) => memory.resize(memory.len() + k * P, 0),
+                }
+            }
+            let outbox = (0..nmsgs as u32).map(|i| msg(7, i, i, 10 * i as usize)).collect();
+            let snap = match previous.take() {
+                Some(p) if reuse => tracker.capture_reusing(head(7, s, outbox), &memory, p),
+                _ => tracker.capture(head(7, s, outbox), &memory),
+            };
+            previous = Some(snap.clone());
+            prop_assert_eq!(&snap.memory, &memory);
+            prop_assert_eq!(snap.hash, snap.compute_hash());
+            for (peer, event) in events.into_iter().enumerate() {
+                let (asm, store) = &mut replicas[peer];
+                let peer = peer as PeerId;
+                match event {
+                    ReplicaEvent::Skipped => continue,
+                    ReplicaEvent::Forgets => { store.remove_pid(7); }
+                    ReplicaEvent::Normal => {}
+                }
+                let plan = tracker.plan(peer, &snap);
+                let got = match deliver(asm, store, to_frames(&snap, &plan.pages, plan.base)) {
+                    Ok(got) => got,
+                    Err(e) => {
+                        // Only a replica that lost its base may refuse; then
+                        // it gets the whole snapshot.
+                        prop_assert!(matches!(e, CheckpointError::MissingBase { .. }), "{}", e);
+                        tracker.acked(peer, s, false);
+                        let plan = tracker.plan(peer, &snap);
+                        prop_assert_eq!(plan.base, None);
+                        deliver(asm, store, to_frames(&snap, &plan.pages, None)).unwrap()
+                    }
+                };
+                prop_assert_eq!(&got, &snap);
+                tracker.acked(peer, s, true);
+            }
+        }
+    }
+
+    /// The content hash does not depend on how the snapshot travelled:
+    /// whole, as a delta or as a `Snapshot` answer; and it is the hash from
+    /// scratch.
+    #[test]
+    fn the_hash_is_independent_of_transport(
+        a in proptest::collection::vec(0u8..5, 1..6),
+        b in proptest::collection::vec(0u8..5, 1..8),
+    ) {
+        let mem_a: Vec<u8> = a.iter().flat_map(|&s| page_of(s)).collect();
+        let mut mem_b: Vec<u8> = b.iter().flat_map(|&s| page_of(s)).collect();
+        if mem_b.len() < mem_a.len() {
+            mem_b.resize(mem_a.len(), 0);
+        }
+        let mut t = PageTracker::new();
+        let sa = t.capture(head(1, 0, vec![]), &mem_a);
+        let sb = t.capture(head(1, 1, vec![msg(1, 0, 0, 5)]), &mem_b);
+        let mut fresh = PageTracker::new();
+        let direct = fresh.capture(head(1, 1, vec![msg(1, 0, 0, 5)]), &mem_b);
+        prop_assert_eq!(direct.hash, sb.hash);
+        prop_assert_eq!(sb.compute_hash(), sb.hash);
+
+        let mut store = ReplicaStore::new();
+        let mut asm = Assembler::new(1 << 30);
+        deliver(&mut asm, &mut store, to_frames(&sa, &sa.nonzero_pages(), None)).unwrap();
+        t.acked(9, 0, true);
+        let plan = t.plan(9, &sb);
+        prop_assert_eq!(plan.base, Some(0));
+        let via_delta = deliver(&mut asm, &mut store, to_frames(&sb, &plan.pages, plan.base)).unwrap();
+        let via_whole = deliver(&mut asm, &mut ReplicaStore::new(), to_frames(&sb, &sb.nonzero_pages(), None)).unwrap();
+        let via_fetch = deliver(&mut asm, &mut ReplicaStore::new(), to_snapshot_frames(&sb)).unwrap();
+        prop_assert_eq!(via_delta.hash, sb.hash);
+        prop_assert_eq!(&via_delta, &via_whole);
+        prop_assert_eq!(&via_whole, &via_fetch);
+    }
+
+    /// Frames stay under the bound for any mix of pages and messages.
+    #[test]
+    fn frames_respect_the_size_bound(
+        pages in 0usize..200,
+        sizes in proptest::collection::vec(0usize..(3 << 20), 0..6),
+    ) {
+        let memory: Vec<u8> = (0..pages).flat_map(|i| page_of((i % 7) as u8 + 1)).collect();
+        let outbox = sizes.iter().enumerate().map(|(i, &n)| msg(0, 1, i as u32, n)).collect();
+        let snap = PageTracker::new().capture(head(0, 3, outbox), &memory);
+        let frames = to_frames(&snap, &snap.nonzero_pages(), None);
+        for f in &frames {
+            prop_assert!(frame_len(f) <= FRAME_BOUND_BYTES);
+        }
+        let got = deliver(&mut Assembler::new(1 << 30), &mut ReplicaStore::new(), frames).unwrap();
+        prop_assert_eq!(got, snap);
+    }
+
+    /// Arbitrary frame sequences never panic the assembler; whatever it
+    /// accepts matches its hash.
+    #[test]
+    fn the_assembler_never_panics_on_arbitrary_frames(frames in proptest::collection::vec(any_frame(), 0..12)) {
+        let mut asm = Assembler::new(300_000);
+        let mut store = ReplicaStore::new();
+        for f in frames {
+            if let Ok(Some(Assembled::Checkpoint(s))) = asm.push(f, &store) {
+                prop_assert!(s.verify());
+                store.insert(s);
+            }
+            prop_assert!(asm.pending_bytes() <= 300_000 * 4);
+        }
+    }
+}
+
+fn any_page() -> impl Strategy<Value = (u32, Vec<u8>)> {
+    (
+        0u32..6,
+        prop_oneof![Just(P), Just(0usize), Just(P + 1), 0usize..100],
+    )
+        .prop_map(|(i, n)| (i, vec![i as u8; n]))
+}
+
+fn any_frame() -> impl Strategy<Value = Frame> {
+    let pages = proptest::collection::vec(any_page(), 0..4).boxed();
+    let outbox = proptest::collection::vec((0u32..3, 0usize..2000), 0..3)
+        .prop_map(|v| {
+            v.into_iter()
+                .enumerate()
+                .map(|(i, (d, n))| msg(0, d, i as u32, n))
+                .collect::<Vec<_>>()
+        })
+        .boxed();
+    let memory_len = prop_oneof![
+        (0u64..6).prop_map(|n| n * P as u64),
+        any::<u64>(),
+        Just(u64::MAX - 7),
+        Just(1u64 << 40),
+    ];
+    let checkpoint = (
+        0u32..3,
+        0u32..3,
+        proptest::option::of(0u32..3),
+        memory_len,
+        pages.clone(),
+        outbox.clone(),
+        any::<bool>(),
+        any::<[u8; 32]>(),
+    )
+        .prop_map(
+            |(pid, superstep, base, memory_len, pages, outbox, exited, hash)| Checkpoint {
+                pid,
+                superstep,
+                base,
+                memory_len,
+                pages,
+                globals: vec![],
+                output_seq: 0,
+                output_bytes: 0,
+                exited,
+                outbox,
+                hash,
+            },
+        );
+    prop_oneof![
+        (0u32..3, 0u32..3, pages, outbox).prop_map(|(pid, superstep, pages, outbox)| {
+            Frame::CheckpointPart {
+                pid,
+                superstep,
+                pages,
+                outbox,
+            }
+        }),
+        checkpoint
+            .clone()
+            .prop_map(|c| Frame::Checkpoint(Box::new(c))),
+        (0u32..3, proptest::option::of(checkpoint)).prop_map(|(pid, c)| Frame::Snapshot {
+            pid,
+            snapshot: c.map(Box::new)
+        }),
+        Just(Frame::Welcome),
+        (0u32..3).prop_map(|pid| Frame::FetchCheckpoint { pid }),
+    ]
+}
+
+#[test]
+fn a_corrupted_page_is_detected_by_the_hash() {
+    let memory: Vec<u8> = [1u8, 2, 0, 3].iter().flat_map(|&s| page_of(s)).collect();
+    let snap = PageTracker::new().capture(head(2, 4, vec![msg(2, 0, 0, 3)]), &memory);
+    let mut frames = to_frames(&snap, &snap.nonzero_pages(), None);
+    let Some(Frame::Checkpoint(c)) = frames.last_mut() else {
+        panic!("the last frame is the checkpoint")
+    };
+    c.pages[1].1[100] ^= 1;
+    let err = deliver(
+        &mut Assembler::new(1 << 30),
+        &mut ReplicaStore::new(),
+        frames,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CheckpointError::HashMismatch {
+                pid: 2,
+                superstep: 4,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(err.subject(), Some((2, 4)));
+}
+
+#[test]
+fn a_delta_on_a_wrong_base_is_detected_by_the_hash() {
+    let m0: Vec<u8> = [1u8, 2].iter().flat_map(|&s| page_of(s)).collect();
+    let mut m1 = m0.clone();
+    m1[5] = 99;
+    let mut t = PageTracker::new();
+    let s0 = t.capture(head(0, 0, vec![]), &m0);
+    let s1 = t.capture(head(0, 1, vec![]), &m1);
+    t.acked(5, 0, true);
+    let plan = t.plan(5, &s1);
+    assert_eq!(
+        plan,
+        Plan {
+            base: Some(0),
+            pages: vec![0]
+        }
+    );
+    // The replica assembled s0 but then holds a different snapshot under
+    // the same superstep (its page hash cache must not hide that).
+    let mut asm = Assembler::new(1 << 30);
+    let mut store = ReplicaStore::new();
+    deliver(&mut asm, &mut store, to_frames(&s0, &[0, 1], None)).unwrap();
+    let mut wrong = s0.clone();
+    wrong.memory[P + 1] ^= 0xff;
+    store.remove_pid(0);
+    store.insert(wrong.seal());
+    let err = deliver(&mut asm, &mut store, to_frames(&s1, &plan.pages, plan.base)).unwrap_err();
+    assert!(matches!(err, CheckpointError::HashMismatch { .. }), "{err}");
+    // Without any base the replica says so.
+    let err = deliver(
+        &mut Assembler::new(1 << 30),
+        &mut ReplicaStore::new(),
+        to_frames(&s1, &plan.pages, plan.base),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("send it whole"), "{err}");
+}
+
+#[test]
+fn deltas_against_an_older_base_include_every_page_changed_since() {
+    let mut m: Vec<u8> = [1u8, 2, 3, 4].iter().flat_map(|&s| page_of(s)).collect();
+    let mut t = PageTracker::new();
+    t.capture(head(0, 0, vec![]), &m);
+    t.acked(1, 0, true);
+    m[P] = 0; // page 1 changes in superstep 1
+    let s1 = t.capture(head(0, 1, vec![]), &m);
+    t.acked(2, 1, true);
+    m[3 * P] = 0; // page 3 changes in superstep 2
+    m.resize(6 * P, 0); // two zero pages appear
+    m[5 * P] = 1; // page 5 is not zero
+    let s2 = t.capture(head(0, 2, vec![]), &m);
+    assert_eq!(t.plan(1, &s2).pages, vec![1, 3, 5]);
+    assert_eq!(t.plan(2, &s2).pages, vec![3, 5]);
+    // A replica that failed needs everything that is not zeros.
+    t.acked(2, 2, false);
+    assert_eq!(
+        t.plan(2, &s2),
+        Plan {
+            base: None,
+            pages: vec![0, 1, 2, 3, 5]
+        }
+    );
+    // A plan for a snapshot that is not the last capture is whole.
+    assert_eq!(t.plan(1, &s1).base, None);
+    // A capture that goes back in time starts over.
+    let again = t.capture(head(0, 1, vec![]), &m);
+    assert_eq!(t.plan(1, &again).base, None);
+    assert_eq!(t.replica_base(1), None);
+}
+
+#[test]
+fn an_exited_snapshot_has_no_memory_and_travels_as_a_delta() {
+    let m: Vec<u8> = page_of(3);
+    let mut t = PageTracker::new();
+    let s0 = t.capture(head(4, 0, vec![]), &m);
+    let mut store = ReplicaStore::new();
+    let mut asm = Assembler::new(1 << 20);
+    deliver(
+        &mut asm,
+        &mut store,
+        to_frames(&s0, &s0.nonzero_pages(), None),
+    )
+    .unwrap();
+    t.acked(1, 0, true);
+    let mut h = head(4, 1, vec![msg(4, 0, 0, 10)]);
+    h.exited = true;
+    let s1 = t.capture(h, &m);
+    assert!(s1.memory.is_empty());
+    let plan = t.plan(1, &s1);
+    assert_eq!(
+        plan,
+        Plan {
+            base: Some(0),
+            pages: vec![]
+        }
+    );
+    let got = deliver(&mut asm, &mut store, to_frames(&s1, &plan.pages, plan.base)).unwrap();
+    assert_eq!(got, s1);
+    assert_eq!(store.newest(4).map(|s| s.superstep), Some(1));
+}
+
+#[test]
+fn a_seeded_tracker_sends_deltas_against_the_restored_snapshot() {
+    let mut m: Vec<u8> = [1u8, 2, 3].iter().flat_map(|&s| page_of(s)).collect();
+    let restored = PageTracker::new().capture(head(0, 5, vec![]), &m);
+    let mut store = ReplicaStore::new();
+    store.insert(restored.clone());
+    let mut t = PageTracker::seeded(&restored);
+    t.acked(8, 5, true);
+    m[2 * P + 7] ^= 1;
+    let s6 = t.capture(head(0, 6, vec![]), &m);
+    let plan = t.plan(8, &s6);
+    assert_eq!(
+        plan,
+        Plan {
+            base: Some(5),
+            pages: vec![2]
+        }
+    );
+    let got = deliver(
+        &mut Assembler::new(1 << 20),
+        &mut store,
+        to_frames(&s6, &plan.pages, plan.base),
+    )
+    .unwrap();
+    assert_eq!(got, s6);
+    // A base before the tracker's history cannot be trusted.
+    t.acked(9, 4, true);
+    assert_eq!(t.replica_base(9), None);
+}
+
+#[test]
+fn large_messages_travel_in_their_own_frames_within_the_bound() {
+    let memory: Vec<u8> = (0..100).flat_map(|i| page_of(i as u8 + 1)).collect();
+    let max = bsp_api::wire::MAX_MESSAGE_BYTES;
+    let outbox = vec![
+        msg(0, 1, 0, max),
+        msg(0, 1, 1, 10),
+        msg(0, 2, 2, max),
+        msg(0, 3, 3, 3 << 20),
+    ];
+    let snap = PageTracker::new().capture(head(0, 0, outbox), &memory);
+    let frames = to_frames(&snap, &snap.nonzero_pages(), None);
+    assert!(frames.len() >= 4, "{} frames", frames.len());
+    for f in &frames {
+        assert!(frame_len(f) <= FRAME_BOUND_BYTES, "{}", frame_len(f));
+    }
+    let got = deliver(
+        &mut Assembler::new(1 << 30),
+        &mut ReplicaStore::new(),
+        frames,
+    )
+    .unwrap();
+    assert_eq!(got, snap);
+}
+
+#[test]
+fn the_assembler_refuses_hostile_checkpoints_with_readable_errors() {
+    let snap = PageTracker::new().capture(head(0, 0, vec![]), &page_of(1));
+    let good = match to_frames(&snap, &[0], None).pop() {
+        Some(Frame::Checkpoint(c)) => *c,
+        other => panic!("{other:?}"),
+    };
+    let mut asm = Assembler::new(4 * P as u64);
+    let check = |asm: &mut Assembler, c: Checkpoint| asm.finish(c, None).unwrap_err();
+
+    let mut c = good.clone();
+    c.memory_len = P as u64 + 1;
+    assert!(matches!(
+        check(&mut asm, c),
+        CheckpointError::MemoryLen { .. }
+    ));
+    let mut c = good.clone();
+    c.memory_len = 1 << 40;
+    let e = check(&mut asm, c);
+    assert!(matches!(e, CheckpointError::TooLarge { .. }), "{e}");
+    let mut c = good.clone();
+    c.pages[0].0 = 1;
+    assert!(matches!(
+        check(&mut asm, c),
+        CheckpointError::PageIndex { index: 1, .. }
+    ));
+    let mut c = good.clone();
+    c.pages[0].1.pop();
+    assert!(matches!(
+        check(&mut asm, c),
+        CheckpointError::PageSize { .. }
+    ));
+    let mut c = good.clone();
+    c.memory_len = 2 * P as u64;
+    c.pages.push((0, vec![0; P]));
+    assert!(matches!(
+        check(&mut asm, c),
+        CheckpointError::PageOrder { .. }
+    ));
+
+    // Parts beyond the cap are dropped.
+    let pages: Vec<(u32, Vec<u8>)> = (0..5).map(|i| (i, vec![0; P])).collect();
+    let e = asm.part(0, 0, pages, vec![]).unwrap_err();
+    assert!(e.to_string().contains("limit"), "{e}");
+    assert_eq!(asm.pending_bytes(), 0);
+
+    // A part of another superstep abandons the unfinished checkpoint.
+    asm.part(0, 0, vec![(0, vec![0; P])], vec![]).unwrap();
+    let e = asm.part(0, 1, vec![], vec![]).unwrap_err();
+    assert!(matches!(
+        e,
+        CheckpointError::Interleaved {
+            superstep: 0,
+            next: 1,
+            ..
+        }
+    ));
+    let e = asm.finish(good.clone(), None).unwrap_err();
+    assert!(matches!(
+        e,
+        CheckpointError::Interleaved {
+            superstep: 1,
+            next: 0,
+            ..
+        }
+    ));
+    // And with nothing pending the good one goes through.
+    assert_eq!(asm.finish(good, None).unwrap(), snap);
+    assert!(matches!(
+        asm.push(Frame::Welcome, &ReplicaStore::new()),
+        Err(CheckpointError::NotCheckpoint("Welcome"))
+    ));
+}
+
+#[test]
+fn the_replica_store_keeps_the_newest_snapshot_per_pid() {
+    let mut store = ReplicaStore::new();
+    let a = PageTracker::new().capture(head(1, 3, vec![]), &page_of(1));
+    let b = PageTracker::new().capture(head(1, 4, vec![msg(1, 0, 0, 8)]), &page_of(2));
+    let c = PageTracker::new().capture(head(2, 0, vec![]), &[]);
+    assert!(store.insert(a.clone()));
+    assert!(store.insert(b.clone()));
+    assert!(!store.insert(a.clone()), "older snapshots are not kept");
+    assert!(store.insert(c.clone()));
+    assert_eq!(store.newest(1), Some(&b));
+    assert_eq!(store.get(1, 3), None);
+    assert_eq!(store.get(1, 4), Some(&b));
+    assert_eq!(store.pids(), vec![1, 2]);
+    assert_eq!(store.total_bytes(), b.size_bytes() + c.size_bytes());
+    assert_eq!(store.remove_pid(1), Some(b));
+    assert_eq!(store.total_bytes(), c.size_bytes());
+}
+
+#[test]
+fn the_hash_covers_every_field() {
+    let base = PageTracker::new().capture(head(1, 2, vec![msg(1, 0, 0, 4)]), &page_of(5));
+    let variants: Vec<fn(&mut Snapshot)> = vec![
+        |s| s.pid += 1,
+        |s| s.superstep += 1,
+        |s| s.exited = true,
+        |s| s.output_seq += 1,
+        |s| s.output_bytes += 1,
+        |s| s.memory.extend_from_slice(&[0; P]),
+        |s| s.memory[P - 1] ^= 1,
+        |s| s.globals[0] += 1,
+        |s| s.globals.push(0),
+        |s| s.outbox[0].dst += 1,
+        |s| s.outbox[0].seq += 1,
+        |s| s.outbox[0].superstep += 1,
+        |s| s.outbox[0].src += 1,
+        |s| s.outbox[0].payload.push(0),
+        |s| s.outbox.clear(),
+    ];
+    for (i, f) in variants.iter().enumerate() {
+        let mut s = base.clone();
+        f(&mut s);
+        assert_ne!(s.compute_hash(), base.hash, "variant {i}");
+    }
+}
+
+#[test]
+fn reusing_a_buffer_that_is_not_the_last_capture_copies_everything() {
+    let m0: Vec<u8> = [1u8, 2].iter().flat_map(|&s| page_of(s)).collect();
+    let mut m1 = m0.clone();
+    m1[3] = 9;
+    let mut t = PageTracker::new();
+    let s0 = t.capture(head(0, 0, vec![]), &m0);
+    let mut stale = s0.clone();
+    stale.memory[P + 5] ^= 1; // not what the tracker captured (hash unchanged)
+    stale.superstep = 9;
+    let s1 = t.capture_reusing(head(0, 1, vec![]), &m1, stale);
+    assert_eq!(s1.memory, m1);
+    let mut m2 = m1.clone();
+    m2.resize(3 * P, 4);
+    let s2 = t.capture_reusing(head(0, 2, vec![]), &m2, s1);
+    assert_eq!(s2.memory, m2);
+    assert_eq!(s2.hash, s2.compute_hash());
+}

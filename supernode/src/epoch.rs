@@ -1,0 +1,767 @@
+//! Epochs of a job's assignment (`docs/fault-tolerance.md`): restoring the
+//! processes of lost peers, migrating processes whose DHHT host changed,
+//! draining peers, and keeping checkpoint replicas.
+//!
+//! Every change of a job's peers or placement is a new *epoch*: the job's
+//! `epoch` goes up by one, the placements record where each moved process
+//! came from and why, and every live peer of the job gets the new
+//! [`JobAssignment`] with `restore` (and `migrate`) naming the moved pids.
+//! All of it happens in the caller's transaction.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bsp_api::control::{Command, JobAssignment, JobPeer};
+use bsp_api::rest::{JobEventKind, JobLimits, JobOutcome};
+use bsp_api::{JobId, PeerId, Pid};
+use placement::golden_position;
+use rusqlite::{Connection, params};
+use sha2::{Digest, Sha256};
+
+use crate::db::{self, u64_from_sql, u64_to_sql};
+use crate::state::{Ending, Place, finish_job, pid_list, queue};
+use crate::{Effects, Error, Inner};
+
+/// Why a process left its host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MoveKind {
+    /// The host was lost; the process is restored from its newest replicated
+    /// checkpoint (the consumer sees *process rolled back*).
+    Lost,
+    /// The host is alive and hands the process over at its next sync (the
+    /// consumer sees *process migrated*).
+    Migrate,
+}
+
+impl MoveKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            MoveKind::Lost => "lost",
+            MoveKind::Migrate => "migrate",
+        }
+    }
+
+    fn parse(s: &str) -> Option<MoveKind> {
+        match s {
+            "lost" => Some(MoveKind::Lost),
+            "migrate" => Some(MoveKind::Migrate),
+            _ => None,
+        }
+    }
+}
+
+/// One process of a job, as `placements` records it.
+#[derive(Debug, Clone)]
+pub(crate) struct Placed {
+    pub(crate) pid: Pid,
+    /// The current host.
+    pub(crate) peer: PeerId,
+    /// Golden index of the process's DHHT position.
+    pub(crate) position: u64,
+    /// The epoch of its last move, if it moved.
+    pub(crate) moved_epoch: Option<u64>,
+    pub(crate) moved_from: Option<PeerId>,
+    pub(crate) moved_kind: Option<MoveKind>,
+    pub(crate) handed_over: bool,
+}
+
+impl Placed {
+    /// The old host that still runs this migrating process until it reports
+    /// the handover.
+    pub(crate) fn handing_over_from(&self) -> Option<PeerId> {
+        if self.moved_kind == Some(MoveKind::Migrate) && !self.handed_over {
+            self.moved_from
+        } else {
+            None
+        }
+    }
+
+    /// Whether `peer` may report about this process: its host, or the old
+    /// host of a migration that is not handed over yet.
+    pub(crate) fn is_run_by(&self, peer: PeerId) -> bool {
+        self.peer == peer || self.handing_over_from() == Some(peer)
+    }
+}
+
+/// The processes of `job` in pid order.
+pub(crate) fn placements(tx: &Connection, job: JobId) -> Result<Vec<Placed>, Error> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT pid, peer_id, position, moved_epoch, moved_from, moved_kind, handed_over \
+         FROM placements WHERE job = ?1 ORDER BY pid",
+    )?;
+    let rows = stmt.query_map([job], |r| {
+        Ok(Placed {
+            pid: r.get(0)?,
+            peer: r.get(1)?,
+            position: u64_from_sql(r.get(2)?),
+            moved_epoch: r.get::<_, Option<i64>>(3)?.map(u64_from_sql),
+            moved_from: r.get(4)?,
+            moved_kind: r
+                .get::<_, Option<String>>(5)?
+                .as_deref()
+                .and_then(MoveKind::parse),
+            handed_over: r.get(6)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// The peers of `job` in assignment order: hosts and replica-only peers.
+pub(crate) fn job_peers(tx: &Connection, job: JobId) -> Result<Vec<PeerId>, Error> {
+    let mut stmt =
+        tx.prepare_cached("SELECT peer_id FROM job_peers WHERE job = ?1 ORDER BY ord")?;
+    let rows = stmt.query_map([job], |r| r.get::<_, PeerId>(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Records `peers` as the peer list of `job`.
+pub(crate) fn set_job_peers(tx: &Connection, job: JobId, peers: &[PeerId]) -> Result<(), Error> {
+    tx.execute("DELETE FROM job_peers WHERE job = ?1", [job])?;
+    let mut stmt =
+        tx.prepare_cached("INSERT INTO job_peers (job, peer_id, ord) VALUES (?1, ?2, ?3)")?;
+    for (ord, peer) in peers.iter().enumerate() {
+        stmt.execute(params![job, peer, ord as i64])?;
+    }
+    Ok(())
+}
+
+/// Peers that may take work at `now`: online, lease valid, not draining.
+pub(crate) fn usable_peers(tx: &Connection, now: i64) -> Result<BTreeSet<PeerId>, Error> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT id FROM peers WHERE state = 'online' AND lease_expires_at >= ?1 AND draining = 0",
+    )?;
+    let rows = stmt.query_map([now], |r| r.get::<_, PeerId>(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Peers with a valid lease at `now`, draining or not.
+fn live_peers(tx: &Connection, now: i64) -> Result<BTreeSet<PeerId>, Error> {
+    let mut stmt = tx
+        .prepare_cached("SELECT id FROM peers WHERE state = 'online' AND lease_expires_at >= ?1")?;
+    let rows = stmt.query_map([now], |r| r.get::<_, PeerId>(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Online peers that are draining.
+fn draining_peers(tx: &Connection) -> Result<BTreeSet<PeerId>, Error> {
+    let mut stmt =
+        tx.prepare_cached("SELECT id FROM peers WHERE state = 'online' AND draining = 1")?;
+    let rows = stmt.query_map([], |r| r.get::<_, PeerId>(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// The order in which peers are asked to be replica-only peers of `job`:
+/// rendezvous hashing of `(job, peer)`, so jobs spread over the network.
+fn replica_rank(job: JobId, peer: PeerId) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"bspweb replica-only peer\0");
+    h.update(job.to_le_bytes());
+    h.update(peer.to_le_bytes());
+    h.finalize().into()
+}
+
+/// Adds replica-only peers from `candidates` to `peers` until the job has
+/// `replicas + 1` peers, if there are enough candidates.
+pub(crate) fn top_up_replicas(
+    job: JobId,
+    peers: &mut Vec<PeerId>,
+    replicas: u32,
+    candidates: &BTreeSet<PeerId>,
+) {
+    let want = replicas as usize + 1;
+    if peers.len() >= want {
+        return;
+    }
+    let mut extra: Vec<PeerId> = candidates
+        .iter()
+        .copied()
+        .filter(|p| !peers.contains(p))
+        .collect();
+    extra.sort_by_key(|&p| replica_rank(job, p));
+    peers.extend(extra.into_iter().take(want - peers.len()));
+}
+
+/// The assignment of `job` as recorded, with `restore` and `migrate`.
+pub(crate) fn assignment(
+    tx: &Connection,
+    job: JobId,
+    restore: Vec<Pid>,
+    migrate: Vec<Pid>,
+) -> Result<JobAssignment, Error> {
+    #[allow(clippy::type_complexity)]
+    let (
+        program_hash,
+        nprocs,
+        args,
+        seed,
+        superstep_ms,
+        memory_mib,
+        output_mib,
+        every,
+        replicas,
+        token,
+        epoch,
+    ): (
+        String,
+        u32,
+        String,
+        i64,
+        i64,
+        u32,
+        u32,
+        u32,
+        u32,
+        Option<String>,
+        i64,
+    ) = tx.query_row(
+        "SELECT program_hash, nprocs, args, seed, superstep_ms, memory_mib, output_mib, \
+             checkpoint_every, replicas, job_token, epoch FROM jobs WHERE id = ?1",
+        [job],
+        |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+                r.get(6)?,
+                r.get(7)?,
+                r.get(8)?,
+                r.get(9)?,
+                r.get(10)?,
+            ))
+        },
+    )?;
+    let peers: Vec<JobPeer> = {
+        let mut stmt = tx.prepare_cached(
+            "SELECT p.id, p.addr FROM job_peers jp JOIN peers p ON p.id = jp.peer_id \
+             WHERE jp.job = ?1 ORDER BY jp.ord",
+        )?;
+        stmt.query_map([job], |r| {
+            Ok(JobPeer {
+                id: r.get(0)?,
+                addr: r.get(1)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?
+    };
+    let index: BTreeMap<PeerId, u32> = peers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.id, i as u32))
+        .collect();
+    let mut placement = Vec::with_capacity(nprocs as usize);
+    for row in placements(tx, job)? {
+        let i = index.get(&row.peer).copied().ok_or_else(|| {
+            Error::Internal(format!(
+                "job {job}: pid {} is placed on peer #{} which is not among the job's peers",
+                row.pid, row.peer
+            ))
+        })?;
+        placement.push(i);
+    }
+    let resources: Vec<(String, String)> = {
+        let mut stmt =
+            tx.prepare_cached("SELECT name, data FROM job_resources WHERE job = ?1 ORDER BY name")?;
+        stmt.query_map([job], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
+        })?
+        .map(|row| row.map(|(name, data)| (name, BASE64.encode(data))))
+        .collect::<rusqlite::Result<_>>()?
+    };
+    Ok(JobAssignment {
+        job,
+        program_hash,
+        nprocs,
+        args,
+        seed: u64_from_sql(seed),
+        limits: JobLimits {
+            superstep_ms: u64_from_sql(superstep_ms),
+            memory_mib,
+            output_mib,
+            checkpoint_every: every,
+            replicas,
+        },
+        job_token: token.unwrap_or_default(),
+        placement,
+        peers,
+        resources,
+        epoch: u64_from_sql(epoch),
+        restore,
+        migrate,
+    })
+}
+
+/// Sends the recorded assignment of `job` to each of its live peers.
+pub(crate) fn send_assignment(
+    tx: &Connection,
+    inner: &Inner,
+    fx: &mut Effects,
+    job: JobId,
+    restore: Vec<Pid>,
+    migrate: Vec<Pid>,
+    now: i64,
+) -> Result<JobAssignment, Error> {
+    let a = assignment(tx, job, restore, migrate)?;
+    let live = live_peers(tx, now)?;
+    for peer in &a.peers {
+        if live.contains(&peer.id) {
+            queue(tx, inner, fx, peer.id, Command::StartJob(a.clone()))?;
+        }
+    }
+    Ok(a)
+}
+
+/// A change of a job's assignment.
+#[derive(Debug, Default)]
+pub(crate) struct Change {
+    /// Processes that move: `(pid, new host)`.
+    pub(crate) moves: Vec<(Pid, PeerId)>,
+    /// Whether the moves migrate (old host alive) or restore lost processes.
+    pub(crate) migrate: bool,
+    /// Processes restored where they are: their migration's old host was
+    /// lost before it handed them over.
+    pub(crate) restore_in_place: Vec<Pid>,
+    /// Peers that leave the job (lost ones; live ones are told `KillJob`).
+    pub(crate) leave: Vec<PeerId>,
+}
+
+/// Starts the next epoch of `job`: applies `change`, lets draining peers
+/// that host nothing leave, adds replica-only peers up to `replicas + 1`,
+/// and sends the new assignment to every live peer of the job. Returns the
+/// new epoch.
+pub(crate) fn new_epoch(
+    tx: &Connection,
+    inner: &Inner,
+    fx: &mut Effects,
+    job: JobId,
+    change: Change,
+    now: i64,
+) -> Result<u64, Error> {
+    let (epoch, replicas): (i64, u32) = tx.query_row(
+        "UPDATE jobs SET epoch = epoch + 1 WHERE id = ?1 RETURNING epoch, replicas",
+        [job],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    let epoch = u64_from_sql(epoch);
+    let kind = if change.migrate {
+        MoveKind::Migrate
+    } else {
+        MoveKind::Lost
+    };
+    {
+        let mut stmt = tx.prepare_cached(
+            "UPDATE placements SET moved_from = peer_id, peer_id = ?3, moved_epoch = ?4, \
+                 moved_kind = ?5, handed_over = 0 WHERE job = ?1 AND pid = ?2",
+        )?;
+        for &(pid, to) in &change.moves {
+            stmt.execute(params![job, pid, to, u64_to_sql(epoch), kind.as_str()])?;
+        }
+        let mut stmt = tx.prepare_cached(
+            "UPDATE placements SET moved_epoch = ?3, moved_kind = 'lost', handed_over = 0 \
+             WHERE job = ?1 AND pid = ?2",
+        )?;
+        for &pid in &change.restore_in_place {
+            stmt.execute(params![job, pid, u64_to_sql(epoch)])?;
+        }
+    }
+    let rows = placements(tx, job)?;
+    let mut peers: Vec<PeerId> = job_peers(tx, job)?
+        .into_iter()
+        .filter(|p| !change.leave.contains(p))
+        .collect();
+    for row in &rows {
+        if !peers.contains(&row.peer) {
+            peers.push(row.peer);
+        }
+    }
+    // Draining peers leave once they host nothing and hand nothing over.
+    let draining = draining_peers(tx)?;
+    let drained: Vec<PeerId> = peers
+        .iter()
+        .copied()
+        .filter(|p| {
+            draining.contains(p)
+                && !rows
+                    .iter()
+                    .any(|r| r.peer == *p || r.handing_over_from() == Some(*p))
+        })
+        .collect();
+    peers.retain(|p| !drained.contains(p));
+    let mut candidates = usable_peers(tx, now)?;
+    for p in change.leave.iter().chain(&drained) {
+        candidates.remove(p);
+    }
+    top_up_replicas(job, &mut peers, replicas, &candidates);
+    set_job_peers(tx, job, &peers)?;
+
+    let mut restore: Vec<Pid> = change
+        .moves
+        .iter()
+        .map(|&(pid, _)| pid)
+        .chain(change.restore_in_place.iter().copied())
+        .collect();
+    restore.sort_unstable();
+    restore.dedup();
+    let mut migrate: Vec<Pid> = if change.migrate {
+        change.moves.iter().map(|&(pid, _)| pid).collect()
+    } else {
+        Vec::new()
+    };
+    migrate.sort_unstable();
+    send_assignment(tx, inner, fx, job, restore, migrate, now)?;
+    let live = live_peers(tx, now)?;
+    for &p in change.leave.iter().chain(&drained) {
+        if live.contains(&p) {
+            queue(
+                tx,
+                inner,
+                fx,
+                p,
+                Command::KillJob {
+                    job,
+                    reason: format!(
+                        "this peer left job {job} in epoch {epoch}; its processes run elsewhere"
+                    ),
+                },
+            )?;
+        }
+    }
+    if !drained.is_empty() {
+        let text = format!(
+            "{} left the job after draining (epoch {epoch})",
+            peer_list(&drained)
+        );
+        db::insert_event(tx, job, None, None, &JobEventKind::Status { text }, now)?;
+    }
+    tracing::info!(job, epoch, moves = ?change.moves, migrate = change.migrate,
+        restore_in_place = ?change.restore_in_place, leave = ?change.leave, ?drained, peers = ?peers,
+        "new epoch of a job's assignment");
+    fx.jobs.insert(job);
+    Ok(epoch)
+}
+
+/// "peer #3" or "peers #2, #5".
+pub(crate) fn peer_list(peers: &[PeerId]) -> String {
+    let ids: Vec<String> = peers.iter().map(|p| format!("#{p}")).collect();
+    match ids.len() {
+        1 => format!("peer {}", ids[0]),
+        _ => format!("peers {}", ids.join(", ")),
+    }
+}
+
+/// The distinct values of `peers` in order of first appearance.
+fn distinct(peers: impl IntoIterator<Item = PeerId>) -> Vec<PeerId> {
+    let mut out = Vec::new();
+    for p in peers {
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Restores the processes of the `lost` peers (already marked gone and out
+/// of the DHHT): for every active job they belonged to, a new epoch with
+/// their processes re-placed by the DHHT on the remaining peers and named in
+/// `restore`. A job fails only when no live peer is left to take them.
+pub(crate) fn restore_lost(
+    tx: &Connection,
+    place: &mut Place,
+    inner: &Inner,
+    fx: &mut Effects,
+    lost: &BTreeMap<PeerId, String>,
+    now: i64,
+) -> Result<(), Error> {
+    let mut by_job: BTreeMap<JobId, Vec<PeerId>> = BTreeMap::new();
+    {
+        let mut stmt = tx.prepare_cached(
+            "SELECT jp.job FROM job_peers jp JOIN jobs j ON j.id = jp.job \
+             WHERE jp.peer_id = ?1 AND j.state = 'active'",
+        )?;
+        for &peer in lost.keys() {
+            for job in stmt.query_map([peer], |r| r.get::<_, JobId>(0))? {
+                by_job.entry(job?).or_default().push(peer);
+            }
+        }
+    }
+    if by_job.is_empty() {
+        return Ok(());
+    }
+    let usable = usable_peers(tx, now)?;
+    let live = live_peers(tx, now)?;
+    for (job, gone) in by_job {
+        let rows = placements(tx, job)?;
+        let job_live: Vec<PeerId> = job_peers(tx, job)?
+            .into_iter()
+            .filter(|p| live.contains(p))
+            .collect();
+        let lost_pids: Vec<&Placed> = rows.iter().filter(|r| gone.contains(&r.peer)).collect();
+        let in_place: Vec<Pid> = rows
+            .iter()
+            .filter(|r| {
+                !gone.contains(&r.peer) && r.handing_over_from().is_some_and(|p| gone.contains(&p))
+            })
+            .map(|r| r.pid)
+            .collect();
+        let mut moves = Vec::with_capacity(lost_pids.len());
+        let mut homeless = Vec::new();
+        for row in &lost_pids {
+            let target = place
+                .dhht
+                .lookup(golden_position(row.position))
+                .filter(|p| usable.contains(p))
+                .or_else(|| job_live.first().copied())
+                .or_else(|| usable.first().copied())
+                .or_else(|| live.first().copied());
+            match target {
+                Some(t) => moves.push((row.pid, t)),
+                None => homeless.push(row.pid),
+            }
+        }
+        let who = if gone.len() == 1 {
+            format!("peer {} (#{})", lost[&gone[0]], gone[0])
+        } else {
+            let names: Vec<String> = gone.iter().map(|p| format!("{} (#{p})", lost[p])).collect();
+            format!("peers {}", names.join(", "))
+        };
+        if !homeless.is_empty() {
+            let reason = format!(
+                "{who} stopped renewing {} lease and no live peer is left to restore {}",
+                if gone.len() == 1 { "its" } else { "their" },
+                pid_list(&homeless)
+            );
+            let ending = Ending {
+                outcome: JobOutcome::Failed,
+                error: Some(reason.clone()),
+                error_pid: None,
+                event: JobEventKind::JobFailed { reason },
+                kill: Some("every other peer of the job is gone".into()),
+                skip_peer: None,
+            };
+            finish_job(tx, place, inner, fx, job, ending, now)?;
+            continue;
+        }
+        let restored: Vec<Pid> = moves.iter().map(|&(pid, _)| pid).collect();
+        let targets = distinct(moves.iter().map(|&(_, t)| t));
+        let epoch = new_epoch(
+            tx,
+            inner,
+            fx,
+            job,
+            Change {
+                moves,
+                migrate: false,
+                restore_in_place: in_place.clone(),
+                leave: gone.clone(),
+            },
+            now,
+        )?;
+        let lost_text = format!("{} lost", peer_list(&gone));
+        let text = if restored.is_empty() && in_place.is_empty() {
+            format!("{lost_text}; it held only checkpoint replicas (epoch {epoch})")
+        } else {
+            let mut text = lost_text;
+            if !restored.is_empty() {
+                text.push_str(&format!(
+                    "; restoring {} on {}",
+                    pid_list(&restored),
+                    peer_list(&targets)
+                ));
+            }
+            if !in_place.is_empty() {
+                text.push_str(&format!(
+                    "; restoring {} where they were migrating to",
+                    pid_list(&in_place)
+                ));
+            }
+            format!("{text} (epoch {epoch})")
+        };
+        tracing::warn!(job, epoch, "{text}");
+        db::insert_event(tx, job, None, None, &JobEventKind::Status { text }, now)?;
+    }
+    Ok(())
+}
+
+/// Moves the processes of active jobs whose DHHT host differs from their
+/// recorded host (after a power change or a drain). Jobs that migrated less
+/// than the migration interval ago wait, unless a process sits on a draining
+/// peer; a process still being handed over does not move again. Returns
+/// whether some job has moves left for later.
+pub(crate) fn rebalance(
+    tx: &Connection,
+    place: &Place,
+    inner: &Inner,
+    fx: &mut Effects,
+    now: i64,
+) -> Result<bool, Error> {
+    let interval = i64::try_from(inner.config.migration_interval.as_millis()).unwrap_or(i64::MAX);
+    let usable = usable_peers(tx, now)?;
+    let draining = draining_peers(tx)?;
+    let jobs: Vec<(JobId, Option<i64>)> = {
+        let mut stmt = tx.prepare_cached(
+            "SELECT id, migrated_at FROM jobs WHERE state = 'active' ORDER BY id",
+        )?;
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?
+    };
+    let mut pending = false;
+    for (job, migrated_at) in jobs {
+        let rows = placements(tx, job)?;
+        let mut moves = Vec::new();
+        let mut forced = false;
+        for row in &rows {
+            let Some(target) = place
+                .dhht
+                .lookup(golden_position(row.position))
+                .filter(|p| usable.contains(p) && *p != row.peer)
+            else {
+                continue;
+            };
+            if row.handing_over_from().is_some() {
+                pending = true;
+                continue;
+            }
+            forced |= draining.contains(&row.peer);
+            moves.push((row.pid, target));
+        }
+        if moves.is_empty() {
+            continue;
+        }
+        if !forced && migrated_at.is_some_and(|t| now.saturating_sub(t) < interval) {
+            pending = true;
+            continue;
+        }
+        let pids: Vec<Pid> = moves.iter().map(|&(pid, _)| pid).collect();
+        let targets = distinct(moves.iter().map(|&(_, t)| t));
+        let sources = distinct(
+            moves
+                .iter()
+                .filter_map(|&(pid, _)| rows.iter().find(|r| r.pid == pid).map(|r| r.peer)),
+        );
+        let epoch = new_epoch(
+            tx,
+            inner,
+            fx,
+            job,
+            Change {
+                moves,
+                migrate: true,
+                ..Change::default()
+            },
+            now,
+        )?;
+        tx.execute(
+            "UPDATE jobs SET migrated_at = ?2 WHERE id = ?1",
+            params![job, now],
+        )?;
+        let why = if forced { "draining" } else { "load change" };
+        let text = format!(
+            "migrating {} from {} to {} ({why}, epoch {epoch})",
+            pid_list(&pids),
+            peer_list(&sources),
+            peer_list(&targets)
+        );
+        tracing::info!(job, epoch, "{text}");
+        db::insert_event(tx, job, None, None, &JobEventKind::Status { text }, now)?;
+    }
+    Ok(pending)
+}
+
+/// Lets draining peers that host nothing and hand nothing over leave their
+/// active jobs (a new epoch without them).
+pub(crate) fn settle_drains(
+    tx: &Connection,
+    inner: &Inner,
+    fx: &mut Effects,
+    now: i64,
+) -> Result<(), Error> {
+    let jobs: Vec<JobId> = {
+        let mut stmt = tx.prepare_cached(
+            "SELECT DISTINCT jp.job FROM job_peers jp JOIN peers p ON p.id = jp.peer_id \
+             JOIN jobs j ON j.id = jp.job \
+             WHERE p.draining = 1 AND p.state = 'online' AND j.state = 'active' ORDER BY jp.job",
+        )?;
+        stmt.query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?
+    };
+    if jobs.is_empty() {
+        return Ok(());
+    }
+    let draining = draining_peers(tx)?;
+    for job in jobs {
+        let rows = placements(tx, job)?;
+        let idle_drainer = job_peers(tx, job)?.into_iter().any(|p| {
+            draining.contains(&p)
+                && !rows
+                    .iter()
+                    .any(|r| r.peer == p || r.handing_over_from() == Some(p))
+        });
+        if idle_drainer {
+            new_epoch(tx, inner, fx, job, Change::default(), now)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replica_only_peers_fill_the_job_up_to_r_plus_one_deterministically() {
+        let candidates: BTreeSet<PeerId> = (1..=10).collect();
+        let mut a = vec![3];
+        top_up_replicas(7, &mut a, 2, &candidates);
+        assert_eq!(a.len(), 3);
+        assert_eq!(a[0], 3);
+        assert!(a[1] != 3 && a[2] != 3 && a[1] != a[2]);
+        let mut b = vec![3];
+        top_up_replicas(7, &mut b, 2, &candidates);
+        assert_eq!(a, b, "the same job picks the same peers");
+        // Enough peers already: nothing added; too few candidates: all added.
+        let mut full = vec![1, 2, 3];
+        top_up_replicas(7, &mut full, 2, &candidates);
+        assert_eq!(full, vec![1, 2, 3]);
+        let mut few = vec![1];
+        top_up_replicas(7, &mut few, 5, &[1, 2].into_iter().collect());
+        assert_eq!(few, vec![1, 2]);
+        // Different jobs spread over different peers.
+        let picks: BTreeSet<Vec<PeerId>> = (0..20)
+            .map(|job| {
+                let mut p = vec![];
+                top_up_replicas(job, &mut p, 0, &candidates);
+                p
+            })
+            .collect();
+        assert!(picks.len() > 3, "{picks:?}");
+    }
+
+    #[test]
+    fn peer_lists_read_like_prose() {
+        assert_eq!(peer_list(&[7]), "peer #7");
+        assert_eq!(peer_list(&[2, 5]), "peers #2, #5");
+        assert_eq!(distinct([2, 5, 2, 3]), vec![2, 5, 3]);
+    }
+
+    #[test]
+    fn a_migrating_process_is_run_by_both_hosts_until_the_handover() {
+        let mut p = Placed {
+            pid: 0,
+            peer: 2,
+            position: 1,
+            moved_epoch: Some(1),
+            moved_from: Some(1),
+            moved_kind: Some(MoveKind::Migrate),
+            handed_over: false,
+        };
+        assert!(p.is_run_by(1) && p.is_run_by(2) && !p.is_run_by(3));
+        p.handed_over = true;
+        assert!(!p.is_run_by(1) && p.is_run_by(2));
+        p.handed_over = false;
+        p.moved_kind = Some(MoveKind::Lost);
+        assert!(!p.is_run_by(1));
+    }
+}

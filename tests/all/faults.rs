@@ -1,0 +1,1477 @@
+//! Fault injection (docs/fault-tolerance.md, issue 3): real supernodes and
+//! peers on loopback, broken on purpose while a job runs — peers SIGKILLed
+//! at random moments (in compute, around barriers, while checkpoints
+//! travel), two peers at once, the supernode SIGKILLed and restarted, a
+//! peer's availability lowered, a peer drained with SIGTERM. The promise
+//! checked every time: the job exits normally and its full output (stdout,
+//! stderr and raw records, in order per pid) is byte-identical to a
+//! failure-free run of the same job.
+//!
+//! Every random choice comes from a seed printed when the trial starts
+//! (`BSPWEB_FAULT_SEED=…`) and named in its failure message. Environment:
+//!
+//! - `BSPWEB_FAULT_SEED=S`: run every fault test with seed `S` only (the
+//!   randomized test runs the one trial `S`);
+//! - `BSPWEB_FAULT_TRIALS=N`: randomized single-kill trials (default 30);
+//! - `BSPWEB_FAULT_LANES=N`: trials run at once, each on its own cluster
+//!   (default 2);
+//! - `BSPWEB_TEST_LOG=filter`: log level of the children (default `warn`).
+//!   A failed trial keeps its cluster's data directory with every child's
+//!   log and names it.
+
+use std::collections::BTreeSet;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use bsp_api::client::Client;
+use bsp_api::rest::{JobEvent, JobEventKind, JobInfo, JobLimits, SubmitJob};
+use bsp_api::{PeerId, Pid};
+
+use crate::harness::{ADMIN, ADMIN_PASSWORD, Cluster, Options, bspweb, collect};
+
+// ---------------------------------------------------------------------------
+// The guest program: many supersteps, all-to-all messages, all three output
+// streams, state that changes a few pages at a time.
+// ---------------------------------------------------------------------------
+
+/// The shape of one fault-test job (the guest of [`program_wat`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Workload {
+    name: &'static str,
+    nprocs: u32,
+    /// The program syncs this many times (supersteps `0..=steps`).
+    steps: u32,
+    /// Mixing rounds per superstep: compute time.
+    work: u32,
+    /// Bytes of each message (at least 16); every pid sends one message to
+    /// every pid (itself included) in every superstep but the last.
+    payload: u32,
+    /// 64 KiB pages of state beyond the message buffer.
+    ballast: u32,
+    /// Of those, the pages rewritten in each superstep (what a delta
+    /// checkpoint carries besides the first pages).
+    dirty: u32,
+}
+
+/// Supersteps dominated by compute: a kill lands inside a superstep.
+const COMPUTE: Workload = Workload {
+    name: "compute",
+    nprocs: 8,
+    steps: 100,
+    work: 1_000_000,
+    payload: 64,
+    ballast: 2,
+    dirty: 1,
+};
+
+/// Tiny supersteps: a kill lands around barriers and message exchanges.
+const BARRIER: Workload = Workload {
+    name: "barrier",
+    nprocs: 10,
+    steps: 250,
+    work: 2_000,
+    payload: 32,
+    ballast: 1,
+    dirty: 1,
+};
+
+/// Big messages and many changed pages: a kill lands while messages and
+/// checkpoints travel.
+const TRANSFER: Workload = Workload {
+    name: "transfer",
+    nprocs: 8,
+    steps: 40,
+    work: 50_000,
+    payload: 48 << 10,
+    ballast: 24,
+    dirty: 6,
+};
+
+/// Long enough for lease renewals to report a change and for processes to
+/// move at later syncs (migration and drain).
+const LONG: Workload = Workload {
+    name: "long",
+    nprocs: 8,
+    steps: 300,
+    work: 700_000,
+    payload: 256,
+    ballast: 4,
+    dirty: 1,
+};
+
+/// The workloads the randomized trials draw from. Each runs for seconds
+/// without faults, so a fault injected by the time half of its supersteps
+/// printed lands while it runs ([`fault_landed`] checks that it did).
+const WORKLOADS: [Workload; 3] = [COMPUTE, BARRIER, TRANSFER];
+
+/// The seed of every fault-test job (the job's RNG seed, not a trial seed).
+const JOB_SEED: u64 = 0x5eed_fa17;
+
+const PAGE: u32 = 1 << 16;
+/// The message buffer starts at page 1.
+const BUF: u32 = PAGE;
+/// The pid, superstep and value of a line are written over the dots.
+const STDOUT_LINE: &str = "pid ........ step ........ acc ................";
+const STDERR_LINE: &str = "pid ........ step ........ chk ................";
+const DONE_LINE: &str = "pid ........ done after ........ supersteps";
+/// Abort reasons; the program's output checks fail the job with these.
+const ERRORS: [&str; 5] = [
+    "the superstep counter in memory disagrees with the host",
+    "wrong number of messages",
+    "a message has the wrong source, superstep or length",
+    "a message payload is corrupted",
+    "a host call failed",
+];
+
+fn mix(a: u64, b: u64) -> u64 {
+    let x = (a ^ b).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^ (x >> 29)
+}
+
+/// The guest, in WebAssembly text against the `bspweb_v1` ABI (no SDK, so
+/// the test owns every byte of it). Per pid `p`, superstep `s`:
+///
+/// 1. `acc = mix(seed, p)` at `s = 0`; else, for each message in delivery
+///    order (one from every pid, by source), check source, superstep,
+///    length and payload, and fold its value in: `acc = mix(acc, v ^ src << 32)`;
+/// 2. fold in one word of state written supersteps ago, mix `work` rounds,
+///    rewrite `dirty` state pages with `acc + j`;
+/// 3. print `pid p step s acc …` (stdout) and `… chk …` (stderr), write a
+///    24-byte raw record `p, s, acc, chk`;
+/// 4. at `s = steps` print `pid p done after steps supersteps` and return;
+///    else send `mix(acc, d)` (plus `payload - 16` pattern bytes) to every
+///    pid `d` and sync.
+///
+/// [`model`] computes the same natively.
+fn program_wat(w: &Workload) -> String {
+    assert!(w.payload >= 16 && w.ballast >= 1 && w.dirty >= 1 && w.dirty <= w.ballast);
+    let msg_pages = w.payload.div_ceil(PAGE);
+    let ballast_base = BUF + msg_pages * PAGE;
+    let pages = 1 + msg_pages + w.ballast;
+    let fail = |i: usize| {
+        format!(
+            "(call $fail (i32.const {}) (i32.const {}))",
+            512 + 64 * i,
+            ERRORS[i].len()
+        )
+    };
+    let error_data: String = ERRORS
+        .iter()
+        .enumerate()
+        .map(|(i, e)| format!("  (data (i32.const {}) \"{e}\")\n", 512 + 64 * i))
+        .collect();
+    let (fail0, fail1, fail2, fail3, fail4) = (fail(0), fail(1), fail(2), fail(3), fail(4));
+    let Workload {
+        steps,
+        work,
+        payload,
+        ballast,
+        dirty,
+        ..
+    } = *w;
+    let (buf8, buf12) = (BUF + 8, BUF + 12);
+    let done_len = DONE_LINE.len();
+    let line_len = STDOUT_LINE.len();
+    format!(
+        r#"(module
+  (import "bspweb_v1" "pid" (func $pid (result i32)))
+  (import "bspweb_v1" "nprocs" (func $nprocs (result i32)))
+  (import "bspweb_v1" "superstep" (func $superstep (result i32)))
+  (import "bspweb_v1" "seed" (func $seed (result i64)))
+  (import "bspweb_v1" "send" (func $send (param i32 i32 i32) (result i32)))
+  (import "bspweb_v1" "msg_count" (func $msg_count (result i32)))
+  (import "bspweb_v1" "msg_info" (func $msg_info (param i32 i32) (result i32)))
+  (import "bspweb_v1" "msg_read" (func $msg_read (param i32 i32) (result i32)))
+  (import "bspweb_v1" "print" (func $print (param i32 i32 i32) (result i32)))
+  (import "bspweb_v1" "write_raw" (func $write_raw (param i32 i32) (result i32)))
+  (import "bspweb_v1" "abort" (func $abort (param i32 i32)))
+  (memory (export "memory") {pages})
+  (data (i32.const 256) "{STDOUT_LINE}")
+  (data (i32.const 320) "{STDERR_LINE}")
+  (data (i32.const 384) "{DONE_LINE}")
+{error_data}
+  (func $fail (param $ptr i32) (param $len i32)
+    (call $abort (local.get $ptr) (local.get $len))
+    unreachable)
+
+  (func $check (param $r i32)
+    (if (i32.lt_s (local.get $r) (i32.const 0)) (then {fail4})))
+
+  (func $mix (param $a i64) (param $b i64) (result i64)
+    (local $x i64)
+    (local.set $x (i64.mul (i64.xor (local.get $a) (local.get $b)) (i64.const 0x9E3779B97F4A7C15)))
+    (i64.xor (local.get $x) (i64.shr_u (local.get $x) (i64.const 29))))
+
+  (func $hex (param $ptr i32) (param $v i64) (param $digits i32)
+    (local $k i32) (local $nib i32)
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $k) (local.get $digits)))
+        (local.set $nib (i32.wrap_i64 (i64.and
+          (i64.shr_u (local.get $v)
+            (i64.extend_i32_u (i32.shl (i32.sub (i32.sub (local.get $digits) (local.get $k)) (i32.const 1)) (i32.const 2))))
+          (i64.const 15))))
+        (i32.store8 (i32.add (local.get $ptr) (local.get $k))
+          (select (i32.add (local.get $nib) (i32.const 48))
+                  (i32.add (local.get $nib) (i32.const 87))
+                  (i32.lt_u (local.get $nib) (i32.const 10))))
+        (local.set $k (i32.add (local.get $k) (i32.const 1)))
+        (br $next))))
+
+  (func $line (param $stream i32) (param $t i32) (param $pid i32) (param $s i32) (param $v i64)
+    (call $hex (i32.add (local.get $t) (i32.const 4)) (i64.extend_i32_u (local.get $pid)) (i32.const 8))
+    (call $hex (i32.add (local.get $t) (i32.const 18)) (i64.extend_i32_u (local.get $s)) (i32.const 8))
+    (call $hex (i32.add (local.get $t) (i32.const 31)) (local.get $v) (i32.const 16))
+    (call $check (call $print (local.get $stream) (local.get $t) (i32.const {line_len}))))
+
+  (func (export "bspweb_resume") (result i32)
+    (local $pid i32) (local $n i32) (local $s i32) (local $acc i64) (local $chk i64)
+    (local $i i32) (local $j i32) (local $v i64) (local $base i32)
+    (local.set $pid (call $pid))
+    (local.set $n (call $nprocs))
+    (local.set $s (i32.load (i32.const 0)))
+    (if (i32.ne (local.get $s) (call $superstep)) (then {fail0}))
+    (if (i32.eqz (local.get $s))
+      (then (local.set $acc (call $mix (call $seed) (i64.extend_i32_u (local.get $pid)))))
+      (else
+        (local.set $acc (i64.load (i32.const 8)))
+        (if (i32.ne (call $msg_count) (local.get $n)) (then {fail1}))
+        (local.set $i (i32.const 0))
+        (block $done
+          (loop $next
+            (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
+            (call $check (call $msg_info (local.get $i) (i32.const 64)))
+            (if (i32.or (i32.or
+                  (i32.ne (i32.load (i32.const 64)) (local.get $i))
+                  (i32.ne (i32.load (i32.const 68)) (i32.sub (local.get $s) (i32.const 1))))
+                  (i32.ne (i32.load (i32.const 72)) (i32.const {payload})))
+              (then {fail2}))
+            (call $check (call $msg_read (local.get $i) (i32.const {BUF})))
+            (local.set $v (i64.load (i32.const {BUF})))
+            (if (i32.or
+                  (i32.ne (i32.load (i32.const {buf8})) (local.get $i))
+                  (i32.ne (i32.load (i32.const {buf12})) (i32.sub (local.get $s) (i32.const 1))))
+              (then {fail2}))
+            (local.set $j (i32.const 16))
+            (block $pad_done
+              (loop $pad
+                (br_if $pad_done (i32.ge_u (local.get $j) (i32.const {payload})))
+                (if (i32.ne
+                      (i32.load8_u (i32.add (i32.const {BUF}) (local.get $j)))
+                      (i32.and (i32.add (i32.wrap_i64 (local.get $v)) (local.get $j)) (i32.const 255)))
+                  (then {fail3}))
+                (local.set $j (i32.add (local.get $j) (i32.const 1)))
+                (br $pad)))
+            (local.set $acc (call $mix (local.get $acc)
+              (i64.xor (local.get $v) (i64.shl (i64.extend_i32_u (local.get $i)) (i64.const 32)))))
+            (local.set $i (i32.add (local.get $i) (i32.const 1)))
+            (br $next)))))
+    (local.set $acc (call $mix (local.get $acc) (i64.load
+      (i32.add (i32.const {ballast_base})
+        (i32.add
+          (i32.shl
+            (i32.rem_u (i32.mul (i32.add (local.get $s) (i32.const 1)) (i32.const {dirty})) (i32.const {ballast}))
+            (i32.const 16))
+          (i32.shl (i32.and (local.get $s) (i32.const 8191)) (i32.const 3)))))))
+    (local.set $i (i32.const 0))
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $i) (i32.const {work})))
+        (local.set $acc (call $mix (local.get $acc) (i64.extend_i32_u (local.get $i))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $next)))
+    (local.set $i (i32.const 0))
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $i) (i32.const {dirty})))
+        (local.set $base (i32.add (i32.const {ballast_base})
+          (i32.shl
+            (i32.rem_u (i32.add (i32.mul (local.get $s) (i32.const {dirty})) (local.get $i)) (i32.const {ballast}))
+            (i32.const 16))))
+        (local.set $j (i32.const 0))
+        (block $page_done
+          (loop $page
+            (br_if $page_done (i32.ge_u (local.get $j) (i32.const 8192)))
+            (i64.store (i32.add (local.get $base) (i32.shl (local.get $j) (i32.const 3)))
+              (i64.add (local.get $acc) (i64.extend_i32_u (local.get $j))))
+            (local.set $j (i32.add (local.get $j) (i32.const 1)))
+            (br $page)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $next)))
+    (local.set $chk (call $mix (local.get $acc) (i64.const 0xE77)))
+    (call $line (i32.const 1) (i32.const 256) (local.get $pid) (local.get $s) (local.get $acc))
+    (call $line (i32.const 2) (i32.const 320) (local.get $pid) (local.get $s) (local.get $chk))
+    (i32.store (i32.const 448) (local.get $pid))
+    (i32.store (i32.const 452) (local.get $s))
+    (i64.store (i32.const 456) (local.get $acc))
+    (i64.store (i32.const 464) (local.get $chk))
+    (call $check (call $write_raw (i32.const 448) (i32.const 24)))
+    (i64.store (i32.const 8) (local.get $acc))
+    (if (i32.eq (local.get $s) (i32.const {steps}))
+      (then
+        (call $hex (i32.const 388) (i64.extend_i32_u (local.get $pid)) (i32.const 8))
+        (call $hex (i32.const 408) (i64.const {steps}) (i32.const 8))
+        (call $check (call $print (i32.const 1) (i32.const 384) (i32.const {done_len})))
+        (return (i32.const 1))))
+    (local.set $i (i32.const 0))
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
+        (local.set $v (call $mix (local.get $acc) (i64.extend_i32_u (local.get $i))))
+        (i64.store (i32.const {BUF}) (local.get $v))
+        (i32.store (i32.const {buf8}) (local.get $pid))
+        (i32.store (i32.const {buf12}) (local.get $s))
+        (local.set $j (i32.const 16))
+        (block $pad_done
+          (loop $pad
+            (br_if $pad_done (i32.ge_u (local.get $j) (i32.const {payload})))
+            (i32.store8 (i32.add (i32.const {BUF}) (local.get $j))
+              (i32.add (i32.wrap_i64 (local.get $v)) (local.get $j)))
+            (local.set $j (i32.add (local.get $j) (i32.const 1)))
+            (br $pad)))
+        (call $check (call $send (local.get $i) (i32.const {BUF}) (i32.const {payload})))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $next)))
+    (i32.store (i32.const 0) (i32.add (local.get $s) (i32.const 1)))
+    (i32.const 0)))
+"#
+    )
+}
+
+/// One output record of one pid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Rec {
+    Stdout(String),
+    Stderr(String),
+    Raw(Vec<u8>),
+}
+
+/// Every output record of a job, in order, indexed by pid.
+type Output = Vec<Vec<Rec>>;
+
+/// What [`program_wat`] prints, computed natively.
+fn model(w: &Workload, seed: u64) -> Output {
+    let n = w.nprocs as usize;
+    let words = 8192usize;
+    let mut acc = vec![0u64; n];
+    let mut ballast = vec![vec![0u64; w.ballast as usize * words]; n];
+    // inbox[dst][src]: the value src sent dst in the previous superstep.
+    let mut inbox = vec![vec![0u64; n]; n];
+    let mut out: Output = vec![vec![]; n];
+    for s in 0..=w.steps {
+        let mut next = vec![vec![0u64; n]; n];
+        for p in 0..n {
+            let mut a = if s == 0 {
+                mix(seed, p as u64)
+            } else {
+                (0..n).fold(acc[p], |a, src| {
+                    mix(a, inbox[p][src] ^ ((src as u64) << 32))
+                })
+            };
+            let page = ((s + 1) * w.dirty % w.ballast) as usize;
+            a = mix(a, ballast[p][page * words + (s & 8191) as usize]);
+            for i in 0..w.work {
+                a = mix(a, u64::from(i));
+            }
+            for q in 0..w.dirty {
+                let page = ((s * w.dirty + q) % w.ballast) as usize;
+                for j in 0..words {
+                    ballast[p][page * words + j] = a.wrapping_add(j as u64);
+                }
+            }
+            let chk = mix(a, 0xE77);
+            out[p].push(Rec::Stdout(format!(
+                "pid {p:08x} step {s:08x} acc {a:016x}"
+            )));
+            out[p].push(Rec::Stderr(format!(
+                "pid {p:08x} step {s:08x} chk {chk:016x}"
+            )));
+            let mut raw = Vec::with_capacity(24);
+            raw.extend_from_slice(&(p as u32).to_le_bytes());
+            raw.extend_from_slice(&s.to_le_bytes());
+            raw.extend_from_slice(&a.to_le_bytes());
+            raw.extend_from_slice(&chk.to_le_bytes());
+            out[p].push(Rec::Raw(raw));
+            acc[p] = a;
+            if s == w.steps {
+                out[p].push(Rec::Stdout(format!(
+                    "pid {p:08x} done after {:08x} supersteps",
+                    w.steps
+                )));
+            } else {
+                for (d, inbox) in next.iter_mut().enumerate() {
+                    inbox[p] = mix(a, d as u64);
+                }
+            }
+        }
+        inbox = next;
+    }
+    out
+}
+
+/// The output records of a job's events.
+fn output(events: &[JobEvent], nprocs: u32) -> Output {
+    use base64::Engine;
+    let mut out: Output = vec![vec![]; nprocs as usize];
+    for e in events {
+        let Some(pid) = e.pid else { continue };
+        let rec = match &e.kind {
+            JobEventKind::Stdout { text } => Rec::Stdout(text.clone()),
+            JobEventKind::Stderr { text } => Rec::Stderr(text.clone()),
+            JobEventKind::Raw { data } => Rec::Raw(
+                base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .unwrap_or_else(|_| b"<bad base64>".to_vec()),
+            ),
+            _ => continue,
+        };
+        match out.get_mut(pid as usize) {
+            Some(recs) => recs.push(rec),
+            None => out.push(vec![Rec::Stdout(format!("<output of unknown pid {pid}>"))]),
+        }
+    }
+    out
+}
+
+/// Where `got` first differs from `want`, for up to three pids.
+fn difference(want: &Output, got: &Output) -> Option<String> {
+    let mut diffs = vec![];
+    for pid in 0..want.len().max(got.len()) {
+        let (w, g) = (
+            want.get(pid).map(Vec::as_slice).unwrap_or_default(),
+            got.get(pid).map(Vec::as_slice).unwrap_or_default(),
+        );
+        if w == g {
+            continue;
+        }
+        let i = w.iter().zip(g).take_while(|(a, b)| a == b).count();
+        diffs.push(format!(
+            "pid {pid}: {} records expected, {} received; first difference at record {i}: expected {:?}, received {:?}",
+            w.len(),
+            g.len(),
+            w.get(i),
+            g.get(i)
+        ));
+        if diffs.len() == 3 {
+            break;
+        }
+    }
+    (!diffs.is_empty()).then(|| diffs.join("\n  "))
+}
+
+/// A cluster nothing happens to: no faults, and fixed availability (idle
+/// files), so not even a migration.
+fn reference_cluster() -> &'static Mutex<Cluster> {
+    static CLUSTER: OnceLock<Mutex<Cluster>> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        Mutex::new(Cluster::start(Options {
+            peers: 3,
+            lease_ttl_secs: 15,
+            peer_args: vec![],
+            supernode_args: vec![],
+            idle_files: true,
+            log_files: true,
+        }))
+    })
+}
+
+/// The failure-free output of a workload: a run on the
+/// [`reference_cluster`], checked against [`model`]. Computed once; a
+/// failure is remembered and reported to every test that needs it.
+fn reference(w: &Workload) -> Result<Arc<Output>, String> {
+    type Refs = Vec<(&'static str, Result<Arc<Output>, String>)>;
+    static REFS: OnceLock<Mutex<Refs>> = OnceLock::new();
+    let mut refs = REFS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, out)) = refs.iter().find(|(name, _)| *name == w.name) {
+        return out.clone();
+    }
+    let w = *w;
+    let mut cluster = reference_cluster()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let run = std::thread::scope(|s| {
+        s.spawn(|| {
+            runtime().block_on(async {
+                let client = cluster.admin().await;
+                let hash = upload(&client, &w).await;
+                crate::harness::run(&client, spec(&w, &hash, JobLimits::default())).await
+            })
+        })
+        .join()
+        .map_err(panic_message)
+    });
+    let result = run.and_then(|r| {
+        if r.terminal() != &JobEventKind::JobExited {
+            return Err(format!(
+                "the failure-free run of workload {} did not exit normally: {}",
+                w.name,
+                r.failure()
+            ));
+        }
+        if let (Some(a), Some(b)) = (r.info.started_at, r.info.finished_at) {
+            eprintln!("reference run of workload {}: {} ms", w.name, b - a);
+        }
+        let got = output(&r.events, w.nprocs);
+        match difference(&model(&w, JOB_SEED), &got) {
+            None => Ok(Arc::new(got)),
+            Some(d) => Err(format!(
+                "the failure-free run of workload {} differs from the native model of the guest program (a bug in the program, the model or the failure-free runtime, not in fault tolerance):\n  {d}",
+                w.name
+            )),
+        }
+    });
+    let result = result.map_err(|e| {
+        format!(
+            "{e}\n  (the reference cluster's logs are in {})",
+            cluster.keep_logs().display()
+        )
+    });
+    refs.push((w.name, result.clone()));
+    result
+}
+
+fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic without a message".to_string())
+}
+
+async fn upload(client: &Client, w: &Workload) -> String {
+    let wasm = wat::parse_str(program_wat(w)).expect("the fault-test guest assembles");
+    client
+        .upload_program(wasm, None)
+        .await
+        .expect("upload the fault-test guest")
+        .hash
+}
+
+fn spec(w: &Workload, hash: &str, limits: JobLimits) -> SubmitJob {
+    SubmitJob {
+        program: hash.to_string(),
+        nprocs: w.nprocs,
+        args: serde_json::Value::Null,
+        description: Some(format!("fault test {}", w.name)),
+        resources: Default::default(),
+        seed: Some(JOB_SEED),
+        limits: Some(limits),
+    }
+}
+
+fn limits(checkpoint_every: u32, replicas: u32) -> JobLimits {
+    JobLimits {
+        checkpoint_every,
+        replicas,
+        ..JobLimits::default()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Seeds, clusters, following a job.
+// ---------------------------------------------------------------------------
+
+const SEED_ENV: &str = "BSPWEB_FAULT_SEED";
+
+/// splitmix64: the trials' only source of randomness.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform-enough in `0..n` (`n > 0`).
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn env_number(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    Some(
+        v.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a whole number")),
+    )
+}
+
+/// `BSPWEB_FAULT_SEED` if set, else a fresh seed (from the clock: every CI
+/// run explores new trials; the logged seed reproduces one).
+fn fresh_seed(salt: u64) -> u64 {
+    env_number(SEED_ENV).unwrap_or_else(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        Rng(nanos ^ salt.wrapping_mul(0x2545_F491_4F6C_DD1D)).next()
+    })
+}
+
+fn rerun_hint(test: &str, seed: u64) -> String {
+    format!(
+        "{SEED_ENV}={seed}; rerun only this trial with `{SEED_ENV}={seed} cargo test --release --test all -- faults::{test} --exact`"
+    )
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// A cluster for fault tests: short leases (a lost peer is noticed within
+/// seconds), fixed availability (no migrations but the ones a test makes)
+/// and no wait between a job's migrations, logs in files.
+fn fault_cluster(peers: usize) -> Cluster {
+    Cluster::start(Options {
+        peers,
+        lease_ttl_secs: 3,
+        peer_args: vec![],
+        supernode_args: vec!["--migration-interval-ms".into(), "500".into()],
+        idle_files: true,
+        log_files: true,
+    })
+}
+
+/// How long a job with faults may take to end before the test gives up.
+const JOB_LIMIT: Duration = Duration::from_secs(300);
+/// How long a job may go without any event (every superstep of every
+/// workload prints; detecting a lost peer takes one lease TTL) before the
+/// test calls it stuck.
+const STALL_LIMIT: Duration = Duration::from_secs(60);
+/// How long to wait for a job to reach the moment of a fault.
+const PROGRESS_LIMIT: Duration = Duration::from_secs(90);
+
+/// Run one seeded scenario on a fresh cluster of `peers` peers; a failure
+/// (error or panic) names the seed and how to rerun it, and keeps the
+/// cluster's logs.
+fn scenario<F>(test: &str, seed: u64, peers: usize, body: F) -> Result<String, String>
+where
+    F: AsyncFnOnce(&mut Cluster, &mut Rng) -> Result<String, String>,
+{
+    eprintln!("fault test {test}: {SEED_ENV}={seed}");
+    let mut cluster = None;
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let c = cluster.insert(fault_cluster(peers));
+        runtime().block_on(body(c, &mut Rng(seed)))
+    }))
+    .unwrap_or_else(|panic| Err(format!("panicked: {}", panic_message(panic))));
+    match result {
+        Ok(summary) => {
+            eprintln!("fault test {test} ({SEED_ENV}={seed}) passed: {summary}");
+            Ok(summary)
+        }
+        Err(why) => {
+            let logs = match cluster.as_mut() {
+                Some(c) => format!("; the cluster's logs are in {}", c.keep_logs().display()),
+                None => String::new(),
+            };
+            Err(format!(
+                "fault test {test} failed: {why}\n  {}{logs}",
+                rerun_hint(test, seed)
+            ))
+        }
+    }
+}
+
+/// Run a scenario once with a fresh (or the given) seed and panic on failure.
+fn run_scenario<F>(test: &str, salt: u64, peers: usize, body: F)
+where
+    F: AsyncFnOnce(&mut Cluster, &mut Rng) -> Result<String, String>,
+{
+    if let Err(e) = scenario(test, fresh_seed(salt), peers, body) {
+        panic!("{e}");
+    }
+}
+
+/// A job's events, collected by a background task as they arrive (the
+/// stream resumes with `Last-Event-ID` whenever its connection breaks).
+struct Follower {
+    job: i64,
+    events: Arc<Mutex<Vec<JobEvent>>>,
+    task: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+impl Follower {
+    fn start(client: &Client, job: i64) -> Follower {
+        let events = Arc::new(Mutex::new(vec![]));
+        let (sink, client) = (events.clone(), client.clone());
+        let task = tokio::spawn(async move {
+            let mut stream = client.events(job, None);
+            while let Some(e) = stream
+                .next()
+                .await
+                .map_err(|e| format!("the event stream of job {job} broke: {e}"))?
+            {
+                sink.lock().unwrap().push(e);
+            }
+            Ok(())
+        });
+        Follower { job, events, task }
+    }
+
+    fn snapshot(&self) -> Vec<JobEvent> {
+        self.events.lock().unwrap().clone()
+    }
+
+    /// Poll until `pred` holds for the events so far; an error if the job
+    /// ends first, the stream breaks, or `limit` passes.
+    async fn wait_for(
+        &self,
+        what: &str,
+        limit: Duration,
+        pred: impl Fn(&[JobEvent]) -> bool,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            {
+                let events = self.events.lock().unwrap();
+                if pred(&events) {
+                    return Ok(());
+                }
+                if let Some(last) = events.last().filter(|e| e.kind.is_terminal()) {
+                    return Err(format!(
+                        "job {} ended before {what}: {:?}",
+                        self.job, last.kind
+                    ));
+                }
+            }
+            if self.task.is_finished() {
+                return Err(format!(
+                    "the event stream of job {} ended before {what}",
+                    self.job
+                ));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "job {} did not reach {what} within {limit:?}; {}",
+                    self.job,
+                    tail(&self.snapshot())
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Wait until some pid printed its line of superstep `step`.
+    async fn wait_for_step(&self, step: u32) -> Result<(), String> {
+        self.wait_for(&format!("superstep {step}"), PROGRESS_LIMIT, |events| {
+            max_step(events).is_some_and(|s| s >= step)
+        })
+        .await
+    }
+
+    /// Every event up to the terminal one. An error once the job made no
+    /// progress (no event at all) for [`STALL_LIMIT`], or did not end
+    /// within [`JOB_LIMIT`].
+    async fn finish(mut self) -> Result<Vec<JobEvent>, String> {
+        let job = self.job;
+        let start = Instant::now();
+        let (mut seen, mut changed) = (usize::MAX, Instant::now());
+        while !self.task.is_finished() {
+            let n = self.events.lock().unwrap().len();
+            if n != seen {
+                (seen, changed) = (n, Instant::now());
+            }
+            if changed.elapsed() > STALL_LIMIT || start.elapsed() > JOB_LIMIT {
+                let why = if changed.elapsed() > STALL_LIMIT {
+                    format!("made no progress (no event) for {STALL_LIMIT:?}")
+                } else {
+                    format!("did not end within {JOB_LIMIT:?}")
+                };
+                let events = self.snapshot();
+                return Err(format!(
+                    "job {job} {why}; {} events: {}",
+                    events.len(),
+                    tail(&events)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        match (&mut self.task).await {
+            Ok(Ok(())) => Ok(std::mem::take(&mut *self.events.lock().unwrap())),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(format!("the follower of job {job} panicked: {e}")),
+        }
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// For a failure message: the last few events, and the system's own events
+/// (status, rolled back, migrated) before them.
+fn tail(events: &[JobEvent]) -> String {
+    let cut = events.len().saturating_sub(5);
+    let system: Vec<String> = events[..cut]
+        .iter()
+        .filter(|e| {
+            !matches!(
+                e.kind,
+                JobEventKind::Stdout { .. }
+                    | JobEventKind::Stderr { .. }
+                    | JobEventKind::Raw { .. }
+            )
+        })
+        .map(|e| format!("{:?} {:?}", e.pid, e.kind))
+        .collect();
+    let last: Vec<String> = events[cut..]
+        .iter()
+        .map(|e| format!("{:?} {:?}", e.pid, e.kind))
+        .collect();
+    format!(
+        "system events {:?}, then {:?}",
+        &system[system.len().saturating_sub(20)..],
+        last
+    )
+}
+
+/// The largest superstep any pid printed its stdout line for.
+fn max_step(events: &[JobEvent]) -> Option<u32> {
+    events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            JobEventKind::Stdout { text } => {
+                let hex = text.split(" step ").nth(1)?.split(' ').next()?;
+                u32::from_str_radix(hex, 16).ok()
+            }
+            _ => None,
+        })
+        .max()
+}
+
+/// A child process killed when the test is done with it, however it ends.
+struct KillOnDrop(std::process::Child);
+
+impl KillOnDrop {
+    /// Wait (polling, at most `limit`) for it to exit.
+    async fn wait(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = self.0.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The job exited normally, its event ids strictly increase, and its output
+/// is the reference's, byte for byte.
+fn check_run(events: &[JobEvent], reference: &Output, nprocs: u32) -> Result<(), String> {
+    match events.last().map(|e| &e.kind) {
+        Some(JobEventKind::JobExited) => {}
+        other => {
+            return Err(format!(
+                "the job did not exit normally: {other:?} (status lines: {:?})",
+                status_lines(events)
+            ));
+        }
+    }
+    if let Some(w) = events.windows(2).find(|w| w[1].id <= w[0].id) {
+        return Err(format!(
+            "event ids do not strictly increase: {} then {} ({:?})",
+            w[0].id, w[1].id, w[1].kind
+        ));
+    }
+    match difference(reference, &output(events, nprocs)) {
+        None => Ok(()),
+        Some(d) => Err(format!(
+            "the output differs from the failure-free run:\n  {d}"
+        )),
+    }
+}
+
+fn status_lines(events: &[JobEvent]) -> Vec<&str> {
+    events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            JobEventKind::Status { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `(pid, superstep)` of every rolled-back event.
+fn rollbacks(events: &[JobEvent]) -> Vec<(Pid, u32)> {
+    events
+        .iter()
+        .filter_map(|e| match e.kind {
+            JobEventKind::ProcessRolledBack { superstep } => Some((e.pid?, superstep)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `(pid, from, to)` of every migrated event.
+fn migrations(events: &[JobEvent]) -> Vec<(Pid, PeerId, PeerId)> {
+    events
+        .iter()
+        .filter_map(|e| match e.kind {
+            JobEventKind::ProcessMigrated { from, to, .. } => Some((e.pid?, from, to)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Pids that have not exited yet, as far as `events` tell.
+fn running_pids(events: &[JobEvent], nprocs: u32) -> BTreeSet<Pid> {
+    let exited: BTreeSet<Pid> = events
+        .iter()
+        .filter(|e| matches!(e.kind, JobEventKind::ProcessExited { .. }))
+        .filter_map(|e| e.pid)
+        .collect();
+    (0..nprocs).filter(|p| !exited.contains(p)).collect()
+}
+
+/// Unix milliseconds (the supernode's job times use the same clock).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The job ended after the fault injected at `fault_ms`: a fault that came
+/// after the end would have tested nothing, and the trial must not pass.
+async fn fault_landed(client: &Client, job: i64, fault_ms: i64) -> Result<(), String> {
+    let info = client
+        .job(job)
+        .await
+        .map_err(|e| format!("job info: {e}"))?;
+    match info.finished_at {
+        Some(end) if end > fault_ms => Ok(()),
+        end => Err(format!(
+            "job {job} finished at {end:?}, not after the fault at {fault_ms}: the trial tested nothing (the workload is too short for this machine; make it longer)"
+        )),
+    }
+}
+
+/// The distinct peers hosting some of `pids` now.
+fn hosts(info: &JobInfo, pids: &BTreeSet<Pid>) -> Vec<PeerId> {
+    let set: BTreeSet<PeerId> = (0..)
+        .zip(&info.placement)
+        .filter(|(pid, _)| pids.contains(pid))
+        .map(|(_, peer)| *peer)
+        .collect();
+    set.into_iter().collect()
+}
+
+fn pids_on(info: &JobInfo, peer: PeerId) -> BTreeSet<Pid> {
+    (0..)
+        .zip(&info.placement)
+        .filter(|(_, p)| **p == peer)
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// Pick, with `rng`, one of the peers hosting a process of the job that has
+/// not exited yet: its supernode id, cluster index and the pids it hosts.
+async fn pick_host(
+    cluster: &Cluster,
+    client: &Client,
+    follower: &Follower,
+    rng: &mut Rng,
+    except: &[PeerId],
+) -> Result<(PeerId, usize, BTreeSet<Pid>), String> {
+    let job = follower.job;
+    let info = client
+        .job(job)
+        .await
+        .map_err(|e| format!("job info: {e}"))?;
+    let running = running_pids(&follower.snapshot(), info.nprocs);
+    let candidates: Vec<PeerId> = hosts(&info, &running)
+        .into_iter()
+        .filter(|h| !except.contains(h))
+        .collect();
+    if candidates.is_empty() {
+        return Err(format!(
+            "no host of a running process left to pick (placement {:?}, running {running:?})",
+            info.placement
+        ));
+    }
+    let id = candidates[rng.below(candidates.len() as u64) as usize];
+    let index = cluster
+        .peer_index(client, id)
+        .await
+        .ok_or_else(|| format!("peer {id} of the placement is not one of the cluster's"))?;
+    Ok((id, index, pids_on(&info, id)))
+}
+
+/// Submit a workload on `cluster` and start following it.
+async fn submit(
+    cluster: &Cluster,
+    w: &Workload,
+    limits: JobLimits,
+) -> Result<(Client, i64, Follower), String> {
+    let client = cluster.admin().await;
+    let hash = upload(&client, w).await;
+    let job = client
+        .submit(&spec(w, &hash, limits))
+        .await
+        .map_err(|e| format!("submit: {e}"))?;
+    let follower = Follower::start(&client, job.id);
+    Ok((client, job.id, follower))
+}
+
+// ---------------------------------------------------------------------------
+// The tests.
+// ---------------------------------------------------------------------------
+
+/// One randomized single-kill trial, fully determined by its seed.
+#[derive(Debug)]
+struct Plan {
+    workload: Workload,
+    checkpoint_every: u32,
+    /// Kill once some pid printed this superstep…
+    kill_step: u32,
+    /// …and this many milliseconds passed.
+    delay_ms: u64,
+    /// Start a fresh peer right after the kill.
+    add_peer: bool,
+}
+
+impl Plan {
+    fn new(rng: &mut Rng) -> Plan {
+        let workload = WORKLOADS[rng.below(WORKLOADS.len() as u64) as usize];
+        Plan {
+            workload,
+            checkpoint_every: [1, 1, 2, 3][rng.below(4) as usize],
+            kill_step: 1 + rng.below(u64::from(workload.steps) / 2) as u32,
+            delay_ms: rng.below(100),
+            add_peer: rng.below(3) == 0,
+        }
+    }
+}
+
+async fn single_kill(cluster: &mut Cluster, rng: &mut Rng) -> Result<String, String> {
+    let plan = Plan::new(rng);
+    eprintln!("  plan: {plan:?}");
+    let w = plan.workload;
+    let reference = reference(&w)?;
+    let (client, job, follower) = submit(cluster, &w, limits(plan.checkpoint_every, 2)).await?;
+    follower.wait_for_step(plan.kill_step).await?;
+    // The injected moment: a random delay after that superstep's output.
+    tokio::time::sleep(Duration::from_millis(plan.delay_ms)).await;
+    let (victim, index, victim_pids) = pick_host(cluster, &client, &follower, rng, &[]).await?;
+    let reached = max_step(&follower.snapshot());
+    let fault_ms = now_ms();
+    cluster.kill_peer(index);
+    eprintln!("  killed peer {victim} hosting pids {victim_pids:?} at superstep {reached:?}");
+    if plan.add_peer {
+        cluster.add_peer("test-peer-late", &[]);
+    }
+    let events = follower.finish().await?;
+    check_run(&events, &reference, w.nprocs)?;
+    fault_landed(&client, job, fault_ms).await?;
+    let rolled: BTreeSet<Pid> = rollbacks(&events).iter().map(|(p, _)| *p).collect();
+    if !rolled.is_subset(&victim_pids) {
+        return Err(format!(
+            "only the lost processes {victim_pids:?} may roll back, but {rolled:?} did"
+        ));
+    }
+    Ok(format!(
+        "{} with k={}: killed peer {victim} at superstep {reached:?}; pids {rolled:?} rolled back",
+        w.name, plan.checkpoint_every
+    ))
+}
+
+/// ≥ 30 randomized trials (issue 3 acceptance): one peer SIGKILLed at a
+/// random moment of a random workload; the output never changes.
+#[test]
+fn randomized_single_peer_kills_leave_the_output_unchanged() {
+    const TEST: &str = "randomized_single_peer_kills_leave_the_output_unchanged";
+    let seeds: Vec<u64> = match env_number(SEED_ENV) {
+        Some(seed) => vec![seed],
+        None => {
+            let mut rng = Rng(fresh_seed(1));
+            let n = env_number("BSPWEB_FAULT_TRIALS").unwrap_or(30);
+            (0..n).map(|_| rng.next()).collect()
+        }
+    };
+    eprintln!("fault trials: {} seeds {seeds:?}", seeds.len());
+    let needed: BTreeSet<&str> = seeds
+        .iter()
+        .map(|&s| Plan::new(&mut Rng(s)).workload.name)
+        .collect();
+    for w in WORKLOADS.iter().filter(|w| needed.contains(w.name)) {
+        if let Err(e) = reference(w) {
+            panic!("{e}");
+        }
+    }
+    let lanes = env_number("BSPWEB_FAULT_LANES").unwrap_or(2).max(1) as usize;
+    let next = AtomicUsize::new(0);
+    let failures = Mutex::new(vec![]);
+    let passed = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..lanes.min(seeds.len()) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    // Stop early once a few trials failed: they tell enough.
+                    if i >= seeds.len() || failures.lock().unwrap().len() >= 3 {
+                        break;
+                    }
+                    match scenario(TEST, seeds[i], 5, single_kill) {
+                        Ok(_) => {
+                            passed.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(e) => failures.lock().unwrap().push(e),
+                    }
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} trial(s) failed, {} passed (of {}):\n{}",
+        failures.len(),
+        passed.load(Ordering::SeqCst),
+        seeds.len(),
+        failures.join("\n")
+    );
+}
+
+/// Two peers SIGKILLed at the same moment with r = 2: every checkpoint
+/// still has a copy, the job completes with the same output.
+#[test]
+fn two_peers_killed_at_once_with_two_replicas_leave_the_output_unchanged() {
+    run_scenario(
+        "two_peers_killed_at_once_with_two_replicas_leave_the_output_unchanged",
+        2,
+        6,
+        async |cluster, rng| {
+            let w = [COMPUTE, BARRIER][rng.below(2) as usize];
+            let reference = reference(&w)?;
+            let (client, job, follower) = submit(cluster, &w, limits(1, 2)).await?;
+            let step = 1 + rng.below(u64::from(w.steps) / 2) as u32;
+            follower.wait_for_step(step).await?;
+            tokio::time::sleep(Duration::from_millis(rng.below(200))).await;
+            let (a, ia, pa) = pick_host(cluster, &client, &follower, rng, &[]).await?;
+            let (b, ib, pb) = pick_host(cluster, &client, &follower, rng, &[a]).await?;
+            let fault_ms = now_ms();
+            cluster.kill_peer(ia);
+            cluster.kill_peer(ib);
+            eprintln!("  killed peers {a} (pids {pa:?}) and {b} (pids {pb:?})");
+            let events = follower.finish().await?;
+            check_run(&events, &reference, w.nprocs)?;
+            fault_landed(&client, job, fault_ms).await?;
+            let lost: BTreeSet<Pid> = pa.union(&pb).copied().collect();
+            let rolled: BTreeSet<Pid> = rollbacks(&events).iter().map(|(p, _)| *p).collect();
+            if !rolled.is_subset(&lost) {
+                return Err(format!(
+                    "only the lost processes {lost:?} may roll back, but {rolled:?} did"
+                ));
+            }
+            Ok(format!(
+                "{}: killed {a} and {b}; rolled back {rolled:?}",
+                w.name
+            ))
+        },
+    );
+}
+
+/// A SIGKILLed peer's processes, and only those, are rolled back; the
+/// stream says so, and `bspweb logs --follow` prints it and every output
+/// line exactly once.
+#[test]
+fn a_killed_peer_s_processes_roll_back_and_the_stream_says_so() {
+    run_scenario(
+        "a_killed_peer_s_processes_roll_back_and_the_stream_says_so",
+        3,
+        5,
+        async |cluster, rng| {
+            let w = COMPUTE;
+            let reference = reference(&w)?;
+            let (client, job, follower) = submit(cluster, &w, limits(1, 2)).await?;
+            let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+            let file = |name: &str| {
+                std::fs::File::create(dir.path().join(name)).map_err(|e| e.to_string())
+            };
+            let mut cli = KillOnDrop(
+                bspweb()
+                    .args(["logs", &job.to_string(), "--follow"])
+                    .env("BSPWEB_URL", &cluster.url)
+                    .env("BSPWEB_USER", ADMIN)
+                    .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
+                    .env("BSPWEB_CONFIG_DIR", dir.path())
+                    .stdin(std::process::Stdio::null())
+                    .stdout(file("stdout")?)
+                    .stderr(file("stderr")?)
+                    .spawn()
+                    .map_err(|e| format!("cannot run bspweb logs: {e}"))?,
+            );
+            let step = 2 + rng.below(u64::from(w.steps) / 3) as u32;
+            follower.wait_for_step(step).await?;
+            tokio::time::sleep(Duration::from_millis(rng.below(150))).await;
+            let (victim, index, lost) = pick_host(cluster, &client, &follower, rng, &[]).await?;
+            let fault_ms = now_ms();
+            cluster.kill_peer(index);
+            follower
+                .wait_for("a process_rolled_back event", JOB_LIMIT, |events| {
+                    !rollbacks(events).is_empty()
+                })
+                .await?;
+            let events = follower.finish().await?;
+            check_run(&events, &reference, w.nprocs)?;
+            fault_landed(&client, job, fault_ms).await?;
+            let rolled = rollbacks(&events);
+            let rolled_pids: BTreeSet<Pid> = rolled.iter().map(|(p, _)| *p).collect();
+            if rolled_pids != lost {
+                return Err(format!(
+                    "peer {victim} hosted pids {lost:?}; exactly those must roll back, but {rolled:?} did"
+                ));
+            }
+            if let Some((pid, s)) = rolled.iter().find(|(_, s)| *s >= w.steps) {
+                return Err(format!(
+                    "pid {pid} rolled back to superstep {s}, past the job's last sync"
+                ));
+            }
+            let status = cli.wait(PROGRESS_LIMIT).await.ok_or_else(|| {
+                format!(
+                    "bspweb logs --follow did not exit within {PROGRESS_LIMIT:?} of the job's end"
+                )
+            })?;
+            let read = |name: &str| {
+                std::fs::read_to_string(dir.path().join(name)).map_err(|e| e.to_string())
+            };
+            let (stdout, stderr) = (read("stdout")?, read("stderr")?);
+            if !status.success() {
+                return Err(format!("bspweb logs --follow failed: {status}\n{stderr}"));
+            }
+            for (pid, s) in &rolled {
+                let line = format!(
+                    "== process {pid} was lost with its peer; restored from its checkpoint of superstep {s}"
+                );
+                if !stderr.contains(&line) {
+                    return Err(format!(
+                        "bspweb logs --follow did not print {line:?}:\n{stderr}"
+                    ));
+                }
+            }
+            for (pid, recs) in reference.iter().enumerate() {
+                let want: Vec<String> = recs
+                    .iter()
+                    .filter_map(|r| match r {
+                        Rec::Stdout(t) => Some(format!("[{pid}] {t}")),
+                        _ => None,
+                    })
+                    .collect();
+                let prefix = format!("[{pid}] ");
+                let got: Vec<&str> = stdout.lines().filter(|l| l.starts_with(&prefix)).collect();
+                if got != want {
+                    return Err(format!(
+                        "bspweb logs --follow printed for pid {pid}:\n{got:#?}\nexpected:\n{want:#?}"
+                    ));
+                }
+            }
+            Ok(format!("killed {victim}; rolled back {rolled:?}"))
+        },
+    );
+}
+
+/// SIGKILL the supernode mid-job and restart it on the same address and
+/// data: the job completes with the same output, and an SSE follower that
+/// resumes with Last-Event-ID sees every event exactly once.
+#[test]
+fn a_supernode_killed_and_restarted_mid_job_loses_nothing() {
+    run_scenario(
+        "a_supernode_killed_and_restarted_mid_job_loses_nothing",
+        4,
+        4,
+        async |cluster, rng| {
+            let w = [COMPUTE, BARRIER, TRANSFER][rng.below(3) as usize];
+            let reference = reference(&w)?;
+            let (client, job, follower) = submit(cluster, &w, limits(1, 2)).await?;
+            let step = 1 + rng.below(u64::from(w.steps) / 2) as u32;
+            follower.wait_for_step(step).await?;
+            tokio::time::sleep(Duration::from_millis(rng.below(200))).await;
+            let down = Duration::from_millis(rng.below(2000));
+            let seen = follower.snapshot().len();
+            let fault_ms = now_ms();
+            cluster.kill_supernode();
+            tokio::time::sleep(down).await;
+            cluster.restart_supernode();
+            eprintln!("  supernode down for {down:?} after {seen} events");
+            let followed = follower.finish().await?;
+            check_run(&followed, &reference, w.nprocs)?;
+            fault_landed(&client, job, fault_ms).await?;
+            // Everything the supernode stored, read afresh after the end.
+            let full = collect(&client, job).await.events;
+            if followed != full {
+                let ids = |e: &[JobEvent]| e.iter().map(|e| e.id).collect::<Vec<_>>();
+                let (f, a) = (ids(&followed), ids(&full));
+                let first = f.iter().zip(&a).take_while(|(x, y)| x == y).count();
+                return Err(format!(
+                    "the follower saw {} events, a fresh read {}; they first differ at index {first}: follower {:?}, fresh {:?}",
+                    f.len(),
+                    a.len(),
+                    followed.get(first),
+                    full.get(first)
+                ));
+            }
+            Ok(format!(
+                "{}: supernode down {down:?}; {} events seen once each",
+                w.name,
+                full.len()
+            ))
+        },
+    );
+}
+
+/// A peer whose reported idle fraction drops to 0 (its idle file) sees its
+/// processes migrate away; the job completes with the same output.
+#[test]
+fn a_peer_whose_availability_drops_sees_its_processes_migrate_away() {
+    run_scenario(
+        "a_peer_whose_availability_drops_sees_its_processes_migrate_away",
+        5,
+        5,
+        async |cluster, rng| {
+            let w = LONG;
+            let reference = reference(&w)?;
+            let (client, job, follower) = submit(cluster, &w, limits(1, 2)).await?;
+            follower
+                .wait_for_step(1 + rng.below(u64::from(w.steps) / 8) as u32)
+                .await?;
+            let (victim, index, pids) = pick_host(cluster, &client, &follower, rng, &[]).await?;
+            let fault_ms = now_ms();
+            cluster.set_idle(index, 0.0);
+            eprintln!("  peer {victim} (pids {pids:?}) now reports idle 0");
+            follower
+                .wait_for(
+                    &format!("every process migrating away from peer {victim}"),
+                    PROGRESS_LIMIT,
+                    |events| {
+                        let moved: BTreeSet<Pid> = migrations(events)
+                            .iter()
+                            .filter(|(_, from, _)| *from == victim)
+                            .map(|(p, _, _)| *p)
+                            .collect();
+                        moved.is_superset(&pids)
+                    },
+                )
+                .await?;
+            let info = client.job(job).await.map_err(|e| e.to_string())?;
+            let left = pids_on(&info, victim);
+            if !left.is_empty() {
+                return Err(format!(
+                    "peer {victim} still hosts pids {left:?} after they migrated"
+                ));
+            }
+            let events = follower.finish().await?;
+            check_run(&events, &reference, w.nprocs)?;
+            fault_landed(&client, job, fault_ms).await?;
+            Ok(format!(
+                "peer {victim}: pids {pids:?} migrated: {:?}",
+                migrations(&events)
+            ))
+        },
+    );
+}
+
+/// SIGTERM drains a peer: its processes migrate away, it exits 0 hosting
+/// none, and the job completes with the same output.
+#[test]
+fn a_drained_peer_hands_over_every_process_and_exits_zero() {
+    run_scenario(
+        "a_drained_peer_hands_over_every_process_and_exits_zero",
+        6,
+        5,
+        async |cluster, rng| {
+            let w = LONG;
+            let reference = reference(&w)?;
+            let (client, job, follower) = submit(cluster, &w, limits(1, 2)).await?;
+            follower
+                .wait_for_step(1 + rng.below(u64::from(w.steps) / 8) as u32)
+                .await?;
+            let (victim, index, pids) = pick_host(cluster, &client, &follower, rng, &[]).await?;
+            let fault_ms = now_ms();
+            cluster.terminate_peer(index);
+            eprintln!("  SIGTERM to peer {victim} (pids {pids:?})");
+            let status = cluster
+                .wait_peer_exit(index, PROGRESS_LIMIT)
+                .await
+                .ok_or_else(|| {
+                    format!("the drained peer {victim} did not exit within {PROGRESS_LIMIT:?}")
+                })?;
+            if status.code() != Some(0) {
+                return Err(format!("the drained peer {victim} exited with {status}"));
+            }
+            let running = !follower
+                .snapshot()
+                .last()
+                .is_some_and(|e| e.kind.is_terminal());
+            let info = client.job(job).await.map_err(|e| e.to_string())?;
+            let left = pids_on(&info, victim);
+            if running && !left.is_empty() {
+                return Err(format!(
+                    "peer {victim} exited after draining, but the job still places pids {left:?} on it"
+                ));
+            }
+            let events = follower.finish().await?;
+            check_run(&events, &reference, w.nprocs)?;
+            fault_landed(&client, job, fault_ms).await?;
+            let moved: BTreeSet<Pid> = migrations(&events)
+                .iter()
+                .filter(|(_, from, _)| *from == victim)
+                .map(|(p, _, _)| *p)
+                .collect();
+            if !moved.is_superset(&pids) {
+                return Err(format!(
+                    "peer {victim} hosted {pids:?} when it was told to drain, but only {moved:?} migrated away from it"
+                ));
+            }
+            Ok(format!(
+                "peer {victim} drained (job still running at its exit: {running}); migrated {moved:?}"
+            ))
+        },
+    );
+}
+
+#[test]
+fn the_native_model_of_the_guest_is_deterministic_and_uses_every_stream() {
+    let w = Workload {
+        steps: 3,
+        work: 10,
+        ..BARRIER
+    };
+    let a = model(&w, 1);
+    assert_eq!(a, model(&w, 1));
+    assert_ne!(a, model(&w, 2));
+    for recs in &a {
+        assert_eq!(recs.len(), 3 * 4 + 1);
+        assert!(matches!(recs[0], Rec::Stdout(_)));
+        assert!(matches!(recs[1], Rec::Stderr(_)));
+        assert!(matches!(recs[2], Rec::Raw(ref r) if r.len() == 24));
+    }
+    wat::parse_str(program_wat(&w)).expect("the guest assembles");
+    bspweb_abi::validate(&wat::parse_str(program_wat(&TRANSFER)).unwrap())
+        .expect("the guest passes the bspweb_v1 validator");
+}
