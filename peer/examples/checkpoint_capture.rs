@@ -81,7 +81,7 @@ fn main() {
             let s0 = tracker.capture(head(0), &memory);
             let frames = to_frames(&s0, &s0.nonzero_pages(), None);
             for f in frames {
-                if let Some(Assembled::Checkpoint(s)) = asm.push(f, &store).unwrap() {
+                if let Some(Assembled::Checkpoint(s)) = asm.push(f, &mut store).unwrap() {
                     store.insert(s);
                 }
             }
@@ -114,7 +114,7 @@ fn main() {
             let t = Instant::now();
             let mut got = None;
             for f in frames {
-                if let Some(Assembled::Checkpoint(s)) = asm.push(f, &store).unwrap() {
+                if let Some(Assembled::Checkpoint(s)) = asm.push(f, &mut store).unwrap() {
                     got = Some(s);
                 }
             }

@@ -726,6 +726,33 @@ impl Assembler {
         checkpoint: Checkpoint,
         base: Option<&Snapshot>,
     ) -> Result<Snapshot, CheckpointError> {
+        self.finish_inner(checkpoint, base.map(BaseSnap::Borrowed))
+            .map_err(|(e, _)| e)
+    }
+
+    /// [`Assembler::finish`] on a base it may consume: a delta is applied to
+    /// the base's memory in place (saving the pages it replaces) instead of
+    /// to a copy, which for a large process is most of a replica's work. On
+    /// error the base comes back unchanged.
+    fn finish_owned(
+        &mut self,
+        checkpoint: Checkpoint,
+        base: Option<Snapshot>,
+    ) -> Result<Snapshot, (CheckpointError, Option<Box<Snapshot>>)> {
+        self.finish_inner(checkpoint, base.map(BaseSnap::Owned))
+    }
+
+    fn finish_inner(
+        &mut self,
+        checkpoint: Checkpoint,
+        base: Option<BaseSnap<'_>>,
+    ) -> Result<Snapshot, (CheckpointError, Option<Box<Snapshot>>)> {
+        // An error hands an owned base back untouched.
+        macro_rules! fail {
+            ($e:expr) => {
+                return Err(($e, base.and_then(BaseSnap::into_owned)))
+            };
+        }
         let Checkpoint {
             pid,
             superstep,
@@ -742,7 +769,7 @@ impl Assembler {
         let pending = self.pending.remove(&pid);
         let (mut all_pages, mut all_outbox, held) = match pending {
             Some(p) if p.superstep != superstep => {
-                return Err(CheckpointError::Interleaved {
+                fail!(CheckpointError::Interleaved {
                     pid,
                     superstep: p.superstep,
                     next: superstep,
@@ -754,7 +781,7 @@ impl Assembler {
         all_pages.extend(pages);
         all_outbox.extend(outbox);
         if !memory_len.is_multiple_of(PAGE_SIZE as u64) {
-            return Err(CheckpointError::MemoryLen {
+            fail!(CheckpointError::MemoryLen {
                 pid,
                 superstep,
                 memory_len,
@@ -764,7 +791,7 @@ impl Assembler {
             .saturating_add(outbox_bytes(&all_outbox))
             .max(held);
         if total > self.cap || usize::try_from(memory_len).is_err() {
-            return Err(CheckpointError::TooLarge {
+            fail!(CheckpointError::TooLarge {
                 pid,
                 superstep,
                 bytes: total,
@@ -775,7 +802,7 @@ impl Assembler {
         let mut previous: Option<u32> = None;
         for (index, bytes) in &all_pages {
             if u64::from(*index) >= npages {
-                return Err(CheckpointError::PageIndex {
+                fail!(CheckpointError::PageIndex {
                     pid,
                     superstep,
                     index: *index,
@@ -783,7 +810,7 @@ impl Assembler {
                 });
             }
             if bytes.len() != PAGE_SIZE {
-                return Err(CheckpointError::PageSize {
+                fail!(CheckpointError::PageSize {
                     pid,
                     superstep,
                     index: *index,
@@ -793,7 +820,7 @@ impl Assembler {
             if let Some(prev) = previous
                 && *index <= prev
             {
-                return Err(CheckpointError::PageOrder {
+                fail!(CheckpointError::PageOrder {
                     pid,
                     superstep,
                     index: *index,
@@ -802,50 +829,80 @@ impl Assembler {
             }
             previous = Some(*index);
         }
-        let base = match base_step {
-            None => None,
-            Some(b) => match base {
-                Some(s) if s.pid == pid && s.superstep == b => Some(s),
-                other => {
-                    return Err(CheckpointError::MissingBase {
-                        pid,
-                        superstep,
-                        base: b,
-                        held: match other {
-                            Some(s) if s.pid == pid => format!("superstep {}", s.superstep),
-                            _ => "no snapshot of it".to_string(),
-                        },
-                    });
-                }
-            },
+        // Whether the base is the one the delta needs (a whole snapshot needs none).
+        if let Some(b) = base_step {
+            let held = base.as_ref().map(BaseSnap::get);
+            if !held.is_some_and(|s| s.pid == pid && s.superstep == b) {
+                let held = match held {
+                    Some(s) if s.pid == pid => format!("superstep {}", s.superstep),
+                    _ => "no snapshot of it".to_string(),
+                };
+                fail!(CheckpointError::MissingBase {
+                    pid,
+                    superstep,
+                    base: b,
+                    held,
+                });
+            }
+        }
+        let (base, unused) = match base_step {
+            Some(_) => (base, None),
+            None => (None, base),
         };
         // Page hashes: those of the base (cached if it was assembled here) or
         // of zeros, replaced by those of the pages received.
         let npages = npages as usize;
+        let len = memory_len as usize;
         let mut hashes: Vec<[u8; 32]> = vec![zero_page_hash(); npages];
-        let mut memory = match base {
-            Some(b) => {
-                let known = self
-                    .page_hashes
-                    .get(&pid)
-                    .filter(|(h, v)| *h == b.hash && v.len() == b.page_count());
-                for (i, page) in b.memory.chunks(PAGE_SIZE).enumerate().take(npages) {
-                    hashes[i] = match known {
-                        Some((_, v)) => v[i],
-                        None => page_hash(page),
-                    };
-                }
-                let mut m = b.memory.clone();
-                m.resize(memory_len as usize, 0);
-                if b.memory.len() % PAGE_SIZE != 0 && b.memory.len() < m.len() {
-                    // A partial last page of the base is now padded.
-                    let i = b.memory.len() / PAGE_SIZE;
-                    hashes[i] = page_hash(&m[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
-                }
-                m
+        if let Some(b) = base.as_ref().map(BaseSnap::get) {
+            let known = self
+                .page_hashes
+                .get(&pid)
+                .filter(|(h, v)| *h == b.hash && v.len() == b.page_count());
+            for (i, page) in b.memory.chunks(PAGE_SIZE).enumerate().take(npages) {
+                hashes[i] = match known {
+                    Some((_, v)) => v[i],
+                    None => page_hash(page),
+                };
             }
-            None => vec![0; memory_len as usize],
+        }
+        // The memory: the base's own buffer when we may consume it and it
+        // does not shrink (undo = the replaced pages and the old length), else
+        // a copy.
+        // The consumed base (memory taken out), its length, and the bytes
+        // of the pages the delta overwrites, by offset.
+        type Undo = (Snapshot, usize, Vec<(usize, Vec<u8>)>);
+        let mut undo: Option<Undo> = None;
+        let mut keep: Option<BaseSnap<'_>> = None;
+        let (mut memory, old_len) = match base {
+            Some(BaseSnap::Owned(mut b)) if b.memory.len() <= len => {
+                let old_len = b.memory.len();
+                let mut m = std::mem::take(&mut b.memory);
+                let saved = all_pages
+                    .iter()
+                    .map(|(i, _)| *i as usize * PAGE_SIZE)
+                    .filter(|&at| at < old_len)
+                    .map(|at| (at, m[at..(at + PAGE_SIZE).min(old_len)].to_vec()))
+                    .collect();
+                m.resize(len, 0);
+                undo = Some((b, old_len, saved));
+                (m, old_len)
+            }
+            Some(b) => {
+                let s = b.get();
+                let mut m = s.memory.clone();
+                m.resize(len, 0);
+                let old_len = s.memory.len();
+                keep = Some(b);
+                (m, old_len)
+            }
+            None => (vec![0; len], 0),
         };
+        if old_len % PAGE_SIZE != 0 && old_len < memory.len() {
+            // A partial last page of the base is now padded.
+            let i = old_len / PAGE_SIZE;
+            hashes[i] = page_hash(&memory[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+        }
         for (index, bytes) in &all_pages {
             let i = *index as usize;
             memory[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(bytes);
@@ -864,25 +921,41 @@ impl Assembler {
         };
         let actual = canonical_hash(&snapshot, hashes.iter().copied());
         if actual != hash {
-            return Err(CheckpointError::HashMismatch {
+            let error = CheckpointError::HashMismatch {
                 pid,
                 superstep,
                 expected: hex::encode(hash),
                 actual: hex::encode(actual),
-            });
+            };
+            // Put the base back as it was.
+            let back = match undo {
+                Some((mut b, old_len, saved)) => {
+                    let mut m = snapshot.memory;
+                    for (at, bytes) in saved {
+                        m[at..at + bytes.len()].copy_from_slice(&bytes);
+                    }
+                    m.truncate(old_len);
+                    b.memory = m;
+                    Some(Box::new(b))
+                }
+                None => keep.or(unused).and_then(BaseSnap::into_owned),
+            };
+            return Err((error, back));
         }
         self.page_hashes.insert(pid, (hash, hashes));
         Ok(snapshot)
     }
 
     /// Take any checkpoint frame: parts give `Ok(None)`; a final
-    /// [`Frame::Checkpoint`] (with its base looked up in `store`) or
+    /// [`Frame::Checkpoint`] (a delta takes its base out of `store` and
+    /// patches it in place — store the result; on error the base is put
+    /// back) or
     /// [`Frame::Snapshot`] gives the verified result. Other frames are an
     /// error.
     pub fn push(
         &mut self,
         frame: Frame,
-        store: &ReplicaStore,
+        store: &mut ReplicaStore,
     ) -> Result<Option<Assembled>, CheckpointError> {
         match frame {
             Frame::CheckpointPart {
@@ -892,9 +965,21 @@ impl Assembler {
                 outbox,
             } => self.part(pid, superstep, pages, outbox).map(|()| None),
             Frame::Checkpoint(c) => {
-                let base = c.base.and_then(|b| store.get(c.pid, b));
-                self.finish(*c, base)
-                    .map(|s| Some(Assembled::Checkpoint(s)))
+                // The base is consumed (patched in place); the caller stores
+                // the result, which replaces it anyway. On error it goes back.
+                let base = match c.base {
+                    Some(b) if store.get(c.pid, b).is_some() => store.remove_pid(c.pid),
+                    _ => None,
+                };
+                match self.finish_owned(*c, base) {
+                    Ok(s) => Ok(Some(Assembled::Checkpoint(s))),
+                    Err((e, back)) => {
+                        if let Some(b) = back {
+                            store.insert(*b);
+                        }
+                        Err(e)
+                    }
+                }
             }
             Frame::Snapshot {
                 pid,
@@ -928,6 +1013,29 @@ impl Assembler {
             Frame::Done { .. } => Err(CheckpointError::NotCheckpoint("Done")),
             Frame::CheckpointAck { .. } => Err(CheckpointError::NotCheckpoint("CheckpointAck")),
             Frame::FetchCheckpoint { .. } => Err(CheckpointError::NotCheckpoint("FetchCheckpoint")),
+        }
+    }
+}
+
+/// The base a delta is applied to: borrowed (copied) or owned (patched in
+/// place).
+enum BaseSnap<'a> {
+    Borrowed(&'a Snapshot),
+    Owned(Snapshot),
+}
+
+impl BaseSnap<'_> {
+    fn get(&self) -> &Snapshot {
+        match self {
+            BaseSnap::Borrowed(s) => s,
+            BaseSnap::Owned(s) => s,
+        }
+    }
+
+    fn into_owned(self) -> Option<Box<Snapshot>> {
+        match self {
+            BaseSnap::Borrowed(_) => None,
+            BaseSnap::Owned(s) => Some(Box::new(s)),
         }
     }
 }

@@ -1268,7 +1268,7 @@ impl Driver {
                     .assemblers
                     .entry(from)
                     .or_insert_with(|| Assembler::new(cap))
-                    .push(f, &self.store);
+                    .push(f, &mut self.store);
                 match built {
                     Ok(Some(Assembled::Checkpoint(snap))) => {
                         let (pid, superstep) = (snap.pid, snap.superstep);
@@ -1337,7 +1337,7 @@ impl Driver {
                     .assemblers
                     .entry(from)
                     .or_insert_with(|| Assembler::new(cap))
-                    .push(f, &self.store);
+                    .push(f, &mut self.store);
                 let snap = match built {
                     Ok(Some(Assembled::Fetched { snapshot, .. })) => snapshot,
                     Ok(_) => None,

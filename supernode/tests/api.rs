@@ -50,6 +50,17 @@ impl Harness {
         Harness::start_with(|_| {}).await
     }
 
+    /// A supernode with the builtin program `ring` and user alice logged in
+    /// (her token returned).
+    async fn with_ring() -> (Harness, String) {
+        let h = Harness::start().await;
+        let alice = h.login("alice", "alice-password").await;
+        h.sn.register_builtin("ring", "", &wasm(GUEST))
+            .await
+            .unwrap();
+        (h, alice)
+    }
+
     async fn start_with(adjust: impl FnOnce(&mut Config)) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         Harness::start_in(dir, adjust, true).await
@@ -705,11 +716,7 @@ async fn programs_are_validated_stored_by_hash_and_private() {
 
 #[tokio::test]
 async fn jobs_are_submitted_listed_killed_and_disposed() {
-    let h = Harness::start().await;
-    let alice = h.login("alice", "alice-password").await;
-    h.sn.register_builtin("ring", "", &wasm(GUEST))
-        .await
-        .unwrap();
+    let (h, alice) = Harness::with_ring().await;
 
     let (status, body) = h
         .post(
@@ -1047,11 +1054,7 @@ async fn a_waiting_job_is_placed_when_a_peer_logs_in_and_runs_to_its_end() {
 
 #[tokio::test]
 async fn an_abort_ends_the_job_and_kills_it_on_every_peer() {
-    let h = Harness::start().await;
-    let alice = h.login("alice", "alice-password").await;
-    h.sn.register_builtin("ring", "", &wasm(GUEST))
-        .await
-        .unwrap();
+    let (h, alice) = Harness::with_ring().await;
     let mut p1 = h.peer_login(login_body("p1", 4, None)).await;
     let mut p2 = h.peer_login(login_body("p2", 4, None)).await;
     let job = h.submit(&alice, "ring", 8).await;
@@ -1102,11 +1105,7 @@ async fn an_abort_ends_the_job_and_kills_it_on_every_peer() {
 
 #[tokio::test]
 async fn event_streams_resume_after_last_event_id_and_follow_live_output() {
-    let h = Harness::start().await;
-    let alice = h.login("alice", "alice-password").await;
-    h.sn.register_builtin("ring", "", &wasm(GUEST))
-        .await
-        .unwrap();
+    let (h, alice) = Harness::with_ring().await;
     let mut peer = h.peer_login(login_body("p1", 4, None)).await;
     let job = h.submit(&alice, "ring", 1).await;
     start_job(&h.commands(&mut peer).await);
@@ -1508,11 +1507,7 @@ async fn a_big_availability_drop_migrates_processes_and_small_ones_do_not() {
 /// them over it leaves the job.
 #[tokio::test]
 async fn a_drained_peer_hands_everything_over_and_gets_no_new_work() {
-    let h = Harness::start().await;
-    let alice = h.login("alice", "alice-password").await;
-    h.sn.register_builtin("ring", "", &wasm(GUEST))
-        .await
-        .unwrap();
+    let (h, alice) = Harness::with_ring().await;
     let mut p1 = h.peer_login(login_body("p1", 4, None)).await;
     let mut p2 = h.peer_login(login_body("p2", 4, None)).await;
     let job = h.submit(&alice, "ring", 8).await;
@@ -1620,11 +1615,7 @@ async fn pending_starts(h: &Harness, token: &str, seen: u64) -> Vec<(u64, i64, O
 /// event ids keep increasing (even past the events of a disposed job).
 #[tokio::test]
 async fn commands_leases_and_event_ids_survive_a_restart() {
-    let h = Harness::start().await;
-    let alice = h.login("alice", "alice-password").await;
-    h.sn.register_builtin("ring", "", &wasm(GUEST))
-        .await
-        .unwrap();
+    let (h, alice) = Harness::with_ring().await;
     let mut peer = h.peer_login(login_body("p1", 4, None)).await;
     let kept = h.submit(&alice, "ring", 2).await;
     let gone = h.submit(&alice, "ring", 1).await;
@@ -1829,11 +1820,7 @@ async fn malformed_requests_get_api_errors() {
 
 #[tokio::test]
 async fn state_survives_a_restart() {
-    let h = Harness::start().await;
-    let alice = h.login("alice", "alice-password").await;
-    h.sn.register_builtin("ring", "", &wasm(GUEST))
-        .await
-        .unwrap();
+    let (h, alice) = Harness::with_ring().await;
     let mut peer = h.peer_login(login_body("p1", 4, None)).await;
     let job = h.submit(&alice, "ring", 2).await;
     start_job(&h.commands(&mut peer).await);
@@ -1874,11 +1861,7 @@ async fn state_survives_a_restart() {
 
 #[tokio::test]
 async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_on_renewal() {
-    let h = Harness::start().await;
-    let alice = h.login("alice", "alice-password").await;
-    h.sn.register_builtin("ring", "", &wasm(GUEST))
-        .await
-        .unwrap();
+    let (h, alice) = Harness::with_ring().await;
     let mut peer = h.peer_login(login_body("p1", 4, None)).await;
     let job = h.submit(&alice, "ring", 2).await;
     start_job(&h.commands(&mut peer).await);
@@ -1939,11 +1922,7 @@ async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_o
 /// §4.2.2: a peer's share of the ring grows with its power (speed × idle).
 #[tokio::test]
 async fn faster_peers_get_more_processes() {
-    let h = Harness::start().await;
-    let alice = h.login("alice", "alice-password").await;
-    h.sn.register_builtin("ring", "", &wasm(GUEST))
-        .await
-        .unwrap();
+    let (h, alice) = Harness::with_ring().await;
     let slow = h.peer_login(login_body("slow", 64, None)).await;
     let mut fast = h
         .peer_login(PeerLogin {

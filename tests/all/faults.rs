@@ -939,6 +939,31 @@ fn migrations(events: &[JobEvent]) -> Vec<(Pid, PeerId, PeerId)> {
         .collect()
 }
 
+/// The pids that migrated away from `peer`.
+fn moved_from(events: &[JobEvent], peer: PeerId) -> BTreeSet<Pid> {
+    migrations(events)
+        .iter()
+        .filter(|(_, from, _)| *from == peer)
+        .map(|(p, _, _)| *p)
+        .collect()
+}
+
+/// Submit `w`, let it run a few supersteps (a random number up to an eighth
+/// of them), and pick a peer hosting some of its processes: the client, the
+/// job, its follower, and the peer's id, index and pids.
+async fn start_and_pick(
+    cluster: &Cluster,
+    rng: &mut Rng,
+    w: &Workload,
+) -> Result<(Client, i64, Follower, PeerId, usize, BTreeSet<Pid>), String> {
+    let (client, job, follower) = submit(cluster, w, limits(1, 2)).await?;
+    follower
+        .wait_for_step(1 + rng.below(u64::from(w.steps) / 8) as u32)
+        .await?;
+    let (victim, index, pids) = pick_host(cluster, &client, &follower, rng, &[]).await?;
+    Ok((client, job, follower, victim, index, pids))
+}
+
 /// Pids that have not exited yet, as far as `events` tell.
 fn running_pids(events: &[JobEvent], nprocs: u32) -> BTreeSet<Pid> {
     let exited: BTreeSet<Pid> = events
@@ -1356,11 +1381,8 @@ fn a_peer_whose_availability_drops_sees_its_processes_migrate_away() {
         async |cluster, rng| {
             let w = LONG;
             let reference = reference(&w)?;
-            let (client, job, follower) = submit(cluster, &w, limits(1, 2)).await?;
-            follower
-                .wait_for_step(1 + rng.below(u64::from(w.steps) / 8) as u32)
-                .await?;
-            let (victim, index, pids) = pick_host(cluster, &client, &follower, rng, &[]).await?;
+            let (client, job, follower, victim, index, pids) =
+                start_and_pick(cluster, rng, &w).await?;
             let fault_ms = now_ms();
             cluster.set_idle(index, 0.0);
             eprintln!("  peer {victim} (pids {pids:?}) now reports idle 0");
@@ -1368,14 +1390,7 @@ fn a_peer_whose_availability_drops_sees_its_processes_migrate_away() {
                 .wait_for(
                     &format!("every process migrating away from peer {victim}"),
                     PROGRESS_LIMIT,
-                    |events| {
-                        let moved: BTreeSet<Pid> = migrations(events)
-                            .iter()
-                            .filter(|(_, from, _)| *from == victim)
-                            .map(|(p, _, _)| *p)
-                            .collect();
-                        moved.is_superset(&pids)
-                    },
+                    |events| moved_from(events, victim).is_superset(&pids),
                 )
                 .await?;
             let info = client.job(job).await.map_err(|e| e.to_string())?;
@@ -1407,11 +1422,8 @@ fn a_drained_peer_hands_over_every_process_and_exits_zero() {
         async |cluster, rng| {
             let w = LONG;
             let reference = reference(&w)?;
-            let (client, job, follower) = submit(cluster, &w, limits(1, 2)).await?;
-            follower
-                .wait_for_step(1 + rng.below(u64::from(w.steps) / 8) as u32)
-                .await?;
-            let (victim, index, pids) = pick_host(cluster, &client, &follower, rng, &[]).await?;
+            let (client, job, follower, victim, index, pids) =
+                start_and_pick(cluster, rng, &w).await?;
             let fault_ms = now_ms();
             cluster.terminate_peer(index);
             eprintln!("  SIGTERM to peer {victim} (pids {pids:?})");
@@ -1438,11 +1450,7 @@ fn a_drained_peer_hands_over_every_process_and_exits_zero() {
             let events = follower.finish().await?;
             check_run(&events, &reference, w.nprocs)?;
             fault_landed(&client, job, fault_ms).await?;
-            let moved: BTreeSet<Pid> = migrations(&events)
-                .iter()
-                .filter(|(_, from, _)| *from == victim)
-                .map(|(p, _, _)| *p)
-                .collect();
+            let moved = moved_from(&events, victim);
             if !moved.is_superset(&pids) {
                 return Err(format!(
                     "peer {victim} hosted {pids:?} when it was told to drain, but only {moved:?} migrated away from it"

@@ -237,7 +237,7 @@ proptest! {
         let mut asm = Assembler::new(300_000);
         let mut store = ReplicaStore::new();
         for f in frames {
-            if let Ok(Some(Assembled::Checkpoint(s))) = asm.push(f, &store) {
+            if let Ok(Some(Assembled::Checkpoint(s))) = asm.push(f, &mut store) {
                 prop_assert!(s.verify());
                 store.insert(s);
             }
@@ -381,6 +381,50 @@ fn a_delta_on_a_wrong_base_is_detected_by_the_hash() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("send it whole"), "{err}");
+}
+
+/// A delta is applied to the replica's base in place; when it does not
+/// verify, the base is back in the store byte for byte, and the next good
+/// delta still applies to it.
+#[test]
+fn a_rejected_delta_leaves_the_base_in_the_store_unchanged() {
+    let m0: Vec<u8> = [1u8, 2, 3].iter().flat_map(|&s| page_of(s)).collect();
+    let mut m1 = m0.clone();
+    m1[P + 7] ^= 0x55;
+    // The process grew by one page in superstep 1.
+    m1.extend(page_of(9));
+    let mut t = PageTracker::new();
+    let s0 = t.capture(head(1, 0, vec![]), &m0);
+    let s1 = t.capture(head(1, 1, vec![msg(1, 0, 0, 10)]), &m1);
+    t.acked(5, 0, true);
+    let plan = t.plan(5, &s1);
+    assert_eq!(plan.base, Some(0));
+    assert_eq!(plan.pages, vec![1, 3]);
+
+    let mut asm = Assembler::new(1 << 30);
+    let mut store = ReplicaStore::new();
+    deliver(
+        &mut asm,
+        &mut store,
+        to_frames(&s0, &s0.nonzero_pages(), None),
+    )
+    .unwrap();
+    let mut bad = to_frames(&s1, &plan.pages, plan.base);
+    let Some(Frame::Checkpoint(c)) = bad.last_mut() else {
+        panic!("the last frame is the checkpoint")
+    };
+    c.pages[0].1[3] ^= 1;
+    let err = deliver(&mut asm, &mut store, bad).unwrap_err();
+    assert!(matches!(err, CheckpointError::HashMismatch { .. }), "{err}");
+    let kept = store.newest(1).expect("the base is back");
+    assert_eq!(kept, &s0);
+    assert!(kept.verify());
+
+    let got = deliver(&mut asm, &mut store, to_frames(&s1, &plan.pages, plan.base)).unwrap();
+    assert_eq!(got, s1);
+    // `deliver` stores what it assembled, as a replica does: only s1 is left.
+    assert_eq!(store.newest(1), Some(&s1));
+    assert_eq!(store.pids(), vec![1]);
 }
 
 #[test]
@@ -570,7 +614,7 @@ fn the_assembler_refuses_hostile_checkpoints_with_readable_errors() {
     // And with nothing pending the good one goes through.
     assert_eq!(asm.finish(good, None).unwrap(), snap);
     assert!(matches!(
-        asm.push(Frame::Welcome, &ReplicaStore::new()),
+        asm.push(Frame::Welcome, &mut ReplicaStore::new()),
         Err(CheckpointError::NotCheckpoint("Welcome"))
     ));
 }
