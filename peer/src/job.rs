@@ -274,6 +274,16 @@ struct Pending {
     superstep: u32,
     waiting: HashSet<PeerId>,
     snapshot: Arc<Snapshot>,
+    /// The reporter's [`Reporter::emitted`] count when the checkpoint was
+    /// taken: the process's output up to its superstep must have reached the
+    /// supernode before `Done` goes out, because a restore from this
+    /// checkpoint does not re-execute (so does not re-emit) that output.
+    /// Until then the checkpoint is not sent (`unsent`): a replica holding
+    /// `K_s` means the output up to `s` is safe, so a restore from whatever
+    /// snapshot a replica holds loses no output.
+    output_mark: u64,
+    /// Checkpoint frames per replica, waiting for the output to be delivered.
+    unsent: Vec<(PeerId, Frame)>,
 }
 
 struct Fetch {
@@ -541,10 +551,12 @@ impl Driver {
         mut updates: mpsc::UnboundedReceiver<JobAssignment>,
         cancel: CancellationToken,
     ) {
+        let mut delivered = self.env.reporter.watch_delivered();
         loop {
             self.pump();
             tokio::select! {
                 _ = cancel.cancelled() => return,
+                Ok(()) = delivered.changed() => self.on_output_delivered(),
                 Some(joined) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                     match joined {
                         Ok(task) => self.on_task(task),
@@ -839,25 +851,30 @@ impl Driver {
         let snapshot = Arc::new(snapshot);
         p.last = Some(snapshot.clone());
         let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
+        let mut unsent = Vec::new();
         for &r in &targets {
             let plan = p.tracker.plan(r, &snapshot);
             for f in checkpoint::to_frames(&snapshot, &plan.pages, plan.base) {
-                self.send_to(r, f);
+                unsent.push((r, f));
             }
         }
         let done = done_of(pid, exited, &snapshot.outbox, s);
+        let output_mark = self.env.reporter.emitted();
         let l = self.local.get_mut(&pid).expect("checked above");
         l.held.push((s, done));
         l.pending = Some(Pending {
             superstep: s,
             waiting: targets.into_iter().collect(),
             snapshot: snapshot.clone(),
+            output_mark,
+            unsent,
         });
         l.state = if exited {
             State::Exited
         } else {
             State::AtSync(Box::new(p))
         };
+        self.send_checkpoint(pid);
         if leaving {
             if let Some(l) = self.local.get_mut(&pid) {
                 l.handover = Some(snapshot);
@@ -867,12 +884,31 @@ impl Driver {
         self.release_if_acked(pid);
     }
 
+    /// Send `pid`'s checkpoint to its replicas once its output up to the
+    /// checkpoint reached the supernode.
+    fn send_checkpoint(&mut self, pid: Pid) {
+        let delivered = self.env.reporter.delivered_count();
+        let Some(p) = self.local.get_mut(&pid).and_then(|l| l.pending.as_mut()) else {
+            return;
+        };
+        if p.unsent.is_empty() || delivered < p.output_mark {
+            return;
+        }
+        for (r, f) in std::mem::take(&mut p.unsent) {
+            self.send_to(r, f);
+        }
+    }
+
     /// Send the held `Done`s of `pid` once its checkpoint is on every replica.
     fn release_if_acked(&mut self, pid: Pid) {
         let Some(l) = self.local.get_mut(&pid) else {
             return;
         };
-        if l.pending.as_ref().is_some_and(|p| !p.waiting.is_empty()) {
+        let delivered = self.env.reporter.delivered_count();
+        if l.pending
+            .as_ref()
+            .is_some_and(|p| !p.waiting.is_empty() || delivered < p.output_mark)
+        {
             return;
         }
         l.pending = None;
@@ -908,10 +944,39 @@ impl Driver {
         }
     }
 
+    /// More output reached the supernode: checkpoints waiting only for that
+    /// may release their `Done`s, leaving processes may be handed over.
+    fn on_output_delivered(&mut self) {
+        let waiting: Vec<(Pid, bool)> = self
+            .local
+            .iter()
+            .filter(|(_, l)| l.pending.is_some())
+            .map(|(pid, l)| (*pid, l.handover.is_some()))
+            .collect();
+        for (pid, handing_over) in waiting {
+            self.send_checkpoint(pid);
+            if handing_over {
+                self.hand_over(pid);
+            }
+            self.release_if_acked(pid);
+        }
+    }
+
     /// `pid` leaves this peer: once its snapshot is taken and its new host
     /// asked for it, send it and forget the process.
     fn hand_over(&mut self, pid: Pid) {
-        let Some(snapshot) = self.local.get(&pid).and_then(|l| l.handover.clone()) else {
+        let Some(l) = self.local.get(&pid) else {
+            return;
+        };
+        // The new host will not re-emit the output up to the snapshot.
+        let delivered = self.env.reporter.delivered_count();
+        if l.pending
+            .as_ref()
+            .is_some_and(|p| delivered < p.output_mark)
+        {
+            return;
+        }
+        let Some(snapshot) = l.handover.clone() else {
             return;
         };
         let Some(askers) = self.handovers.remove(&pid) else {
@@ -1193,6 +1258,9 @@ impl Driver {
             superstep: c,
             waiting: targets.into_iter().collect(),
             snapshot: snapshot.clone(),
+            // Its output up to `c` was delivered by its old host.
+            output_mark: 0,
+            unsent: Vec::new(),
         });
         l.state = match p {
             Some(p) => State::AtSync(Box::new(p)),
@@ -1393,7 +1461,8 @@ impl Driver {
                 .local
                 .values()
                 .filter_map(|l| l.pending.as_ref())
-                .filter(|p| p.waiting.contains(&peer))
+                // Not yet sent at all: it goes out once the output is delivered.
+                .filter(|p| p.waiting.contains(&peer) && p.unsent.is_empty())
                 .map(|p| p.snapshot.clone())
                 .collect();
             for s in pending {
@@ -1467,10 +1536,15 @@ impl Driver {
                     .filter(|t| !old_peers.contains(t) || gone.contains(t))
                     .collect();
                 let snap = p.snapshot.clone();
+                // Frames for replicas that are gone are void.
+                p.unsent.retain(|(r, _)| !gone.contains(r));
+                let held = !p.unsent.is_empty();
                 for t in fresh {
                     p.waiting.insert(t);
                     for f in whole(&snap) {
-                        if let Some(l) = self.links.get(&t) {
+                        if held {
+                            p.unsent.push((t, f));
+                        } else if let Some(l) = self.links.get(&t) {
                             l.send(f);
                         }
                     }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bsp_api::control::PeerEvent;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 /// Estimated bytes of undelivered events above which processes that write
 /// output wait for the uploader (see [`Reporter::wait_for_room`]).
@@ -33,6 +33,8 @@ impl Default for Reporter {
 struct Inner {
     state: Mutex<State>,
     delivered: Condvar,
+    /// The `delivered` count, for async waiters.
+    delivered_count: watch::Sender<u64>,
     ready: Notify,
     max_queued_bytes: usize,
 }
@@ -72,6 +74,7 @@ impl Reporter {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
                 delivered: Condvar::new(),
+                delivered_count: watch::Sender::new(0),
                 ready: Notify::new(),
                 max_queued_bytes,
             }),
@@ -86,6 +89,22 @@ impl Reporter {
             .state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Events ever emitted: an event's mark; it is delivered once
+    /// [`Reporter::delivered_count`] exceeds its position.
+    pub fn emitted(&self) -> u64 {
+        self.lock().emitted
+    }
+
+    /// Events ever confirmed delivered (a prefix of the emitted ones).
+    pub fn delivered_count(&self) -> u64 {
+        self.lock().delivered
+    }
+
+    /// Follows [`Reporter::delivered_count`].
+    pub fn watch_delivered(&self) -> watch::Receiver<u64> {
+        self.inner.delivered_count.subscribe()
     }
 
     /// Append an event to the queue.
@@ -181,8 +200,10 @@ impl Reporter {
         let freed: usize = s.queue.drain(..n).map(|e| estimated_size(&e)).sum();
         s.queued_bytes = s.queued_bytes.saturating_sub(freed);
         s.delivered += n as u64;
+        let count = s.delivered;
         drop(s);
         self.inner.delivered.notify_all();
+        self.inner.delivered_count.send_replace(count);
     }
 
     /// Take every queued event at once and count it as delivered (for
@@ -192,8 +213,10 @@ impl Reporter {
         let events: Vec<PeerEvent> = s.queue.drain(..).collect();
         s.queued_bytes = 0;
         s.delivered += events.len() as u64;
+        let count = s.delivered;
         drop(s);
         self.inner.delivered.notify_all();
+        self.inner.delivered_count.send_replace(count);
         events
     }
 

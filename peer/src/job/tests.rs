@@ -445,6 +445,20 @@ fn ring_records(events: &[PeerEvent]) -> Vec<[u32; 6]> {
 /// without failure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_process_is_restored_elsewhere_and_the_output_is_unchanged() {
+    lose_a_peer(40, false).await;
+}
+
+/// The lost peer's last output never reached the supernode (its queue dies
+/// with it): no replica may hold a checkpoint past that output, so the
+/// restored processes emit it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_that_died_with_its_peer_is_emitted_again_by_the_restore() {
+    lose_a_peer(43, true).await;
+}
+
+/// Peer #102 vanishes mid-job; with `drop_queued`, the events it had not
+/// delivered vanish with it.
+async fn lose_a_peer(job: JobId, drop_queued: bool) {
     let peers = start_peers(3).await;
     let wasm = ring_guest("(i32.const 12)", 1000, None);
     let placement = vec![0, 1, 2, 0, 1, 2];
@@ -453,13 +467,25 @@ async fn a_lost_process_is_restored_elsewhere_and_the_output_is_unchanged() {
     let a = assignment(4, &wasm, &peers, placement.clone());
     let reference = run_to_end(&peers, 4, 6, start_everywhere(&peers, &a, &wasm)).await;
 
-    let a = assignment(40, &wasm, &peers, placement);
+    let a = assignment(job, &wasm, &peers, placement);
     let mut handles = start_everywhere(&peers, &a, &wasm);
     // Let it get going, then peer #102 vanishes.
-    let mut early = collect_until(&[&peers[0]], |all| records(all).iter().any(|r| r[1] == 4)).await;
-    assert!(peers[2].jobs.kill(40));
+    let mut early = collect_until(&[&peers[0], &peers[1], &peers[2]], |all| {
+        records(all).iter().any(|r| r[1] == 4)
+    })
+    .await;
+    if drop_queued {
+        // #102's uploads stall: its processes still produce output.
+        early.extend(
+            collect_until(&[&peers[0], &peers[1]], |_| peers[2].reporter.pending() > 0).await,
+        );
+    }
+    assert!(peers[2].jobs.kill(job));
     wait_all(vec![handles.pop().unwrap()]).await;
-    early.extend(peers[2].reporter.drain());
+    let queued = peers[2].reporter.drain();
+    if !drop_queued {
+        early.extend(queued);
+    }
     // The supernode's new assignment: pids 2 and 5 go to #100 and #101.
     let mut b = a.clone();
     b.epoch = 1;
@@ -474,16 +500,16 @@ async fn a_lost_process_is_restored_elsewhere_and_the_output_is_unchanged() {
         );
     }
     let mut events = early;
-    events.extend(run_to_end(&peers[..2], 40, 6, handles).await);
+    events.extend(run_to_end(&peers[..2], job, 6, handles).await);
     let restored: BTreeSet<Pid> = events
         .iter()
         .filter_map(|e| match e {
             PeerEvent::ProcessRestored {
-                job: 40,
+                job: j,
                 pid,
                 epoch: 1,
                 ..
-            } => Some(*pid),
+            } if *j == job => Some(*pid),
             _ => None,
         })
         .collect();
