@@ -10,3 +10,4 @@ mod errors;
 mod examples;
 mod faults;
 mod security;
+mod testbed;
