@@ -712,7 +712,7 @@ fn connect_retrying(addr: SocketAddr) -> TcpStream {
 
 #[test]
 fn every_topology_comes_up_and_leaves_nothing_behind() {
-    for name in ["flat", "clusters", "hetero"] {
+    for name in ["flat", "clusters", "hetero", "large"] {
         let topo = Topology::load(name).unwrap();
         let mut tb = Testbed::create(&topo).unwrap();
         let mut left = Leftovers::of(&tb);
