@@ -105,4 +105,31 @@ pub enum CollectiveError {
         /// The first byte the sender lacked.
         byte: usize,
     },
+    /// A multicast cluster with no nodes.
+    #[error("cluster {0} is empty; every cluster needs at least one node")]
+    EmptyCluster(usize),
+    /// A node id listed twice in a multicast's clusters.
+    #[error("node {0} is listed twice in the clusters; list each node in exactly one cluster")]
+    DuplicateMember(usize),
+    /// The multicast root is not a member of any cluster.
+    #[error("root {0} is not in any cluster; add it to the cluster it belongs to")]
+    RootNotMember(usize),
+    /// A simulated multicast stopped making progress, or exceeded its
+    /// message budget, before every node finished.
+    #[error("the multicast stalled after {messages} messages with {unfinished} node(s) unfinished")]
+    MulticastStalled {
+        /// Messages delivered before the simulator gave up.
+        messages: usize,
+        /// Nodes that had not finished.
+        unfinished: usize,
+    },
+    /// A node sent a message to a peer after sending it 'stop' (§3.1
+    /// phase 4: 'stop' is the last message on a connection).
+    #[error("node {from} sent a message to {to} after 'stop'")]
+    MessageAfterStop {
+        /// Sender.
+        from: usize,
+        /// Receiver.
+        to: usize,
+    },
 }

@@ -20,6 +20,14 @@
 //! - **Models**: [`Schedule::linear_cost`] (Juhász's `t_0 + n·t_d`) for
 //!   step schedules and [`model_bandwidth`] (max-min fair rates of transfer
 //!   trees over the topology's links) for tree plans.
+//! - **Receiver-initiated multicast between clusters** of den Burger and
+//!   Kielmann, "Collective receiver-initiated multicast for grid
+//!   applications": *Robber* (§3: collectives that steal pieces from other
+//!   clusters and work from each other), *MOB* (its static-split
+//!   predecessor) and a BitTorrent-like baseline, as deterministic
+//!   per-node state machines ([`PeerNode`], [`Multicast`]) over the
+//!   messages of Table 1 ([`MulticastMsg`]), run in memory by [`simulate`]
+//!   in a seeded random order or under a per-link [`LinkModel`].
 //! - **A simulator** ([`execute`]) that runs a schedule on real bytes with
 //!   the transfers of each step shuffled, so tests check delivery.
 //!
@@ -46,6 +54,7 @@ mod basic;
 mod error;
 mod model;
 mod rng;
+mod robber;
 mod schedule;
 mod sim;
 mod stable;
@@ -58,6 +67,10 @@ mod tests;
 pub use basic::{binomial_tree, flat_tree, pipelined_chain};
 pub use error::CollectiveError;
 pub use model::{Bandwidths, model_bandwidth};
+pub use robber::{
+    Algorithm, LinkModel, Multicast, MulticastConfig, MulticastMsg, OUTSTANDING, Outcome, Outgoing,
+    PEERS, PeerNode, global_peer_ranks, initial_work, simulate,
+};
 pub use schedule::{Schedule, Transfer, even_pieces, weighted_pieces};
 pub use sim::{Delivery, Received, execute};
 pub use stable::{
