@@ -14,7 +14,9 @@ use crate::*;
 
 // ------------------------------------------------------------------ helpers
 
-fn bytes(len: usize, seed: u64) -> Vec<u8> {
+/// `len` pseudo-random bytes from `seed` (xorshift), the test data of
+/// every delivery check in this crate.
+pub(crate) fn bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     (0..len)
         .map(|_| {

@@ -6,19 +6,8 @@
 use proptest::prelude::*;
 use proptest::sample::Index;
 
+use crate::tests::bytes;
 use crate::*;
-
-fn bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// Clusters of the given sizes with ids 0.. in order.
 fn layout(sizes: &[usize]) -> Vec<Vec<usize>> {
