@@ -121,24 +121,8 @@ impl Reporter {
     /// this call has been delivered, `timeout` has passed, or `cancel` is set.
     /// Returns whether everything was delivered.
     pub fn flush_blocking(&self, timeout: Duration, cancel: &AtomicBool) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut s = self.lock();
-        let target = s.emitted;
-        loop {
-            if s.delivered >= target {
-                return true;
-            }
-            let now = Instant::now();
-            if now >= deadline || cancel.load(Ordering::Relaxed) {
-                return false;
-            }
-            // Wake at least every 50 ms to notice `cancel`.
-            let wait = (deadline - now).min(Duration::from_millis(50));
-            s = match self.inner.delivered.wait_timeout(s, wait) {
-                Ok((guard, _)) => guard,
-                Err(poisoned) => poisoned.into_inner().0,
-            };
-        }
+        let target = self.lock().emitted;
+        self.wait_until(Instant::now() + timeout, cancel, |s| s.delivered >= target)
     }
 
     /// Block the calling (non-async) thread while more than the queue's limit
@@ -146,9 +130,22 @@ impl Reporter {
     /// than it can be uploaded. Returns `false` if `deadline` passed or
     /// `cancel` was set first.
     pub fn wait_for_room(&self, deadline: Instant, cancel: &AtomicBool) -> bool {
+        let limit = self.inner.max_queued_bytes;
+        self.wait_until(deadline, cancel, |s| s.queued_bytes <= limit)
+    }
+
+    /// Block until `done` holds for the queue's state (woken by deliveries,
+    /// and at least every 50 ms to notice `cancel`); `false` if `deadline`
+    /// passed or `cancel` was set first.
+    fn wait_until(
+        &self,
+        deadline: Instant,
+        cancel: &AtomicBool,
+        done: impl Fn(&State) -> bool,
+    ) -> bool {
         let mut s = self.lock();
         loop {
-            if s.queued_bytes <= self.inner.max_queued_bytes {
+            if done(&s) {
                 return true;
             }
             let now = Instant::now();
