@@ -241,6 +241,7 @@ pub async fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
             resources,
             seed: a.seed,
             limits,
+            min_peers: None,
         })
         .await
         .context("submitting the job failed")?;

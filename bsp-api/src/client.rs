@@ -14,6 +14,7 @@
 //!         resources: Default::default(),
 //!         seed: None,
 //!         limits: None,
+//!         min_peers: None,
 //!     })
 //!     .await?;
 //! let mut events = client.events(job.id, None);

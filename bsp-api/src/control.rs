@@ -198,6 +198,14 @@ pub enum PeerEvent {
         superstep: u32,
         epoch: u64,
     },
+    /// The process has completed `superstep` syncs. Peers send it at most a
+    /// few times a second per process (the newest value wins); it only feeds
+    /// progress displays.
+    Progress {
+        job: JobId,
+        pid: Pid,
+        superstep: u32,
+    },
     /// A status line for people (e.g. "superstep 10 done").
     Status {
         job: JobId,

@@ -7,13 +7,16 @@
 //! | GET | `/api/v1/me` | → [`UserInfo`] |
 //! | POST | `/api/v1/programs?name=NAME` | raw `.wasm` bytes → [`ProgramInfo`] |
 //! | GET | `/api/v1/programs` | → `Vec<ProgramInfo>` |
+//! | DELETE | `/api/v1/programs/{program}` | forget one of your programs (name or hash) → 204 |
 //! | POST | `/api/v1/jobs` | [`SubmitJob`] → [`JobInfo`] |
 //! | GET | `/api/v1/jobs?state=waiting\|active\|finished` | → `Vec<JobInfo>` |
 //! | GET | `/api/v1/jobs/{id}` | → [`JobInfo`] |
 //! | POST | `/api/v1/jobs/{id}/kill` | → [`JobInfo`] |
 //! | DELETE | `/api/v1/jobs/{id}` | dispose a finished job → 204 |
 //! | GET | `/api/v1/jobs/{id}/events` | Server-Sent Events of [`JobEvent`], resumable with `Last-Event-ID` |
+//! | GET | `/api/v1/events` | Server-Sent Events of [`JobListChanged`] for the caller's jobs |
 //! | GET | `/api/v1/peers` | → `Vec<PeerInfo>` |
+//! | GET | `/api/v1/ring` | → [`RingInfo`] |
 //! | GET | `/api/v1/health` | → [`Health`] |
 //!
 //! Every error answer is an [`ApiError`] body with a matching HTTP status.
@@ -136,6 +139,11 @@ pub struct SubmitJob {
     pub seed: Option<u64>,
     #[serde(default)]
     pub limits: Option<JobLimits>,
+    /// Refuse the job with `503 not_enough_peers` instead of queueing it when
+    /// fewer than this many peers are online at submission. Absent: always
+    /// queue (a volunteer network's peers come and go).
+    #[serde(default)]
+    pub min_peers: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
@@ -228,6 +236,11 @@ pub struct JobInfo {
     pub placement: Vec<PeerId>,
     /// Number of processes that have exited normally.
     pub exited: u32,
+    /// For active and finished jobs: the number of supersteps each pid has
+    /// completed (its syncs), indexed by pid, as last reported by its peer.
+    /// Peers report progress at most a few times a second, so this lags.
+    #[serde(default)]
+    pub supersteps: Vec<u32>,
 }
 
 /// One event of a job's stream, as sent in the `data:` line of the SSE stream.
@@ -325,6 +338,50 @@ pub struct PeerInfo {
     /// Number of processes currently placed on it, or migrating away from it
     /// and not handed over yet.
     pub processes: u32,
+}
+
+/// `GET /api/v1/ring`: the DHHT ring the supernode places processes with
+/// (dissertation §4.2). Positions are fractions of the unit ring, `[0, 1)`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RingInfo {
+    /// The online peers with a weight above 0 (peers under 5 % idle, and
+    /// draining peers, are out of the ring).
+    pub peers: Vec<RingPeer>,
+    /// The processes of active jobs the caller may see (admins see all).
+    pub processes: Vec<RingProcess>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RingPeer {
+    pub id: PeerId,
+    pub name: String,
+    /// The peer's golden-ratio position `{kΦ}` on the ring.
+    pub position: f64,
+    /// Its weight: speed × idle fraction.
+    pub weight: f64,
+    /// The fraction of the ring it wins (the length of the arcs where its
+    /// value `((x − position) mod 1) / weight` is the lowest).
+    pub share: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RingProcess {
+    pub job: JobId,
+    pub pid: Pid,
+    /// The process's ring position.
+    pub position: f64,
+    /// The peer it is placed on.
+    pub peer: PeerId,
+}
+
+/// One event of `GET /api/v1/events`, the caller's own stream (SSE `event:
+/// job_list_changed`): one of the caller's jobs was submitted, started,
+/// finished or disposed. Re-read the job lists when it arrives.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobListChanged {
+    pub job: JobId,
+    /// The job's state now; `None` once it was disposed.
+    pub state: Option<JobState>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -234,7 +234,8 @@ fn estimated_size(e: &PeerEvent) -> usize {
         PeerEvent::Status { text, .. } => OVERHEAD + text.len() * 6 / 5,
         PeerEvent::ProcessExited { .. }
         | PeerEvent::ProcessRestored { .. }
-        | PeerEvent::ProcessHandedOver { .. } => OVERHEAD,
+        | PeerEvent::ProcessHandedOver { .. }
+        | PeerEvent::Progress { .. } => OVERHEAD,
     }
 }
 

@@ -19,6 +19,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0002_fault_tolerance.sql",
         include_str!("../../migrations/0002_fault_tolerance.sql"),
     ),
+    (
+        "0003_progress.sql",
+        include_str!("../../migrations/0003_progress.sql"),
+    ),
 ];
 
 /// Opens (creating if needed) the database and brings its schema up to date.
@@ -102,14 +106,19 @@ fn job_from_row(row: &Row<'_>) -> rusqlite::Result<JobInfo> {
         finished_at: row.get(17)?,
         placement: Vec::new(),
         exited: row.get(18)?,
+        supersteps: Vec::new(),
     })
 }
 
-fn placement_of(conn: &Connection, job: JobId) -> rusqlite::Result<Vec<PeerId>> {
-    let mut stmt =
-        conn.prepare_cached("SELECT peer_id FROM placements WHERE job = ?1 ORDER BY pid")?;
-    let rows = stmt.query_map([job], |r| r.get(0))?;
-    rows.collect()
+/// Where each pid of `job` runs and how many supersteps it has completed.
+fn placement_of(conn: &Connection, job: &mut JobInfo) -> rusqlite::Result<()> {
+    let mut stmt = conn
+        .prepare_cached("SELECT peer_id, superstep FROM placements WHERE job = ?1 ORDER BY pid")?;
+    let rows = stmt.query_map([job.id], |r| {
+        Ok((r.get::<_, PeerId>(0)?, r.get::<_, u32>(1)?))
+    })?;
+    (job.placement, job.supersteps) = rows.collect::<rusqlite::Result<_>>()?;
+    Ok(())
 }
 
 /// Job `id` if it belongs to `owner` (any owner when `None`).
@@ -127,7 +136,7 @@ pub(crate) fn job_info(
         .optional()?;
     match job {
         Some(mut job) => {
-            job.placement = placement_of(conn, id)?;
+            placement_of(conn, &mut job)?;
             Ok(Some(job))
         }
         None => Ok(None),
@@ -149,7 +158,7 @@ pub(crate) fn jobs_of(
     let mut jobs = rows.collect::<rusqlite::Result<Vec<_>>>()?;
     for job in &mut jobs {
         if job.state != JobState::Waiting {
-            job.placement = placement_of(conn, job.id)?;
+            placement_of(conn, job)?;
         }
     }
     Ok(jobs)

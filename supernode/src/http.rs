@@ -5,9 +5,9 @@
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
-use axum::http::StatusCode;
 use axum::http::request::Parts;
-use axum::response::{Html, IntoResponse, Response};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
 use tower_http::catch_panic::CatchPanicLayer;
@@ -23,7 +23,48 @@ pub(crate) const REPORT_BODY: usize = 8 << 20;
 /// Body limit for everything else.
 pub(crate) const SMALL_BODY: usize = 1 << 20;
 
-const INDEX_HTML: &str = include_str!("../../web-ui/index.html");
+/// The web UI: static files embedded in the binary, no build step, nothing
+/// fetched from elsewhere at run time.
+const UI_FILES: &[(&str, &str, &str)] = &[
+    (
+        "/",
+        "text/html; charset=utf-8",
+        include_str!("../../web-ui/index.html"),
+    ),
+    (
+        "/index.html",
+        "text/html; charset=utf-8",
+        include_str!("../../web-ui/index.html"),
+    ),
+    (
+        "/app.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../web-ui/app.js"),
+    ),
+    (
+        "/app.css",
+        "text/css; charset=utf-8",
+        include_str!("../../web-ui/app.css"),
+    ),
+];
+
+fn ui_routes(mut router: Router<Supernode>) -> Router<Supernode> {
+    for &(path, content_type, body) in UI_FILES {
+        router = router.route(
+            path,
+            get(move || async move {
+                (
+                    [
+                        (header::CONTENT_TYPE, content_type),
+                        (header::CACHE_CONTROL, "no-cache"),
+                    ],
+                    body,
+                )
+            }),
+        );
+    }
+    router
+}
 
 pub(crate) fn router(sn: Supernode) -> Router {
     let api = Router::new()
@@ -56,9 +97,7 @@ pub(crate) fn router(sn: Supernode) -> Router {
         )
         .route("/peer/drain", post(control::drain))
         .route("/peer/modules/{hash}", get(control::module));
-    Router::new()
-        .route("/", get(|| async { Html(INDEX_HTML) }))
-        .route("/index.html", get(|| async { Html(INDEX_HTML) }))
+    ui_routes(Router::new())
         .nest("/api/v1", api)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

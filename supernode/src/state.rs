@@ -1240,6 +1240,7 @@ impl Core {
                 | PeerEvent::ProcessFailed { job, .. }
                 | PeerEvent::ProcessRestored { job, .. }
                 | PeerEvent::ProcessHandedOver { job, .. }
+                | PeerEvent::Progress { job, .. }
                 | PeerEvent::Status { job, .. } => *job,
             };
             let entry = match jobs.entry(job) {
@@ -1316,6 +1317,15 @@ impl Core {
                     if db::insert_event(&tx, job, Some(pid), Some(seq), &kind, now)?.is_some() {
                         fx.jobs.insert(job);
                     }
+                }
+                PeerEvent::Progress { pid, superstep, .. } => {
+                    // Only the process's current host speaks for it: a
+                    // migrating process's old host may still report.
+                    tx.prepare_cached(
+                        "UPDATE placements SET superstep = ?3 \
+                         WHERE job = ?1 AND pid = ?2 AND peer_id = ?4",
+                    )?
+                    .execute(params![job, pid, superstep, peer])?;
                 }
                 PeerEvent::Status { pid, text, .. } => {
                     if pid.is_some_and(|p| p >= ctx.nprocs) {
@@ -1939,6 +1949,7 @@ mod tests {
             resources: Default::default(),
             seed: None,
             limits: None,
+            min_peers: None,
         };
         assert!(validate_submit(base()).is_ok());
         let mut j = base();

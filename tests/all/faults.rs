@@ -561,6 +561,7 @@ fn spec(w: &Workload, hash: &str, limits: JobLimits) -> SubmitJob {
         resources: Default::default(),
         seed: Some(JOB_SEED),
         limits: Some(limits),
+        min_peers: None,
     }
 }
 

@@ -301,6 +301,7 @@ pub fn job(program: &str, nprocs: u32, args: serde_json::Value) -> SubmitJob {
         resources: Default::default(),
         seed: Some(42),
         limits: None,
+        min_peers: None,
     }
 }
 
