@@ -55,6 +55,7 @@ mod error;
 mod model;
 mod rng;
 mod robber;
+pub mod saito;
 mod schedule;
 mod sim;
 mod stable;
