@@ -2,13 +2,15 @@
 //!
 //! Credentials come from `BSPWEB_URL` / `BSPWEB_USER` / `BSPWEB_PASSWORD`
 //! when set, otherwise from the session `bspweb login` (or `bspweb up`) saved.
+//! The exit status tells scripts what happened: see [`EXIT_CODES`].
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use base64::Engine;
 use bsp_api::PeerId;
 use bsp_api::client::{Client, ClientError};
@@ -17,6 +19,103 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 pub const DEFAULT_URL: &str = "http://127.0.0.1:7878";
+
+/// The exit status of every client command.
+pub mod exit {
+    // 0: success; with `--follow`, the job exited normally.
+    /// Any other error, e.g. a program the supernode refused as invalid.
+    pub const ERROR: u8 = 1;
+    /// Bad command-line arguments.
+    pub const USAGE: u8 = 2;
+    /// With `--follow`: the program aborted the job.
+    pub const ABORTED: u8 = 3;
+    /// With `--follow`: the runtime ended the job (trap, limit, lost peers).
+    pub const FAILED: u8 = 4;
+    /// With `--follow`: the job was killed.
+    pub const KILLED: u8 = 5;
+    /// No such job, program or file.
+    pub const NOT_FOUND: u8 = 6;
+    /// Not logged in, wrong password, or the session expired.
+    pub const UNAUTHORIZED: u8 = 7;
+    /// The supernode cannot be reached.
+    pub const NOT_CONNECTED: u8 = 8;
+    /// `--min-peers`: fewer peers are online.
+    pub const NOT_ENOUGH_PEERS: u8 = 9;
+    /// Interrupted (Ctrl-C) while following; the job keeps running.
+    pub const INTERRUPTED: u8 = 130;
+}
+
+/// The exit codes as `--help` and the README list them (one per line).
+pub const EXIT_CODES: &str = "\
+Exit status:
+    0  success; with --follow, the job exited normally
+    1  any other error (e.g. the supernode refused the program as invalid)
+    2  usage error: bad command-line arguments
+    3  with --follow: the program aborted the job (abort, error from main, panic)
+    4  with --follow: the runtime ended the job (trap, time or memory limit, lost peers)
+    5  with --follow: the job was killed
+    6  not found: no such job, program or file
+    7  unauthorized: not logged in, wrong user name or password, session expired
+    8  cannot connect to the supernode
+    9  --min-peers: fewer peers are online than the job asks for
+  130  interrupted while following (the job keeps running)";
+
+/// An error that carries its exit status.
+#[derive(Debug)]
+pub struct Coded {
+    pub code: u8,
+    pub message: String,
+}
+
+impl std::fmt::Display for Coded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Coded {}
+
+fn coded(code: u8, message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Coded {
+        code,
+        message: message.into(),
+    })
+}
+
+/// A usage error (exit status 2).
+fn usage(message: impl Into<String>) -> anyhow::Error {
+    coded(exit::USAGE, message)
+}
+
+/// The exit status of a client error.
+fn client_code(e: &ClientError) -> u8 {
+    match e {
+        ClientError::NotConnected { .. } => exit::NOT_CONNECTED,
+        ClientError::Unauthorized { .. } => exit::UNAUTHORIZED,
+        ClientError::NotEnoughPeers { .. } => exit::NOT_ENOUGH_PEERS,
+        ClientError::ProgramNotFound { .. } => exit::NOT_FOUND,
+        e if e.status() == Some(404) => exit::NOT_FOUND,
+        _ => exit::ERROR,
+    }
+}
+
+/// The exit status for an error a command returned.
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    for cause in e.chain() {
+        if let Some(c) = cause.downcast_ref::<Coded>() {
+            return c.code;
+        }
+        if let Some(c) = cause.downcast_ref::<ClientError>() {
+            return client_code(c);
+        }
+        if let Some(io) = cause.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::NotFound
+        {
+            return exit::NOT_FOUND;
+        }
+    }
+    exit::ERROR
+}
 
 /// A saved login: what `bspweb login` writes and the other commands read.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -105,25 +204,31 @@ pub async fn connect() -> anyhow::Result<Client> {
     match load_session() {
         Some(s) if env_url.as_deref().is_none_or(|u| u == s.url) => {
             if s.expires_at <= now_secs() {
-                bail!(
-                    "your session for {} has expired; run `bspweb login --user {}` again",
-                    s.url,
-                    s.user
-                );
+                return Err(coded(
+                    exit::UNAUTHORIZED,
+                    format!(
+                        "your session for {} has expired; run `bspweb login --user {}` again",
+                        s.url, s.user
+                    ),
+                ));
             }
             Ok(Client::with_token(&s.url, &s.token))
         }
-        _ => bail!(
-            "not logged in: run `bspweb login --user NAME` (or `bspweb up`), or set BSPWEB_URL, BSPWEB_USER and BSPWEB_PASSWORD"
-        ),
+        _ => Err(coded(
+            exit::UNAUTHORIZED,
+            "not logged in: run `bspweb login --user NAME` (or `bspweb up`), or set BSPWEB_URL, BSPWEB_USER and BSPWEB_PASSWORD",
+        )),
     }
 }
 
 fn login_error(url: &str, e: ClientError) -> anyhow::Error {
-    match e.status() {
-        Some(401) => anyhow::anyhow!("login to {url} failed: wrong user name or password"),
-        _ => anyhow::anyhow!("login to {url} failed: {e}"),
-    }
+    let message = match &e {
+        ClientError::Unauthorized { .. } => {
+            format!("login to {url} failed: wrong user name or password")
+        }
+        e => format!("login to {url} failed: {e}"),
+    };
+    coded(client_code(&e), message)
 }
 
 pub async fn login(url: &str, user: &str) -> anyhow::Result<ExitCode> {
@@ -197,21 +302,29 @@ pub struct SubmitArgs {
     /// With --follow: write raw output of each process to DIR/pid-N.bin
     #[arg(long, value_name = "DIR")]
     raw_dir: Option<PathBuf>,
+    /// Refuse the job (exit status 9) instead of queueing it when fewer
+    /// than N peers are online
+    #[arg(long, value_name = "N")]
+    min_peers: Option<u32>,
+    /// Print the submitted job as JSON; with --follow, its events as JSON
+    /// lines instead of text
+    #[arg(long)]
+    json: bool,
 }
 
 pub async fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
     let args = match &a.args {
         Some(text) => serde_json::from_str(text)
-            .with_context(|| format!("--args is not valid JSON: {text}"))?,
+            .map_err(|e| usage(format!("--args is not valid JSON: {text} ({e})")))?,
         None => serde_json::Value::Null,
     };
     if a.nprocs == 0 {
-        bail!("-n must be at least 1");
+        return Err(usage("-n must be at least 1"));
     }
     let mut resources = BTreeMap::new();
     for r in &a.resources {
         let Some((name, path)) = r.split_once('=') else {
-            bail!("--resource {r}: expected NAME=PATH");
+            return Err(usage(format!("--resource {r}: expected NAME=PATH")));
         };
         let bytes = std::fs::read(path).with_context(|| format!("cannot read resource {path}"))?;
         resources.insert(
@@ -241,10 +354,15 @@ pub async fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
             resources,
             seed: a.seed,
             limits,
-            min_peers: None,
+            min_peers: a.min_peers,
         })
         .await
         .context("submitting the job failed")?;
+    if a.json && !a.follow {
+        println!("{}", serde_json::to_string(&job)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let out = Output::new(a.json);
     if !a.follow {
         println!("{}", job.id);
         eprintln!(
@@ -253,11 +371,13 @@ pub async fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    eprintln!(
-        "== job {} submitted: {} with {} processes",
-        job.id, job.program, job.nprocs
-    );
-    follow(&client, job.id, a.raw_dir.as_deref()).await
+    if !a.json {
+        eprintln!(
+            "== job {} submitted: {} with {} processes",
+            job.id, job.program, job.nprocs
+        );
+    }
+    follow(&client, job.id, a.raw_dir.as_deref(), out, true).await
 }
 
 /// The job limits the flags ask for, or `None` to take the supernode's defaults.
@@ -272,7 +392,7 @@ fn limits(a: &SubmitArgs) -> anyhow::Result<Option<JobLimits>> {
     let mut l = JobLimits::default();
     if let Some(s) = a.superstep_secs {
         if !(s.is_finite() && s > 0.0) {
-            bail!("--superstep-secs must be a positive number");
+            return Err(usage("--superstep-secs must be a positive number"));
         }
         l.superstep_ms = (s * 1000.0).round() as u64;
     }
@@ -284,7 +404,9 @@ fn limits(a: &SubmitArgs) -> anyhow::Result<Option<JobLimits>> {
     }
     if let Some(k) = a.checkpoint_every {
         if k == 0 {
-            bail!("--checkpoint-every must be at least 1 (1 = checkpoint at every superstep)");
+            return Err(usage(
+                "--checkpoint-every must be at least 1 (1 = checkpoint at every superstep)",
+            ));
         }
         l.checkpoint_every = k;
     }
@@ -311,8 +433,123 @@ impl PeerNames {
     }
 }
 
-/// Print a job's events until its terminal event; the exit code tells how it ended.
-async fn follow(client: &Client, job: i64, raw_dir: Option<&Path>) -> anyhow::Result<ExitCode> {
+/// How `follow` writes: text for people, or JSON lines.
+#[derive(Clone, Copy)]
+struct Output {
+    json: bool,
+}
+
+impl Output {
+    fn new(json: bool) -> Output {
+        Output { json }
+    }
+}
+
+/// The live progress line of `--follow`: redrawn in place on a terminal,
+/// plain `== progress:` lines (when it changes) otherwise, nothing with `--json`.
+struct Progress<W: Write> {
+    mode: ProgressMode,
+    /// Where it goes: standard error.
+    out: W,
+    /// What the line says now.
+    text: Option<String>,
+    /// The terminal shows it.
+    shown: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ProgressMode {
+    Off,
+    Terminal,
+    Plain,
+}
+
+impl<W: Write> Progress<W> {
+    fn new(mode: ProgressMode, out: W) -> Progress<W> {
+        Progress {
+            mode,
+            out,
+            text: None,
+            shown: false,
+        }
+    }
+
+    /// Remove the line from the terminal before other output.
+    fn clear(&mut self) {
+        if self.shown {
+            let _ = write!(self.out, "\r\x1b[2K");
+            let _ = self.out.flush();
+            self.shown = false;
+        }
+    }
+
+    /// Show the line again after other output.
+    fn restore(&mut self) {
+        if self.mode == ProgressMode::Terminal
+            && !self.shown
+            && let Some(t) = &self.text
+        {
+            let _ = write!(self.out, "{t}");
+            let _ = self.out.flush();
+            self.shown = true;
+        }
+    }
+
+    fn set(&mut self, text: String) {
+        match self.mode {
+            ProgressMode::Off => {}
+            ProgressMode::Terminal => {
+                self.clear();
+                self.text = Some(text);
+                self.restore();
+            }
+            ProgressMode::Plain => {
+                if self.text.as_ref() != Some(&text) {
+                    let _ = writeln!(self.out, "== progress: {text}");
+                    self.text = Some(text);
+                }
+            }
+        }
+    }
+
+    /// The job is over: no line any more.
+    fn finish(&mut self) {
+        self.clear();
+        self.mode = ProgressMode::Off;
+    }
+}
+
+/// `superstep 12, 6 running, 2 exited of 8` for an active job.
+pub fn progress_text(info: &JobInfo) -> Option<String> {
+    match info.state {
+        JobState::Waiting => Some(format!("job {} is waiting for peers", info.id)),
+        JobState::Active => {
+            let lo = info.supersteps.iter().min().copied().unwrap_or(0);
+            let hi = info.supersteps.iter().max().copied().unwrap_or(0);
+            let steps = if lo == hi {
+                format!("superstep {hi}")
+            } else {
+                format!("supersteps {lo}-{hi}")
+            };
+            let running = info.nprocs.saturating_sub(info.exited);
+            Some(format!(
+                "job {}: {steps}, {running} running, {} exited of {}",
+                info.id, info.exited, info.nprocs
+            ))
+        }
+        JobState::Finished => None,
+    }
+}
+
+/// Print a job's events until its terminal event; the exit code tells how
+/// it ended. `live`: show the progress line.
+async fn follow(
+    client: &Client,
+    job: i64,
+    raw_dir: Option<&Path>,
+    out: Output,
+    live: bool,
+) -> anyhow::Result<ExitCode> {
     let mut events = client.events(job, None);
     let stdout = std::io::stdout();
     let mut raw_files: BTreeMap<u32, std::fs::File> = BTreeMap::new();
@@ -323,15 +560,60 @@ async fn follow(client: &Client, job: i64, raw_dir: Option<&Path>) -> anyhow::Re
     let mut peer_names = PeerNames {
         names: BTreeMap::new(),
     };
+    let mode = match (live, out.json) {
+        (false, _) | (_, true) => ProgressMode::Off,
+        _ if std::io::stderr().is_terminal() => ProgressMode::Terminal,
+        _ => ProgressMode::Plain,
+    };
+    let mut progress = Progress::new(mode, std::io::stderr());
+    let started = Instant::now();
+    let mut poll = tokio::time::interval(Duration::from_secs(1));
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let event = tokio::select! {
             e = events.next() => e.context("lost the job's event stream")?,
+            _ = poll.tick(), if progress.mode != ProgressMode::Off => {
+                if let Ok(info) = client.job(job).await
+                    && let Some(mut text) = progress_text(&info)
+                {
+                    if progress.mode == ProgressMode::Terminal {
+                        text.push_str(&format!(" ({}s)", started.elapsed().as_secs()));
+                    }
+                    progress.set(text);
+                }
+                continue;
+            }
             _ = tokio::signal::ctrl_c() => {
+                progress.finish();
                 eprintln!("\n== stopped following; job {job} keeps running (`bspweb kill {job}` stops it)");
-                return Ok(ExitCode::from(130));
+                return Ok(ExitCode::from(exit::INTERRUPTED));
             }
         };
         let Some(event) = event else { break };
+        if event.kind.is_terminal() {
+            progress.finish();
+        }
+        progress.clear();
+        code = match &event.kind {
+            JobEventKind::JobAborted { .. } => ExitCode::from(exit::ABORTED),
+            JobEventKind::JobFailed { .. } => ExitCode::from(exit::FAILED),
+            JobEventKind::JobKilled => ExitCode::from(exit::KILLED),
+            _ => code,
+        };
+        if out.json {
+            if let (Some(dir), JobEventKind::Raw { data }, Some(p)) =
+                (raw_dir, &event.kind, event.pid)
+            {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(data.as_bytes())
+                    .unwrap_or_default();
+                raw_file(&mut raw_files, dir, p)?.write_all(&bytes)?;
+            }
+            let mut o = stdout.lock();
+            writeln!(o, "{}", serde_json::to_string(&event)?)?;
+            o.flush()?;
+            continue;
+        }
         let pid = event
             .pid
             .map(|p| p.to_string())
@@ -342,6 +624,7 @@ async fn follow(client: &Client, job: i64, raw_dir: Option<&Path>) -> anyhow::Re
                 for line in text.split('\n') {
                     let _ = writeln!(out, "[{pid}] {line}");
                 }
+                let _ = out.flush();
             }
             JobEventKind::Stderr { text } => {
                 for line in text.split('\n') {
@@ -353,19 +636,7 @@ async fn follow(client: &Client, job: i64, raw_dir: Option<&Path>) -> anyhow::Re
                     .decode(data.as_bytes())
                     .unwrap_or_default();
                 match (raw_dir, event.pid) {
-                    (Some(dir), Some(p)) => {
-                        let f =
-                            match raw_files.entry(p) {
-                                std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
-                                std::collections::btree_map::Entry::Vacant(v) => {
-                                    let path = dir.join(format!("pid-{p}.bin"));
-                                    v.insert(std::fs::File::create(&path).with_context(|| {
-                                        format!("cannot create {}", path.display())
-                                    })?)
-                                }
-                            };
-                        f.write_all(&bytes)?;
-                    }
+                    (Some(dir), Some(p)) => raw_file(&mut raw_files, dir, p)?.write_all(&bytes)?,
                     // Standard output carries only the program's standard output.
                     _ => eprintln!(
                         "[{pid}] <raw data: {} bytes; --raw-dir DIR saves it>",
@@ -392,20 +663,37 @@ async fn follow(client: &Client, job: i64, raw_dir: Option<&Path>) -> anyhow::Re
             JobEventKind::JobExited => eprintln!("== job {job} exited"),
             JobEventKind::JobAborted { reason } => {
                 eprintln!("== job {job} aborted by pid {pid}: {reason}");
-                code = ExitCode::FAILURE;
             }
             JobEventKind::JobFailed { reason } => {
                 eprintln!("== job {job} failed at pid {pid}: {reason}");
-                code = ExitCode::FAILURE;
             }
             JobEventKind::JobKilled => {
                 eprintln!("== job {job} was killed");
-                code = ExitCode::FAILURE;
             }
         }
+        progress.restore();
     }
+    progress.finish();
     let _ = stdout.lock().flush();
     Ok(code)
+}
+
+/// The file raw records of `pid` go to, created at its first record.
+fn raw_file<'a>(
+    files: &'a mut BTreeMap<u32, std::fs::File>,
+    dir: &Path,
+    pid: u32,
+) -> anyhow::Result<&'a mut std::fs::File> {
+    Ok(match files.entry(pid) {
+        std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+        std::collections::btree_map::Entry::Vacant(v) => {
+            let path = dir.join(format!("pid-{pid}.bin"));
+            v.insert(
+                std::fs::File::create(&path)
+                    .with_context(|| format!("cannot create {}", path.display()))?,
+            )
+        }
+    })
 }
 
 #[derive(Args)]
@@ -413,7 +701,7 @@ pub struct JobsArgs {
     /// Only jobs in this state: waiting, active or finished
     #[arg(long)]
     state: Option<String>,
-    /// Print JSON instead of a table
+    /// Print a JSON array of jobs instead of a table
     #[arg(long)]
     json: bool,
 }
@@ -421,10 +709,11 @@ pub struct JobsArgs {
 pub async fn jobs(a: JobsArgs) -> anyhow::Result<ExitCode> {
     let state = match a.state.as_deref() {
         None => None,
-        Some(s) => Some(
-            JobState::parse(s)
-                .with_context(|| format!("unknown state {s:?}: use waiting, active or finished"))?,
-        ),
+        Some(s) => Some(JobState::parse(s).ok_or_else(|| {
+            usage(format!(
+                "unknown state {s:?}: use waiting, active or finished"
+            ))
+        })?),
     };
     let client = connect().await?;
     let jobs = client.jobs(state).await?;
@@ -470,23 +759,28 @@ pub struct LogsArgs {
     /// Write raw output of each process to DIR/pid-N.bin
     #[arg(long, value_name = "DIR")]
     raw_dir: Option<PathBuf>,
+    /// Print the events as JSON lines (one `JobEvent` object per line)
+    #[arg(long)]
+    json: bool,
 }
 
 pub async fn logs(a: LogsArgs) -> anyhow::Result<ExitCode> {
     let client = connect().await?;
     let job = client.job(a.job).await?;
+    let out = Output::new(a.json);
     if a.follow || job.state == JobState::Finished {
-        let code = follow(&client, a.job, a.raw_dir.as_deref()).await?;
+        let code = follow(&client, a.job, a.raw_dir.as_deref(), out, a.follow).await?;
         return Ok(code);
     }
     // Not following a job that has not ended: print what exists, then stop.
     let snapshot = tokio::time::timeout(
-        std::time::Duration::from_millis(500),
-        follow(&client, a.job, a.raw_dir.as_deref()),
+        Duration::from_millis(500),
+        follow(&client, a.job, a.raw_dir.as_deref(), out, false),
     )
     .await;
     match snapshot {
         Ok(r) => r,
+        Err(_) if a.json => Ok(ExitCode::SUCCESS),
         Err(_) => {
             eprintln!(
                 "== job {} is {}; `bspweb logs {} --follow` streams until it ends",
@@ -553,9 +847,21 @@ pub async fn upload(a: UploadArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn programs() -> anyhow::Result<ExitCode> {
+#[derive(Args)]
+pub struct ListArgs {
+    /// Print a JSON array instead of a table
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn programs(a: ListArgs) -> anyhow::Result<ExitCode> {
     let client = connect().await?;
-    for p in client.programs().await? {
+    let programs = client.programs().await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&programs)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for p in programs {
         println!(
             "{:<16} {}  {:>8} bytes  {}{}",
             p.name.as_deref().unwrap_or("-"),
@@ -568,13 +874,18 @@ pub async fn programs() -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn peers() -> anyhow::Result<ExitCode> {
+pub async fn peers(a: ListArgs) -> anyhow::Result<ExitCode> {
     let client = connect().await?;
+    let peers = client.peers().await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&peers)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     println!(
         "{:>4}  {:<20} {:<22} {:>6} {:>5} {:>5} {:>6}  STATE",
         "ID", "NAME", "ADDRESS", "SPEED", "IDLE", "CORES", "PROCS"
     );
-    for p in client.peers().await? {
+    for p in peers {
         println!(
             "{:>4}  {:<20} {:<22} {:>6.2} {:>5.2} {:>5} {:>6}  {}",
             p.id,
@@ -588,4 +899,134 @@ pub async fn peers() -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(state: JobState, supersteps: Vec<u32>, exited: u32) -> JobInfo {
+        JobInfo {
+            id: 7,
+            owner: "u".into(),
+            program: "p".into(),
+            program_hash: "h".into(),
+            nprocs: supersteps.len().max(1) as u32,
+            args: serde_json::Value::Null,
+            description: None,
+            state,
+            outcome: None,
+            error: None,
+            error_pid: None,
+            seed: 0,
+            limits: JobLimits::default(),
+            submitted_at: 0,
+            started_at: None,
+            finished_at: None,
+            placement: vec![],
+            exited,
+            supersteps,
+        }
+    }
+
+    #[test]
+    fn the_progress_line_names_supersteps_and_processes() {
+        let text = |i: &JobInfo| progress_text(i);
+        assert_eq!(
+            text(&info(JobState::Active, vec![4, 4, 4], 1)).as_deref(),
+            Some("job 7: superstep 4, 2 running, 1 exited of 3")
+        );
+        assert_eq!(
+            text(&info(JobState::Active, vec![3, 5], 0)).as_deref(),
+            Some("job 7: supersteps 3-5, 2 running, 0 exited of 2")
+        );
+        assert_eq!(
+            text(&info(JobState::Waiting, vec![], 0)).as_deref(),
+            Some("job 7 is waiting for peers")
+        );
+        assert_eq!(text(&info(JobState::Finished, vec![1], 1)), None);
+    }
+
+    #[test]
+    fn a_terminal_redraws_the_line_in_place_and_a_pipe_gets_plain_lines() {
+        let mut tty = Progress::new(ProgressMode::Terminal, Vec::new());
+        tty.set("a".into());
+        tty.clear();
+        tty.restore();
+        tty.set("b".into());
+        tty.finish();
+        tty.set("c".into());
+        let shown = String::from_utf8(tty.out).unwrap();
+        assert_eq!(shown, "a\r\x1b[2Ka\r\x1b[2Kb\r\x1b[2K");
+
+        let mut pipe = Progress::new(ProgressMode::Plain, Vec::new());
+        for t in ["a", "a", "b"] {
+            pipe.clear();
+            pipe.set(t.into());
+            pipe.restore();
+        }
+        pipe.finish();
+        let shown = String::from_utf8(pipe.out).unwrap();
+        assert_eq!(shown, "== progress: a\n== progress: b\n");
+    }
+
+    #[test]
+    fn client_errors_map_to_their_documented_exit_status() {
+        let documented = |code: u8| {
+            EXIT_CODES
+                .lines()
+                .any(|l| l.trim_start().starts_with(&format!("{code} ")))
+        };
+        let cases = [
+            (
+                ClientError::Unauthorized {
+                    code: "unauthorized".into(),
+                    message: String::new(),
+                },
+                exit::UNAUTHORIZED,
+            ),
+            (
+                ClientError::NotEnoughPeers {
+                    message: String::new(),
+                },
+                exit::NOT_ENOUGH_PEERS,
+            ),
+            (
+                ClientError::ProgramNotFound {
+                    message: String::new(),
+                },
+                exit::NOT_FOUND,
+            ),
+            (
+                ClientError::Api {
+                    status: 404,
+                    code: "not_found".into(),
+                    message: String::new(),
+                },
+                exit::NOT_FOUND,
+            ),
+            (
+                ClientError::InvalidProgram {
+                    message: String::new(),
+                },
+                exit::ERROR,
+            ),
+        ];
+        for (e, code) in cases {
+            let wrapped = anyhow::Error::new(e).context("while doing something");
+            assert_eq!(exit_code(&wrapped), code, "{wrapped:#}");
+            assert!(documented(code), "{code} is not in EXIT_CODES");
+        }
+        assert_eq!(exit_code(&usage("bad")), exit::USAGE);
+        assert_eq!(exit_code(&anyhow::anyhow!("other")), exit::ERROR);
+        for code in [
+            exit::ABORTED,
+            exit::FAILED,
+            exit::KILLED,
+            exit::NOT_CONNECTED,
+            exit::INTERRUPTED,
+        ] {
+            assert!(documented(code), "{code} is not in EXIT_CODES");
+        }
+    }
 }

@@ -12,7 +12,7 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
 use crate::cli_client::{Session, home, save_session, write_private};
-use crate::{PeerArgs, SupernodeArgs};
+use crate::{PeerArgs, SupernodeArgs, UpArgs};
 
 fn default_data_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_DATA_HOME") {
@@ -115,12 +115,27 @@ async fn ensure_user(
     Ok((user, password))
 }
 
-pub async fn up(
-    peers: usize,
-    listen: SocketAddr,
-    data: Option<PathBuf>,
-    lease_ttl_secs: u64,
-) -> anyhow::Result<ExitCode> {
+/// The command that starts local peer `i` of `bspweb up`.
+fn local_peer(exe: &Path, url: &str, i: usize, idle_file: Option<&Path>) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.args(["peer", "--supernode", url, "--listen", "127.0.0.1:0"])
+        .args(["--name", &format!("local-{i}")])
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    if let Some(f) = idle_file {
+        cmd.arg("--idle-file").arg(f);
+    }
+    cmd
+}
+
+pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
+    let UpArgs {
+        peers,
+        listen,
+        data,
+        lease_ttl_secs,
+        idle_file,
+    } = args;
     let data = data.unwrap_or_else(default_data_dir);
     std::fs::create_dir_all(&data)
         .with_context(|| format!("cannot create the data directory {}", data.display()))?;
@@ -145,13 +160,9 @@ pub async fn up(
         let log_path = logs.join(format!("peer-{i}.log"));
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("cannot create {}", log_path.display()))?;
-        let child = tokio::process::Command::new(&exe)
-            .args(["peer", "--supernode", &url, "--listen", "127.0.0.1:0"])
-            .args(["--name", &format!("local-{i}")])
-            .stdin(std::process::Stdio::null())
+        let child = local_peer(&exe, &url, i, idle_file.as_deref())
             .stdout(log.try_clone()?)
             .stderr(log)
-            .kill_on_drop(true)
             .spawn()
             .context("cannot start a local peer")?;
         children.push((i, child, log_path));
@@ -218,13 +229,9 @@ pub async fn up(
                 for (i, child, log) in children.iter_mut() {
                     if let Ok(Some(status)) = child.try_wait() {
                         eprintln!("warning: local peer {i} stopped ({status}); see {}", log.display());
-                        *child = tokio::process::Command::new(&exe)
-                            .args(["peer", "--supernode", &url, "--listen", "127.0.0.1:0"])
-                            .args(["--name", &format!("local-{i}")])
-                            .stdin(std::process::Stdio::null())
+                        *child = local_peer(&exe, &url, *i, idle_file.as_deref())
                             .stdout(std::fs::File::options().append(true).open(&*log)?)
                             .stderr(std::fs::File::options().append(true).open(&*log)?)
-                            .kill_on_drop(true)
                             .spawn()
                             .context("cannot restart a local peer")?;
                     }

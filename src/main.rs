@@ -20,7 +20,8 @@ use clap::{Args, Parser, Subcommand};
     about = "Run bulk-synchronous parallel programs on donated computers",
     long_about = "Run bulk-synchronous parallel (BSP) programs, compiled to WebAssembly, \
 on computers that volunteers donate.\n\nQuick start: `bspweb up` in one terminal, then \
-`bspweb submit ring -n 8 --follow` in another."
+`bspweb submit ring -n 8 --follow` in another.",
+    after_long_help = cli_client::EXIT_CODES
 )]
 struct Cli {
     #[command(subcommand)]
@@ -50,15 +51,15 @@ enum Command {
     /// Upload a `.wasm` program, optionally under a name
     Upload(cli_client::UploadArgs),
     /// List the programs you can run
-    Programs,
+    Programs(cli_client::ListArgs),
     /// List the peers of the supernode
-    Peers,
+    Peers(cli_client::ListArgs),
     /// Simulate the load balancers of dissertation ch. 4 and write a report
     Sim(sim_cmd::SimArgs),
 }
 
 #[derive(Args)]
-struct UpArgs {
+pub struct UpArgs {
     /// Number of local peers to start
     #[arg(long, default_value_t = 4)]
     peers: usize,
@@ -71,6 +72,11 @@ struct UpArgs {
     /// Lease time-to-live of peers, in seconds
     #[arg(long, default_value_t = 15)]
     lease_ttl_secs: u64,
+    /// Make every local peer report the idle fraction read from this file
+    /// (a number in [0, 1], re-read at each renewal) instead of measuring
+    /// the CPU: for demos and tests on a busy machine
+    #[arg(long)]
+    idle_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -183,7 +189,7 @@ fn main() -> ExitCode {
     });
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Up(a) => local::up(a.peers, a.listen, a.data, a.lease_ttl_secs).await,
+            Command::Up(a) => local::up(a).await,
             Command::Supernode(a) => local::supernode(a).await,
             Command::Peer(a) => local::peer(a).await,
             Command::Login(a) => cli_client::login(&a.url, &a.user).await,
@@ -193,8 +199,8 @@ fn main() -> ExitCode {
             Command::Kill(a) => cli_client::kill(a).await,
             Command::Dispose(a) => cli_client::dispose(a).await,
             Command::Upload(a) => cli_client::upload(a).await,
-            Command::Programs => cli_client::programs().await,
-            Command::Peers => cli_client::peers().await,
+            Command::Programs(a) => cli_client::programs(a).await,
+            Command::Peers(a) => cli_client::peers(a).await,
             Command::Sim(a) => sim_cmd::run(a),
         }
     });
@@ -202,7 +208,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(cli_client::exit_code(&e))
         }
     }
 }

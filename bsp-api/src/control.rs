@@ -22,6 +22,7 @@ use crate::rest::JobLimits;
 use crate::{JobId, PeerId, Pid};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PeerLogin {
     /// A name for people (host name by default).
     pub name: String,
@@ -40,6 +41,7 @@ pub struct PeerLogin {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PeerRenew {
     pub speed: f64,
     pub idle: f64,
@@ -52,6 +54,7 @@ pub struct PeerRenew {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Lease {
     pub peer_id: PeerId,
     /// Bearer token for the control plane.
@@ -64,11 +67,13 @@ pub struct Lease {
 
 /// Answer of the long poll: commands with sequence numbers greater than `after`.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Commands {
     pub commands: Vec<SeqCommand>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SeqCommand {
     /// Strictly increasing per peer; pass the largest seen as `after`.
     pub seq: u64,
@@ -79,6 +84,7 @@ pub struct SeqCommand {
 // every constructor and match.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Command {
     /// Run the processes of this job that are placed on you. Sent again,
@@ -93,6 +99,7 @@ pub enum Command {
 
 /// Everything a peer needs to run its share of a job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobAssignment {
     pub job: JobId,
     /// Hex SHA-256 of the module; fetch it from `/api/v1/peer/modules/{hash}`.
@@ -127,6 +134,7 @@ pub struct JobAssignment {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobPeer {
     pub id: PeerId,
     /// Data-plane address `host:port`.
@@ -135,11 +143,13 @@ pub struct JobPeer {
 
 /// `POST /api/v1/peer/report`: what happened on the peer, in order.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PeerReport {
     pub events: Vec<PeerEvent>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Stream {
     Stdout,
@@ -148,6 +158,7 @@ pub enum Stream {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum PeerEvent {
     /// One output record. `seq` counts a process's output records from 0;

@@ -18,8 +18,10 @@
 //! | GET | `/api/v1/peers` | → `Vec<PeerInfo>` |
 //! | GET | `/api/v1/ring` | → [`RingInfo`] |
 //! | GET | `/api/v1/health` | → [`Health`] |
+//! | GET | `/api/v1/openapi.json` | this table as an OpenAPI 3.1 document (rendered at `/api/docs`) |
 //!
 //! Every error answer is an [`ApiError`] body with a matching HTTP status.
+//! With feature `openapi`, every type here derives `utoipa::ToSchema`.
 
 use std::collections::BTreeMap;
 
@@ -29,6 +31,7 @@ use crate::{JobId, PeerId, Pid};
 
 /// The body of every non-2xx answer.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ApiError {
     /// A short machine-readable code, e.g. `unauthorized`, `invalid_module`, `not_found`.
     pub code: String,
@@ -37,12 +40,14 @@ pub struct ApiError {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LoginRequest {
     pub name: String,
     pub password: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LoginResponse {
     /// A JWT to send as `Authorization: Bearer <token>`.
     pub token: String,
@@ -52,6 +57,7 @@ pub struct LoginResponse {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateUserRequest {
     pub name: String,
     pub password: String,
@@ -60,6 +66,7 @@ pub struct CreateUserRequest {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UserInfo {
     pub id: i64,
     pub name: String,
@@ -68,6 +75,7 @@ pub struct UserInfo {
 
 /// A stored program: a validated module, addressed by the SHA-256 of its bytes.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ProgramInfo {
     /// The name it is registered under for this user (examples are shared by everyone).
     pub name: Option<String>,
@@ -81,6 +89,7 @@ pub struct ProgramInfo {
 
 /// Per-job limits a user may ask for; the peers cap them with their own maxima.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobLimits {
     /// Wall-clock limit for one superstep of one process, in milliseconds.
     pub superstep_ms: u64,
@@ -121,6 +130,7 @@ impl Default for JobLimits {
 
 /// `POST /api/v1/jobs`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SubmitJob {
     /// A registered program name (yours or a bundled example) or a hex SHA-256 hash.
     pub program: String,
@@ -139,7 +149,7 @@ pub struct SubmitJob {
     pub seed: Option<u64>,
     #[serde(default)]
     pub limits: Option<JobLimits>,
-    /// Refuse the job with `503 not_enough_peers` instead of queueing it when
+    /// Refuse the job with `409 not_enough_peers` instead of queueing it when
     /// fewer than this many peers are online at submission. Absent: always
     /// queue (a volunteer network's peers come and go).
     #[serde(default)]
@@ -147,6 +157,7 @@ pub struct SubmitJob {
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     /// Accepted, waiting for peers (the ready queue of §4.4).
@@ -178,6 +189,7 @@ impl JobState {
 
 /// How a finished job ended.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum JobOutcome {
     /// Every process returned from `main` normally.
@@ -212,6 +224,7 @@ impl JobOutcome {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobInfo {
     pub id: JobId,
     pub owner: String,
@@ -246,6 +259,7 @@ pub struct JobInfo {
 /// One event of a job's stream, as sent in the `data:` line of the SSE stream.
 /// The SSE `id:` is [`JobEvent::id`], the SSE `event:` is the kind's name.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobEvent {
     /// Strictly increasing per supernode; resume with `Last-Event-ID`.
     pub id: i64,
@@ -258,6 +272,7 @@ pub struct JobEvent {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum JobEventKind {
     /// A line the process printed with `println`.
@@ -320,6 +335,7 @@ impl JobEventKind {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PeerInfo {
     pub id: PeerId,
     pub name: String,
@@ -343,6 +359,7 @@ pub struct PeerInfo {
 /// `GET /api/v1/ring`: the DHHT ring the supernode places processes with
 /// (dissertation §4.2). Positions are fractions of the unit ring, `[0, 1)`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RingInfo {
     /// The online peers with a weight above 0 (peers under 5 % idle, and
     /// draining peers, are out of the ring).
@@ -352,6 +369,7 @@ pub struct RingInfo {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RingPeer {
     pub id: PeerId,
     pub name: String,
@@ -365,6 +383,7 @@ pub struct RingPeer {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RingProcess {
     pub job: JobId,
     pub pid: Pid,
@@ -378,6 +397,7 @@ pub struct RingProcess {
 /// job_list_changed`): one of the caller's jobs was submitted, started,
 /// finished or disposed. Re-read the job lists when it arrives.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobListChanged {
     pub job: JobId,
     /// The job's state now; `None` once it was disposed.
@@ -385,6 +405,7 @@ pub struct JobListChanged {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Health {
     pub version: String,
     pub api_version: u32,

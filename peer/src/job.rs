@@ -1032,6 +1032,11 @@ impl Driver {
                 continue;
             };
             l.superstep = s + 1;
+            self.emit(PeerEvent::Progress {
+                job: self.job,
+                pid,
+                superstep: s + 1,
+            });
             let inbox = inbox
                 .into_iter()
                 .map(|(src, payload)| Message {

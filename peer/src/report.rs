@@ -18,6 +18,9 @@ use tokio::sync::{Notify, watch};
 /// output wait for the uploader (see [`Reporter::wait_for_room`]).
 pub const MAX_QUEUED_BYTES: usize = 64 << 20;
 
+/// How many progress events at the queue's tail a new one is coalesced with.
+const PROGRESS_COALESCE_WINDOW: usize = 256;
+
 /// A cloneable handle to the peer's outgoing event queue.
 #[derive(Clone)]
 pub struct Reporter {
@@ -48,6 +51,9 @@ struct State {
     emitted: u64,
     /// Events ever confirmed delivered (a prefix of the emitted ones).
     delivered: u64,
+    /// The first this many queued events were handed to the uploader by
+    /// the last `next_batch` and must not change any more.
+    taken: usize,
 }
 
 impl std::fmt::Debug for Reporter {
@@ -107,9 +113,27 @@ impl Reporter {
         self.inner.delivered_count.subscribe()
     }
 
-    /// Append an event to the queue.
+    /// Append an event to the queue. A [`PeerEvent::Progress`] replaces an
+    /// undelivered one of the same process at the tail of the queue (among
+    /// the progress events there), so fast supersteps do not flood the
+    /// uploader; it does not count as emitted then.
     pub fn emit(&self, event: PeerEvent) {
         let mut s = self.lock();
+        if let PeerEvent::Progress { job, pid, .. } = &event {
+            let taken = s.taken;
+            let same = s
+                .queue
+                .iter_mut()
+                .skip(taken)
+                .rev()
+                .take(PROGRESS_COALESCE_WINDOW)
+                .take_while(|e| matches!(e, PeerEvent::Progress { .. }))
+                .find(|e| matches!(e, PeerEvent::Progress { job: j, pid: p, .. } if j == job && p == pid));
+            if let Some(slot) = same {
+                *slot = event;
+                return;
+            }
+        }
         s.queued_bytes += estimated_size(&event);
         s.queue.push_back(event);
         s.emitted += 1;
@@ -170,7 +194,7 @@ impl Reporter {
             // Register interest before checking, so a concurrent `emit` is not missed.
             let notified = self.inner.ready.notified();
             {
-                let s = self.lock();
+                let mut s = self.lock();
                 if !s.queue.is_empty() {
                     let mut size = 0usize;
                     let mut n = 0usize;
@@ -182,6 +206,7 @@ impl Reporter {
                         size += sz;
                         n += 1;
                     }
+                    s.taken = n;
                     return s.queue.iter().take(n).cloned().collect();
                 }
             }
@@ -196,6 +221,7 @@ impl Reporter {
         let n = n.min(s.queue.len());
         let freed: usize = s.queue.drain(..n).map(|e| estimated_size(&e)).sum();
         s.queued_bytes = s.queued_bytes.saturating_sub(freed);
+        s.taken = 0;
         s.delivered += n as u64;
         let count = s.delivered;
         drop(s);
@@ -209,6 +235,7 @@ impl Reporter {
         let mut s = self.lock();
         let events: Vec<PeerEvent> = s.queue.drain(..).collect();
         s.queued_bytes = 0;
+        s.taken = 0;
         s.delivered += events.len() as u64;
         let count = s.delivered;
         drop(s);
@@ -312,5 +339,42 @@ mod tests {
         let started = Instant::now();
         assert!(!r.flush_blocking(Duration::from_secs(30), &cancel));
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    fn progress(pid: u32, superstep: u32) -> PeerEvent {
+        PeerEvent::Progress {
+            job: 1,
+            pid,
+            superstep,
+        }
+    }
+
+    #[tokio::test]
+    async fn progress_of_a_process_replaces_its_undelivered_progress_at_the_tail() {
+        let r = Reporter::new();
+        r.emit(progress(0, 1));
+        r.emit(progress(1, 1));
+        r.emit(progress(0, 2));
+        r.emit(progress(1, 2));
+        r.emit(progress(0, 3));
+        assert_eq!(r.emitted(), 2, "replacements are not new events");
+        r.emit(status(0));
+        // Behind other events a progress event is queued anew: order of
+        // output and progress is kept.
+        r.emit(progress(0, 4));
+        assert_eq!(r.emitted(), 4);
+        let batch = r.next_batch(10, usize::MAX).await;
+        let got: Vec<String> = batch
+            .iter()
+            .map(|e| match e {
+                PeerEvent::Progress { pid, superstep, .. } => format!("p{pid}@{superstep}"),
+                PeerEvent::Status { text, .. } => text.clone(),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(got, ["p0@3", "p1@2", "event 0", "p0@4"]);
+        // Events taken by the uploader are not changed any more.
+        r.emit(progress(0, 5));
+        assert_eq!(r.next_batch(10, usize::MAX).await.len(), 1);
     }
 }

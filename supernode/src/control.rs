@@ -16,6 +16,20 @@ use crate::{Error, Supernode, state};
 /// The longest a command poll waits.
 const MAX_WAIT: Duration = Duration::from_secs(30);
 
+#[utoipa::path(
+    post,
+    path = "/peer/login",
+    tag = "peer control plane",
+    summary = "A peer joins and gets a lease",
+    request_body = PeerLogin,
+    responses(
+        (status = 200, description = "The lease", body = Lease),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
+        (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn login(
     State(sn): State<Supernode>,
     ApiJson(login): ApiJson<PeerLogin>,
@@ -27,6 +41,22 @@ pub(crate) async fn login(
     ))
 }
 
+#[utoipa::path(
+    post,
+    path = "/peer/renew",
+    tag = "peer control plane",
+    summary = "Renew the lease and report availability",
+    request_body = PeerRenew,
+    security(("peer" = [])),
+    responses(
+        (status = 200, description = "The renewed lease", body = Lease),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No lease token, a bad one, or an expired lease (`unauthorized`, `lease_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
+        (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn renew(
     State(sn): State<Supernode>,
     peer: AuthPeer,
@@ -39,7 +69,8 @@ pub(crate) async fn renew(
     ))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct CommandsQuery {
     after: Option<u64>,
     wait_ms: Option<u64>,
@@ -54,6 +85,20 @@ fn lease_gone(peer: bsp_api::PeerId) -> Error {
 
 /// The long poll: answers at once with the commands after `after`, or waits
 /// up to `wait_ms` (at most 30 s) for one.
+#[utoipa::path(
+    get,
+    path = "/peer/commands",
+    tag = "peer control plane",
+    summary = "Long poll for commands",
+    params(CommandsQuery),
+    security(("peer" = [])),
+    responses(
+        (status = 200, description = "Commands after `after`, possibly none", body = Commands),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No lease token, a bad one, or an expired lease (`unauthorized`, `lease_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn commands(
     State(sn): State<Supernode>,
     peer: AuthPeer,
@@ -106,6 +151,22 @@ pub(crate) async fn commands(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/peer/report",
+    tag = "peer control plane",
+    summary = "Report output and process events, in order",
+    request_body = PeerReport,
+    security(("peer" = [])),
+    responses(
+        (status = 204, description = "Stored"),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No lease token, a bad one, or an expired lease (`unauthorized`, `lease_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
+        (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn report(
     State(sn): State<Supernode>,
     peer: AuthPeer,
@@ -121,12 +182,39 @@ pub(crate) async fn report(
 
 /// `POST /api/v1/peer/drain`: the peer gets no new processes and its
 /// processes migrate away; it leaves each job once it hosts nothing there.
+#[utoipa::path(
+    post,
+    path = "/peer/drain",
+    tag = "peer control plane",
+    summary = "Move every process away, then release the peer",
+    security(("peer" = [])),
+    responses(
+        (status = 204, description = "Draining"),
+        (status = 401, description = "No lease token, a bad one, or an expired lease (`unauthorized`, `lease_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn drain(State(sn): State<Supernode>, peer: AuthPeer) -> Result<Response, Error> {
     sn.with_core(move |core, inner, fx| core.drain(inner, fx, peer.id))
         .await?;
     Ok(no_content())
 }
 
+#[utoipa::path(
+    get,
+    path = "/peer/modules/{hash}",
+    tag = "peer control plane",
+    summary = "A module a job of this peer runs",
+    params(("hash" = String, Path, description = "Hex SHA-256 of the module")),
+    security(("peer" = [])),
+    responses(
+        (status = 200, description = "The module's bytes", content_type = "application/wasm", body = Vec<u8>),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No lease token, a bad one, or an expired lease (`unauthorized`, `lease_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn module(
     State(sn): State<Supernode>,
     peer: AuthPeer,

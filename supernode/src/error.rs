@@ -33,6 +33,10 @@ pub enum Error {
     /// The thing does not exist, or is not visible to the caller (404).
     #[error("{0}")]
     NotFound(String),
+    /// The program a request names does not exist for the caller (404,
+    /// code `program_not_found`).
+    #[error("{0}")]
+    ProgramNotFound(String),
     /// The thing exists already, or is in the wrong state (409).
     #[error("{0}")]
     Conflict(String),
@@ -47,6 +51,11 @@ pub enum Error {
         /// What was wrong.
         message: String,
     },
+    /// Fewer peers are online than the job's `min_peers` (409, code
+    /// `not_enough_peers`): the state of the network conflicts with the
+    /// request. Not a 503: the supernode itself is fine.
+    #[error("{0}")]
+    NotEnoughPeers(String),
     /// SQLite failed.
     #[error("database error: {0}")]
     Database(#[from] rusqlite::Error),
@@ -78,7 +87,8 @@ impl Error {
             Error::BadRequest { .. } => StatusCode::BAD_REQUEST,
             Error::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             Error::Forbidden(_) => StatusCode::FORBIDDEN,
-            Error::NotFound(_) => StatusCode::NOT_FOUND,
+            Error::NotFound(_) | Error::ProgramNotFound(_) => StatusCode::NOT_FOUND,
+            Error::NotEnoughPeers(_) => StatusCode::CONFLICT,
             Error::Conflict(_) => StatusCode::CONFLICT,
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
@@ -92,6 +102,8 @@ impl Error {
             Error::BadRequest { code, message }
             | Error::Unauthorized { code, message }
             | Error::Unprocessable { code, message } => (*code, message.clone()),
+            Error::NotEnoughPeers(m) => ("not_enough_peers", m.clone()),
+            Error::ProgramNotFound(m) => ("program_not_found", m.clone()),
             Error::Forbidden(m) => ("forbidden", m.clone()),
             Error::NotFound(m) => ("not_found", m.clone()),
             Error::Conflict(m) => ("conflict", m.clone()),

@@ -8,7 +8,10 @@ use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
+use utoipa::OpenApi;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
+use utoipa_axum::routes;
 use serde::de::DeserializeOwned;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
@@ -46,6 +49,11 @@ const UI_FILES: &[(&str, &str, &str)] = &[
         "text/css; charset=utf-8",
         include_str!("../../web-ui/app.css"),
     ),
+    (
+        "/api/docs",
+        "text/html; charset=utf-8",
+        include_str!("../../web-ui/api-docs.html"),
+    ),
 ];
 
 fn ui_routes(mut router: Router<Supernode>) -> Router<Supernode> {
@@ -66,39 +74,48 @@ fn ui_routes(mut router: Router<Supernode>) -> Router<Supernode> {
     router
 }
 
+/// The REST API under `/api/v1`: every route comes with its OpenAPI
+/// description (`#[utoipa::path]` on its handler), so none is undocumented.
+fn api_router() -> OpenApiRouter<Supernode> {
+    OpenApiRouter::with_openapi(crate::openapi::ApiDoc::openapi()).nest("/api/v1", api_v1())
+}
+
+fn api_v1() -> OpenApiRouter<Supernode> {
+    OpenApiRouter::new()
+        .routes(routes!(crate::openapi::openapi_json))
+        .routes(routes!(rest::login))
+        .routes(routes!(rest::create_user))
+        .routes(routes!(rest::me))
+        .routes(routes!(rest::upload_program).layer(DefaultBodyLimit::max(LARGE_BODY)))
+        .routes(routes!(rest::programs))
+        .routes(routes!(rest::delete_program))
+        .routes(routes!(rest::submit).layer(DefaultBodyLimit::max(LARGE_BODY)))
+        .routes(routes!(rest::jobs))
+        .routes(routes!(rest::job, rest::dispose))
+        .routes(routes!(rest::kill))
+        .routes(routes!(sse::events))
+        .routes(routes!(sse::job_list_events))
+        .routes(routes!(rest::peers))
+        .routes(routes!(rest::ring))
+        .routes(routes!(rest::health))
+        .routes(routes!(control::login))
+        .routes(routes!(control::renew))
+        .routes(routes!(control::commands))
+        .routes(routes!(control::report).layer(DefaultBodyLimit::max(REPORT_BODY)))
+        .routes(routes!(control::drain))
+        .routes(routes!(control::module))
+}
+
+/// The OpenAPI 3.1 document of the REST API, as served at
+/// `/api/v1/openapi.json`.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api_router().into_openapi()
+}
+
 pub(crate) fn router(sn: Supernode) -> Router {
-    let api = Router::new()
-        .route("/login", post(rest::login))
-        .route("/users", post(rest::create_user))
-        .route("/me", get(rest::me))
-        .route(
-            "/programs",
-            post(rest::upload_program)
-                .layer(DefaultBodyLimit::max(LARGE_BODY))
-                .get(rest::programs),
-        )
-        .route(
-            "/jobs",
-            post(rest::submit)
-                .layer(DefaultBodyLimit::max(LARGE_BODY))
-                .get(rest::jobs),
-        )
-        .route("/jobs/{id}", get(rest::job).delete(rest::dispose))
-        .route("/jobs/{id}/kill", post(rest::kill))
-        .route("/jobs/{id}/events", get(sse::events))
-        .route("/peers", get(rest::peers))
-        .route("/health", get(rest::health))
-        .route("/peer/login", post(control::login))
-        .route("/peer/renew", post(control::renew))
-        .route("/peer/commands", get(control::commands))
-        .route(
-            "/peer/report",
-            post(control::report).layer(DefaultBodyLimit::max(REPORT_BODY)),
-        )
-        .route("/peer/drain", post(control::drain))
-        .route("/peer/modules/{hash}", get(control::module));
+    let api = Router::from(api_router());
     ui_routes(Router::new())
-        .nest("/api/v1", api)
+        .merge(api)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(SMALL_BODY))

@@ -34,6 +34,7 @@ mod epoch;
 mod error;
 mod http;
 pub mod lease;
+mod openapi;
 mod rest;
 mod sse;
 mod state;
@@ -47,9 +48,14 @@ use std::time::Duration;
 use bsp_api::control::SeqCommand;
 use bsp_api::rest::{ProgramInfo, UserInfo};
 use bsp_api::{JobId, PeerId};
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, broadcast, watch};
+
+/// Job state changes buffered per `GET /api/v1/events` reader before it
+/// lags (and then gets every job of its owner again).
+const JOB_LIST_CAPACITY: usize = 1024;
 
 pub use error::Error;
+pub use http::openapi;
 
 /// How a supernode is set up.
 #[derive(Debug, Clone)]
@@ -108,6 +114,8 @@ pub(crate) struct Inner {
     sched_wake: Notify,
     /// Per-job watchers of the event stream, created on demand by SSE readers.
     job_watch: Mutex<HashMap<JobId, watch::Sender<()>>>,
+    /// Job state changes, `(owner, job)`, for `GET /api/v1/events`.
+    job_list: broadcast::Sender<(i64, JobId)>,
     /// Becomes `true` when the server shuts down.
     shutdown: watch::Sender<bool>,
 }
@@ -138,6 +146,8 @@ pub(crate) struct LivePeer {
 pub(crate) struct Effects {
     pub(crate) commands: Vec<(PeerId, SeqCommand)>,
     pub(crate) jobs: BTreeSet<JobId>,
+    /// `(owner, job)`: the job was submitted, started, finished or disposed.
+    pub(crate) job_list: Vec<(i64, JobId)>,
     pub(crate) wake_scheduler: bool,
 }
 
@@ -181,9 +191,18 @@ impl Inner {
                 }
             }
         }
+        for change in fx.job_list {
+            // No receiver is not an error: nobody follows the lists now.
+            let _ = self.job_list.send(change);
+        }
         if fx.wake_scheduler {
             self.sched_wake.notify_one();
         }
+    }
+
+    /// Every `(owner, job)` whose state changes from now on.
+    pub(crate) fn watch_job_list(&self) -> broadcast::Receiver<(i64, JobId)> {
+        self.job_list.subscribe()
     }
 
     /// A receiver that sees every change of `job`'s event stream from now on.
@@ -242,6 +261,7 @@ impl Supernode {
                 keys: auth::Keys::from_secret(&secret),
                 sched_wake: Notify::new(),
                 job_watch: Mutex::new(HashMap::new()),
+                job_list: broadcast::channel(JOB_LIST_CAPACITY).0,
                 shutdown: watch::channel(false).0,
             }),
         })

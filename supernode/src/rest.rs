@@ -6,7 +6,7 @@ use axum::response::Response;
 use bsp_api::JobId;
 use bsp_api::rest::{
     CreateUserRequest, Health, JobInfo, JobState, LoginRequest, LoginResponse, PeerInfo,
-    ProgramInfo, SubmitJob, UserInfo,
+    ProgramInfo, RingInfo, SubmitJob, UserInfo,
 };
 use serde::Deserialize;
 
@@ -14,6 +14,21 @@ use crate::auth::AuthUser;
 use crate::http::{ApiBytes, ApiJson, ApiPath, ApiQuery, no_content};
 use crate::{Error, Supernode, lease, now_ms, state};
 
+#[utoipa::path(
+    post,
+    path = "/login",
+    tag = "users",
+    summary = "Log in; returns a token",
+    request_body = LoginRequest,
+    responses(
+        (status = 200, description = "Logged in", body = LoginResponse),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
+        (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn login(
     State(sn): State<Supernode>,
     ApiJson(req): ApiJson<LoginRequest>,
@@ -38,6 +53,24 @@ async fn current_user(sn: &Supernode, auth: &AuthUser) -> Result<UserInfo, Error
         .ok_or_else(|| Error::unauthorized("your user account no longer exists"))
 }
 
+#[utoipa::path(
+    post,
+    path = "/users",
+    tag = "users",
+    summary = "Create a user (administrators only)",
+    request_body = CreateUserRequest,
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "The new user", body = UserInfo),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 403, description = "Authenticated but not allowed (`forbidden`)", body = bsp_api::rest::ApiError),
+        (status = 409, description = "The thing is in the wrong state or exists already (`conflict`)", body = bsp_api::rest::ApiError),
+        (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
+        (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn create_user(
     State(sn): State<Supernode>,
     auth: AuthUser,
@@ -53,6 +86,18 @@ pub(crate) async fn create_user(
     Ok(Json(user))
 }
 
+#[utoipa::path(
+    get,
+    path = "/me",
+    tag = "users",
+    summary = "The logged-in user",
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "The caller", body = UserInfo),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn me(
     State(sn): State<Supernode>,
     auth: AuthUser,
@@ -60,12 +105,30 @@ pub(crate) async fn me(
     Ok(Json(current_user(&sn, &auth).await?))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct UploadQuery {
     name: Option<String>,
     description: Option<String>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/programs",
+    tag = "programs",
+    summary = "Upload and validate a WebAssembly module",
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The module bytes (any content type is accepted)"),
+    params(UploadQuery),
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "The stored program", body = ProgramInfo),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
+        (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn upload_program(
     State(sn): State<Supernode>,
     auth: AuthUser,
@@ -102,6 +165,18 @@ pub(crate) async fn upload_program(
     Ok(Json(info))
 }
 
+#[utoipa::path(
+    get,
+    path = "/programs",
+    tag = "programs",
+    summary = "The programs the caller can run",
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "Own programs and the bundled examples", body = Vec<ProgramInfo>),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn programs(
     State(sn): State<Supernode>,
     auth: AuthUser,
@@ -113,11 +188,39 @@ pub(crate) async fn programs(
     ))
 }
 
+#[utoipa::path(
+    post,
+    path = "/jobs",
+    tag = "jobs",
+    summary = "Submit a job",
+    request_body = SubmitJob,
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "The job, waiting for peers or already placed", body = JobInfo),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 404, description = "No such program for the caller (`program_not_found`)", body = bsp_api::rest::ApiError),
+        (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
+        (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 409, description = "Fewer peers online than `min_peers` (`not_enough_peers`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn submit(
     State(sn): State<Supernode>,
     auth: AuthUser,
     ApiJson(job): ApiJson<SubmitJob>,
 ) -> Result<Json<JobInfo>, Error> {
+    if let Some(min) = job.min_peers {
+        let online = peers_online(&sn);
+        if online < min {
+            return Err(Error::NotEnoughPeers(format!(
+                    "{online} peer{} online, fewer than the {min} this job asks for (`min_peers`); \
+                     try again later, or submit without `min_peers` to queue the job until peers come",
+                if online == 1 { " is" } else { "s are" }
+            )));
+        }
+    }
     let job = tokio::task::spawn_blocking(move || state::validate_submit(job)).await??;
     let owner = auth.id;
     Ok(Json(
@@ -126,11 +229,26 @@ pub(crate) async fn submit(
     ))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct JobsQuery {
     state: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/jobs",
+    tag = "jobs",
+    summary = "The caller's jobs",
+    params(JobsQuery),
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "Oldest first", body = Vec<JobInfo>),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn jobs(
     State(sn): State<Supernode>,
     auth: AuthUser,
@@ -152,6 +270,21 @@ pub(crate) async fn jobs(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/jobs/{id}",
+    tag = "jobs",
+    summary = "One job",
+    params(("id" = i64, Path, description = "The job id")),
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "The job", body = JobInfo),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn job(
     State(sn): State<Supernode>,
     auth: AuthUser,
@@ -163,6 +296,22 @@ pub(crate) async fn job(
     ))
 }
 
+#[utoipa::path(
+    post,
+    path = "/jobs/{id}/kill",
+    tag = "jobs",
+    summary = "Kill a waiting or running job",
+    params(("id" = i64, Path, description = "The job id")),
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "The job, now finished", body = JobInfo),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
+        (status = 409, description = "The thing is in the wrong state or exists already (`conflict`)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn kill(
     State(sn): State<Supernode>,
     auth: AuthUser,
@@ -176,6 +325,22 @@ pub(crate) async fn kill(
     Ok(Json(info))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/jobs/{id}",
+    tag = "jobs",
+    summary = "Delete a finished job and its output",
+    params(("id" = i64, Path, description = "The job id")),
+    security(("user" = [])),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
+        (status = 409, description = "The thing is in the wrong state or exists already (`conflict`)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn dispose(
     State(sn): State<Supernode>,
     auth: AuthUser,
@@ -187,6 +352,18 @@ pub(crate) async fn dispose(
     Ok(no_content())
 }
 
+#[utoipa::path(
+    get,
+    path = "/peers",
+    tag = "peers",
+    summary = "The peers the supernode knows",
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "Online peers first", body = Vec<PeerInfo>),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn peers(
     State(sn): State<Supernode>,
     _auth: AuthUser,
@@ -194,7 +371,8 @@ pub(crate) async fn peers(
     Ok(Json(sn.with_core(|core, _, _| core.peers()).await?))
 }
 
-pub(crate) async fn health(State(sn): State<Supernode>) -> Json<Health> {
+/// Peers holding a valid lease now.
+fn peers_online(sn: &Supernode) -> u32 {
     let now = now_ms();
     let online = sn
         .inner
@@ -203,9 +381,69 @@ pub(crate) async fn health(State(sn): State<Supernode>) -> Json<Health> {
         .values()
         .filter(|p| lease::is_valid(now, p.expires_at))
         .count();
+    u32::try_from(online).unwrap_or(u32::MAX)
+}
+
+#[utoipa::path(
+    get,
+    path = "/health",
+    tag = "meta",
+    summary = "Liveness and version",
+    responses(
+        (status = 200, description = "Up", body = Health)
+    )
+)]
+pub(crate) async fn health(State(sn): State<Supernode>) -> Json<Health> {
     Json(Health {
         version: env!("CARGO_PKG_VERSION").to_string(),
         api_version: bsp_api::API_VERSION,
-        peers_online: online as u32,
+        peers_online: peers_online(&sn),
     })
+}
+
+#[utoipa::path(
+    get,
+    path = "/ring",
+    tag = "peers",
+    summary = "The DHHT ring: peer positions and shares, and where the caller's processes land",
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "The ring", body = RingInfo),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
+pub(crate) async fn ring(
+    State(sn): State<Supernode>,
+    auth: AuthUser,
+) -> Result<Json<RingInfo>, Error> {
+    let owner = auth.id;
+    Ok(Json(sn.with_core(move |core, _, _| core.ring(owner)).await?))
+}
+
+#[utoipa::path(
+    delete,
+    path = "/programs/{program}",
+    tag = "programs",
+    summary = "Forget one of your programs",
+    params(("program" = String, Path, description = "A program name of yours, or the hash of a module you uploaded")),
+    security(("user" = [])),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 403, description = "Authenticated but not allowed (`forbidden`)", body = bsp_api::rest::ApiError),
+        (status = 404, description = "No such program for the caller (`program_not_found`)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
+pub(crate) async fn delete_program(
+    State(sn): State<Supernode>,
+    auth: AuthUser,
+    ApiPath(program): ApiPath<String>,
+) -> Result<Response, Error> {
+    let owner = auth.id;
+    sn.with_core(move |core, _, _| core.delete_program(owner, &program))
+        .await?;
+    Ok(no_content())
 }

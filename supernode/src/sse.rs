@@ -1,5 +1,6 @@
 //! `GET /api/v1/jobs/{id}/events`: a job's events as Server-Sent Events,
-//! resumable with `Last-Event-ID` (or `?after=N`).
+//! resumable with `Last-Event-ID` (or `?after=N`); and `GET /api/v1/events`,
+//! the caller's `job_list_changed` notifications.
 //!
 //! The stream first sends the stored events after the given id, then waits
 //! for new ones. Waiting is on a per-job [`watch`] channel subscribed
@@ -15,7 +16,8 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use bsp_api::JobId;
-use bsp_api::rest::JobEvent;
+use bsp_api::rest::{JobEvent, JobListChanged};
+use tokio::sync::broadcast;
 use futures_util::Stream;
 use serde::Deserialize;
 use tokio::sync::watch;
@@ -27,7 +29,8 @@ use crate::{Error, Supernode};
 /// Events read from SQLite per query.
 const BATCH: u32 = 500;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct EventsQuery {
     after: Option<i64>,
 }
@@ -51,6 +54,21 @@ fn to_sse(event: &JobEvent) -> Event {
         .data(data)
 }
 
+#[utoipa::path(
+    get,
+    path = "/jobs/{id}/events",
+    tag = "jobs",
+    summary = "A job's events as Server-Sent Events, resumable with `Last-Event-ID`",
+    params(("id" = i64, Path, description = "The job id"), EventsQuery, ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this event id")),
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "`text/event-stream`: `id:` the event id, `event:` the kind, `data:` a JobEvent as JSON; ends after the terminal event", content_type = "text/event-stream", body = JobEvent),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
 pub(crate) async fn events(
     State(sn): State<Supernode>,
     auth: AuthUser,
@@ -144,6 +162,96 @@ async fn next(f: &mut Follow) -> Option<JobEvent> {
                 }
             }
             _ = f.stop.wait_for(|s| *s) => return None,
+        }
+    }
+}
+
+struct ListFollow {
+    sn: Supernode,
+    owner: i64,
+    changes: broadcast::Receiver<(i64, JobId)>,
+    stop: watch::Receiver<bool>,
+    pending: VecDeque<JobId>,
+}
+
+/// `GET /api/v1/events`: one `job_list_changed` event each time one of the
+/// caller's jobs is submitted, starts, finishes or is disposed of. The stream
+/// is a notification, not a log: it has no ids and no replay, so a client
+/// re-reads the job lists when it (re)connects. A reader that falls more
+/// than [`crate::JOB_LIST_CAPACITY`] changes behind gets one event per job.
+#[utoipa::path(
+    get,
+    path = "/events",
+    tag = "jobs",
+    summary = "The caller's job list changes as Server-Sent Events",
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "`text/event-stream` of `event: job_list_changed` with a JobListChanged as JSON; no ids, no replay: re-read the lists on (re)connect", content_type = "text/event-stream", body = JobListChanged),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError)
+    )
+)]
+pub(crate) async fn job_list_events(
+    State(sn): State<Supernode>,
+    auth: AuthUser,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let follow = ListFollow {
+        changes: sn.inner.watch_job_list(),
+        stop: sn.inner.shutdown_signal(),
+        sn,
+        owner: auth.id,
+        pending: VecDeque::new(),
+    };
+    let stream = futures_util::stream::unfold(follow, |mut f| async move {
+        let change = next_list_change(&mut f).await?;
+        let data = serde_json::to_string(&change).unwrap_or_else(|_| "{}".into());
+        Some((
+            Ok(Event::default().event("job_list_changed").data(data)),
+            f,
+        ))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+async fn next_list_change(f: &mut ListFollow) -> Option<JobListChanged> {
+    loop {
+        if let Some(job) = f.pending.pop_front() {
+            let owner = f.owner;
+            match f
+                .sn
+                .with_core(move |core, _, _| core.job_state(owner, job))
+                .await
+            {
+                Ok(state) => return Some(JobListChanged { job, state }),
+                Err(e) => {
+                    tracing::error!(error = %e, "job list stream query failed");
+                    return None;
+                }
+            }
+        }
+        if *f.stop.borrow() {
+            return None;
+        }
+        let change = tokio::select! {
+            change = f.changes.recv() => change,
+            _ = f.stop.wait_for(|s| *s) => return None,
+        };
+        match change {
+            Ok((owner, job)) => {
+                if owner == f.owner {
+                    f.pending.push_back(job);
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => {
+                let owner = f.owner;
+                match f.sn.with_core(move |core, _, _| core.job_ids(owner)).await {
+                    Ok(ids) => f.pending.extend(ids),
+                    Err(e) => {
+                        tracing::error!(error = %e, "job list stream query failed");
+                        return None;
+                    }
+                }
+            }
+            Err(broadcast::error::RecvError::Closed) => return None,
         }
     }
 }

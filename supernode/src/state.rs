@@ -9,7 +9,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bsp_api::control::{Command, Lease, PeerEvent, PeerLogin, PeerRenew, SeqCommand, Stream};
 use bsp_api::rest::{
-    JobEventKind, JobInfo, JobLimits, JobOutcome, PeerInfo, ProgramInfo, UserInfo,
+    JobEventKind, JobInfo, JobLimits, JobOutcome, JobState, PeerInfo, ProgramInfo, RingInfo,
+    RingPeer, RingProcess, UserInfo,
 };
 use bsp_api::{JobId, PeerId, Pid};
 use placement::{Dhht, IndexAllocator, golden_position};
@@ -48,6 +49,9 @@ pub(crate) struct Core {
 /// The in-memory DHHT of the online peers that take work (not draining) and
 /// the golden-index allocators (dissertation §4.2.2, §4.2.4), mirrors of
 /// what SQLite records.
+/// Points sampled to measure each peer's share of the ring (`GET /api/v1/ring`).
+const RING_SAMPLES: u32 = 1 << 14;
+
 #[derive(Default)]
 pub(crate) struct Place {
     pub(crate) dhht: Dhht,
@@ -339,6 +343,29 @@ pub(crate) fn queue(
     Ok(())
 }
 
+/// Tells the owner's `GET /api/v1/events` streams that `job` changed state.
+fn list_changed(tx: &Connection, fx: &mut Effects, job: JobId) -> Result<(), Error> {
+    let owner: Option<i64> = tx
+        .query_row("SELECT owner FROM jobs WHERE id = ?1", [job], |r| r.get(0))
+        .optional()?;
+    if let Some(owner) = owner {
+        fx.job_list.push((owner, job));
+    }
+    Ok(())
+}
+
+/// The state of `owner`'s job `job`, `None` when there is no such job.
+fn job_state(conn: &Connection, owner: i64, job: JobId) -> Result<Option<JobState>, Error> {
+    let state: Option<String> = conn
+        .query_row(
+            "SELECT state FROM jobs WHERE id = ?1 AND owner = ?2",
+            params![job, owner],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(state.as_deref().and_then(JobState::parse))
+}
+
 /// How a job ends.
 pub(crate) struct Ending {
     pub(crate) outcome: JobOutcome,
@@ -371,6 +398,7 @@ pub(crate) fn finish_job(
         return Ok(false);
     }
     db::insert_event(tx, job, None, None, &ending.event, now)?;
+    list_changed(tx, fx, job)?;
     {
         let mut stmt = tx.prepare_cached("SELECT position FROM placements WHERE job = ?1")?;
         for k in stmt.query_map([job], |r| r.get::<_, i64>(0))? {
@@ -709,6 +737,75 @@ impl Core {
         Ok(out)
     }
 
+    /// Forgets `owner`'s program `program` (a name of theirs, or the hash of
+    /// a module they uploaded, which also drops their names for it). Jobs
+    /// keep running; the module's bytes go once nothing refers to them.
+    pub(crate) fn delete_program(&mut self, owner: i64, program: &str) -> Result<(), Error> {
+        let tx = self.conn.transaction()?;
+        let by_name: Option<String> = tx
+            .query_row(
+                "SELECT hash FROM program_names WHERE owner = ?1 AND name = ?2",
+                params![owner, program],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let hash = if let Some(hash) = by_name {
+            tx.execute(
+                "DELETE FROM program_names WHERE owner = ?1 AND name = ?2",
+                params![owner, program],
+            )?;
+            // The upload goes too unless another of the owner's names keeps it.
+            tx.execute(
+                "DELETE FROM program_uploads WHERE owner = ?1 AND hash = ?2 \
+                 AND NOT EXISTS (SELECT 1 FROM program_names WHERE owner = ?1 AND hash = ?2)",
+                params![owner, hash],
+            )?;
+            hash
+        } else {
+            let hash = program.to_ascii_lowercase();
+            let n = if is_hash(program) {
+                tx.execute(
+                    "DELETE FROM program_uploads WHERE owner = ?1 AND hash = ?2",
+                    params![owner, hash],
+                )?
+            } else {
+                0
+            };
+            if n == 0 {
+                let builtin: bool = tx.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM program_names WHERE owner IS NULL \
+                         AND (name = ?1 OR hash = ?2))",
+                    params![program, hash],
+                    |r| r.get(0),
+                )?;
+                if builtin {
+                    return Err(Error::Forbidden(format!(
+                        "`{program}` is a bundled example; bundled examples cannot be deleted"
+                    )));
+                }
+                return Err(Error::ProgramNotFound(format!(
+                    "no program `{program}` among your programs; list them with GET /api/v1/programs \
+                     (`bspweb programs`)"
+                )));
+            }
+            tx.execute(
+                "DELETE FROM program_names WHERE owner = ?1 AND hash = ?2",
+                params![owner, hash],
+            )?;
+            hash
+        };
+        tx.execute(
+            "DELETE FROM programs WHERE hash = ?1 \
+             AND NOT EXISTS (SELECT 1 FROM program_names WHERE hash = ?1) \
+             AND NOT EXISTS (SELECT 1 FROM program_uploads WHERE hash = ?1) \
+             AND NOT EXISTS (SELECT 1 FROM jobs WHERE program_hash = ?1)",
+            [&hash],
+        )?;
+        tx.commit()?;
+        tracing::info!(owner, program, hash, "program deleted");
+        Ok(())
+    }
+
     /// The module hash `program` means for `owner`: their own name, a builtin
     /// name, or the hash of a module they uploaded or of a builtin.
     fn resolve_program(tx: &Connection, owner: i64, program: &str) -> Result<String, Error> {
@@ -735,7 +832,7 @@ impl Core {
                 return Ok(hash);
             }
         }
-        Err(Error::NotFound(format!(
+        Err(Error::ProgramNotFound(format!(
             "no program `{program}`: it is neither one of your programs, nor a bundled example, \
              nor the hash of a module you uploaded; list what you can run with GET /api/v1/programs \
              (`bspweb programs`) or upload it first"
@@ -743,6 +840,54 @@ impl Core {
     }
 
     // ------------------------------------------------------------ jobs
+
+    /// The DHHT ring as placement sees it, with the processes of `owner`'s
+    /// active jobs. Shares are measured by looking up [`RING_SAMPLES`]
+    /// evenly spaced points (error below 1/RING_SAMPLES).
+    pub(crate) fn ring(&self, owner: i64) -> Result<RingInfo, Error> {
+        let dhht = &self.place.dhht;
+        let mut wins: HashMap<PeerId, u32> = HashMap::new();
+        for i in 0..RING_SAMPLES {
+            let x = placement::Position(((i as u64) << 50) | (1 << 49));
+            if let Some(peer) = dhht.lookup(x) {
+                *wins.entry(peer).or_default() += 1;
+            }
+        }
+        let mut names: HashMap<PeerId, String> = HashMap::new();
+        {
+            let mut stmt = self.conn.prepare("SELECT id, name FROM peers WHERE state = 'online'")?;
+            for row in stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))? {
+                let (id, name) = row?;
+                names.insert(id, name);
+            }
+        }
+        let mut peers: Vec<RingPeer> = dhht
+            .peers()
+            .map(|p| RingPeer {
+                id: p.id,
+                name: names.get(&p.id).cloned().unwrap_or_default(),
+                position: p.position.to_f64(),
+                weight: p.weight,
+                share: f64::from(wins.get(&p.id).copied().unwrap_or(0)) / f64::from(RING_SAMPLES),
+            })
+            .collect();
+        peers.sort_by(|a, b| a.position.total_cmp(&b.position));
+        let mut stmt = self.conn.prepare(
+            "SELECT p.job, p.pid, p.position, p.peer_id FROM placements p JOIN jobs j ON j.id = p.job \
+             WHERE j.state = 'active' AND j.owner = ?1 ORDER BY p.job, p.pid",
+        )?;
+        let processes = stmt
+            .query_map([owner], |r| {
+                Ok(RingProcess {
+                    job: r.get(0)?,
+                    pid: r.get(1)?,
+                    position: golden_position(u64_from_sql(r.get(2)?)).to_f64(),
+                    peer: r.get(3)?,
+                })
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(RingInfo { peers, processes })
+    }
 
     pub(crate) fn submit(
         &mut self,
@@ -786,7 +931,24 @@ impl Core {
         tx.commit()?;
         tracing::info!(job = id, owner, program = %job.program, nprocs = job.nprocs, "job submitted");
         fx.wake_scheduler = true;
+        fx.job_list.push((owner, id));
         Ok(info)
+    }
+
+    /// The state of `owner`'s job `id`; `None` when there is no such job.
+    pub(crate) fn job_state(&self, owner: i64, id: JobId) -> Result<Option<JobState>, Error> {
+        job_state(&self.conn, owner, id)
+    }
+
+    /// The ids of `owner`'s jobs.
+    pub(crate) fn job_ids(&self, owner: i64) -> Result<Vec<JobId>, Error> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT id FROM jobs WHERE owner = ?1 ORDER BY id")?;
+        let ids = stmt
+            .query_map([owner], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(ids)
     }
 
     pub(crate) fn job(&self, owner: i64, id: JobId) -> Result<JobInfo, Error> {
@@ -864,6 +1026,7 @@ impl Core {
         tx.commit()?;
         tracing::info!(job = id, "job disposed");
         fx.jobs.insert(id);
+        fx.job_list.push((owner, id));
         Ok(())
     }
 
@@ -1412,6 +1575,10 @@ impl Core {
                         );
                         continue;
                     }
+                    tx.prepare_cached(
+                        "UPDATE placements SET superstep = ?3 WHERE job = ?1 AND pid = ?2",
+                    )?
+                    .execute(params![job, pid, superstep])?;
                     let kind = JobEventKind::ProcessExited { superstep };
                     // seq -1: a process exits once, however often it is
                     // reported (a restored process re-executes and exits again).
@@ -1678,6 +1845,7 @@ fn place_job(
         "UPDATE jobs SET state = 'active', started_at = ?2, job_token = ?3, epoch = 0 WHERE id = ?1",
         params![job, now, job_token],
     )?;
+    list_changed(tx, fx, job)?;
     let mut text = format!(
         "placed {nprocs} process{} on {hosts} peer{}",
         if nprocs == 1 { "" } else { "es" },

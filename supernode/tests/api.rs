@@ -1953,3 +1953,226 @@ async fn faster_peers_get_more_processes() {
         vec![(slow.id, on_slow as u32), (fast.id, on_fast as u32)]
     );
 }
+
+/// Reads `job_list_changed` events from an open `GET /api/v1/events`
+/// response until `n` have arrived (10 s limit).
+async fn list_changes(resp: &mut reqwest::Response, buf: &mut String, n: usize) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut out = Vec::new();
+        // Only messages terminated by a blank line are complete.
+        let complete = &buf[..buf.rfind("\n\n").map_or(0, |i| i + 2)];
+        for block in complete.split("\n\n").filter(|b| b.contains("data:")) {
+            assert!(block.contains("event: job_list_changed"), "{block}");
+            let data = block
+                .lines()
+                .find_map(|l| l.strip_prefix("data:"))
+                .unwrap()
+                .trim();
+            out.push(serde_json::from_str(data).unwrap());
+        }
+        if out.len() >= n {
+            return out;
+        }
+        let chunk = tokio::time::timeout_at(deadline, resp.chunk())
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {n} list changes, got {out:?}"))
+            .unwrap()
+            .expect("the stream stays open");
+        buf.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+}
+
+#[tokio::test]
+async fn the_job_list_stream_tells_the_owner_of_every_state_change_and_nobody_else() {
+    let (h, alice) = Harness::with_ring().await;
+    let bob = h.login("bob", "bob-password").await;
+    let open = |token: &str| {
+        h.http
+            .get(h.url("/events"))
+            .bearer_auth(token.to_string())
+            .send()
+    };
+    let mut alice_stream = open(&alice).await.unwrap();
+    assert_eq!(alice_stream.status(), StatusCode::OK);
+    assert!(
+        alice_stream.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let mut bob_stream = open(&bob).await.unwrap();
+    let mut buf = String::new();
+
+    let job = h.submit(&alice, "ring", 2).await;
+    let got = list_changes(&mut alice_stream, &mut buf, 1).await;
+    assert_eq!(got[0], json!({"job": job.id, "state": "waiting"}));
+
+    let mut peer = h.peer_login(login_body("p1", 4, None)).await;
+    h.commands(&mut peer).await;
+    let got = list_changes(&mut alice_stream, &mut buf, 2).await;
+    assert_eq!(got[1], json!({"job": job.id, "state": "active"}));
+
+    let (status, _) = h.post(&format!("/jobs/{}/kill", job.id), &alice, json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    let got = list_changes(&mut alice_stream, &mut buf, 3).await;
+    assert_eq!(got[2], json!({"job": job.id, "state": "finished"}));
+
+    let (status, _) = h
+        .call(reqwest::Method::DELETE, &format!("/jobs/{}", job.id), Some(&alice), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let got = list_changes(&mut alice_stream, &mut buf, 4).await;
+    assert_eq!(got[3], json!({"job": job.id, "state": null}));
+
+    // Bob saw none of it: his next event is about his own job.
+    let mine = h.submit(&bob, "ring", 1).await;
+    let mut bob_buf = String::new();
+    let got = list_changes(&mut bob_stream, &mut bob_buf, 1).await;
+    assert_eq!(got[0]["job"], mine.id);
+}
+
+#[tokio::test]
+async fn progress_reports_show_up_per_pid_and_only_from_the_host() {
+    let (h, alice) = Harness::with_ring().await;
+    let job = h.submit(&alice, "ring", 2).await;
+    let mut peer = h.peer_login(login_body("p1", 4, None)).await;
+    let a = start_job(&h.commands(&mut peer).await);
+    assert_eq!(a.job, job.id);
+    assert_eq!(h.job(&alice, job.id).await.supersteps, vec![0, 0]);
+    let progress = |pid, superstep| PeerEvent::Progress {
+        job: job.id,
+        pid,
+        superstep,
+    };
+    assert_eq!(
+        h.report(&peer, vec![progress(0, 3), progress(1, 2), progress(0, 4)])
+            .await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(h.job(&alice, job.id).await.supersteps, vec![4, 2]);
+    // A peer that does not host the process does not move its progress.
+    let other = h.peer_login(login_body("p2", 1, None)).await;
+    h.report(&other, vec![progress(1, 99)]).await;
+    assert_eq!(h.job(&alice, job.id).await.supersteps, vec![4, 2]);
+    // The exit's superstep is final.
+    h.report(
+        &peer,
+        vec![PeerEvent::ProcessExited {
+            job: job.id,
+            pid: 1,
+            superstep: 7,
+        }],
+    )
+    .await;
+    assert_eq!(h.job(&alice, job.id).await.supersteps, vec![4, 7]);
+}
+
+#[tokio::test]
+async fn min_peers_refuses_a_job_the_network_cannot_start_now() {
+    let (h, alice) = Harness::with_ring().await;
+    let (status, body) = h
+        .post(
+            "/jobs",
+            &alice,
+            json!({"program": "ring", "nprocs": 2, "min_peers": 1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let e = api_error(&body);
+    assert_eq!(e.code, "not_enough_peers");
+    assert!(e.message.contains("0 peers are online"), "{}", e.message);
+    let _peer = h.peer_login(login_body("p1", 4, None)).await;
+    let (status, body) = h
+        .post(
+            "/jobs",
+            &alice,
+            json!({"program": "ring", "nprocs": 2, "min_peers": 1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // An unknown program has its own code.
+    let (status, body) = h
+        .post("/jobs", &alice, json!({"program": "nope", "nprocs": 2}))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(api_error(&body).code, "program_not_found");
+}
+
+#[tokio::test]
+async fn programs_are_deleted_by_name_or_hash_but_builtins_stay() {
+    let (h, alice) = Harness::with_ring().await;
+    let bob = h.login("bob", "bob-password").await;
+    let (status, body) = h.upload(&alice, Some("mine"), wasm(OTHER_GUEST)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let hash = body["hash"].as_str().unwrap().to_string();
+    let (status, _) = h.upload(&bob, Some("his"), wasm(OTHER_GUEST)).await;
+    assert_eq!(status, StatusCode::OK);
+    let h = &h;
+    let delete = |token: String, what: String| async move {
+        h.call(
+            reqwest::Method::DELETE,
+            &format!("/programs/{what}"),
+            Some(&token),
+            None,
+        )
+        .await
+    };
+    let names = |token: String| async move {
+        let (_, list) = h.get("/programs", &token).await;
+        let list: Vec<ProgramInfo> = serde_json::from_value(list).unwrap();
+        list.into_iter()
+            .map(|p| p.name.unwrap_or(p.hash))
+            .collect::<Vec<_>>()
+    };
+    let (status, body) = delete(alice.clone(), "ring".into()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, body) = delete(alice.clone(), "nothing".into()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(api_error(&body).code, "program_not_found");
+    let (status, _) = delete(alice.clone(), "mine".into()).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(names(alice.clone()).await, vec!["ring".to_string()]);
+    // Bob's name for the same module is untouched; he deletes by hash.
+    assert!(names(bob.clone()).await.contains(&"his".to_string()));
+    let (status, _) = delete(bob.clone(), hash.clone()).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(names(bob.clone()).await, vec!["ring".to_string()]);
+    // Nobody refers to the module any more: running it by hash fails.
+    let (status, body) = h
+        .post("/jobs", &bob, json!({"program": hash, "nprocs": 1}))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+}
+
+#[tokio::test]
+async fn the_ring_shows_peer_shares_and_the_callers_processes() {
+    let (h, alice) = Harness::with_ring().await;
+    let bob = h.login("bob", "bob-password").await;
+    let mut p1 = h.peer_login(login_body("p1", 4, None)).await;
+    let mut p2 = h.peer_login(login_body("p2", 4, None)).await;
+    let job = h.submit(&alice, "ring", 5).await;
+    h.commands(&mut p1).await;
+    h.commands(&mut p2).await;
+    let (status, ring) = h.get("/ring", &alice).await;
+    assert_eq!(status, StatusCode::OK, "{ring}");
+    let ring: bsp_api::rest::RingInfo = serde_json::from_value(ring).unwrap();
+    assert_eq!(ring.peers.len(), 2);
+    let total: f64 = ring.peers.iter().map(|p| p.share).sum();
+    assert!((total - 1.0).abs() < 1e-9, "shares sum to {total}");
+    for p in &ring.peers {
+        assert!((0.0..1.0).contains(&p.position));
+        assert!(p.share > 0.0 && p.weight > 0.0, "{p:?}");
+    }
+    let placed = h.job(&alice, job.id).await.placement;
+    assert_eq!(ring.processes.len(), 5);
+    for p in &ring.processes {
+        assert_eq!(p.job, job.id);
+        assert_eq!(p.peer, placed[p.pid as usize]);
+        assert!((0.0..1.0).contains(&p.position));
+    }
+    // Bob sees the peers, not Alice's processes.
+    let (_, ring) = h.get("/ring", &bob).await;
+    assert_eq!(ring["peers"].as_array().unwrap().len(), 2);
+    assert!(ring["processes"].as_array().unwrap().is_empty());
+}

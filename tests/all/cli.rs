@@ -1,6 +1,61 @@
 //! The `bspweb` CLI as a user runs it.
 
+use std::collections::BTreeMap;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use bsp_api::rest::{JobEvent, JobEventKind, JobInfo, PeerInfo, ProgramInfo};
+
 use crate::harness::{ADMIN, ADMIN_PASSWORD, bspweb, shared};
+
+/// `bspweb ARGS` as the admin of the shared cluster, with its own config dir.
+fn as_admin(args: &[&str], config: &std::path::Path) -> Command {
+    let mut cmd = bspweb();
+    cmd.args(args)
+        .env("BSPWEB_URL", &shared().url)
+        .env("BSPWEB_USER", ADMIN)
+        .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
+        .env("BSPWEB_CONFIG_DIR", config)
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// The exit codes `bspweb --help` documents: code → description.
+fn documented_codes() -> BTreeMap<u8, String> {
+    let help = bspweb().arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout).to_string();
+    let table = help
+        .split("Exit status:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("--help documents no exit status:\n{help}"));
+    table
+        .lines()
+        .filter_map(|l| {
+            let (code, what) = l.trim().split_once("  ")?;
+            Some((code.parse().ok()?, what.trim().to_string()))
+        })
+        .collect()
+}
+
+/// The one documented code whose description contains `what`.
+#[track_caller]
+fn documented_code(what: &str) -> i32 {
+    let codes = documented_codes();
+    let hits: Vec<u8> = codes
+        .iter()
+        .filter(|(_, d)| d.contains(what))
+        .map(|(c, _)| *c)
+        .collect();
+    assert_eq!(hits.len(), 1, "{what:?} in {codes:#?}");
+    i32::from(hits[0])
+}
 
 #[test]
 fn submit_follow_prints_every_process_and_exits_zero() {
@@ -48,7 +103,11 @@ fn a_failing_job_makes_submit_follow_exit_non_zero() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(documented_code("aborted")),
+        "{stderr}"
+    );
     assert!(stderr.contains("deliberate abort"), "{stderr}");
 }
 
@@ -208,4 +267,212 @@ fn sim_writes_a_reproducible_report_and_rejects_bad_options() {
         !dir.path().join("bad").exists(),
         "a rejected run writes nothing"
     );
+}
+
+/// Every `--json` output parses: arrays for lists, an object for a
+/// submitted job, one `JobEvent` per line for `submit --follow` and `logs`.
+#[test]
+fn json_output_parses_as_json() {
+    let config = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = as_admin(args, config.path()).output().unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        stdout
+    };
+    let programs: Vec<ProgramInfo> = serde_json::from_str(&run(&["programs", "--json"])).unwrap();
+    assert!(programs.iter().any(|p| p.name.as_deref() == Some("ring")));
+    let peers: Vec<PeerInfo> = serde_json::from_str(&run(&["peers", "--json"])).unwrap();
+    assert!(peers.len() >= 3, "{peers:?}");
+    let job: JobInfo =
+        serde_json::from_str(&run(&["submit", "ring", "-n", "2", "--json"])).unwrap();
+    assert_eq!((job.program.as_str(), job.nprocs), ("ring", 2));
+    let jobs: Vec<JobInfo> = serde_json::from_str(&run(&["jobs", "--json"])).unwrap();
+    assert!(jobs.iter().any(|j| j.id == job.id));
+
+    let lines = |stdout: &str| -> Vec<JobEvent> {
+        stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+            .collect()
+    };
+    let followed = lines(&run(&["submit", "ring", "-n", "3", "--follow", "--json"]));
+    assert_eq!(
+        followed.last().map(|e| &e.kind),
+        Some(&JobEventKind::JobExited)
+    );
+    let exits = followed
+        .iter()
+        .filter(|e| matches!(e.kind, JobEventKind::ProcessExited { .. }))
+        .count();
+    assert_eq!(exits, 3, "{followed:?}");
+    assert!(
+        followed.iter().any(|e| matches!(&e.kind, JobEventKind::Stdout { text } if text == "got in total 2 messages")),
+        "{followed:?}"
+    );
+    let id = followed[0].job.to_string();
+    let logged = lines(&run(&["logs", &id, "--json"]));
+    assert_eq!(
+        logged, followed,
+        "logs --json of a finished job replays every event"
+    );
+    let logged = lines(&run(&["logs", &job.id.to_string(), "--follow", "--json"]));
+    assert!(logged.last().is_some_and(|e| e.kind.is_terminal()));
+}
+
+/// Piped, `--follow` shows progress as plain lines: no carriage returns,
+/// no escape sequences, on either stream.
+#[test]
+fn piped_follow_shows_plain_progress_lines_without_control_characters() {
+    let config = tempfile::tempdir().unwrap();
+    let wasm = config.path().join("ticker.wasm");
+    // A few seconds of supersteps: the progress poll (every second) sees it run.
+    std::fs::write(&wasm, crate::consumer::ticker_wasm(60, 40_000_000)).unwrap();
+    let out = as_admin(&["submit"], config.path())
+        .arg(&wasm)
+        .args(["-n", "2", "--follow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stdout.lines().filter(|l| *l == "[1] tick").count(), 61);
+    let progress: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("== progress: "))
+        .collect();
+    assert!(!progress.is_empty(), "no progress line:\n{stderr}");
+    assert!(
+        progress
+            .iter()
+            .any(|l| l.contains("running") && l.contains("exited of 2")),
+        "{progress:?}"
+    );
+    for (name, s) in [("stdout", &stdout), ("stderr", &stderr)] {
+        assert!(
+            !s.contains('\r') && !s.contains('\x1b'),
+            "control characters on piped {name}: {s:?}"
+        );
+    }
+}
+
+/// The exit status of each outcome is the one `--help` documents, and the
+/// README lists the same table.
+#[test]
+fn exit_codes_are_the_documented_ones() {
+    let codes = documented_codes();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    for (code, what) in &codes {
+        let line = format!("{code:>5}  {what}");
+        assert!(readme.contains(&line), "README lacks {line:?}");
+    }
+    let c = shared();
+    let config = tempfile::tempdir().unwrap();
+    let status = |cmd: &mut Command| {
+        let out = cmd.output().unwrap();
+        (out.status.code(), text(&out).1)
+    };
+    let check = |what: &str, cmd: &mut Command| {
+        let (code, stderr) = status(cmd);
+        assert_eq!(code, Some(documented_code(what)), "{what}: {stderr}");
+    };
+    let admin = |args: &[&str]| as_admin(args, config.path());
+    let misbehave = config.path().join("misbehave.wasm");
+    std::fs::write(&misbehave, bspweb_programs::get("misbehave").unwrap().wasm).unwrap();
+    let misbehave = misbehave.to_str().unwrap();
+
+    assert_eq!(
+        status(&mut admin(&["submit", "ring", "-n", "2", "--follow"])).0,
+        Some(0)
+    );
+    check(
+        "runtime ended the job",
+        &mut admin(&[
+            "submit",
+            misbehave,
+            "-n",
+            "2",
+            "--args",
+            r#"{"mode":"trap"}"#,
+            "--follow",
+        ]),
+    );
+    check("usage", &mut admin(&["submit", "ring", "-n", "0"]));
+    check(
+        "usage",
+        &mut admin(&["submit", "ring", "-n", "2", "--args", "{bad"]),
+    );
+    check("usage", &mut admin(&["submit", "ring"]));
+    check("not found", &mut admin(&["logs", "999999999"]));
+    check(
+        "not found",
+        &mut admin(&["submit", "no-such-program", "-n", "2"]),
+    );
+    check(
+        "not found",
+        &mut admin(&["submit", "/no/such/file.wasm", "-n", "2"]),
+    );
+    check(
+        "--min-peers",
+        &mut admin(&["submit", "ring", "-n", "2", "--min-peers", "1000"]),
+    );
+    check(
+        "unauthorized",
+        admin(&["jobs"]).env("BSPWEB_PASSWORD", "wrong"),
+    );
+    check(
+        "unauthorized",
+        admin(&["jobs"])
+            .env_remove("BSPWEB_USER")
+            .env_remove("BSPWEB_PASSWORD"),
+    );
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    check("cannot connect", admin(&["jobs"]).env("BSPWEB_URL", &dead));
+
+    // Killed while followed.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt.block_on(c.admin());
+    let spec = bsp_api::client::JobSpec::new(
+        bsp_api::client::Program::Wasm(crate::consumer::ticker_wasm(100_000, 20_000)),
+        2,
+    );
+    let job = rt.block_on(client.start_job(spec)).unwrap().id;
+    let mut follower = admin(&["logs", &job.to_string(), "--follow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill once the follower printed output, i.e. while it follows.
+    let stdout = follower.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            let _ = tx.send(line);
+        }
+    });
+    let first = rx.recv_timeout(Duration::from_secs(120));
+    assert!(
+        matches!(&first, Ok(Ok(l)) if l.ends_with("tick")),
+        "{first:?}"
+    );
+    rt.block_on(client.kill(job)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let code = loop {
+        if let Some(s) = follower.try_wait().unwrap() {
+            break s.code();
+        }
+        if Instant::now() > deadline {
+            let _ = follower.kill();
+            panic!("bspweb logs --follow did not end after the kill");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code, Some(documented_code("killed")));
 }

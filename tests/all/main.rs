@@ -5,7 +5,9 @@
 
 mod harness;
 
+mod api_spec;
 mod cli;
+mod consumer;
 mod errors;
 mod examples;
 mod faults;
