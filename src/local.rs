@@ -116,7 +116,12 @@ async fn ensure_user(
 }
 
 /// The command that starts local peer `i` of `bspweb up`.
-fn local_peer(exe: &Path, url: &str, i: usize, idle_file: Option<&Path>) -> tokio::process::Command {
+fn local_peer(
+    exe: &Path,
+    url: &str,
+    i: usize,
+    idle_file: Option<&Path>,
+) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(exe);
     cmd.args(["peer", "--supernode", url, "--listen", "127.0.0.1:0"])
         .args(["--name", &format!("local-{i}")])

@@ -373,8 +373,22 @@ mod tests {
             })
             .collect();
         assert_eq!(got, ["p0@3", "p1@2", "event 0", "p0@4"]);
-        // Events taken by the uploader are not changed any more.
+        // Events taken by the uploader are not changed any more: the new
+        // value is queued behind them.
         r.emit(progress(0, 5));
-        assert_eq!(r.next_batch(10, usize::MAX).await.len(), 1);
+        assert_eq!(r.emitted(), 5);
+        r.delivered(batch.len());
+        let rest = r.next_batch(10, usize::MAX).await;
+        assert!(
+            matches!(
+                rest[..],
+                [PeerEvent::Progress {
+                    pid: 0,
+                    superstep: 5,
+                    ..
+                }]
+            ),
+            "{rest:?}"
+        );
     }
 }

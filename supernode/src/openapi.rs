@@ -155,8 +155,14 @@ mod tests {
                     assert!(has(s), "{what}: takes a body but does not document {s}");
                 }
             }
-            if op["requestBody"]["content"].get("application/json").is_some() {
-                assert!(has("422"), "{what}: a JSON body of the wrong shape is a 422");
+            if op["requestBody"]["content"]
+                .get("application/json")
+                .is_some()
+            {
+                assert!(
+                    has("422"),
+                    "{what}: a JSON body of the wrong shape is a 422"
+                );
             }
             for (status, r) in responses {
                 if status != "200" && status != "204" {

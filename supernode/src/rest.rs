@@ -215,7 +215,7 @@ pub(crate) async fn submit(
         let online = peers_online(&sn);
         if online < min {
             return Err(Error::NotEnoughPeers(format!(
-                    "{online} peer{} online, fewer than the {min} this job asks for (`min_peers`); \
+                "{online} peer{} online, fewer than the {min} this job asks for (`min_peers`); \
                      try again later, or submit without `min_peers` to queue the job until peers come",
                 if online == 1 { " is" } else { "s are" }
             )));
@@ -418,7 +418,9 @@ pub(crate) async fn ring(
     auth: AuthUser,
 ) -> Result<Json<RingInfo>, Error> {
     let owner = auth.id;
-    Ok(Json(sn.with_core(move |core, _, _| core.ring(owner)).await?))
+    Ok(Json(
+        sn.with_core(move |core, _, _| core.ring(owner)).await?,
+    ))
 }
 
 #[utoipa::path(

@@ -17,9 +17,9 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use bsp_api::JobId;
 use bsp_api::rest::{JobEvent, JobListChanged};
-use tokio::sync::broadcast;
 use futures_util::Stream;
 use serde::Deserialize;
+use tokio::sync::broadcast;
 use tokio::sync::watch;
 
 use crate::auth::AuthUser;
@@ -204,10 +204,7 @@ pub(crate) async fn job_list_events(
     let stream = futures_util::stream::unfold(follow, |mut f| async move {
         let change = next_list_change(&mut f).await?;
         let data = serde_json::to_string(&change).unwrap_or_else(|_| "{}".into());
-        Some((
-            Ok(Event::default().event("job_list_changed").data(data)),
-            f,
-        ))
+        Some((Ok(Event::default().event("job_list_changed").data(data)), f))
     });
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }

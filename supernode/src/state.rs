@@ -855,7 +855,9 @@ impl Core {
         }
         let mut names: HashMap<PeerId, String> = HashMap::new();
         {
-            let mut stmt = self.conn.prepare("SELECT id, name FROM peers WHERE state = 'online'")?;
+            let mut stmt = self
+                .conn
+                .prepare("SELECT id, name FROM peers WHERE state = 'online'")?;
             for row in stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))? {
                 let (id, name) = row?;
                 names.insert(id, name);

@@ -2013,13 +2013,20 @@ async fn the_job_list_stream_tells_the_owner_of_every_state_change_and_nobody_el
     let got = list_changes(&mut alice_stream, &mut buf, 2).await;
     assert_eq!(got[1], json!({"job": job.id, "state": "active"}));
 
-    let (status, _) = h.post(&format!("/jobs/{}/kill", job.id), &alice, json!({})).await;
+    let (status, _) = h
+        .post(&format!("/jobs/{}/kill", job.id), &alice, json!({}))
+        .await;
     assert_eq!(status, StatusCode::OK);
     let got = list_changes(&mut alice_stream, &mut buf, 3).await;
     assert_eq!(got[2], json!({"job": job.id, "state": "finished"}));
 
     let (status, _) = h
-        .call(reqwest::Method::DELETE, &format!("/jobs/{}", job.id), Some(&alice), None)
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/jobs/{}", job.id),
+            Some(&alice),
+            None,
+        )
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     let got = list_changes(&mut alice_stream, &mut buf, 4).await;

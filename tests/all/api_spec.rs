@@ -72,12 +72,7 @@ async fn every_documented_operation_exists_and_answers_a_documented_status() {
             for auth in [None, Some(&token)] {
                 if streams && auth.is_some() && !path.contains('{') {
                     // The caller's own stream: opens with 200 and never ends.
-                    let r = http
-                        .get(&url)
-                        .bearer_auth(&token)
-                        .send()
-                        .await
-                        .unwrap();
+                    let r = http.get(&url).bearer_auth(&token).send().await.unwrap();
                     assert_eq!(r.status(), 200, "{method} {path}");
                     let ct = r.headers()["content-type"].to_str().unwrap().to_string();
                     assert!(ct.starts_with("text/event-stream"), "{ct}");

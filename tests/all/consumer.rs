@@ -370,7 +370,7 @@ async fn each_cause_gets_its_typed_error() {
         .await
         .unwrap_err();
     assert!(matches!(e, ClientError::NotEnoughPeers { .. }), "{e:?}");
-    assert_eq!(e.status(), Some(503));
+    assert_eq!(e.status(), Some(409));
     let ok = client
         .start_job(JobSpec::new("ring", 2).min_peers(1))
         .await

@@ -25,7 +25,7 @@ pub enum ClientError {
     #[error("not authorized: {message} ({code})")]
     Unauthorized { code: String, message: String },
     /// The job asked for more online peers than there are
-    /// ([`SubmitJob::min_peers`](crate::rest::SubmitJob::min_peers)); HTTP 503
+    /// ([`SubmitJob::min_peers`](crate::rest::SubmitJob::min_peers)); HTTP 409
     /// `not_enough_peers`. Try again later or ask for fewer.
     #[error("not enough peers: {message}")]
     NotEnoughPeers { message: String },
@@ -60,7 +60,7 @@ impl ClientError {
     pub fn status(&self) -> Option<u16> {
         match self {
             ClientError::Unauthorized { .. } => Some(401),
-            ClientError::NotEnoughPeers { .. } => Some(503),
+            ClientError::NotEnoughPeers { .. } => Some(409),
             ClientError::ProgramNotFound { .. } => Some(404),
             ClientError::InvalidProgram { .. } => Some(422),
             ClientError::Api { status, .. } => Some(*status),
@@ -141,7 +141,7 @@ mod tests {
         let cases = [
             (401, "unauthorized"),
             (401, "token_expired"),
-            (503, "not_enough_peers"),
+            (409, "not_enough_peers"),
             (404, "program_not_found"),
             (422, "invalid_module"),
             (404, "not_found"),
