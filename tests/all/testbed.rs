@@ -440,6 +440,69 @@ impl Testbed {
             Err(_) => Err("the namespace thread died".into()),
         }
     }
+
+    /// Join `hosts` by a second network of their own, beside the topology:
+    /// a switch namespace `<prefix>-<name>` holding a bridge, one veth per
+    /// host shaped to `rate_bps` in both directions, and host `k` at
+    /// `10.98.<subnet>.<k + 1>/24`. A host then reaches the others' LAN
+    /// addresses over it and everything else over its topology link: a
+    /// cluster with a fast local interconnect and a wide-area NIC per node
+    /// (den Burger and Kielmann's emulation, §4.1). `.topo` files cannot
+    /// describe it (`scripts/testbed` does not know it); the LAN goes with
+    /// the testbed. Returns the hosts' LAN addresses, in order.
+    // Used by `benches/broadcast.rs` (which includes this file), not by the tests.
+    #[allow(dead_code)]
+    pub fn add_lan(
+        &mut self,
+        name: &str,
+        subnet: u8,
+        hosts: &[&str],
+        rate_bps: u64,
+    ) -> Result<Vec<Ipv4Addr>, String> {
+        let ns = self.netns_name(name);
+        if self.namespaces.contains(&ns) {
+            return Err(format!(
+                "the testbed already has a node or LAN named {name}"
+            ));
+        }
+        if hosts.len() > 99 || rate_bps == 0 {
+            return Err("a LAN has 1-99 hosts and a positive rate".into());
+        }
+        run(Command::new("ip").args(["netns", "add", &ns]))?;
+        self.namespaces.push(ns.clone());
+        run(Command::new("ip").args(["-n", &ns, "link", "set", "lo", "up"]))?;
+        run(Command::new("ip")
+            .args(["-n", &ns, "link", "add", "br0", "type", "bridge"])
+            .args(["stp_state", "0", "forward_delay", "0"]))?;
+        run(Command::new("ip").args(["-n", &ns, "link", "set", "br0", "up"]))?;
+        let mut addrs = Vec::with_capacity(hosts.len());
+        for (k, h) in hosts.iter().enumerate() {
+            let host_ns = self.host(h).netns.clone();
+            let addr = Ipv4Addr::new(10, 98, subnet, k as u8 + 1);
+            // `t12345-L<subnet>-<k>a`: at most 15 characters, and never a
+            // topology link's name (`t12345-<i>a`).
+            let (a, b) = (
+                format!("{}-L{subnet}-{k}a", self.tag),
+                format!("{}-L{subnet}-{k}b", self.tag),
+            );
+            if a.len() > 15 {
+                return Err(format!("interface name {a} is too long"));
+            }
+            run(Command::new("ip").args([
+                "link", "add", &a, "netns", &host_ns, "type", "veth", "peer", "name", &b, "netns",
+                &ns,
+            ]))?;
+            let cidr = format!("{addr}/24");
+            run(Command::new("ip").args(["-n", &host_ns, "addr", "add", &cidr, "dev", &a]))?;
+            run(Command::new("ip").args(["-n", &ns, "link", "set", &b, "master", "br0"]))?;
+            shape(&host_ns, &a, rate_bps)?;
+            shape(&ns, &b, rate_bps)?;
+            run(Command::new("ip").args(["-n", &host_ns, "link", "set", &a, "up"]))?;
+            run(Command::new("ip").args(["-n", &ns, "link", "set", &b, "up"]))?;
+            addrs.push(addr);
+        }
+        Ok(addrs)
+    }
 }
 
 impl Drop for Testbed {
