@@ -428,7 +428,7 @@ fn rate_ordered(plan: &TreePlan, len: usize, chunk: usize) -> Result<Schedule, S
     let mut due: BTreeMap<(usize, usize), f64> = BTreeMap::new();
     let mut clock = 0.0f64;
     for k in (1..=n).rev() {
-        let missing = complement(&have[k], len);
+        let missing = collectives::complement(&have[k], len);
         let total: usize = missing.iter().map(|r| r.len()).sum();
         if total == 0 {
             continue;
@@ -477,22 +477,6 @@ fn rate_ordered(plan: &TreePlan, len: usize, chunk: usize) -> Result<Schedule, S
         len: staged.len,
         steps: all.into_iter().map(|(_, _, t)| vec![t]).collect(),
     })
-}
-
-/// `0..len` minus the sorted `held` ranges.
-fn complement(held: &[std::ops::Range<usize>], len: usize) -> Vec<std::ops::Range<usize>> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    for r in held {
-        if r.start > at {
-            out.push(at..r.start);
-        }
-        at = at.max(r.end);
-    }
-    if at < len {
-        out.push(at..len);
-    }
-    out
 }
 
 /// The sub-ranges covering offsets `flat` of the concatenation of `ranges`.

@@ -75,8 +75,9 @@ pub use robber::{
 pub use schedule::{Schedule, Transfer, even_pieces, weighted_pieces};
 pub use sim::{Delivery, Received, execute};
 pub use stable::{
-    RANDOM_PIPELINE_CANDIDATES, TransferTree, TreePlan, depth_first_pipeline, dijkstra_tree,
-    flat_tree_plan, fpfr_depth_first, random_pipeline, stable_trees, staged_schedule,
+    RANDOM_PIPELINE_CANDIDATES, TransferTree, TreePlan, complement, depth_first_pipeline,
+    dijkstra_tree, flat_tree_plan, fpfr_depth_first, random_pipeline, stable_trees,
+    staged_schedule,
 };
 pub use symmetric::{JUHASZ_SMALL_MESSAGE_MAX, SmallMessage, SymmetricConfig, symmetric};
 pub use topology::{ArcId, Link, NodeId, NodeKind, Topology};

@@ -454,8 +454,8 @@ fn normalize(ranges: &mut Vec<Range<usize>>) {
     *ranges = merged;
 }
 
-/// `0..len` minus the (normalized) `held` ranges.
-fn complement(held: &[Range<usize>], len: usize) -> Vec<Range<usize>> {
+/// `0..len` minus the (normalized: sorted, non-overlapping) `held` ranges.
+pub fn complement(held: &[Range<usize>], len: usize) -> Vec<Range<usize>> {
     let mut out = Vec::new();
     let mut at = 0;
     for r in held {
