@@ -289,6 +289,11 @@ pub async fn supernode(a: SupernodeArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn peer(a: PeerArgs) -> anyhow::Result<ExitCode> {
+    if let Some(c) = &a.cluster
+        && !bsp_api::control::valid_cluster_name(c)
+    {
+        anyhow::bail!("--cluster must be 1 to 64 letters, digits, `.`, `_` or `-`, not `{c}`");
+    }
     let name = a.name.unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|s| s.trim().to_string())
@@ -310,6 +315,12 @@ pub async fn peer(a: PeerArgs) -> anyhow::Result<ExitCode> {
         speed: a.speed,
         drain_timeout: Duration::from_secs(a.drain_timeout_secs),
         idle_file: a.idle_file,
+        cluster: a.cluster,
+        broadcast: bspweb_peer::relay::BroadcastPolicy {
+            algorithm: a.broadcast,
+            min_bytes: a.broadcast_min_kib.saturating_mul(1024),
+            ..Default::default()
+        },
     };
     // The first Ctrl-C or SIGTERM drains the peer, a second one stops it at once.
     let stops = stop_requests(a.exit_on_stdin_eof);

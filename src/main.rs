@@ -145,6 +145,18 @@ pub struct PeerArgs {
     /// of measuring the CPU; unreadable or invalid content falls back to the measurement
     #[arg(long)]
     idle_file: Option<PathBuf>,
+    /// The network cluster this peer is in (letters, digits, `.`, `_`, `-`):
+    /// peers of one cluster share fast links. Broadcasts and program
+    /// downloads use it (docs/broadcast.md); unset means one cluster
+    #[arg(long, env = "BSPWEB_CLUSTER")]
+    cluster: Option<String>,
+    /// How large send_range/send_list payloads travel: auto (the rule in
+    /// docs/broadcast.md), direct, symmetric, binomial or chain
+    #[arg(long, default_value = "auto")]
+    broadcast: bspweb_peer::relay::BroadcastAlgorithm,
+    /// Under --broadcast auto, payloads smaller than this many KiB go direct
+    #[arg(long, default_value_t = 256)]
+    broadcast_min_kib: usize,
     /// Stop when standard input closes (for supervisors and tests)
     #[arg(long, hide = true)]
     exit_on_stdin_eof: bool,

@@ -586,7 +586,7 @@ impl Host {
                 return Err(format!("unexpected frame kind {kind}"));
             }
             let msg = decode(body)?;
-            let out = node.handle(from, msg);
+            let out = node.handle(from, msg).map_err(|e| e.to_string())?;
             self.post(job, out)?;
         }
         if done.is_none() && node.has_all() && me != root {

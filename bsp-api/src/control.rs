@@ -38,6 +38,11 @@ pub struct PeerLogin {
     /// The id this peer had before, to keep it across restarts.
     #[serde(default)]
     pub previous_id: Option<PeerId>,
+    /// The network cluster the peer is in (`--cluster`): peers of one
+    /// cluster share fast links, clusters are joined by slower ones. Used to
+    /// pick broadcast schedules and Robber's collectives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -133,12 +138,24 @@ pub struct JobAssignment {
     pub migrate: Vec<Pid>,
 }
 
+/// Whether `name` is a valid [`PeerLogin::cluster`]: 1 to 64 ASCII letters,
+/// digits, `.`, `_` or `-`.
+pub fn valid_cluster_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobPeer {
     pub id: PeerId,
     /// Data-plane address `host:port`.
     pub addr: String,
+    /// The peer's cluster, as it logged in with ([`PeerLogin::cluster`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
 }
 
 /// `POST /api/v1/peer/report`: what happened on the peer, in order.

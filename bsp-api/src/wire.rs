@@ -22,17 +22,29 @@
 //! repeats, so a restored process that re-executes, or a peer that re-sends
 //! what it retained, is harmless.
 //!
+//! **One payload, many destinations.** A `send_range` or `send_list` queues
+//! one message per destination that all share one payload ([`bytes::Bytes`]).
+//! Every list of messages on the wire ([`Frame::Data`], a checkpoint's
+//! outbox) is encoded as groups: consecutive messages from one source and
+//! superstep whose payloads are the same buffer travel as one payload with
+//! their `(dst, seq)` pairs, so a peer hosting four destinations receives a
+//! broadcast once, not four times. Large multicasts to several peers are
+//! relayed instead ([`Frame::Relay`]): the sending peer picks a broadcast
+//! schedule among the destination peers and every peer forwards the byte
+//! ranges the schedule gives it as soon as it holds them.
+//!
 //! **Checkpoints** travel on the same connections: [`Frame::Checkpoint`] from
 //! a process's host to its replicas, answered by [`Frame::CheckpointAck`];
 //! [`Frame::FetchCheckpoint`] from a process's new host, answered by
 //! [`Frame::Snapshot`].
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::{JobId, PeerId, Pid};
 
 /// Version of the data-plane protocol carried in [`Frame::Hello`].
-pub const WIRE_VERSION: u32 = 2;
+pub const WIRE_VERSION: u32 = 3;
 
 /// Largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
@@ -59,6 +71,7 @@ pub enum Frame {
     /// Messages, each to be read in the superstep after the one it was sent
     /// in. Receivers drop repeats by `(src, superstep, seq)`.
     Data {
+        #[serde(with = "message_groups")]
         messages: Vec<WireMessage>,
     },
     /// These processes are through `superstep`, and every message they sent
@@ -76,6 +89,7 @@ pub enum Frame {
         superstep: u32,
         #[serde(with = "byte_pages")]
         pages: Vec<(u32, Vec<u8>)>,
+        #[serde(with = "message_groups")]
         outbox: Vec<WireMessage>,
     },
     /// A process's checkpoint, from its host to one of its replicas (the
@@ -97,6 +111,47 @@ pub enum Frame {
         pid: Pid,
         snapshot: Option<Box<Checkpoint>>,
     },
+    /// Bytes `offset..offset + bytes.len()` of the payload of a relayed
+    /// multicast. Each peer of `head.peers` forwards what the schedule of
+    /// `head.algorithm` gives it as soon as it holds those bytes, and once
+    /// it holds the whole payload delivers the messages to the pids it
+    /// hosts.
+    Relay {
+        head: Box<RelayHead>,
+        offset: u32,
+        #[serde(with = "shared_bytes")]
+        bytes: Bytes,
+    },
+}
+
+/// What identifies a relayed multicast and how it travels; the same in
+/// every frame of it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RelayHead {
+    pub src: Pid,
+    /// The superstep in which `src` sent the messages.
+    pub superstep: u32,
+    /// The payload's length in bytes.
+    pub len: u32,
+    pub algorithm: RelayAlgorithm,
+    /// The peers taking part, as the schedule's nodes: `peers[0]` is the
+    /// sender's host (the schedule's root), the others host destinations.
+    pub peers: Vec<PeerId>,
+    /// `(dst, seq)` of every message of the multicast, in send order. The
+    /// multicast is named by `(src, superstep, dsts[0].1)`.
+    pub dsts: Vec<(Pid, u32)>,
+}
+
+/// The broadcast schedule of a relayed multicast (`collectives`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub enum RelayAlgorithm {
+    /// Juhász's symmetric broadcast: scatter one piece to every peer, each
+    /// forwards its piece to all others.
+    Symmetric,
+    /// A binomial tree.
+    Binomial,
+    /// A pipelined chain in `peers` order, in chunks of `chunk` bytes.
+    Chain { chunk: u32 },
 }
 
 /// One process in a [`Frame::Done`].
@@ -142,6 +197,7 @@ pub struct Checkpoint {
     /// retained when it took the checkpoint, this one included (after those
     /// of the preceding [`Frame::CheckpointPart`]s), by superstep and send
     /// order. A new host re-sends them after a restore.
+    #[serde(with = "message_groups")]
     pub outbox: Vec<WireMessage>,
     pub hash: [u8; 32],
 }
@@ -166,8 +222,8 @@ pub struct WireMessage {
     pub superstep: u32,
     /// Position of the message among everything `src` sent in this superstep.
     pub seq: u32,
-    #[serde(with = "byte_string")]
-    pub payload: Vec<u8>,
+    #[serde(with = "shared_bytes")]
+    pub payload: Bytes,
 }
 
 /// `Vec<u8>` as a serde byte string: postcard writes exactly the bytes a
@@ -211,6 +267,117 @@ mod byte_string {
             }
             Ok(v)
         }
+    }
+}
+
+/// [`Bytes`] as a serde byte string, like [`byte_string`]; decoding takes
+/// over the decoded buffer without another copy.
+mod shared_bytes {
+    use bytes::Bytes;
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &Bytes, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(bytes)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+        super::byte_string::deserialize(d).map(Bytes::from)
+    }
+}
+
+/// `Vec<WireMessage>` as groups of messages that share one payload: runs of
+/// consecutive messages with the same source and superstep whose payloads
+/// are the same buffer (as `send_range` and `send_list` make them) are
+/// written as the payload once and their `(dst, seq)` pairs. Decoding gives
+/// the messages back, each group's sharing one buffer.
+pub mod message_groups {
+    use bytes::Bytes;
+    use serde::de::{Error as _, SeqAccess, Visitor};
+    use serde::ser::SerializeSeq;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::WireMessage;
+
+    /// Most messages one decoded list may expand to (a group names its
+    /// payload once, so a small frame could otherwise claim millions).
+    pub const MAX_MESSAGES: usize = 1 << 20;
+    use crate::Pid;
+
+    #[derive(Serialize)]
+    struct GroupRef<'a> {
+        src: Pid,
+        superstep: u32,
+        #[serde(with = "super::shared_bytes")]
+        payload: &'a Bytes,
+        dsts: Vec<(Pid, u32)>,
+    }
+
+    #[derive(Deserialize)]
+    struct Group {
+        src: Pid,
+        superstep: u32,
+        #[serde(with = "super::shared_bytes")]
+        payload: Bytes,
+        dsts: Vec<(Pid, u32)>,
+    }
+
+    /// Whether `a` and `b` are one buffer (not merely equal bytes).
+    pub fn same_buffer(a: &Bytes, b: &Bytes) -> bool {
+        a.len() == b.len() && a.as_ptr() == b.as_ptr()
+    }
+
+    /// The runs of `messages` that travel as one group.
+    pub fn runs(messages: &[WireMessage]) -> impl Iterator<Item = &[WireMessage]> {
+        messages.chunk_by(|a, b| {
+            a.src == b.src && a.superstep == b.superstep && same_buffer(&a.payload, &b.payload)
+        })
+    }
+
+    pub fn serialize<S: Serializer>(messages: &[WireMessage], s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(runs(messages).count()))?;
+        for run in runs(messages) {
+            seq.serialize_element(&GroupRef {
+                src: run[0].src,
+                superstep: run[0].superstep,
+                payload: &run[0].payload,
+                dsts: run.iter().map(|m| (m.dst, m.seq)).collect(),
+            })?;
+        }
+        seq.end()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<WireMessage>, D::Error> {
+        struct Groups;
+        impl<'de> Visitor<'de> for Groups {
+            type Value = Vec<WireMessage>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a sequence of message groups")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                // The size hint comes from the peer: cap what it can make us reserve.
+                let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+                while let Some(g) = seq.next_element::<Group>()? {
+                    if v.len() + g.dsts.len() > MAX_MESSAGES {
+                        return Err(A::Error::custom(format_args!(
+                            "more than {MAX_MESSAGES} messages in one list"
+                        )));
+                    }
+                    for (dst, seq) in g.dsts {
+                        v.push(WireMessage {
+                            src: g.src,
+                            dst,
+                            superstep: g.superstep,
+                            seq,
+                            payload: g.payload.clone(),
+                        });
+                    }
+                }
+                Ok(v)
+            }
+        }
+        d.deserialize_seq(Groups)
     }
 }
 
@@ -280,7 +447,7 @@ mod tests {
             dst: 2,
             superstep: 3,
             seq: 4,
-            payload: payload.clone(),
+            payload: Bytes::from(payload.clone()),
         };
         let plain = PlainMessage {
             src: 1,
@@ -295,6 +462,110 @@ mod tests {
         // JSON (self-describing) round-trips too.
         let json = serde_json::to_string(&m).unwrap();
         assert_eq!(serde_json::from_str::<WireMessage>(&json).unwrap(), m);
+    }
+
+    fn message(src: Pid, dst: Pid, seq: u32, payload: &Bytes) -> WireMessage {
+        WireMessage {
+            src,
+            dst,
+            superstep: 7,
+            seq,
+            payload: payload.clone(),
+        }
+    }
+
+    #[test]
+    fn messages_sharing_a_payload_travel_once_and_come_back_shared() {
+        let big = Bytes::from(vec![9u8; 100_000]);
+        let other = Bytes::from(vec![9u8; 100_000]); // equal bytes, another buffer
+        let small = Bytes::from_static(b"hi");
+        let messages = vec![
+            message(0, 1, 0, &big),
+            message(0, 2, 1, &big),
+            message(0, 3, 2, &big),
+            message(0, 4, 3, &other),
+            message(1, 5, 0, &other), // another source: another group
+            message(0, 6, 4, &small),
+        ];
+        let frame = Frame::Data {
+            messages: messages.clone(),
+        };
+        let bytes = postcard::to_allocvec(&frame).unwrap();
+        // `big` once, `other` twice (two groups), plus a little.
+        assert!(bytes.len() < 3 * 100_000 + 200, "{} bytes", bytes.len());
+        let Frame::Data { messages: back } = postcard::from_bytes::<Frame>(&bytes).unwrap() else {
+            panic!("not a data frame");
+        };
+        assert_eq!(back, messages);
+        assert!(message_groups::same_buffer(
+            &back[0].payload,
+            &back[2].payload
+        ));
+        assert!(!message_groups::same_buffer(
+            &back[2].payload,
+            &back[3].payload
+        ));
+        // Re-encoding what was decoded groups the same way.
+        let again = postcard::to_allocvec(&Frame::Data { messages: back }).unwrap();
+        assert_eq!(again, bytes);
+    }
+
+    #[test]
+    fn a_group_claiming_too_many_messages_is_refused() {
+        #[derive(Serialize)]
+        struct Group {
+            src: Pid,
+            superstep: u32,
+            payload: Vec<u8>,
+            dsts: Vec<(Pid, u32)>,
+        }
+        #[derive(Serialize)]
+        enum Fake {
+            _Hello,
+            _Welcome,
+            _Reject,
+            Data { messages: Vec<Group> },
+        }
+        let n = message_groups::MAX_MESSAGES + 1;
+        let fake = Fake::Data {
+            messages: vec![Group {
+                src: 0,
+                superstep: 0,
+                payload: vec![1; 10],
+                dsts: (0..n as u32).map(|i| (0, i)).collect(),
+            }],
+        };
+        let bytes = postcard::to_allocvec(&fake).unwrap();
+        assert!(postcard::from_bytes::<Frame>(&bytes).is_err());
+        // One message fewer decodes.
+        let ok = Fake::Data {
+            messages: vec![Group {
+                src: 0,
+                superstep: 0,
+                payload: vec![1; 10],
+                dsts: (0..n as u32 - 1).map(|i| (0, i)).collect(),
+            }],
+        };
+        let bytes = postcard::to_allocvec(&ok).unwrap();
+        assert!(postcard::from_bytes::<Frame>(&bytes).is_ok());
+    }
+
+    #[test]
+    fn relay_frames_round_trip() {
+        let f = Frame::Relay {
+            head: Box::new(RelayHead {
+                src: 3,
+                superstep: 2,
+                len: 1000,
+                algorithm: RelayAlgorithm::Chain { chunk: 256 },
+                peers: vec![4, 1, 2],
+                dsts: vec![(0, 5), (1, 6)],
+            }),
+            offset: 256,
+            bytes: Bytes::from(vec![1u8; 256]),
+        };
+        let bytes = postcard::to_allocvec(&f).unwrap();
+        assert_eq!(postcard::from_bytes::<Frame>(&bytes).unwrap(), f);
     }
 
     #[test]

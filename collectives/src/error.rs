@@ -132,4 +132,83 @@ pub enum CollectiveError {
         /// Receiver.
         to: usize,
     },
+    /// A multicast message from a node that is not one of the receiver's
+    /// peers.
+    #[error("node {node} got a message from {from}, which is not one of its peers")]
+    UnknownPeer {
+        /// The receiver.
+        node: usize,
+        /// The claimed sender.
+        from: usize,
+    },
+    /// A multicast message naming a piece index outside `0..P`.
+    #[error("piece index {index} is out of range; the data has {pieces} pieces")]
+    PieceOutOfRange {
+        /// The rejected index.
+        index: usize,
+        /// `P`.
+        pieces: usize,
+    },
+    /// A 'desire', 'bitfield' or 'work' bit list whose length is not `P`.
+    #[error("a '{kind}' bit list has {got} entries; it needs one per piece ({pieces})")]
+    BitListLength {
+        /// The message kind.
+        kind: &'static str,
+        /// The list's length.
+        got: usize,
+        /// `P`.
+        pieces: usize,
+    },
+    /// A 'request' for a piece the receiver does not hold.
+    #[error("node {node} was asked for piece {index}, which it does not hold")]
+    PieceNotHeld {
+        /// The receiver.
+        node: usize,
+        /// The requested piece.
+        index: usize,
+    },
+    /// A 'piece' whose data has another length than the piece.
+    #[error("piece {index} carries {got} bytes but the piece has {expected}")]
+    PieceLength {
+        /// The piece index.
+        index: usize,
+        /// The piece's length (`piece_size`, the last one possibly shorter).
+        expected: usize,
+        /// The bytes received.
+        got: usize,
+    },
+    /// Data seeded into a multicast node with another length than planned.
+    #[error(
+        "the multicast was planned for {expected} bytes but the data has {got}; plan with the data's length"
+    )]
+    DataLength {
+        /// The planned length.
+        expected: usize,
+        /// `data.len()`.
+        got: usize,
+    },
+    /// A relay for a node that neither is the schedule's root or a
+    /// destination nor sends or receives any of its transfers.
+    #[error(
+        "node {0} takes no part in the schedule; relay only the root, destinations and transfer ends"
+    )]
+    NotInSchedule(usize),
+    /// An empty byte range reported to a relay.
+    #[error("byte range {start}..{end} is empty; report at least one byte")]
+    EmptyByteRange {
+        /// Range start.
+        start: usize,
+        /// Range end.
+        end: usize,
+    },
+    /// A byte range reported to a relay that lies outside the data.
+    #[error("byte range {start}..{end} lies outside the {len}-byte data")]
+    BytesOutOfRange {
+        /// Range start.
+        start: usize,
+        /// Range end.
+        end: usize,
+        /// The data's length.
+        len: usize,
+    },
 }

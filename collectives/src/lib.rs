@@ -27,7 +27,16 @@
 //!   predecessor) and a BitTorrent-like baseline, as deterministic
 //!   per-node state machines ([`PeerNode`], [`Multicast`]) over the
 //!   messages of Table 1 ([`MulticastMsg`]), run in memory by [`simulate`]
-//!   in a seeded random order or under a per-link [`LinkModel`].
+//!   in a seeded random order or under a per-link [`LinkModel`]. For a
+//!   distributed run, [`Multicast::plan`] computes every node's peers and
+//!   work from the data's length alone (the same on every node),
+//!   [`Multicast::into_node`] keeps one node and [`PeerNode::seed_data`]
+//!   gives the root the data; [`PeerNode::handle`] rejects, without
+//!   changing state, any message a correct peer would not send.
+//! - **Data-driven execution** of a schedule by one node ([`Relay`]): a
+//!   node sends each of its transfers as soon as it holds the transfer's
+//!   bytes, however they arrive (out of order, in frames, overlapping),
+//!   so a peer can run any [`Schedule`] over the network without steps.
 //! - **A simulator** ([`execute`]) that runs a schedule on real bytes with
 //!   the transfers of each step shuffled, so tests check delivery.
 //!
@@ -53,6 +62,7 @@
 mod basic;
 mod error;
 mod model;
+mod relay;
 mod rng;
 mod robber;
 pub mod saito;
@@ -68,6 +78,7 @@ mod tests;
 pub use basic::{binomial_tree, flat_tree, pipelined_chain};
 pub use error::CollectiveError;
 pub use model::{Bandwidths, model_bandwidth};
+pub use relay::Relay;
 pub use robber::{
     Algorithm, LinkModel, Multicast, MulticastConfig, MulticastMsg, OUTSTANDING, Outcome, Outgoing,
     PEERS, PeerNode, global_peer_ranks, initial_work, simulate,

@@ -3,7 +3,7 @@
 //! the caller passes.
 
 /// SplitMix64 (Steele, Lea, Flood 2014). Not for cryptography.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SplitMix64 {
     state: u64,
 }

@@ -4,13 +4,17 @@
 //! applications" (§3), and a simple BitTorrent-like baseline (§2.5).
 //!
 //! Every node is a [`PeerNode`]: it answers each incoming [`MulticastMsg`]
-//! with the messages it sends ([`PeerNode::handle`]); nothing here does IO
-//! or reads a clock. [`Multicast::new`] does the paper's phases 1 and 2
-//! (peer selection) for all nodes, and [`simulate`] runs phases 3 and 4 in
-//! memory, delivering messages in a seeded random order (FIFO per
-//! connection, as over the paper's TCP connections) or, with a
-//! [`LinkModel`], in the order a simple per-link capacity model with time
-//! gives.
+//! with the messages it sends ([`PeerNode::handle`]), and rejects messages
+//! no correct peer sends without changing its state; nothing here does IO
+//! or reads a clock. [`Multicast::plan`] does the paper's phases 1 and 2
+//! (peer selection) for all nodes from the data's length alone, so every
+//! node of a distributed run can compute its own part
+//! ([`Multicast::into_node`]) and the root adds the data
+//! ([`PeerNode::seed_data`]); [`Multicast::new`] does both at once.
+//! [`simulate`] runs phases 3 and 4 in memory, delivering messages in a
+//! seeded random order (FIFO per connection, as over the paper's TCP
+//! connections) or, with a [`LinkModel`], in the order a simple per-link
+//! capacity model with time gives.
 //!
 //! The three algorithms share one state machine and differ only in what a
 //! node desires from whom:
@@ -113,7 +117,7 @@ impl MulticastMsg {
 }
 
 /// What a node knows about one peer.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Peer {
     local: bool,
     /// The peer's last desire from this node.
@@ -128,10 +132,14 @@ struct Peer {
 
 /// One node's protocol state: a deterministic state machine driven by
 /// [`PeerNode::start`] and [`PeerNode::handle`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerNode {
     algorithm: Algorithm,
     id: usize,
+    /// The data's length in bytes.
+    len: usize,
+    /// Bytes per piece (≥ 1).
+    piece_size: usize,
     pieces: Vec<Option<Vec<u8>>>,
     held: usize,
     pending: BTreeSet<usize>,
@@ -170,6 +178,33 @@ impl PeerNode {
         (pick(true), pick(false))
     }
 
+    /// `P`: the number of pieces the data is cut into.
+    pub fn piece_count(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// Gives this node all the data, as the multicast's root holds it at
+    /// the start. Call it before [`PeerNode::start`], on the root only (a
+    /// node built by [`Multicast::plan`] holds nothing).
+    ///
+    /// Errors if `data` does not have the planned length.
+    pub fn seed_data(&mut self, data: &[u8]) -> Result<(), CollectiveError> {
+        if data.len() != self.len {
+            return Err(CollectiveError::DataLength {
+                expected: self.len,
+                got: data.len(),
+            });
+        }
+        self.pieces = data
+            .chunks(self.piece_size)
+            .map(|c| Some(c.to_vec()))
+            .collect();
+        self.held = self.pieces.len();
+        self.pending.clear();
+        self.work.clear();
+        Ok(())
+    }
+
     /// Whether the node has all `P` pieces (it then is in phase 4).
     pub fn has_all(&self) -> bool {
         self.held == self.pieces.len()
@@ -192,6 +227,29 @@ impl PeerNode {
             out.extend_from_slice(p.as_ref()?);
         }
         Some(out)
+    }
+
+    /// The data, if every piece arrived, moving the pieces out (each byte
+    /// is copied once, the first piece's buffer is reused).
+    pub fn into_data(self) -> Option<Vec<u8>> {
+        if !self.has_all() {
+            return None;
+        }
+        let mut pieces = self.pieces.into_iter().flatten();
+        let Some(mut out) = pieces.next() else {
+            return Some(Vec::new());
+        };
+        out.reserve(self.len - out.len());
+        for p in pieces {
+            out.extend_from_slice(&p);
+        }
+        Some(out)
+    }
+
+    /// The length of piece `index < P`: `piece_size`, the last one
+    /// possibly shorter.
+    fn piece_len(&self, index: usize) -> usize {
+        self.piece_size.min(self.len - index * self.piece_size)
     }
 
     fn bits(&self, set: impl Fn(usize) -> bool) -> Vec<bool> {
@@ -235,13 +293,80 @@ impl PeerNode {
 
     /// Handles one message from peer `from`, returning what it sends.
     ///
-    /// # Panics
-    ///
-    /// If `from` is not a peer, or a peer requests a piece this node lacks
-    /// (a protocol violation no correct peer commits).
-    pub fn handle(&mut self, from: usize, msg: MulticastMsg) -> Outgoing {
+    /// Errors, leaving the node unchanged, on a message no correct peer
+    /// sends: `from` is not a peer, a piece index is not below `P`, a bit
+    /// list's length is not `P`, a 'request' names a piece this node does
+    /// not hold, or a 'piece' has another length than that piece.
+    pub fn handle(&mut self, from: usize, msg: MulticastMsg) -> Result<Outgoing, CollectiveError> {
+        self.check(from, &msg)?;
+        Ok(self.apply(from, msg))
+    }
+
+    /// Whether `handle` may apply `msg` from `from` (it reads, never
+    /// writes).
+    fn check(&self, from: usize, msg: &MulticastMsg) -> Result<(), CollectiveError> {
+        if !self.peers.contains_key(&from) {
+            return Err(CollectiveError::UnknownPeer {
+                node: self.id,
+                from,
+            });
+        }
+        let pieces = self.pieces.len();
+        let bits = |kind: &'static str, list: &[bool]| {
+            if list.len() == pieces {
+                Ok(())
+            } else {
+                Err(CollectiveError::BitListLength {
+                    kind,
+                    got: list.len(),
+                    pieces,
+                })
+            }
+        };
+        let index = |index: usize| {
+            if index < pieces {
+                Ok(())
+            } else {
+                Err(CollectiveError::PieceOutOfRange { index, pieces })
+            }
+        };
+        match msg {
+            MulticastMsg::Desire(d) => bits("desire", d),
+            MulticastMsg::Bitfield(b) => bits("bitfield", b),
+            MulticastMsg::Work(w) => bits("work", w),
+            MulticastMsg::Have(i) => index(*i),
+            MulticastMsg::Request(i) => {
+                index(*i)?;
+                if self.pieces[*i].is_none() {
+                    return Err(CollectiveError::PieceNotHeld {
+                        node: self.id,
+                        index: *i,
+                    });
+                }
+                Ok(())
+            }
+            MulticastMsg::Piece { index: i, data } => {
+                index(*i)?;
+                let expected = self.piece_len(*i);
+                if data.len() != expected {
+                    return Err(CollectiveError::PieceLength {
+                        index: *i,
+                        expected,
+                        got: data.len(),
+                    });
+                }
+                Ok(())
+            }
+            MulticastMsg::Steal
+            | MulticastMsg::FoundWork
+            | MulticastMsg::Done
+            | MulticastMsg::Stop => Ok(()),
+        }
+    }
+
+    /// Applies a message [`PeerNode::check`] accepted.
+    fn apply(&mut self, from: usize, msg: MulticastMsg) -> Outgoing {
         let mut out = Vec::new();
-        assert!(self.peers.contains_key(&from), "{from} is not a peer");
         match msg {
             MulticastMsg::Desire(d) => {
                 let reply = self.bits(|i| d[i] && self.pieces[i].is_some());
@@ -260,8 +385,9 @@ impl PeerNode {
                 self.fill_requests(from, &mut out);
             }
             MulticastMsg::Request(i) => {
-                let data = self.pieces[i].clone().expect("requested piece is held");
-                out.push((from, MulticastMsg::Piece { index: i, data }));
+                if let Some(data) = self.pieces[i].clone() {
+                    out.push((from, MulticastMsg::Piece { index: i, data }));
+                }
             }
             MulticastMsg::Piece { index, data } => self.receive(from, index, data, &mut out),
             MulticastMsg::Steal => {
@@ -420,7 +546,7 @@ impl PeerNode {
 }
 
 /// All nodes of one multicast after peer selection (phases 1 and 2).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Multicast {
     /// The configuration.
     pub config: MulticastConfig,
@@ -491,16 +617,41 @@ fn random_mesh(members: &[usize], rng: &mut SplitMix64) -> BTreeSet<(usize, usiz
 
 impl Multicast {
     /// Validates `config`, picks every node's peers (phases 1 and 2, or a
-    /// random mesh for BitTorrent) and gives the root `data`.
-    ///
-    /// A collective's work is every piece none of its members holds at the
-    /// start (so the root's collective has none), split by
-    /// [`initial_work`]. The nodes' own random choices are seeded from
-    /// `seed` too.
+    /// random mesh for BitTorrent) and gives the root `data`:
+    /// [`Multicast::plan`] for `data.len()`, then [`PeerNode::seed_data`]
+    /// on the root.
     pub fn new(
         algorithm: Algorithm,
         config: MulticastConfig,
         data: &[u8],
+        seed: u64,
+    ) -> Result<Self, CollectiveError> {
+        let mut multicast = Self::plan(algorithm, config, data.len(), seed)?;
+        let root = multicast.config.root;
+        multicast
+            .nodes
+            .get_mut(&root)
+            .ok_or(CollectiveError::RootNotMember(root))?
+            .seed_data(data)?;
+        Ok(multicast)
+    }
+
+    /// Validates `config` and picks every node's peers (phases 1 and 2, or
+    /// a random mesh for BitTorrent) for data of `len` bytes, which no node
+    /// holds yet.
+    ///
+    /// A pure function of its arguments: every node of a distributed run
+    /// can call it with the same arguments, keep its own part
+    /// ([`Multicast::into_node`]), and the root adds the data
+    /// ([`PeerNode::seed_data`]); the nodes are then exactly those of
+    /// [`Multicast::new`]. A collective's work is every piece none of its
+    /// members holds at the start (so the root's collective has none),
+    /// split by [`initial_work`]. The nodes' own random choices are seeded
+    /// from `seed` too.
+    pub fn plan(
+        algorithm: Algorithm,
+        config: MulticastConfig,
+        len: usize,
         seed: u64,
     ) -> Result<Self, CollectiveError> {
         if config.piece_size == 0 {
@@ -523,7 +674,7 @@ impl Multicast {
         let root_cluster = *cluster_of
             .get(&config.root)
             .ok_or(CollectiveError::RootNotMember(config.root))?;
-        let piece_count = data.len().div_ceil(config.piece_size);
+        let piece_count = len.div_ceil(config.piece_size);
         let mut rng = SplitMix64::new(seed);
 
         // Connections: (a, b, local?).
@@ -565,11 +716,9 @@ impl Multicast {
             links.extend(global);
         }
 
-        let pieces: Vec<Vec<u8>> = data.chunks(config.piece_size).map(<[u8]>::to_vec).collect();
         let mut nodes = BTreeMap::new();
         for (c, members) in config.clusters.iter().enumerate() {
             for (r, &id) in members.iter().enumerate() {
-                let is_root = id == config.root;
                 let work = if algorithm == Algorithm::BitTorrent || c == root_cluster {
                     BTreeSet::new()
                 } else {
@@ -600,12 +749,10 @@ impl Multicast {
                 let node = PeerNode {
                     algorithm,
                     id,
-                    pieces: if is_root {
-                        pieces.iter().cloned().map(Some).collect()
-                    } else {
-                        vec![None; piece_count]
-                    },
-                    held: if is_root { piece_count } else { 0 },
+                    len,
+                    piece_size: config.piece_size,
+                    pieces: vec![None; piece_count],
+                    held: 0,
                     pending: BTreeSet::new(),
                     work,
                     peers,
@@ -624,6 +771,12 @@ impl Multicast {
             cluster_of,
             piece_count,
         })
+    }
+
+    /// Node `id`'s state, taken out of the multicast (`None` if `id` is
+    /// not a node).
+    pub fn into_node(mut self, id: usize) -> Option<PeerNode> {
+        self.nodes.remove(&id)
     }
 
     /// Number of (undirected) connections.
@@ -682,7 +835,8 @@ const BUDGET: usize = 20_000_000;
 /// `network`, messages arrive when the [`LinkModel`] says (ties in send
 /// order).
 ///
-/// Errors if a node sends to a peer after 'stop', or if the queues empty
+/// Errors if a node sends to a peer after 'stop', if a node rejects a
+/// message ([`PeerNode::handle`]), or if the queues empty
 /// (or the budget runs out) before every node is finished.
 pub fn simulate(
     mut multicast: Multicast,
@@ -786,7 +940,7 @@ pub fn simulate(
             .nodes
             .get_mut(&to)
             .expect("node")
-            .handle(from, msg);
+            .handle(from, msg)?;
         post(to, out, now, &mut queues, &mut events, &mut timed_msgs)?;
     }
     let unfinished = multicast

@@ -224,6 +224,8 @@ async fn start_peers(runtime: &Arc<Runtime>, n: usize) -> Vec<Peer> {
             max_memory_mib: MEMORY_LIMIT_MIB,
             max_superstep_ms: 60_000,
             connect_timeout: Duration::from_secs(5),
+            broadcast: Default::default(),
+            stats: Default::default(),
         });
         peers.push(Peer {
             id: 100 + i as PeerId,
@@ -316,6 +318,7 @@ async fn run_driver(
             .map(|p| JobPeer {
                 id: p.id,
                 addr: p.addr.clone(),
+                cluster: None,
             })
             .collect(),
         resources: vec![],

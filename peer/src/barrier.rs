@@ -139,7 +139,7 @@ impl Barrier {
         self.messages
             .entry((m.dst, m.superstep))
             .or_default()
-            .insert(key, Bytes::from(m.payload));
+            .insert(key, m.payload);
         Ok(true)
     }
 
@@ -305,7 +305,7 @@ mod tests {
             dst,
             superstep,
             seq,
-            payload: payload.to_vec(),
+            payload: Bytes::copy_from_slice(payload),
         }
     }
 

@@ -14,15 +14,17 @@
 //! (integers little-endian), the same on every run and machine:
 //!
 //! ```text
-//! "bspweb-checkpoint-v1\n"
+//! "bspweb-checkpoint-v2\n"
 //! pid: u32, superstep: u32, exited: u8 (0 or 1),
 //! output_seq: u64, output_bytes: u64, memory_len: u64,
 //! SHA-256 of each 64 KiB page of memory, in page order (32 bytes each),
 //! number of globals: u64, each global: u64,
 //! number of outbox messages: u64,
 //! each message: src: u32, dst: u32, superstep: u32, seq: u32,
-//!   payload length: u64, payload
+//!   payload length: u64, SHA-256 of the payload
 //! ```
+//!
+//! (A payload consecutive messages share — one `send_range` — is hashed once.)
 //!
 //! Hashing pages first (Merkle style) lets the owner cache the hash of every
 //! page and rehash only the pages that changed since its last capture.
@@ -32,7 +34,7 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::OnceLock;
 
-use bsp_api::wire::{Checkpoint, Frame, MAX_FRAME_BYTES, WireMessage};
+use bsp_api::wire::{Checkpoint, Frame, MAX_FRAME_BYTES, WireMessage, message_groups};
 use bsp_api::{PeerId, Pid};
 use sha2::{Digest, Sha256};
 
@@ -49,7 +51,7 @@ pub const PART_TARGET_BYTES: usize = 4 << 20;
 pub const FRAME_BOUND_BYTES: usize = MAX_FRAME_BYTES - (1 << 20);
 
 /// Domain tag at the start of the canonical encoding.
-const HASH_TAG: &[u8] = b"bspweb-checkpoint-v1\n";
+const HASH_TAG: &[u8] = b"bspweb-checkpoint-v2\n";
 
 /// Bytes counted per outbox message on top of its payload.
 const MESSAGE_COST: u64 = 32;
@@ -152,10 +154,11 @@ fn is_zero(bytes: &[u8]) -> bool {
     bytes.iter().all(|&b| b == 0)
 }
 
+/// Bytes an outbox occupies: a payload shared by consecutive messages (one
+/// `send_range` or `send_list`) counts once.
 fn outbox_bytes(outbox: &[WireMessage]) -> u64 {
-    outbox
-        .iter()
-        .map(|m| m.payload.len() as u64 + MESSAGE_COST)
+    message_groups::runs(outbox)
+        .map(|run| run[0].payload.len() as u64 + MESSAGE_COST * run.len() as u64)
         .sum()
 }
 
@@ -177,13 +180,18 @@ fn canonical_hash(s: &Snapshot, page_hashes: impl Iterator<Item = [u8; 32]>) -> 
         h.update(g.to_le_bytes());
     }
     h.update((s.outbox.len() as u64).to_le_bytes());
-    for m in &s.outbox {
-        h.update(m.src.to_le_bytes());
-        h.update(m.dst.to_le_bytes());
-        h.update(m.superstep.to_le_bytes());
-        h.update(m.seq.to_le_bytes());
-        h.update((m.payload.len() as u64).to_le_bytes());
-        h.update(&m.payload);
+    // Each message contributes the hash of its payload, computed once for a
+    // payload that consecutive messages share (a broadcast's).
+    for run in message_groups::runs(&s.outbox) {
+        let payload: [u8; 32] = Sha256::digest(&run[0].payload).into();
+        for m in run {
+            h.update(m.src.to_le_bytes());
+            h.update(m.dst.to_le_bytes());
+            h.update(m.superstep.to_le_bytes());
+            h.update(m.seq.to_le_bytes());
+            h.update((m.payload.len() as u64).to_le_bytes());
+            h.update(payload);
+        }
     }
     h.finalize().into()
 }
@@ -489,7 +497,11 @@ fn split(snapshot: &Snapshot, pages: &[u32], base: Option<u32>) -> (Vec<Frame>, 
         cur += cost;
     }
     for m in &snapshot.outbox {
-        let cost = m.payload.len() + 32;
+        // A payload the previous message of this part shares costs nothing more.
+        let shared = cur_outbox
+            .last()
+            .is_some_and(|p: &WireMessage| message_groups::same_buffer(&p.payload, &m.payload));
+        let cost = if shared { 32 } else { m.payload.len() + 32 };
         if cur > 0 && cur + cost > PART_TARGET_BYTES {
             flush(&mut cur_pages, &mut cur_outbox);
             cur = 0;
@@ -1013,6 +1025,7 @@ impl Assembler {
             Frame::Done { .. } => Err(CheckpointError::NotCheckpoint("Done")),
             Frame::CheckpointAck { .. } => Err(CheckpointError::NotCheckpoint("CheckpointAck")),
             Frame::FetchCheckpoint { .. } => Err(CheckpointError::NotCheckpoint("FetchCheckpoint")),
+            Frame::Relay { .. } => Err(CheckpointError::NotCheckpoint("Relay")),
         }
     }
 }

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use bsp_api::control::{JobAssignment, PeerEvent};
-use bsp_api::wire::{Frame, ProcDone, WireMessage};
+use bsp_api::wire::{Frame, ProcDone, RelayHead, WireMessage, message_groups};
 use bsp_api::{JobId, PeerId, Pid};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
@@ -40,6 +40,7 @@ use wasmtime::Module;
 use crate::barrier::Barrier;
 use crate::checkpoint::{self, Assembled, Assembler, PageTracker, ReplicaStore, Snapshot};
 use crate::net::{self, Dial, Inbound, Registry};
+use crate::relay::{self, BroadcastPolicy, DataStats, Inflight, RelayKey, Site};
 use crate::report::Reporter;
 use crate::runtime::{JobInfo, Message, Outcome, Process, Runtime};
 
@@ -66,6 +67,10 @@ pub struct JobEnv {
     pub max_superstep_ms: u64,
     /// How long to keep dialing a peer of a job that does not answer (yet).
     pub connect_timeout: Duration,
+    /// How `send_range` and `send_list` with large payloads travel.
+    pub broadcast: BroadcastPolicy,
+    /// Payload bytes sent, direct and relayed.
+    pub stats: Arc<DataStats>,
 }
 
 struct Running {
@@ -346,7 +351,16 @@ struct Driver {
     tasks: JoinSet<Task>,
     failed: bool,
     events_tx: mpsc::Sender<Inbound>,
+    /// Where each peer of the job runs, for the broadcast rule.
+    sites: HashMap<PeerId, Site>,
+    /// Multicasts this peer sends or relays, in supersteps ≥ `safe` (a key
+    /// may have several heads: a restored sender re-sends with another).
+    relays: BTreeMap<RelayKey, Vec<Inflight>>,
 }
+
+/// Most heads one multicast may arrive with (each restore of its sender
+/// can add one).
+const MAX_HEADS: usize = 8;
 
 /// Check an assignment and return the pid → peer table.
 fn check_assignment(me: PeerId, a: &JobAssignment) -> Result<Vec<PeerId>, String> {
@@ -452,6 +466,13 @@ fn checkpointed(s: u32, every: u32) -> bool {
 }
 
 /// The `Done` of `pid` for superstep `s`, counted from its messages.
+fn sites_of(a: &JobAssignment) -> HashMap<PeerId, Site> {
+    a.peers
+        .iter()
+        .map(|p| (p.id, Site::new(p.id, &p.addr, p.cluster.clone())))
+        .collect()
+}
+
 fn done_of(pid: Pid, exited: bool, messages: &[WireMessage], s: u32) -> ProcDone {
     let mut counts: BTreeMap<Pid, u32> = BTreeMap::new();
     for m in messages.iter().filter(|m| m.superstep == s) {
@@ -519,6 +540,8 @@ async fn run_job(
         tasks: JoinSet::new(),
         failed: false,
         events_tx,
+        sites: sites_of(&a),
+        relays: BTreeMap::new(),
     };
     for p in &a.peers {
         if p.id != me {
@@ -624,18 +647,21 @@ impl Driver {
 
     fn send_to(&mut self, peer: PeerId, frame: Frame) {
         if let Some(l) = self.links.get_mut(&peer) {
-            Self::flush_link(l);
+            Self::flush_link(l, &self.env.stats);
+            self.env.stats.count(&frame);
             l.send(frame);
         }
     }
 
-    fn flush_link(l: &mut Link) {
+    fn flush_link(l: &mut Link, stats: &DataStats) {
         if l.batch.is_empty() {
             return;
         }
         let messages = std::mem::take(&mut l.batch);
         l.batch_bytes = 0;
-        l.send(Frame::Data { messages });
+        let frame = Frame::Data { messages };
+        stats.count(&frame);
+        l.send(frame);
     }
 
     /// Send a message to its destination's host (or into the local barrier).
@@ -648,17 +674,230 @@ impl Driver {
             return;
         }
         if let Some(l) = self.links.get_mut(&host) {
-            if !l.batch.is_empty() && l.batch_bytes + m.payload.len() > BATCH_BYTES {
-                Self::flush_link(l);
+            // A payload the previous message shares travels once (one group).
+            let shared = l.batch.last().is_some_and(|p| {
+                p.src == m.src
+                    && p.superstep == m.superstep
+                    && message_groups::same_buffer(&p.payload, &m.payload)
+            });
+            let size = if shared { 16 } else { m.payload.len() + 16 };
+            if !shared && !l.batch.is_empty() && l.batch_bytes + size > BATCH_BYTES {
+                Self::flush_link(l, &self.env.stats);
             }
-            l.batch_bytes += m.payload.len() + 16;
+            l.batch_bytes += size;
             l.batch.push(m);
+        }
+    }
+
+    /// Send what a process sent in a superstep: each group of messages
+    /// sharing a payload (a `send_range` or `send_list`) relayed if the
+    /// broadcast rule says so, the rest straight to the destinations' hosts.
+    fn route(&mut self, out: &[WireMessage]) {
+        for run in message_groups::runs(out) {
+            if run.len() >= 2 && self.relay_out(run) {
+                continue;
+            }
+            for m in run {
+                self.deliver(m.clone());
+            }
+        }
+    }
+
+    /// Start relaying `run` if the rule picks a schedule. Returns whether it did.
+    fn relay_out(&mut self, run: &[WireMessage]) -> bool {
+        let payload = &run[0].payload;
+        let dest_peers: BTreeSet<PeerId> = run
+            .iter()
+            .map(|m| self.placement[m.dst as usize])
+            .filter(|&p| p != self.me)
+            .collect();
+        let Some(me) = self.sites.get(&self.me) else {
+            return false;
+        };
+        let dests: Vec<Site> = dest_peers
+            .iter()
+            .filter_map(|p| self.sites.get(p).cloned())
+            .collect();
+        if dests.len() != dest_peers.len() || dest_peers.iter().any(|p| !self.links.contains_key(p))
+        {
+            return false;
+        }
+        let Some((algorithm, peers)) =
+            relay::choose(&self.env.broadcast, payload.len(), me, &dests)
+        else {
+            return false;
+        };
+        let head = RelayHead {
+            src: run[0].src,
+            superstep: run[0].superstep,
+            len: payload.len() as u32,
+            algorithm,
+            peers,
+            dsts: run.iter().map(|m| (m.dst, m.seq)).collect(),
+        };
+        let (inflight, start) = match Inflight::sending(head, self.me, payload.clone()) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(job = self.job, "sending directly: {e}");
+                return false;
+            }
+        };
+        tracing::debug!(
+            job = self.job,
+            src = run[0].src,
+            bytes = payload.len(),
+            ?algorithm,
+            peers = inflight.head.peers.len(),
+            "relaying a multicast"
+        );
+        for m in run {
+            if self.placement[m.dst as usize] == self.me {
+                self.deliver(m.clone());
+            }
+        }
+        let frames: Vec<(PeerId, Vec<Frame>)> =
+            start.iter().filter_map(|t| inflight.frames(t)).collect();
+        self.relays
+            .entry(relay::key_of(&inflight.head))
+            .or_default()
+            .push(inflight);
+        for (to, fs) in frames {
+            for f in fs {
+                self.send_to(to, f);
+            }
+        }
+        true
+    }
+
+    /// Bytes of a relayed multicast arrived: keep them, forward what the
+    /// schedule says, deliver the messages once the payload is whole.
+    fn on_relay(
+        &mut self,
+        from: PeerId,
+        head: RelayHead,
+        offset: u32,
+        bytes: bytes::Bytes,
+    ) -> Result<(), String> {
+        relay::check_head(&head, self.info.nprocs, self.me, from)?;
+        if self.safe.is_some_and(|g| head.superstep < g) {
+            return Ok(()); // long delivered everywhere
+        }
+        let key = relay::key_of(&head);
+        let held: u64 = self
+            .relays
+            .values()
+            .flatten()
+            .map(|f| u64::from(f.head.len))
+            .sum();
+        let heads = self.relays.entry(key).or_default();
+        let i = match heads.iter().position(|f| *f.head == head) {
+            Some(i) => i,
+            None => {
+                if heads.len() >= MAX_HEADS {
+                    return Err(format!(
+                        "a multicast relayed with more than {MAX_HEADS} heads"
+                    ));
+                }
+                let cap = (self.info.outbox_limit as u64).saturating_mul(4);
+                if held.saturating_add(u64::from(head.len)) > cap {
+                    return Err(format!(
+                        "relayed multicasts hold more than {} MiB on this peer",
+                        cap >> 20
+                    ));
+                }
+                heads.push(Inflight::new(head, self.me)?);
+                heads.len() - 1
+            }
+        };
+        let f = &mut heads[i];
+        let (due, done) = f.receive(offset, &bytes)?;
+        let frames: Vec<(PeerId, Vec<Frame>)> = due.iter().filter_map(|t| f.frames(t)).collect();
+        for (to, fs) in frames {
+            for f in fs {
+                self.send_to(to, f);
+            }
+        }
+        if done {
+            self.relay_complete(key, i);
+        }
+        Ok(())
+    }
+
+    /// The payload of `relays[key][i]` is whole: deliver its messages to
+    /// the local pids, and to the peers that must get it directly.
+    fn relay_complete(&mut self, key: RelayKey, i: usize) {
+        let Some(f) = self.relays.get_mut(&key).and_then(|v| v.get_mut(i)) else {
+            return;
+        };
+        let Some(payload) = f.payload().cloned() else {
+            return;
+        };
+        let direct = std::mem::take(&mut f.direct);
+        let head = f.head.clone();
+        for &(dst, seq) in &head.dsts {
+            let host = self.placement[dst as usize];
+            if host == self.me || direct.contains(&host) {
+                self.deliver(WireMessage {
+                    src: head.src,
+                    dst,
+                    superstep: head.superstep,
+                    seq,
+                    payload: payload.clone(),
+                });
+            }
+        }
+        self.flush_all();
+    }
+
+    /// Our connection to `peer` broke, so relayed bytes on it are lost: it
+    /// gets every multicast we relay (not send: `resync` re-sends those)
+    /// directly, once we hold the payload.
+    fn relay_directly(&mut self, peer: PeerId) {
+        let mut due = Vec::new();
+        for (key, heads) in self.relays.iter_mut() {
+            for (i, f) in heads.iter_mut().enumerate() {
+                if f.node == 0 || !f.head.peers.contains(&peer) {
+                    continue;
+                }
+                f.direct.insert(peer);
+                if f.payload().is_some() {
+                    due.push((*key, i));
+                }
+            }
+        }
+        for (key, i) in due {
+            self.relay_complete(key, i);
+        }
+    }
+
+    /// Peers left the job: a multicast we sent through any of them goes to
+    /// every other peer of its schedule directly (receivers drop repeats).
+    fn relay_around(&mut self, gone: &[PeerId]) {
+        let mut due = Vec::new();
+        for (key, heads) in self.relays.iter_mut() {
+            for (i, f) in heads.iter_mut().enumerate() {
+                if f.node != 0 || !f.head.peers.iter().any(|p| gone.contains(p)) {
+                    continue;
+                }
+                let others: Vec<PeerId> = f
+                    .head
+                    .peers
+                    .iter()
+                    .copied()
+                    .filter(|p| *p != self.me && !gone.contains(p))
+                    .collect();
+                f.direct.extend(others);
+                due.push((*key, i));
+            }
+        }
+        for (key, i) in due {
+            self.relay_complete(key, i);
         }
     }
 
     fn flush_all(&mut self) {
         for l in self.links.values_mut() {
-            Self::flush_link(l);
+            Self::flush_link(l, &self.env.stats);
         }
     }
 
@@ -788,12 +1027,10 @@ impl Driver {
                 dst: o.dst,
                 superstep: s,
                 seq: o.seq,
-                payload: o.payload.to_vec(),
+                payload: o.payload,
             })
             .collect();
-        for m in &out {
-            self.deliver(m.clone());
-        }
+        self.route(&out);
         self.flush_all();
         self.retained.entry(pid).or_default().extend(out);
         if exited {
@@ -1098,6 +1335,7 @@ impl Driver {
         for msgs in self.retained.values_mut() {
             msgs.retain(|m| m.superstep >= g);
         }
+        self.relays.retain(|&(_, s, _), _| s >= g);
         self.dones.retain(|&(_, s), d| s >= g || d.exited);
         let forget = lowest_waiting.map_or(g, |w| w.min(g));
         self.barrier.forget_before(forget);
@@ -1295,6 +1533,7 @@ impl Driver {
                     let addr = l.addr;
                     self.open_link(to, addr);
                     self.resync(to, None);
+                    self.relay_directly(to);
                 }
             }
             Inbound::Frame { from, frame } => {
@@ -1421,6 +1660,11 @@ impl Driver {
                 };
                 self.on_snapshot(from, pid, snap);
             }
+            Frame::Relay {
+                head,
+                offset,
+                bytes,
+            } => self.on_relay(from, *head, offset, bytes)?,
             Frame::Hello { .. } | Frame::Welcome | Frame::Reject { .. } => {
                 return Err("a handshake frame is not allowed after the handshake".into());
             }
@@ -1501,6 +1745,7 @@ impl Driver {
             }
         };
         self.epoch = a.epoch;
+        self.sites = sites_of(&a);
         let old_peers: HashSet<PeerId> = self.peers.iter().copied().collect();
         self.peers = a.peers.iter().map(|p| p.id).collect();
         self.placement = placement;
@@ -1611,6 +1856,9 @@ impl Driver {
             .collect();
         for p in newcomers {
             self.resync(p, Some(&HashSet::new()));
+        }
+        if !gone.is_empty() {
+            self.relay_around(&gone);
         }
         true
     }

@@ -18,6 +18,7 @@ pub mod checkpoint;
 pub mod control;
 pub mod job;
 pub mod net;
+pub mod relay;
 pub mod report;
 pub mod runtime;
 pub mod sysinfo;
@@ -74,6 +75,11 @@ pub struct PeerConfig {
     /// number in `[0, 1]`) instead of measuring `/proc/stat`: a test hook
     /// to script availability. See [`sysinfo::IdleSource`].
     pub idle_file: Option<PathBuf>,
+    /// The network cluster this peer is in (`--cluster`), for broadcast
+    /// schedules and Robber; `None`: unknown (treated as one cluster).
+    pub cluster: Option<String>,
+    /// How large `send_range`/`send_list` payloads travel (`--broadcast`).
+    pub broadcast: relay::BroadcastPolicy,
 }
 
 impl PeerConfig {
@@ -93,6 +99,8 @@ impl PeerConfig {
             speed: None,
             drain_timeout: Duration::from_secs(60),
             idle_file: None,
+            cluster: None,
+            broadcast: relay::BroadcastPolicy::default(),
         }
     }
 }
@@ -179,6 +187,7 @@ pub async fn run(
             cores,
             version: bsp_api::API_VERSION,
             previous_id: None,
+            cluster: config.cluster.clone(),
         },
     )
     .map_err(anyhow::Error::msg)?;
@@ -196,6 +205,8 @@ pub async fn run(
         max_memory_mib: config.max_memory_mib,
         max_superstep_ms: config.max_superstep_ms,
         connect_timeout: CONNECT_TIMEOUT,
+        broadcast: config.broadcast,
+        stats: Default::default(),
     };
     let jobs = Jobs::new(env);
     // Fenced (the supernode declared this peer gone): its processes run

@@ -997,7 +997,12 @@ fn queue_messages(
     payload: Bytes,
 ) -> HostResult<()> {
     let s = c.data_mut();
-    let cost = dsts.len().saturating_mul(payload.len() + MESSAGE_OVERHEAD);
+    // The destinations share one copy of the payload (here, on the wire and
+    // in checkpoints), so it counts once.
+    let cost = dsts
+        .len()
+        .saturating_mul(MESSAGE_OVERHEAD)
+        .saturating_add(payload.len());
     if s.outbox_bytes.saturating_add(cost) > s.job.outbox_limit {
         let stop = Stop::OutboxLimit {
             superstep: s.host.superstep,

@@ -23,6 +23,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0003_progress.sql",
         include_str!("../../migrations/0003_progress.sql"),
     ),
+    (
+        "0004_clusters.sql",
+        include_str!("../../migrations/0004_clusters.sql"),
+    ),
 ];
 
 /// Opens (creating if needed) the database and brings its schema up to date.

@@ -236,13 +236,14 @@ pub(crate) fn assignment(
     )?;
     let peers: Vec<JobPeer> = {
         let mut stmt = tx.prepare_cached(
-            "SELECT p.id, p.addr FROM job_peers jp JOIN peers p ON p.id = jp.peer_id \
+            "SELECT p.id, p.addr, p.cluster FROM job_peers jp JOIN peers p ON p.id = jp.peer_id \
              WHERE jp.job = ?1 ORDER BY jp.ord",
         )?;
         stmt.query_map([job], |r| {
             Ok(JobPeer {
                 id: r.get(0)?,
                 addr: r.get(1)?,
+                cluster: r.get(2)?,
             })
         })?
         .collect::<rusqlite::Result<_>>()?

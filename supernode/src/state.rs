@@ -287,6 +287,14 @@ pub(crate) fn validate_login(login: &PeerLogin) -> Result<(), Error> {
             truncate(&login.addr, 80)
         )));
     }
+    if let Some(c) = &login.cluster
+        && !bsp_api::control::valid_cluster_name(c)
+    {
+        return Err(Error::bad_request(format!(
+            "`cluster` must be 1 to 64 letters, digits, `.`, `_` or `-`, not `{}`",
+            truncate(c, 80)
+        )));
+    }
     check_peer_numbers(login.speed, login.idle)?;
     if login.cores == 0 || login.cores > 65_536 {
         return Err(Error::bad_request(format!(
@@ -1138,19 +1146,21 @@ impl Core {
                 tx.execute(
                     "UPDATE peers SET name = ?2, addr = ?3, speed = ?4, idle = ?5, cores = ?6, golden = ?7, \
                          lease_id = ?8, lease_expires_at = ?9, state = 'online', last_seen = ?10, \
-                         draining = 0, power = ?11 WHERE id = ?1",
+                         draining = 0, power = ?11, cluster = ?12 WHERE id = ?1",
                     params![id, login.name, login.addr, login.speed, login.idle, login.cores,
-                        u64_to_sql(k), lease_id, expires_at, now, weight(login.speed, login.idle)],
+                        u64_to_sql(k), lease_id, expires_at, now, weight(login.speed, login.idle),
+                        login.cluster],
                 )?;
                 id
             }
             None => {
                 tx.execute(
                     "INSERT INTO peers (name, addr, speed, idle, cores, golden, lease_id, lease_expires_at, \
-                         state, first_seen, last_seen, power) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'online', ?9, ?9, ?10)",
+                         state, first_seen, last_seen, power, cluster) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'online', ?9, ?9, ?10, ?11)",
                     params![login.name, login.addr, login.speed, login.idle, login.cores,
-                        u64_to_sql(k), lease_id, expires_at, now, weight(login.speed, login.idle)],
+                        u64_to_sql(k), lease_id, expires_at, now, weight(login.speed, login.idle),
+                        login.cluster],
                 )?;
                 tx.last_insert_rowid()
             }

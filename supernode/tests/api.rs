@@ -331,6 +331,7 @@ fn login_body(name: &str, cores: u32, previous_id: Option<i64>) -> PeerLogin {
         cores,
         version: bsp_api::API_VERSION,
         previous_id,
+        cluster: None,
     }
 }
 
@@ -1791,6 +1792,13 @@ async fn malformed_requests_get_api_errors() {
                 ..login_body("p", 1, None)
             },
             "cores",
+        ),
+        (
+            PeerLogin {
+                cluster: Some("a b".into()),
+                ..login_body("p", 1, None)
+            },
+            "cluster",
         ),
         (
             PeerLogin {

@@ -3,9 +3,13 @@
 //! `mob_…`), checked by running every algorithm on real bytes in random
 //! delivery orders.
 
+use std::collections::{BTreeMap, VecDeque};
+
 use proptest::prelude::*;
 use proptest::sample::Index;
 
+use super::PeerNode as Node;
+use crate::rng::SplitMix64;
 use crate::tests::bytes;
 use crate::*;
 
@@ -228,4 +232,322 @@ fn multicast_rejects_bad_configs() {
         new(cfg(vec![vec![0]], 5, 1)),
         Err(CollectiveError::RootNotMember(5))
     );
+}
+
+/// Starts every node and delivers up to `steps` messages in a seeded random
+/// order (FIFO per connection), for a node state in the middle of a run.
+/// Every message of a correct node must be accepted.
+fn advance(m: &mut Multicast, seed: u64, steps: usize) {
+    let mut rng = SplitMix64::new(seed);
+    let mut queues: BTreeMap<(usize, usize), VecDeque<MulticastMsg>> = BTreeMap::new();
+    let ids: Vec<usize> = m.nodes.keys().copied().collect();
+    for id in ids {
+        for (to, msg) in m.nodes.get_mut(&id).expect("node").start() {
+            queues.entry((id, to)).or_default().push_back(msg);
+        }
+    }
+    for _ in 0..steps {
+        let ready: Vec<(usize, usize)> = queues
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(&k, _)| k)
+            .collect();
+        if ready.is_empty() {
+            return;
+        }
+        let (from, to) = ready[rng.below(ready.len())];
+        let msg = queues
+            .get_mut(&(from, to))
+            .and_then(VecDeque::pop_front)
+            .expect("ready");
+        let out = m
+            .nodes
+            .get_mut(&to)
+            .expect("node")
+            .handle(from, msg)
+            .expect("a correct peer's message is accepted");
+        for (next, msg) in out {
+            queues.entry((to, next)).or_default().push_back(msg);
+        }
+    }
+}
+
+/// Raw material for an arbitrary message, shaped once `P` is known: most
+/// are near-valid (indices around `P`, lists of `P ± 1`, pieces of about
+/// the right length), some wildly out of range.
+#[derive(Debug, Clone)]
+struct RawMsg {
+    kind: u8,
+    index: usize,
+    wild: bool,
+    len_delta: i8,
+    bits: Vec<bool>,
+}
+
+fn arb_raw() -> impl Strategy<Value = RawMsg> {
+    (
+        0u8..10,
+        any::<usize>(),
+        prop::bool::weighted(0.1),
+        -1i8..=1,
+        prop::collection::vec(any::<bool>(), 40),
+    )
+        .prop_map(|(kind, index, wild, len_delta, bits)| RawMsg {
+            kind,
+            index,
+            wild,
+            len_delta,
+            bits,
+        })
+}
+
+impl RawMsg {
+    fn shape(&self, pieces: usize, len: usize, piece_size: usize) -> MulticastMsg {
+        let index = if self.wild {
+            self.index
+        } else {
+            self.index % (pieces + 2)
+        };
+        let n = (pieces as isize + self.len_delta as isize).max(0) as usize;
+        let bits: Vec<bool> = (0..n).map(|i| self.bits[i % self.bits.len()]).collect();
+        let piece_len = if index < pieces {
+            piece_size.min(len - index * piece_size)
+        } else {
+            piece_size
+        };
+        let data_len = (piece_len as isize + self.len_delta as isize).max(0) as usize;
+        match self.kind {
+            0 => MulticastMsg::Desire(bits),
+            1 => MulticastMsg::Bitfield(bits),
+            2 => MulticastMsg::Work(bits),
+            3 => MulticastMsg::Have(index),
+            4 => MulticastMsg::Request(index),
+            5 => MulticastMsg::Piece {
+                index,
+                data: vec![0xab; data_len],
+            },
+            6 => MulticastMsg::Steal,
+            7 => MulticastMsg::FoundWork,
+            8 => MulticastMsg::Done,
+            _ => MulticastMsg::Stop,
+        }
+    }
+}
+
+/// The rejection rule of [`PeerNode::handle`], stated independently.
+fn violates_protocol(node: &Node, from: usize, msg: &MulticastMsg, piece_len: usize) -> bool {
+    let (local, global) = node.peers();
+    if !local.contains(&from) && !global.contains(&from) {
+        return true;
+    }
+    let pieces = node.piece_count();
+    match msg {
+        MulticastMsg::Desire(b) | MulticastMsg::Bitfield(b) | MulticastMsg::Work(b) => {
+            b.len() != pieces
+        }
+        MulticastMsg::Have(i) => *i >= pieces,
+        MulticastMsg::Request(i) => *i >= pieces || node.pieces[*i].is_none(),
+        MulticastMsg::Piece { index, data } => *index >= pieces || data.len() != piece_len,
+        _ => false,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// A distributed run: each node computes the plan on its own from the
+    /// data's length, keeps its part, and the root alone seeds the data.
+    /// The nodes are exactly those of `Multicast::new`, and they run the
+    /// same multicast (same messages, same wide-area traffic, same bytes).
+    #[test]
+    fn robber_nodes_planned_one_by_one_equal_the_central_multicast(
+        sizes in prop::collection::vec(1usize..=6, 1..=4),
+        root in any::<Index>(),
+        len in 0usize..1500,
+        piece_size in 1usize..300,
+        seed in any::<u64>(),
+    ) {
+        let clusters = layout(&sizes);
+        let total: usize = sizes.iter().sum();
+        let root = root.index(total);
+        let data = bytes(len, seed);
+        let config = MulticastConfig { clusters, root, piece_size };
+        for algorithm in ALL {
+            let central = Multicast::new(algorithm, config.clone(), &data, seed).unwrap();
+            let mut distributed = Multicast::plan(algorithm, config.clone(), len, seed).unwrap();
+            prop_assert!(distributed.nodes.values().all(|n| n.piece_count() == central.piece_count));
+            prop_assert!(distributed.nodes.values().all(|n| n.has_all() == (len == 0)));
+            for id in 0..total {
+                let plan = Multicast::plan(algorithm, config.clone(), len, seed).unwrap();
+                let mut node = plan.into_node(id).expect("every member has a node");
+                if id == root {
+                    let before = node.clone();
+                    let wrong = bytes(len + 1, seed);
+                    prop_assert!(node.seed_data(&wrong).is_err());
+                    prop_assert_eq!(&node, &before);
+                    node.seed_data(&data).unwrap();
+                }
+                distributed.nodes.insert(id, node);
+            }
+            prop_assert!(distributed == central, "{:?}: nodes differ", algorithm);
+            let a = simulate(distributed, seed ^ 1, None).unwrap();
+            let b = simulate(central, seed ^ 1, None).unwrap();
+            prop_assert_eq!((a.messages, a.wide_bytes, a.stops), (b.messages, b.wide_bytes, b.stops));
+            for (id, node) in a.multicast.nodes {
+                let got = node.into_data();
+                prop_assert_eq!(got.as_deref(), Some(&data[..]), "node {}", id);
+            }
+        }
+    }
+
+    /// Messages from untrusted peers: in the middle of a run, a node fed
+    /// arbitrary messages from arbitrary ids never panics, rejects exactly
+    /// the protocol violations (unknown sender, piece index ≥ P, bit list
+    /// of another length than P, request of a piece it lacks, piece of the
+    /// wrong length), and a rejected message leaves it unchanged.
+    #[test]
+    fn robber_handle_rejects_violations_without_changing_state(
+        sizes in prop::collection::vec(1usize..=5, 1..=3),
+        root in any::<Index>(),
+        len in 0usize..600,
+        piece_size in 1usize..100,
+        seed in any::<u64>(),
+        steps in 0usize..400,
+        target in any::<Index>(),
+        msgs in prop::collection::vec((any::<Index>(), arb_raw()), 1..40),
+    ) {
+        let clusters = layout(&sizes);
+        let total: usize = sizes.iter().sum();
+        let config = MulticastConfig { clusters, root: root.index(total), piece_size };
+        for algorithm in ALL {
+            let mut m = Multicast::new(algorithm, config.clone(), &bytes(len, seed), seed).unwrap();
+            advance(&mut m, seed, steps);
+            let pieces = m.piece_count;
+            let mut node = m.into_node(target.index(total)).expect("node");
+            for (from, raw) in &msgs {
+                // Ids of peers, non-peers and non-nodes alike.
+                let from = from.index(total + 2);
+                let msg = raw.shape(pieces, len, piece_size);
+                let piece_len = match &msg {
+                    MulticastMsg::Piece { index, .. } if *index < pieces => {
+                        piece_size.min(len - index * piece_size)
+                    }
+                    _ => 0,
+                };
+                let bad = violates_protocol(&node, from, &msg, piece_len);
+                let before = node.clone();
+                match node.handle(from, msg.clone()) {
+                    Ok(_) => prop_assert!(!bad, "{:?} from {} accepted", msg, from),
+                    Err(e) => {
+                        prop_assert!(bad, "{:?} from {} rejected: {}", msg, from, e);
+                        prop_assert_eq!(&node, &before);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Each protocol violation has its own error, naming the offending value.
+#[test]
+fn robber_handle_names_each_protocol_violation() {
+    // 10 bytes in pieces of 4: P = 3, the last piece 2 bytes.
+    let config = MulticastConfig {
+        clusters: layout(&[2, 2]),
+        root: 0,
+        piece_size: 4,
+    };
+    let m = Multicast::new(Algorithm::Robber, config, &bytes(10, 1), 3).unwrap();
+    let mut node = m.into_node(2).expect("node 2");
+    let peer = node.peers().0[0];
+    let before = node.clone();
+    let cases = [
+        (
+            9,
+            MulticastMsg::Steal,
+            CollectiveError::UnknownPeer { node: 2, from: 9 },
+        ),
+        (
+            peer,
+            MulticastMsg::Have(3),
+            CollectiveError::PieceOutOfRange {
+                index: 3,
+                pieces: 3,
+            },
+        ),
+        (
+            peer,
+            MulticastMsg::Desire(vec![true; 2]),
+            CollectiveError::BitListLength {
+                kind: "desire",
+                got: 2,
+                pieces: 3,
+            },
+        ),
+        (
+            peer,
+            MulticastMsg::Work(vec![true; 4]),
+            CollectiveError::BitListLength {
+                kind: "work",
+                got: 4,
+                pieces: 3,
+            },
+        ),
+        (
+            peer,
+            MulticastMsg::Request(0),
+            CollectiveError::PieceNotHeld { node: 2, index: 0 },
+        ),
+        (
+            peer,
+            MulticastMsg::Piece {
+                index: 2,
+                data: vec![0; 4],
+            },
+            CollectiveError::PieceLength {
+                index: 2,
+                expected: 2,
+                got: 4,
+            },
+        ),
+    ];
+    for (from, msg, want) in cases {
+        assert_eq!(node.handle(from, msg), Err(want));
+        assert_eq!(node, before);
+    }
+    assert!(
+        node.handle(
+            peer,
+            MulticastMsg::Piece {
+                index: 2,
+                data: vec![0; 2]
+            }
+        )
+        .is_ok()
+    );
+}
+
+#[test]
+fn multicast_plan_holds_no_data_and_seeds_only_the_planned_length() {
+    let config = MulticastConfig {
+        clusters: layout(&[2, 3]),
+        root: 1,
+        piece_size: 7,
+    };
+    let m = Multicast::plan(Algorithm::Mob, config, 50, 4).unwrap();
+    assert_eq!(m.piece_count, 8);
+    assert!(m.nodes.values().all(|n| !n.has_all() && n.data().is_none()));
+    assert!(m.clone().into_node(5).is_none());
+    let mut root = m.into_node(1).expect("root");
+    assert_eq!(
+        root.seed_data(&[0; 49]),
+        Err(CollectiveError::DataLength {
+            expected: 50,
+            got: 49
+        })
+    );
+    let data = bytes(50, 8);
+    root.seed_data(&data).unwrap();
+    assert!(root.has_all() && root.is_retired());
+    assert_eq!(root.into_data(), Some(data));
 }

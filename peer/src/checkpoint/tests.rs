@@ -655,7 +655,7 @@ fn the_hash_covers_every_field() {
         |s| s.outbox[0].seq += 1,
         |s| s.outbox[0].superstep += 1,
         |s| s.outbox[0].src += 1,
-        |s| s.outbox[0].payload.push(0),
+        |s| s.outbox[0].payload = [&s.outbox[0].payload[..], &[0]].concat().into(),
         |s| s.outbox.clear(),
     ];
     for (i, f) in variants.iter().enumerate() {

@@ -9,6 +9,7 @@ use bsp_api::rest::JobLimits;
 use tokio::net::TcpListener;
 
 use super::*;
+use crate::relay::BroadcastPolicy;
 use crate::runtime::module_hash;
 
 fn runtime() -> Arc<Runtime> {
@@ -26,10 +27,15 @@ struct TestPeer {
     addr: String,
     jobs: Arc<Jobs>,
     reporter: Reporter,
+    stats: Arc<DataStats>,
     _stop: tokio_util::sync::DropGuard,
 }
 
 async fn start_peers(n: usize) -> Vec<TestPeer> {
+    start_peers_with(n, BroadcastPolicy::default()).await
+}
+
+async fn start_peers_with(n: usize, broadcast: BroadcastPolicy) -> Vec<TestPeer> {
     let mut peers = Vec::new();
     for i in 0..n {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -38,6 +44,7 @@ async fn start_peers(n: usize) -> Vec<TestPeer> {
         let stop = CancellationToken::new();
         tokio::spawn(net::serve(listener, registry.clone(), stop.clone()));
         let reporter = Reporter::new();
+        let stats = Arc::new(DataStats::default());
         let jobs = Jobs::new(JobEnv {
             runtime: runtime(),
             registry,
@@ -46,12 +53,15 @@ async fn start_peers(n: usize) -> Vec<TestPeer> {
             max_memory_mib: 64,
             max_superstep_ms: 60_000,
             connect_timeout: Duration::from_secs(5),
+            broadcast,
+            stats: stats.clone(),
         });
         peers.push(TestPeer {
             id: 100 + i as PeerId,
             addr,
             jobs,
             reporter,
+            stats,
             _stop: stop.drop_guard(),
         });
     }
@@ -79,6 +89,7 @@ fn assignment(job: JobId, wasm: &[u8], peers: &[TestPeer], placement: Vec<u32>) 
             .map(|p| JobPeer {
                 id: p.id,
                 addr: p.addr.clone(),
+                cluster: None,
             })
             .collect(),
         resources: vec![],
@@ -808,6 +819,7 @@ async fn a_peer_that_breaks_the_protocol_fails_the_job() {
         a.peers.push(JobPeer {
             id: 999,
             addr: fake_addr.clone(),
+            cluster: None,
         });
         let handles = start_everywhere(&peers, &a, &wasm);
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -822,7 +834,7 @@ async fn a_peer_that_breaks_the_protocol_fails_the_job() {
                         dst: 0,
                         superstep: 0,
                         seq: 0,
-                        payload: vec![1, 2, 3, 4],
+                        payload: vec![1, 2, 3, 4].into(),
                     }],
                 };
                 conn.send(net::encode(&frame).unwrap()).await.unwrap();
@@ -867,5 +879,85 @@ async fn a_peer_that_breaks_the_protocol_fails_the_job() {
         assert!(reason.starts_with(&expected), "{reason}");
         peers[0].jobs.kill(job);
         wait_all(handles).await;
+    }
+}
+
+/// The `broadcast` example's large mode: every receiver's hash matches the
+/// sender's, under every broadcast algorithm; relayed schedules really
+/// relay, and direct sending puts each payload on a connection once per
+/// peer, not once per destination.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_broadcasts_arrive_whole_under_every_algorithm() {
+    use crate::relay::BroadcastAlgorithm as A;
+    use std::sync::atomic::Ordering::Relaxed;
+    const N: u64 = 1_500_001;
+    const ROUNDS: u32 = 2;
+    let wasm = program("broadcast");
+    for (k, algorithm) in [A::Direct, A::Symmetric, A::Binomial, A::Chain, A::Auto]
+        .into_iter()
+        .enumerate()
+    {
+        let policy = BroadcastPolicy {
+            algorithm,
+            chunk: 200_000,
+            ..BroadcastPolicy::default()
+        };
+        let peers = start_peers_with(4, policy).await;
+        let job = 40 + k as JobId;
+        let placement = vec![0, 1, 2, 3, 0, 1, 2, 3, 1, 2];
+        let nprocs = placement.len() as u32;
+        let mut a = assignment(job, wasm, &peers, placement);
+        a.args = format!(r#"{{"bytes": {N}, "rounds": {ROUNDS}}}"#);
+        a.limits.memory_mib = 32;
+        let handles = start_everywhere(&peers, &a, wasm);
+        let events = dedup_output(&run_to_end(&peers, job, nprocs, handles).await);
+        assert_eq!(
+            exited_pids(&events).len() as u32,
+            nprocs,
+            "{algorithm:?}: {events:?}"
+        );
+        for round in 0..ROUNDS {
+            let root = round % nprocs;
+            let sent = stdout_of(&events, root)
+                .into_iter()
+                .find(|l| l.starts_with(&format!("round {round}: pid {root} sent")))
+                .unwrap_or_else(|| {
+                    panic!("{algorithm:?}: pid {root} sent nothing in round {round}")
+                });
+            let hash = sent.rsplit(' ').next().unwrap().to_string();
+            for pid in 0..nprocs {
+                let want = format!("round {round}: pid {pid} got {N} bytes fnv {hash}");
+                assert!(
+                    stdout_of(&events, pid).contains(&want),
+                    "{algorithm:?}: pid {pid} lacks `{want}`: {:?}",
+                    stdout_of(&events, pid)
+                );
+            }
+        }
+        let direct: u64 = peers.iter().map(|p| p.stats.direct.load(Relaxed)).sum();
+        let relayed: u64 = peers.iter().map(|p| p.stats.relayed.load(Relaxed)).sum();
+        match algorithm {
+            // Loopback: the rule sends directly. Each round the sender's
+            // peer sends the payload to the 3 other peers once each (not to
+            // each of their 7 or so destination pids).
+            A::Direct | A::Auto => {
+                assert_eq!(relayed, 0, "{algorithm:?}");
+                let once_per_peer = u64::from(ROUNDS) * 3 * N;
+                assert!(
+                    (once_per_peer..once_per_peer + N / 2).contains(&direct),
+                    "{algorithm:?}: {direct} payload bytes sent, {once_per_peer} expected"
+                );
+            }
+            _ => {
+                assert!(
+                    relayed >= u64::from(ROUNDS) * 3 * N,
+                    "{algorithm:?}: {relayed} relayed"
+                );
+                assert!(
+                    direct < N / 2,
+                    "{algorithm:?}: {direct} bytes went directly"
+                );
+            }
+        }
     }
 }

@@ -690,7 +690,7 @@ impl World {
                     inbox.push(Message {
                         src: m.src,
                         superstep: m.superstep,
-                        payload: Bytes::from(m.payload.clone()),
+                        payload: m.payload.clone(),
                     });
                 }
             }
@@ -719,7 +719,7 @@ impl World {
                     dst: o.dst,
                     superstep: p.superstep(),
                     seq: o.seq,
-                    payload: o.payload.to_vec(),
+                    payload: o.payload.clone(),
                 })
                 .collect();
             let tracker = &mut self.trackers[pid];
