@@ -136,6 +136,10 @@ pub struct JobAssignment {
     /// hands the process over at its next sync.
     #[serde(default)]
     pub migrate: Vec<Pid>,
+    /// The program's size in bytes (0: unknown), so the peers can cut it
+    /// into the same pieces when they pass it on among themselves.
+    #[serde(default)]
+    pub program_bytes: u64,
 }
 
 /// Whether `name` is a valid [`PeerLogin::cluster`]: 1 to 64 ASCII letters,

@@ -33,6 +33,11 @@
 //! schedule among the destination peers and every peer forwards the byte
 //! ranges the schedule gives it as soon as it holds them.
 //!
+//! **The program** of a job reaches its peers by Robber ([`Frame::Program`]):
+//! the first peer of the job's first assignment downloads it from the
+//! supernode, the others steal its pieces from each other, cluster by
+//! cluster; a peer that makes no progress downloads it directly.
+//!
 //! **Checkpoints** travel on the same connections: [`Frame::Checkpoint`] from
 //! a process's host to its replicas, answered by [`Frame::CheckpointAck`];
 //! [`Frame::FetchCheckpoint`] from a process's new host, answered by
@@ -122,6 +127,33 @@ pub enum Frame {
         #[serde(with = "shared_bytes")]
         bytes: Bytes,
     },
+    /// Robber (den Burger and Kielmann) spreading the job's program among
+    /// the peers of its first assignment (`epoch`), so that only one of them
+    /// downloads it from the supernode.
+    Program {
+        epoch: u64,
+        msg: ProgramMsg,
+    },
+}
+
+/// The messages of Robber's Table 1 (`collectives::MulticastMsg`); bit
+/// lists have one entry per piece of the program.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum ProgramMsg {
+    Desire(Vec<bool>),
+    Bitfield(Vec<bool>),
+    Have(u32),
+    Request(u32),
+    Piece {
+        index: u32,
+        #[serde(with = "shared_bytes")]
+        data: Bytes,
+    },
+    Steal,
+    Work(Vec<bool>),
+    FoundWork,
+    Done,
+    Stop,
 }
 
 /// What identifies a relayed multicast and how it travels; the same in

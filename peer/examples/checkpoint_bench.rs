@@ -21,7 +21,7 @@ use bsp_api::{JobId, PeerId};
 use bspweb_peer::checkpoint::{
     Assembled, Assembler, PAGE_SIZE, PageTracker, Plan, ReplicaStore, Snapshot, to_frames,
 };
-use bspweb_peer::job::{JobEnv, Jobs};
+use bspweb_peer::job::{Fetched, JobEnv, Jobs};
 use bspweb_peer::net::{self, Registry};
 use bspweb_peer::report::Reporter;
 use bspweb_peer::runtime::{JobInfo, Outcome, Runtime, module_hash};
@@ -325,6 +325,7 @@ async fn run_driver(
         epoch: 0,
         restore: vec![],
         migrate: vec![],
+        program_bytes: 0,
     };
     let watcher = watch(peers[0].reporter.clone());
     let handles: Vec<_> = peers
@@ -332,7 +333,12 @@ async fn run_driver(
         .map(|p| {
             let m = module.clone();
             p.jobs
-                .start(p.id, a.clone(), async move { Ok(m) })
+                .start(p.id, a.clone(), async move {
+                    Ok(Fetched {
+                        module: m,
+                        bytes: bytes::Bytes::new(),
+                    })
+                })
                 .expect("the job starts")
         })
         .collect();

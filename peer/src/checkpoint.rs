@@ -1026,6 +1026,7 @@ impl Assembler {
             Frame::CheckpointAck { .. } => Err(CheckpointError::NotCheckpoint("CheckpointAck")),
             Frame::FetchCheckpoint { .. } => Err(CheckpointError::NotCheckpoint("FetchCheckpoint")),
             Frame::Relay { .. } => Err(CheckpointError::NotCheckpoint("Relay")),
+            Frame::Program { .. } => Err(CheckpointError::NotCheckpoint("Program")),
         }
     }
 }

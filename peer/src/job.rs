@@ -40,6 +40,7 @@ use wasmtime::Module;
 use crate::barrier::Barrier;
 use crate::checkpoint::{self, Assembled, Assembler, PageTracker, ReplicaStore, Snapshot};
 use crate::net::{self, Dial, Inbound, Registry};
+use crate::program;
 use crate::relay::{self, BroadcastPolicy, DataStats, Inflight, RelayKey, Site};
 use crate::report::Reporter;
 use crate::runtime::{JobInfo, Message, Outcome, Process, Runtime};
@@ -49,6 +50,23 @@ const BATCH_BYTES: usize = 1 << 20;
 
 /// Job ids remembered after they ended, so a repeated `StartJob` is ignored.
 const REMEMBER_ENDED: usize = 4096;
+
+/// A job's program: compiled, and its bytes (to pass on to other peers).
+pub struct Fetched {
+    pub module: Module,
+    pub bytes: bytes::Bytes,
+}
+
+/// How the program is downloaded from the supernode when it must be.
+type Download = std::pin::Pin<Box<dyn Future<Output = Result<Fetched, String>> + Send>>;
+
+/// What the tasks that get the program report.
+enum ProgramEvent {
+    /// The direct download (or the cache) answered.
+    Downloaded(Result<Fetched, String>),
+    /// The bytes Robber assembled, compiled (or why not).
+    Assembled(Result<Module, String>),
+}
 
 /// What every job on this peer shares.
 #[derive(Debug, Clone)]
@@ -118,19 +136,21 @@ impl Jobs {
     }
 
     /// Start this peer's share of a job (`me` is this peer's id), or hand a
-    /// newer assignment (higher epoch) to the job already running. `module`
-    /// resolves to the compiled program, or to a reason it is unavailable;
-    /// it is only awaited when the job starts here. Returns `None` if the job
+    /// newer assignment (higher epoch) to the job already running.
+    /// `download` fetches and compiles the program from the supernode (or
+    /// the cache), or gives a reason it is unavailable; it runs only if the
+    /// program does not reach this peer from the job's other peers
+    /// ([`crate::program`]). Returns `None` if the job
     /// was already running (the assignment, if newer, was passed on) or ran
     /// before.
     pub fn start<F>(
         self: &Arc<Self>,
         me: PeerId,
         assignment: JobAssignment,
-        module: F,
+        download: F,
     ) -> Option<JoinHandle<()>>
     where
-        F: Future<Output = Result<Module, String>> + Send + 'static,
+        F: Future<Output = Result<Fetched, String>> + Send + 'static,
     {
         let job = assignment.job;
         let cancel = CancellationToken::new();
@@ -171,24 +191,17 @@ impl Jobs {
         let jobs = self.clone();
         Some(tokio::spawn(async move {
             let env = jobs.env.clone();
-            tokio::select! {
-                _ = cancel.cancelled() => {}
-                module = module => match module {
-                    Ok(module) => {
-                        run_job(env.clone(), me, assignment, module, tx, rx, updates, cancel).await;
-                    }
-                    Err(reason) => {
-                        env.reporter.emit(PeerEvent::ProcessFailed {
-                            job,
-                            pid: None,
-                            superstep: 0,
-                            reason,
-                        });
-                        // Wait for the supernode to end the job.
-                        cancel.cancelled().await;
-                    }
-                },
-            }
+            run_job(
+                env,
+                me,
+                assignment,
+                Box::pin(download),
+                tx,
+                rx,
+                updates,
+                cancel,
+            )
+            .await;
             jobs.env.registry.unregister(job, me);
             let mut t = jobs.lock();
             if t.running.get(&job).is_some_and(|r| r.me == me) {
@@ -322,7 +335,19 @@ enum Task {
 struct Driver {
     env: JobEnv,
     info: Arc<JobInfo>,
-    module: Module,
+    /// The compiled program, once it is here.
+    module: Option<Module>,
+    /// Processes to start (fresh, restored) once the program is here.
+    deferred: Option<(Vec<Pid>, Vec<Pid>)>,
+    /// The direct download, until it is started (`None` after).
+    download: Option<Download>,
+    /// Robber spreading the program among the job's first peers.
+    dist: Option<program::Distribution>,
+    /// When the last piece of the program arrived (or Robber started).
+    dist_progress: Instant,
+    dist_started: Instant,
+    program_tx: mpsc::UnboundedSender<ProgramEvent>,
+    program_hash: String,
     job: JobId,
     me: PeerId,
     token: String,
@@ -490,7 +515,7 @@ async fn run_job(
     env: JobEnv,
     me: PeerId,
     a: JobAssignment,
-    module: Module,
+    download: Download,
     events_tx: mpsc::Sender<Inbound>,
     events: mpsc::Receiver<Inbound>,
     updates: mpsc::UnboundedReceiver<JobAssignment>,
@@ -515,10 +540,19 @@ async fn run_job(
     };
     let limit = info.outbox_limit;
     let nprocs = a.nprocs;
+    let (program_tx, program_rx) = mpsc::unbounded_channel();
+    let now = Instant::now();
     let mut d = Driver {
         env,
         info: Arc::new(info),
-        module,
+        module: None,
+        deferred: None,
+        download: Some(download),
+        dist: None,
+        dist_progress: now,
+        dist_started: now,
+        program_tx,
+        program_hash: a.program_hash.clone(),
         job,
         me,
         token: a.job_token.clone(),
@@ -554,11 +588,9 @@ async fn run_job(
         .collect();
     let (fresh, restored): (Vec<Pid>, Vec<Pid>) =
         mine.into_iter().partition(|p| !restore.contains(p));
-    for pid in restored {
-        d.begin_fetch(pid);
-    }
-    d.start_fresh(fresh);
-    d.run(events, updates, cancel).await;
+    d.deferred = Some((fresh, restored));
+    d.get_program(&a);
+    d.run(events, updates, program_rx, cancel).await;
     // Stop whatever still runs, close our connections.
     kill.store(true, Ordering::Relaxed);
     d.tasks.abort_all();
@@ -572,13 +604,20 @@ impl Driver {
         &mut self,
         mut events: mpsc::Receiver<Inbound>,
         mut updates: mpsc::UnboundedReceiver<JobAssignment>,
+        mut program: mpsc::UnboundedReceiver<ProgramEvent>,
         cancel: CancellationToken,
     ) {
         let mut delivered = self.env.reporter.watch_delivered();
         loop {
             self.pump();
+            let waiting_for_robber = self.module.is_none() && self.dist.is_some();
+            let stall_at = self.dist_progress + program::STALL;
             tokio::select! {
                 _ = cancel.cancelled() => return,
+                Some(p) = program.recv() => self.on_program(p),
+                _ = tokio::time::sleep_until(stall_at), if waiting_for_robber => {
+                    self.fall_back("no piece of the program arrived for 10 s".into());
+                }
                 Ok(()) = delivered.changed() => self.on_output_delivered(),
                 Some(joined) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                     match joined {
@@ -599,6 +638,183 @@ impl Driver {
 
     fn emit(&self, e: PeerEvent) {
         self.env.reporter.emit(e);
+    }
+
+    fn status(&self, text: String) {
+        self.emit(PeerEvent::Status {
+            job: self.job,
+            pid: None,
+            text,
+        });
+    }
+
+    /// Get the program: from the cache, by Robber from the job's other
+    /// peers, or downloaded from the supernode (`crate::program`).
+    fn get_program(&mut self, a: &JobAssignment) {
+        let cached = self.env.runtime.cached_program(&a.program_hash);
+        if program::Distribution::applies(a) {
+            match program::Distribution::new(a, self.me) {
+                Ok(mut dist) => {
+                    let out = match &cached {
+                        Some((_, bytes)) => dist.seed(bytes),
+                        None if dist.is_root() => Ok(Vec::new()),
+                        None => Ok(dist.start()),
+                    };
+                    match out {
+                        Ok(out) => {
+                            let root = dist.is_root();
+                            self.dist = Some(dist);
+                            self.dist_started = Instant::now();
+                            self.dist_progress = self.dist_started;
+                            self.send_program_frames(out);
+                            if cached.is_none() && root {
+                                self.start_download();
+                            }
+                        }
+                        Err(e) => tracing::info!(job = self.job, "no program distribution: {e}"),
+                    }
+                }
+                Err(e) => tracing::info!(job = self.job, "no program distribution: {e}"),
+            }
+        }
+        match cached {
+            Some((module, _)) => self.program_ready(module),
+            None if self.dist.is_none() => self.start_download(),
+            None => {}
+        }
+    }
+
+    fn send_program_frames(&mut self, out: program::Out) {
+        for (to, f) in out {
+            self.send_to(to, f);
+        }
+    }
+
+    /// Start the direct download (once).
+    fn start_download(&mut self) {
+        if let Some(download) = self.download.take() {
+            let tx = self.program_tx.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(ProgramEvent::Downloaded(download.await));
+            });
+        }
+    }
+
+    /// Robber failed here: download the program unless it is here already.
+    fn fall_back(&mut self, why: String) {
+        if self.module.is_some() {
+            return;
+        }
+        if self.download.is_some() {
+            tracing::info!(job = self.job, "downloading the program directly: {why}");
+            self.status(format!(
+                "peer #{} downloads the program directly: {why}",
+                self.me
+            ));
+        }
+        // A void distribution stops answering; the others fall back too.
+        self.dist = None;
+        self.start_download();
+    }
+
+    fn on_program(&mut self, event: ProgramEvent) {
+        match event {
+            ProgramEvent::Downloaded(Ok(f)) => {
+                if let Some(dist) = &mut self.dist {
+                    match dist.seed(&f.bytes) {
+                        Ok(out) => {
+                            if dist.is_root() {
+                                let n = self.peers.len() - 1;
+                                self.status(format!(
+                                    "peer #{} downloaded the program ({} KiB) and passes it on to {n} peers by Robber",
+                                    self.me,
+                                    f.bytes.len() >> 10
+                                ));
+                            }
+                            self.send_program_frames(out);
+                        }
+                        Err(e) => {
+                            tracing::info!(job = self.job, "the program's distribution ends: {e}");
+                            self.dist = None;
+                        }
+                    }
+                }
+                self.program_ready(f.module);
+            }
+            ProgramEvent::Downloaded(Err(reason)) => {
+                if self.module.is_none() {
+                    self.fail(None, reason);
+                }
+            }
+            ProgramEvent::Assembled(Ok(module)) => {
+                if let Some(dist) = &self.dist {
+                    let ms = self.dist_started.elapsed().as_millis();
+                    self.status(format!(
+                        "peer #{} got the program by Robber in {ms} ms: {} pieces from {} peers",
+                        self.me,
+                        dist.received,
+                        dist.sources.len()
+                    ));
+                }
+                self.program_ready(module);
+            }
+            ProgramEvent::Assembled(Err(e)) => self.fall_back(e),
+        }
+    }
+
+    /// A program frame from `from`.
+    fn on_program_msg(&mut self, from: PeerId, epoch: u64, msg: bsp_api::wire::ProgramMsg) {
+        let Some(dist) = &mut self.dist else {
+            return;
+        };
+        if epoch != dist.epoch {
+            return; // another distribution (a peer that joined later)
+        }
+        let had = dist.has_all();
+        let received = dist.received;
+        match dist.on_msg(from, msg) {
+            Ok(out) => {
+                if dist.received > received {
+                    self.dist_progress = Instant::now();
+                }
+                let complete = !had && dist.has_all() && self.module.is_none();
+                let data = if complete { dist.data() } else { None };
+                self.send_program_frames(out);
+                if let Some(bytes) = data {
+                    let runtime = self.env.runtime.clone();
+                    let hash = self.program_hash.clone();
+                    let tx = self.program_tx.clone();
+                    tokio::spawn(async move {
+                        let compiled = tokio::task::spawn_blocking(move || {
+                            runtime.compile(&hash, &bytes).map_err(|e| {
+                                format!("the program from other peers is unusable: {e}")
+                            })
+                        })
+                        .await
+                        .unwrap_or_else(|e| Err(format!("compiling the program failed: {e}")));
+                        let _ = tx.send(ProgramEvent::Assembled(compiled));
+                    });
+                }
+            }
+            Err(e) => {
+                tracing::info!(job = self.job, "{e}");
+                self.fall_back(e);
+            }
+        }
+    }
+
+    /// The program is here: start the processes that waited for it.
+    fn program_ready(&mut self, module: Module) {
+        if self.module.is_some() {
+            return;
+        }
+        self.module = Some(module);
+        if let Some((fresh, restored)) = self.deferred.take() {
+            for pid in restored {
+                self.begin_fetch(pid);
+            }
+            self.start_fresh(fresh);
+        }
     }
 
     /// End the job on this peer with an error and wait for `KillJob`.
@@ -923,6 +1139,15 @@ impl Driver {
     }
 
     fn start_fresh(&mut self, pids: Vec<Pid>) {
+        if self.module.is_none() {
+            let (fresh, _) = self.deferred.get_or_insert_default();
+            for pid in pids {
+                if !fresh.contains(&pid) {
+                    fresh.push(pid);
+                }
+            }
+            return;
+        }
         for pid in pids {
             self.local.insert(
                 pid,
@@ -936,7 +1161,9 @@ impl Driver {
                 },
             );
             let runtime = self.env.runtime.clone();
-            let module = self.module.clone();
+            let Some(module) = self.module.clone() else {
+                unreachable!("start_fresh defers until the program is here")
+            };
             let info = self.info.clone();
             let slots = self.env.slots.clone();
             self.tasks.spawn(async move {
@@ -1342,6 +1569,13 @@ impl Driver {
     }
 
     fn begin_fetch(&mut self, pid: Pid) {
+        if self.module.is_none() {
+            let (_, restored) = self.deferred.get_or_insert_default();
+            if !restored.contains(&pid) {
+                restored.push(pid);
+            }
+            return;
+        }
         let waiting: HashSet<PeerId> = self.links.keys().copied().collect();
         let best = self.store.newest(pid).cloned().map(Arc::new);
         self.local.insert(
@@ -1411,7 +1645,9 @@ impl Driver {
             }
             Some(snapshot) => {
                 let runtime = self.env.runtime.clone();
-                let module = self.module.clone();
+                let Some(module) = self.module.clone() else {
+                    unreachable!("begin_fetch defers until the program is here")
+                };
                 let info = self.info.clone();
                 if let Some(l) = self.local.get_mut(&pid) {
                     l.state = State::Busy;
@@ -1665,6 +1901,7 @@ impl Driver {
                 offset,
                 bytes,
             } => self.on_relay(from, *head, offset, bytes)?,
+            Frame::Program { epoch, msg } => self.on_program_msg(from, epoch, msg),
             Frame::Hello { .. } | Frame::Welcome | Frame::Reject { .. } => {
                 return Err("a handshake frame is not allowed after the handshake".into());
             }

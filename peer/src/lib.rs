@@ -18,6 +18,7 @@ pub mod checkpoint;
 pub mod control;
 pub mod job;
 pub mod net;
+pub mod program;
 pub mod relay;
 pub mod report;
 pub mod runtime;
@@ -442,14 +443,14 @@ async fn command_loop(
     }
 }
 
-/// The compiled module for `hash`: from the cache, or downloaded and compiled.
+/// The program `hash`, compiled: from the cache, or downloaded and compiled.
 async fn fetch_module(
     client: Arc<Client>,
     runtime: Arc<Runtime>,
     hash: String,
-) -> Result<wasmtime::Module, String> {
-    if let Some(m) = runtime.cached(&hash) {
-        return Ok(m);
+) -> Result<job::Fetched, String> {
+    if let Some((module, bytes)) = runtime.cached_program(&hash) {
+        return Ok(job::Fetched { module, bytes });
     }
     let mut backoff = Duration::from_millis(200);
     let bytes = loop {
@@ -463,10 +464,14 @@ async fn fetch_module(
             Err(e) => return Err(format!("could not download the program {hash}: {e}")),
         }
     };
-    tokio::task::spawn_blocking(move || runtime.compile(&hash, &bytes))
+    tracing::info!(program = %hash, bytes = bytes.len(), "downloaded the program from the supernode");
+    let bytes = bytes::Bytes::from(bytes);
+    let b = bytes.clone();
+    let module = tokio::task::spawn_blocking(move || runtime.compile(&hash, &b))
         .await
         .map_err(|e| format!("compiling the program failed: {e}"))?
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    Ok(job::Fetched { module, bytes })
 }
 
 #[cfg(test)]

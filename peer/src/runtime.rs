@@ -79,7 +79,9 @@ pub fn module_hash(bytes: &[u8]) -> String {
 pub struct Runtime {
     engine: Engine,
     linker: Linker<ProcState>,
-    modules: Mutex<Vec<(String, Module)>>,
+    /// `(hash, compiled, bytes)`: the bytes so the peer can pass the
+    /// program on to other peers of a job.
+    modules: Mutex<Vec<(String, Module, Bytes)>>,
     stop_ticker: Arc<AtomicBool>,
     ticker: Mutex<Option<JoinHandle<()>>>,
 }
@@ -141,15 +143,20 @@ impl Runtime {
 
     /// A compiled module from the cache.
     pub fn cached(&self, hash: &str) -> Option<Module> {
+        self.cached_program(hash).map(|(m, _)| m)
+    }
+
+    /// A compiled module from the cache, with its bytes.
+    pub fn cached_program(&self, hash: &str) -> Option<(Module, Bytes)> {
         let mut cache = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         let i = cache
             .iter()
-            .position(|(h, _)| h.eq_ignore_ascii_case(hash))?;
+            .position(|(h, _, _)| h.eq_ignore_ascii_case(hash))?;
         // Move to the back: the cache evicts from the front.
         let entry = cache.remove(i);
-        let module = entry.1.clone();
+        let found = (entry.1.clone(), entry.2.clone());
         cache.push(entry);
-        Some(module)
+        Some(found)
     }
 
     /// Check that `bytes` hash to `hash`, validate them against the
@@ -170,11 +177,11 @@ impl Runtime {
         let module = Module::new(&self.engine, bytes)
             .map_err(|e| CompileError::Compile(format!("{e:#}")))?;
         let mut cache = self.modules.lock().unwrap_or_else(|p| p.into_inner());
-        if !cache.iter().any(|(h, _)| h.eq_ignore_ascii_case(hash)) {
+        if !cache.iter().any(|(h, _, _)| h.eq_ignore_ascii_case(hash)) {
             if cache.len() >= MODULE_CACHE {
                 cache.remove(0);
             }
-            cache.push((actual, module.clone()));
+            cache.push((actual, module.clone(), Bytes::copy_from_slice(bytes)));
         }
         Ok(module)
     }

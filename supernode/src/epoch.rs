@@ -16,7 +16,7 @@ use bsp_api::control::{Command, JobAssignment, JobPeer};
 use bsp_api::rest::{JobEventKind, JobLimits, JobOutcome};
 use bsp_api::{JobId, PeerId, Pid};
 use placement::golden_position;
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use sha2::{Digest, Sha256};
 
 use crate::db::{self, u64_from_sql, u64_to_sql};
@@ -272,6 +272,7 @@ pub(crate) fn assignment(
         .map(|row| row.map(|(name, data)| (name, BASE64.encode(data))))
         .collect::<rusqlite::Result<_>>()?
     };
+    let program_hash_for_size = program_hash.clone();
     Ok(JobAssignment {
         job,
         program_hash,
@@ -292,6 +293,14 @@ pub(crate) fn assignment(
         epoch: u64_from_sql(epoch),
         restore,
         migrate,
+        program_bytes: tx
+            .query_row(
+                "SELECT size FROM programs WHERE hash = ?1",
+                [&program_hash_for_size],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()?
+            .map_or(0, u64_from_sql),
     })
 }
 

@@ -22,6 +22,12 @@ fn runtime() -> Arc<Runtime> {
     RT.get_or_init(|| Runtime::new().expect("engine")).clone()
 }
 
+impl TestPeer {
+    fn jobs_runtime(&self) -> Arc<Runtime> {
+        self.jobs.env.runtime.clone()
+    }
+}
+
 struct TestPeer {
     id: PeerId,
     addr: String,
@@ -36,6 +42,16 @@ async fn start_peers(n: usize) -> Vec<TestPeer> {
 }
 
 async fn start_peers_with(n: usize, broadcast: BroadcastPolicy) -> Vec<TestPeer> {
+    start_peers_on(n, broadcast, |_| runtime()).await
+}
+
+/// Peers with a runtime (engine and module cache) each, as separate
+/// machines would have.
+async fn start_peers_on(
+    n: usize,
+    broadcast: BroadcastPolicy,
+    runtime_of: impl Fn(usize) -> Arc<Runtime>,
+) -> Vec<TestPeer> {
     let mut peers = Vec::new();
     for i in 0..n {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -46,7 +62,7 @@ async fn start_peers_with(n: usize, broadcast: BroadcastPolicy) -> Vec<TestPeer>
         let reporter = Reporter::new();
         let stats = Arc::new(DataStats::default());
         let jobs = Jobs::new(JobEnv {
-            runtime: runtime(),
+            runtime: runtime_of(i),
             registry,
             reporter: reporter.clone(),
             slots: Arc::new(Semaphore::new(2)),
@@ -96,6 +112,7 @@ fn assignment(job: JobId, wasm: &[u8], peers: &[TestPeer], placement: Vec<u32>) 
         epoch: 0,
         restore: vec![],
         migrate: vec![],
+        program_bytes: 0,
     }
 }
 
@@ -106,7 +123,12 @@ fn start_everywhere(peers: &[TestPeer], a: &JobAssignment, wasm: &[u8]) -> Vec<J
         .map(|p| {
             let m = module.clone();
             p.jobs
-                .start(p.id, a.clone(), async move { Ok(m) })
+                .start(p.id, a.clone(), async move {
+                    Ok(Fetched {
+                        module: m,
+                        bytes: bytes::Bytes::new(),
+                    })
+                })
                 .expect("job starts")
         })
         .collect()
@@ -959,5 +981,78 @@ async fn large_broadcasts_arrive_whole_under_every_algorithm() {
                 );
             }
         }
+    }
+}
+
+/// Robber: only the first peer downloads the program (the others' downloads
+/// fail), the rest get it from each other across three clusters, and the
+/// job runs; each peer says how it got the program.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_program_reaches_the_peers_by_robber() {
+    let _ = runtime(); // the log subscriber
+    let mut peers = start_peers_on(6, BroadcastPolicy::default(), |_| {
+        Runtime::new().expect("engine")
+    })
+    .await;
+    let wasm = program("broadcast");
+    let mut a = assignment(70, wasm, &peers, vec![0, 1, 2, 3, 4, 5, 0, 1]);
+    a.program_bytes = wasm.len() as u64;
+    for (i, p) in a.peers.iter_mut().enumerate() {
+        p.cluster = Some(["x", "y", "z"][i % 3].to_string());
+    }
+    let handles: Vec<JoinHandle<()>> = peers
+        .iter_mut()
+        .enumerate()
+        .map(|(i, p)| {
+            let root = i == 0;
+            let rt = p.jobs_runtime();
+            let bytes = wasm.to_vec();
+            p.jobs
+                .start(p.id, a.clone(), async move {
+                    if !root {
+                        return Err("only the first peer may download the program".to_string());
+                    }
+                    let module = rt
+                        .compile(&module_hash(&bytes), &bytes)
+                        .map_err(|e| e.to_string())?;
+                    Ok(Fetched {
+                        module,
+                        bytes: bytes.into(),
+                    })
+                })
+                .expect("job starts")
+        })
+        .collect();
+    let events = run_to_end(&peers, 70, 8, handles).await;
+    assert_eq!(exited_pids(&events).len(), 8, "{events:?}");
+    let statuses: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            PeerEvent::Status { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        statuses
+            .iter()
+            .any(|t| t.contains("downloaded the program") && t.contains("Robber")),
+        "{statuses:?}"
+    );
+    let by_robber = statuses
+        .iter()
+        .filter(|t| t.contains("got the program by Robber"))
+        .count();
+    assert_eq!(by_robber, 5, "{statuses:?}");
+    assert!(
+        !statuses.iter().any(|t| t.contains("directly")),
+        "{statuses:?}"
+    );
+    // The program ran: pid 0's hello reached everyone.
+    for pid in 0..8 {
+        assert!(
+            stdout_of(&events, pid).contains(&format!("pid {pid} got range hello from 0")),
+            "pid {pid}: {:?}",
+            stdout_of(&events, pid)
+        );
     }
 }
