@@ -2096,6 +2096,14 @@ impl Driver {
         }
         if !gone.is_empty() {
             self.relay_around(&gone);
+            if self.module.is_none()
+                && self
+                    .dist
+                    .as_ref()
+                    .is_some_and(|d| gone.iter().any(|g| d.involves(*g)))
+            {
+                self.fall_back("a peer passing the program on left the job".into());
+            }
         }
         true
     }
