@@ -13,3 +13,4 @@ mod examples;
 mod faults;
 mod security;
 mod testbed;
+mod testbed_jobs;

@@ -1,0 +1,343 @@
+//! Jobs on the network testbed (`testbed.rs`): a supernode and peers
+//! started inside its hosts, driven through the REST client from inside the
+//! supernode's namespace.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::testbed::{Leftovers, Testbed, Topology};
+
+/// A supernode and peers started on testbed hosts.
+struct Deployment {
+    url: String,
+    /// The supernode's data and the peers' logs and idle files.
+    data: tempfile::TempDir,
+    /// `(host, child index)` of each peer.
+    peers: Vec<(String, usize)>,
+}
+
+impl Deployment {
+    /// The log file of the peer on `host` (when started with `logs`).
+    fn log(&self, host: &str) -> String {
+        std::fs::read_to_string(self.data.path().join(format!("peer-{host}.log")))
+            .unwrap_or_default()
+    }
+}
+
+/// Start a supernode on `supernode_host` and a peer on each of `peers`
+/// (`(host, cluster)`), the peers logging `peer_log` to files.
+fn deploy(
+    tb: &mut Testbed,
+    supernode_host: &str,
+    peers: &[(&str, Option<&str>)],
+    lease_ttl_secs: u64,
+    peer_log: &str,
+) -> Deployment {
+    use crate::harness::{ADMIN, ADMIN_PASSWORD, bspweb};
+    let data = tempfile::tempdir().unwrap();
+    let mut sn = bspweb();
+    sn.args(["supernode", "--listen"])
+        .arg(format!("{}:7878", tb.addr(supernode_host)))
+        .arg("--exit-on-stdin-eof")
+        .arg("--data")
+        .arg(data.path().join("supernode"))
+        .args(["--lease-ttl-secs", &lease_ttl_secs.to_string()])
+        .env("BSPWEB_USER", ADMIN)
+        .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
+        .env("BSPWEB_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let i = tb.spawn(supernode_host, sn).unwrap();
+    let mut line = String::new();
+    BufReader::new(tb.child(i).stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("the supernode printed {line:?}"))
+        .to_string();
+    let mut started = Vec::new();
+    for &(host, cluster) in peers {
+        let idle = data.path().join(format!("idle-{host}"));
+        std::fs::write(&idle, "1.0").unwrap();
+        let log = File::create(data.path().join(format!("peer-{host}.log"))).unwrap();
+        let mut peer = bspweb();
+        peer.args(["peer", "--supernode", &url, "--listen", "0.0.0.0:7900"])
+            .arg("--advertise")
+            .arg(format!("{}:7900", tb.addr(host)))
+            .args(["--name", &format!("tb-{host}"), "--nice", "0"])
+            .args(["--speed", "1.0", "--slots", "2", "--exit-on-stdin-eof"])
+            .arg("--idle-file")
+            .arg(&idle)
+            .env("BSPWEB_LOG", peer_log)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        if let Some(c) = cluster {
+            peer.args(["--cluster", c]);
+        }
+        let k = tb.spawn(host, peer).unwrap();
+        started.push((host.to_string(), k));
+    }
+    Deployment {
+        url,
+        data,
+        peers: started,
+    }
+}
+
+/// Log in from inside the current namespace and wait for `n` online peers.
+async fn online_client(url: &str, n: usize) -> bsp_api::client::Client {
+    use crate::harness::{ADMIN, ADMIN_PASSWORD};
+    let client = bsp_api::client::Client::login(url, ADMIN, ADMIN_PASSWORD)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let online = client
+            .peers()
+            .await
+            .map(|ps| ps.iter().filter(|p| p.state == "online").count())
+            .unwrap_or(0);
+        if online == n {
+            return client;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {online} of {n} peers came online"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Run `f` with a client in `host`'s namespace; clean up the testbed (and
+/// check nothing is left) whatever happens, then return `f`'s result.
+fn with_client<T: Send + 'static, F>(
+    tb: Testbed,
+    mut left: Leftovers,
+    host: &str,
+    f: impl FnOnce() -> F + Send + 'static,
+) -> T
+where
+    F: std::future::Future<Output = T>,
+{
+    let thread = tb
+        .thread_in(host, move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(f())
+        })
+        .unwrap();
+    let result = thread.join();
+    left.pids = tb.child_pids();
+    drop(tb);
+    left.assert_none();
+    match result {
+        Ok(r) => r,
+        Err(p) => std::panic::resume_unwind(p),
+    }
+}
+
+/// A supernode in cluster a, a peer in each cluster: a ring job of 6
+/// processes runs across the 20 Mbit/s gateways.
+#[test]
+fn a_ring_job_runs_across_clusters() {
+    use crate::harness::{job, run as run_job};
+
+    let mut tb = Testbed::create(&Topology::load("clusters").unwrap()).unwrap();
+    let left = Leftovers::of(&tb);
+    let d = deploy(
+        &mut tb,
+        "a0",
+        &[("a1", None), ("b0", None), ("c0", None)],
+        15,
+        "warn",
+    );
+    let url = d.url.clone();
+    let ring = with_client(tb, left, "a0", move || async move {
+        let client = online_client(&url, 3).await;
+        run_job(&client, job("ring", 6, serde_json::Value::Null)).await
+    });
+
+    ring.assert_exited();
+    assert_eq!(ring.info.exited, 6);
+    for pid in 0..6 {
+        let out = ring.stdout(pid);
+        assert!(
+            out.iter().any(|l| l == "got in total 2 messages"),
+            "pid {pid} printed {out:?}"
+        );
+    }
+    let mut peers = ring.info.placement.clone();
+    peers.sort();
+    peers.dedup();
+    assert!(
+        peers.len() >= 2,
+        "all processes ran on one peer: {:?}",
+        ring.info.placement
+    );
+}
+
+/// Status lines of a run.
+fn statuses(run: &crate::harness::Run) -> Vec<String> {
+    run.events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            bsp_api::rest::JobEventKind::Status { text } => Some(text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every pid of `run` printed, for each round, that it got `bytes` bytes
+/// with the hash the round's sender printed.
+fn assert_broadcasts_arrived(run: &crate::harness::Run, nprocs: u32, rounds: u32, bytes: u64) {
+    for round in 0..rounds {
+        let root = round % nprocs;
+        let prefix = format!("round {round}: pid {root} sent {bytes} bytes fnv ");
+        let hash = run
+            .stdout(root)
+            .iter()
+            .find_map(|l| l.strip_prefix(&prefix).map(String::from))
+            .unwrap_or_else(|| {
+                panic!(
+                    "pid {root} did not send round {round}: {:?}",
+                    run.stdout(root)
+                )
+            });
+        for pid in 0..nprocs {
+            let want = format!("round {round}: pid {pid} got {bytes} bytes fnv {hash}");
+            assert!(
+                run.stdout(pid).contains(&want),
+                "pid {pid} lacks `{want}`: {:?}",
+                run.stdout(pid)
+            );
+        }
+    }
+}
+
+const TB_PEERS: [(&str, Option<&str>); 6] = [
+    ("a1", Some("a")),
+    ("a2", Some("a")),
+    ("b0", Some("b")),
+    ("b1", Some("b")),
+    ("c0", Some("c")),
+    ("c1", Some("c")),
+];
+
+/// Six peers in three clusters behind 20 Mbit/s gateways: the job's program
+/// reaches them by Robber (one download from the supernode, the other five
+/// from each other), and `broadcast`'s large rounds are relayed along a
+/// chain ordered cluster by cluster, each receiver getting the sender's
+/// bytes (hash checked).
+#[test]
+fn a_broadcast_job_gets_its_program_by_robber_and_relays_across_clusters() {
+    use crate::harness::{job, run as run_job};
+    const BYTES: u64 = 1_500_000;
+    const ROUNDS: u32 = 3;
+
+    let mut tb = Testbed::create(&Topology::load("clusters").unwrap()).unwrap();
+    let left = Leftovers::of(&tb);
+    let d = deploy(&mut tb, "a0", &TB_PEERS, 15, "warn,bspweb_peer::job=debug");
+    let url = d.url.clone();
+    let run = with_client(tb, left, "a0", move || async move {
+        let client = online_client(&url, 6).await;
+        let args = serde_json::json!({"bytes": BYTES, "rounds": ROUNDS});
+        run_job(&client, job("broadcast", 12, args)).await
+    });
+    run.assert_exited();
+    assert_broadcasts_arrived(&run, 12, ROUNDS, BYTES);
+    let st = statuses(&run);
+    assert_eq!(
+        st.iter()
+            .filter(|t| t.contains("downloaded the program"))
+            .count(),
+        1,
+        "{st:?}"
+    );
+    assert_eq!(
+        st.iter()
+            .filter(|t| t.contains("got the program by Robber"))
+            .count(),
+        5,
+        "{st:?}"
+    );
+    assert!(!st.iter().any(|t| t.contains("directly")), "{st:?}");
+    let relayed: usize = TB_PEERS
+        .iter()
+        .map(|(h, _)| {
+            d.log(h)
+                .lines()
+                .filter(|l| l.contains("relaying a multicast") && l.contains("Chain"))
+                .count()
+        })
+        .sum();
+    // Each round's 1.5 MB message goes along a chain.
+    assert!(
+        relayed >= ROUNDS as usize,
+        "{relayed} relayed multicasts logged"
+    );
+}
+
+/// The same across clusters, and a peer is killed (SIGKILL) while the
+/// rounds go on: its processes are restored elsewhere and every process,
+/// restored ones included, still gets every round's bytes.
+#[test]
+fn killing_a_peer_during_broadcasts_still_delivers_everywhere() {
+    use crate::harness::{collect, job};
+    const BYTES: u64 = 1_000_000;
+    const ROUNDS: u32 = 8;
+
+    let mut tb = Testbed::create(&Topology::load("clusters").unwrap()).unwrap();
+    let left = Leftovers::of(&tb);
+    let d = deploy(&mut tb, "a0", &TB_PEERS, 3, "warn");
+    let url = d.url.clone();
+    // b0: a relay in the middle of the chains (cluster b sits between a and c).
+    let victim = tb.child(d.peers[2].1).id();
+    let run = with_client(tb, left, "a0", move || async move {
+        let client = online_client(&url, 6).await;
+        let args = serde_json::json!({"bytes": BYTES, "rounds": ROUNDS});
+        let info = client.submit(&job("broadcast", 12, args)).await.unwrap();
+        // Kill the peer once round 1 is under way.
+        let mut stream = client.events(info.id, None);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while let Some(e) = stream.next().await.unwrap() {
+            if let bsp_api::rest::JobEventKind::Stdout { text } = &e.kind
+                && text.starts_with("round 1:")
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "round 1 never started");
+        }
+        let killed = Command::new("kill")
+            .args(["-9", &victim.to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        collect(&client, info.id).await
+    });
+    run.assert_exited();
+    assert_broadcasts_arrived(&run, 12, ROUNDS, BYTES);
+    let restored = run
+        .events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.kind,
+                bsp_api::rest::JobEventKind::ProcessRolledBack { .. }
+            )
+        })
+        .count();
+    assert!(
+        restored > 0,
+        "no process was restored: {:?}",
+        statuses(&run)
+    );
+}
