@@ -140,6 +140,93 @@ pub struct JobAssignment {
     /// into the same pieces when they pass it on among themselves.
     #[serde(default)]
     pub program_bytes: u64,
+    /// Hex SHA-256 of the job's resources in [`encode_resources`] form,
+    /// when they travel apart from the assignment (then `resources` is
+    /// empty): fetch them from `/api/v1/peer/jobs/{job}/resources`, or from
+    /// the job's other peers together with the program. Empty: none.
+    #[serde(default)]
+    pub resources_hash: String,
+    /// Their size in that form.
+    #[serde(default)]
+    pub resources_bytes: u64,
+}
+
+/// The job's resources as one byte string, sorted by name: for each, the
+/// name's length (u32, little-endian), the name (UTF-8), the data's length
+/// (u64, little-endian), the data.
+pub fn encode_resources(resources: &[(String, Vec<u8>)]) -> Vec<u8> {
+    let mut sorted: Vec<&(String, Vec<u8>)> = resources.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = Vec::new();
+    for (name, data) in sorted {
+        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        out.extend_from_slice(data);
+    }
+    out
+}
+
+/// The inverse of [`encode_resources`]; the error says what is malformed.
+pub fn decode_resources(mut bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
+    fn take<'a>(bytes: &mut &'a [u8], n: usize, what: &str) -> Result<&'a [u8], String> {
+        if bytes.len() < n {
+            return Err(format!("the resources end inside {what}"));
+        }
+        let (head, rest) = bytes.split_at(n);
+        *bytes = rest;
+        Ok(head)
+    }
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let n = u32::from_le_bytes(
+            take(&mut bytes, 4, "a name's length")?
+                .try_into()
+                .unwrap_or_default(),
+        );
+        let name = std::str::from_utf8(take(&mut bytes, n as usize, "a name")?)
+            .map_err(|_| "a resource name is not UTF-8".to_string())?
+            .to_string();
+        let len = u64::from_le_bytes(
+            take(&mut bytes, 8, "a length")?
+                .try_into()
+                .unwrap_or_default(),
+        );
+        let len = usize::try_from(len).map_err(|_| "a resource is too large".to_string())?;
+        let data = take(&mut bytes, len, "a resource's data")?.to_vec();
+        out.push((name, data));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod resource_tests {
+    use super::*;
+
+    #[test]
+    fn resources_round_trip_sorted_and_malformed_input_is_an_error() {
+        let r = vec![
+            ("b.txt".to_string(), b"second".to_vec()),
+            ("a.bin".to_string(), vec![0, 1, 2]),
+            ("empty".to_string(), vec![]),
+        ];
+        let enc = encode_resources(&r);
+        let mut sorted = r.clone();
+        sorted.sort();
+        assert_eq!(decode_resources(&enc).unwrap(), sorted);
+        assert_eq!(decode_resources(&[]).unwrap(), vec![]);
+        for cut in 1..enc.len() {
+            if let Ok(d) = decode_resources(&enc[..cut]) {
+                // Only a cut between two whole resources decodes.
+                assert!(d.len() < 3, "cut at {cut}");
+            }
+        }
+        assert!(decode_resources(&enc[..enc.len() - 1]).is_err());
+        let mut huge = 5u32.to_le_bytes().to_vec();
+        huge.extend_from_slice(b"abcde");
+        huge.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert!(decode_resources(&huge).is_err());
+    }
 }
 
 /// Whether `name` is a valid [`PeerLogin::cluster`]: 1 to 64 ASCII letters,

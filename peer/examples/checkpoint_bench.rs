@@ -326,6 +326,8 @@ async fn run_driver(
         restore: vec![],
         migrate: vec![],
         program_bytes: 0,
+        resources_hash: String::new(),
+        resources_bytes: 0,
     };
     let watcher = watch(peers[0].reporter.clone());
     let handles: Vec<_> = peers
@@ -337,6 +339,7 @@ async fn run_driver(
                     Ok(Fetched {
                         module: m,
                         bytes: bytes::Bytes::new(),
+                        resources: bytes::Bytes::new(),
                     })
                 })
                 .expect("the job starts")

@@ -12,8 +12,8 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use bsp_api::PeerId;
 use bsp_api::control::{Commands, Lease, PeerEvent, PeerLogin, PeerRenew, PeerReport};
+use bsp_api::{JobId, PeerId};
 use reqwest::{RequestBuilder, Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
@@ -324,6 +324,32 @@ impl Client {
         while let Some(chunk) = resp.chunk().await.map_err(ControlError::Unreachable)? {
             if bytes.len() + chunk.len() > MAX_MODULE_BYTES {
                 return Err(ControlError::ModuleTooLarge);
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(bytes)
+    }
+
+    /// Download a job's resources (`bsp_api::control::encode_resources`
+    /// form), at most `limit` bytes.
+    pub async fn job_resources(&self, job: JobId, limit: u64) -> Result<Vec<u8>, ControlError> {
+        let url = self.url(&format!("jobs/{job}/resources"));
+        let mut resp = self
+            .authorized("resources", true, |_| {
+                self.http.get(&url).timeout(Duration::from_secs(300))
+            })
+            .await?;
+        let too_large = || ControlError::Invalid {
+            what: "resources",
+            error: format!("more than the {limit} bytes the assignment announced"),
+        };
+        if resp.content_length().is_some_and(|n| n > limit) {
+            return Err(too_large());
+        }
+        let mut bytes = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(ControlError::Unreachable)? {
+            if (bytes.len() + chunk.len()) as u64 > limit {
+                return Err(too_large());
             }
             bytes.extend_from_slice(&chunk);
         }

@@ -51,11 +51,17 @@ const BATCH_BYTES: usize = 1 << 20;
 /// Job ids remembered after they ended, so a repeated `StartJob` is ignored.
 const REMEMBER_ENDED: usize = 4096;
 
-/// A job's program: compiled, and its bytes (to pass on to other peers).
+/// A job's program (compiled, and its bytes to pass on to other peers) and
+/// its resources (`bsp_api::control::encode_resources` form; empty when the
+/// assignment carries them or there are none).
 pub struct Fetched {
     pub module: Module,
     pub bytes: bytes::Bytes,
+    pub resources: bytes::Bytes,
 }
+
+/// Decoded resources, to replace the job's (none when they came inline).
+type Resources = Option<Vec<(String, Vec<u8>)>>;
 
 /// How the program is downloaded from the supernode when it must be.
 type Download = std::pin::Pin<Box<dyn Future<Output = Result<Fetched, String>> + Send>>;
@@ -64,8 +70,9 @@ type Download = std::pin::Pin<Box<dyn Future<Output = Result<Fetched, String>> +
 enum ProgramEvent {
     /// The direct download (or the cache) answered.
     Downloaded(Result<Fetched, String>),
-    /// The bytes Robber assembled, compiled (or why not).
-    Assembled(Result<Module, String>),
+    /// The bundle Robber assembled: the program compiled and the resources
+    /// decoded (or why not).
+    Assembled(Result<(Module, Resources), String>),
 }
 
 /// What every job on this peer shares.
@@ -348,6 +355,9 @@ struct Driver {
     dist_started: Instant,
     program_tx: mpsc::UnboundedSender<ProgramEvent>,
     program_hash: String,
+    /// The program's size, and the resources' hash (empty: none apart).
+    program_bytes: u64,
+    resources_hash: String,
     job: JobId,
     me: PeerId,
     token: String,
@@ -491,10 +501,31 @@ fn checkpointed(s: u32, every: u32) -> bool {
 }
 
 /// The `Done` of `pid` for superstep `s`, counted from its messages.
+/// The resources part of a bundle from other peers, checked against
+/// `hash` (empty: the job has none apart).
+fn unpack_resources(hash: &str, bytes: &[u8]) -> Result<Resources, String> {
+    use sha2::Digest as _;
+    if hash.is_empty() {
+        return Ok(None);
+    }
+    if !hex::encode(sha2::Sha256::digest(bytes)).eq_ignore_ascii_case(hash) {
+        return Err("the resources from other peers do not match their hash".into());
+    }
+    bsp_api::control::decode_resources(bytes)
+        .map(Some)
+        .map_err(|e| format!("the resources from other peers are malformed: {e}"))
+}
+
 fn sites_of(a: &JobAssignment) -> HashMap<PeerId, Site> {
     a.peers
         .iter()
-        .map(|p| (p.id, Site::new(p.id, &p.addr, p.cluster.clone())))
+        .map(|p| {
+            let site = Site {
+                id: p.id,
+                cluster: p.cluster.clone(),
+            };
+            (p.id, site)
+        })
         .collect()
 }
 
@@ -553,6 +584,8 @@ async fn run_job(
         dist_started: now,
         program_tx,
         program_hash: a.program_hash.clone(),
+        program_bytes: a.program_bytes,
+        resources_hash: a.resources_hash.clone(),
         job,
         me,
         token: a.job_token.clone(),
@@ -651,13 +684,19 @@ impl Driver {
     /// Get the program: from the cache, by Robber from the job's other
     /// peers, or downloaded from the supernode (`crate::program`).
     fn get_program(&mut self, a: &JobAssignment) {
-        let cached = self.env.runtime.cached_program(&a.program_hash);
+        // A cached program is the whole bundle only for a job without
+        // resources apart.
+        let cached = self
+            .env
+            .runtime
+            .cached_program(&a.program_hash)
+            .filter(|_| a.resources_hash.is_empty());
         if program::Distribution::applies(a) {
             match program::Distribution::new(a, self.me) {
                 Ok(mut dist) => {
                     let out = match &cached {
+                        _ if dist.is_root() => Ok(Vec::new()),
                         Some((_, bytes)) => dist.seed(bytes),
-                        None if dist.is_root() => Ok(Vec::new()),
                         None => Ok(dist.start()),
                     };
                     match out {
@@ -667,7 +706,8 @@ impl Driver {
                             self.dist_started = Instant::now();
                             self.dist_progress = self.dist_started;
                             self.send_program_frames(out);
-                            if cached.is_none() && root {
+                            if root {
+                                // From the cache or the supernode.
                                 self.start_download();
                             }
                         }
@@ -678,7 +718,7 @@ impl Driver {
             }
         }
         match cached {
-            Some((module, _)) => self.program_ready(module),
+            Some((module, _)) => self.program_ready(module, None),
             None if self.dist.is_none() => self.start_download(),
             None => {}
         }
@@ -720,8 +760,20 @@ impl Driver {
     fn on_program(&mut self, event: ProgramEvent) {
         match event {
             ProgramEvent::Downloaded(Ok(f)) => {
+                let resources = if self.resources_hash.is_empty() {
+                    None
+                } else {
+                    match bsp_api::control::decode_resources(&f.resources) {
+                        Ok(r) => Some(r),
+                        Err(e) => {
+                            return self
+                                .fail(None, format!("the job's resources are malformed: {e}"));
+                        }
+                    }
+                };
                 if let Some(dist) = &mut self.dist {
-                    match dist.seed(&f.bytes) {
+                    let bundle = [&f.bytes[..], &f.resources[..]].concat();
+                    match dist.seed(&bundle) {
                         Ok(out) => {
                             if dist.is_root() {
                                 let n = self.peers.len() - 1;
@@ -739,14 +791,14 @@ impl Driver {
                         }
                     }
                 }
-                self.program_ready(f.module);
+                self.program_ready(f.module, resources);
             }
             ProgramEvent::Downloaded(Err(reason)) => {
                 if self.module.is_none() {
                     self.fail(None, reason);
                 }
             }
-            ProgramEvent::Assembled(Ok(module)) => {
+            ProgramEvent::Assembled(Ok((module, resources))) => {
                 if let Some(dist) = &self.dist {
                     let ms = self.dist_started.elapsed().as_millis();
                     self.status(format!(
@@ -756,7 +808,7 @@ impl Driver {
                         dist.sources.len()
                     ));
                 }
-                self.program_ready(module);
+                self.program_ready(module, resources);
             }
             ProgramEvent::Assembled(Err(e)) => self.fall_back(e),
         }
@@ -780,19 +832,24 @@ impl Driver {
                 let complete = !had && dist.has_all() && self.module.is_none();
                 let data = if complete { dist.data() } else { None };
                 self.send_program_frames(out);
-                if let Some(bytes) = data {
+                if let Some(bundle) = data {
                     let runtime = self.env.runtime.clone();
                     let hash = self.program_hash.clone();
+                    let split = (self.program_bytes as usize).min(bundle.len());
+                    let resources_hash = self.resources_hash.clone();
                     let tx = self.program_tx.clone();
                     tokio::spawn(async move {
-                        let compiled = tokio::task::spawn_blocking(move || {
-                            runtime.compile(&hash, &bytes).map_err(|e| {
+                        let unpacked = tokio::task::spawn_blocking(move || {
+                            let (program, resources) = bundle.split_at(split);
+                            let resources = unpack_resources(&resources_hash, resources)?;
+                            let module = runtime.compile(&hash, program).map_err(|e| {
                                 format!("the program from other peers is unusable: {e}")
-                            })
+                            })?;
+                            Ok((module, resources))
                         })
                         .await
                         .unwrap_or_else(|e| Err(format!("compiling the program failed: {e}")));
-                        let _ = tx.send(ProgramEvent::Assembled(compiled));
+                        let _ = tx.send(ProgramEvent::Assembled(unpacked));
                     });
                 }
             }
@@ -803,10 +860,27 @@ impl Driver {
         }
     }
 
-    /// The program is here: start the processes that waited for it.
-    fn program_ready(&mut self, module: Module) {
+    /// The program (and the resources, when they came apart) is here:
+    /// start the processes that waited for it.
+    fn program_ready(&mut self, module: Module, resources: Resources) {
         if self.module.is_some() {
             return;
+        }
+        if let Some(resources) = resources {
+            let old = &self.info;
+            self.info = Arc::new(JobInfo {
+                job: old.job,
+                nprocs: old.nprocs,
+                seed: old.seed,
+                args: old.args.clone(),
+                resources: resources.into_iter().collect(),
+                memory_limit: old.memory_limit,
+                superstep_budget: old.superstep_budget,
+                output_limit: old.output_limit,
+                outbox_limit: old.outbox_limit,
+                kill: old.kill.clone(),
+                reporter: old.reporter.clone(),
+            });
         }
         self.module = Some(module);
         if let Some((fresh, restored)) = self.deferred.take() {

@@ -427,8 +427,7 @@ async fn command_loop(
                 Command::StartJob(assignment) => {
                     let Some(me) = client.peer_id() else { continue };
                     let job = assignment.job;
-                    let hash = assignment.program_hash.clone();
-                    let fetch = fetch_module(client.clone(), runtime.clone(), hash);
+                    let fetch = fetch_inputs(client.clone(), runtime.clone(), &assignment);
                     if jobs.start(me, assignment, fetch).is_some() {
                         tracing::info!(job, "starting job");
                     }
@@ -443,14 +442,51 @@ async fn command_loop(
     }
 }
 
-/// The program `hash`, compiled: from the cache, or downloaded and compiled.
+/// What a job needs from the supernode: its program, compiled (from the
+/// cache, or downloaded and compiled), and its resources (checked against
+/// their hash).
+fn fetch_inputs(
+    client: Arc<Client>,
+    runtime: Arc<Runtime>,
+    a: &bsp_api::control::JobAssignment,
+) -> impl std::future::Future<Output = Result<job::Fetched, String>> + Send + 'static {
+    let (job, hash) = (a.job, a.program_hash.clone());
+    let (resources_hash, resources_bytes) = (a.resources_hash.clone(), a.resources_bytes);
+    async move {
+        let resources = if resources_hash.is_empty() {
+            bytes::Bytes::new()
+        } else {
+            let bytes = client
+                .job_resources(job, resources_bytes)
+                .await
+                .map_err(|e| format!("could not download the job's resources: {e}"))?;
+            if !hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes))
+                .eq_ignore_ascii_case(&resources_hash)
+            {
+                return Err(
+                    "the job's resources from the supernode do not match their hash".into(),
+                );
+            }
+            bytes::Bytes::from(bytes)
+        };
+        let (module, bytes) = fetch_module(client, runtime, hash).await?;
+        Ok(job::Fetched {
+            module,
+            bytes,
+            resources,
+        })
+    }
+}
+
+/// The program `hash`, compiled, and its bytes: from the cache, or
+/// downloaded and compiled.
 async fn fetch_module(
     client: Arc<Client>,
     runtime: Arc<Runtime>,
     hash: String,
-) -> Result<job::Fetched, String> {
-    if let Some((module, bytes)) = runtime.cached_program(&hash) {
-        return Ok(job::Fetched { module, bytes });
+) -> Result<(wasmtime::Module, bytes::Bytes), String> {
+    if let Some(found) = runtime.cached_program(&hash) {
+        return Ok(found);
     }
     let mut backoff = Duration::from_millis(200);
     let bytes = loop {
@@ -471,7 +507,7 @@ async fn fetch_module(
         .await
         .map_err(|e| format!("compiling the program failed: {e}"))?
         .map_err(|e| e.to_string())?;
-    Ok(job::Fetched { module, bytes })
+    Ok((module, bytes))
 }
 
 #[cfg(test)]

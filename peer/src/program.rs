@@ -1,21 +1,25 @@
 //! A job's program reaching its peers by Robber (den Burger and Kielmann,
 //! "Collective receiver-initiated multicast for grid applications").
 //!
-//! When a job starts (its first assignment, epoch 0) and the supernode told
-//! the program's size, the peers of the assignment form one multicast: the
+//! What travels is the job's *bundle*: the program's bytes followed by the
+//! job's resources (`bsp_api::control::encode_resources`), whose sizes and
+//! hashes the assignment gives. When a job starts (its first assignment,
+//! epoch 0) and the supernode told the program's size, the peers of the
+//! assignment form one multicast: the
 //! clusters are the peers' `--cluster` names (no name: one cluster of its
 //! own kind), node `i` is `peers[i]`, the root is `peers[0]`. The root
 //! downloads the program from the supernode (or has it cached); every
 //! other peer steals pieces from the peers the protocol picked, local ones
 //! first, and the collective of each cluster shares out the work of
 //! fetching across the gateway (`collectives::Multicast`). A peer that
-//! already has the program cached joins as a second source.
+//! already has the program cached (and the job has no resources) joins as
+//! a second source.
 //!
 //! Whatever goes wrong falls back to the direct download: a peer of the
 //! multicast leaving the job, no new piece for [`STALL`], a peer breaking
-//! the protocol, or bytes that do not hash to the program's hash (a peer
-//! cannot slip in other code: the runtime compiles only bytes with the
-//! hash the supernode gave). Peers that join a job later download directly.
+//! the protocol, or bytes that do not hash to the program's (or the
+//! resources') hash the supernode gave (a peer cannot slip in other code or
+//! data). Peers that join a job later download directly.
 
 use std::time::Duration;
 
@@ -76,7 +80,11 @@ impl Distribution {
                 }
             }
         }
-        let len = usize::try_from(a.program_bytes).map_err(|_| "the program is too large")?;
+        let len = a
+            .program_bytes
+            .checked_add(a.resources_bytes)
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or("the program and resources are too large")?;
         let config = MulticastConfig {
             clusters,
             root: 0,
@@ -162,7 +170,7 @@ impl Distribution {
         self.node.has_all()
     }
 
-    /// The program, once every piece is here.
+    /// The bundle, once every piece is here.
     pub fn data(&self) -> Option<Vec<u8>> {
         self.node.data()
     }
@@ -254,6 +262,8 @@ mod tests {
             restore: vec![],
             migrate: vec![],
             program_bytes: len as u64,
+            resources_hash: String::new(),
+            resources_bytes: 0,
         }
     }
 

@@ -225,3 +225,30 @@ pub(crate) async fn module(
         .await?;
     Ok(([(CONTENT_TYPE, "application/wasm")], bytes).into_response())
 }
+
+#[utoipa::path(
+    get,
+    path = "/peer/jobs/{job}/resources",
+    tag = "peer control plane",
+    summary = "The resources of a job of this peer",
+    description = "All of the job's named resources as one byte string (`bsp_api::control::encode_resources`: sorted by name; per resource the name's length as u32 LE, the name, the data's length as u64 LE, the data). Its SHA-256 is the assignment's `resources_hash`.",
+    params(("job" = i64, Path, description = "The job's id")),
+    security(("peer" = [])),
+    responses(
+        (status = 200, description = "The encoded resources", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No lease token, a bad one, or an expired lease (`unauthorized`, `lease_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+    )
+)]
+pub(crate) async fn resources(
+    State(sn): State<Supernode>,
+    peer: AuthPeer,
+    ApiPath(job): ApiPath<i64>,
+) -> Result<Response, Error> {
+    let bytes = sn
+        .with_core(move |core, _, _| core.resources_for_peer(peer.id, job))
+        .await?;
+    Ok(([(CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+}

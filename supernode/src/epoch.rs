@@ -10,8 +10,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
 use bsp_api::control::{Command, JobAssignment, JobPeer};
 use bsp_api::rest::{JobEventKind, JobLimits, JobOutcome};
 use bsp_api::{JobId, PeerId, Pid};
@@ -263,14 +261,21 @@ pub(crate) fn assignment(
         })?;
         placement.push(i);
     }
-    let resources: Vec<(String, String)> = {
+    // Resources travel apart from the assignment (they can be large): the
+    // peers fetch them, or get them with the program by Robber.
+    let resources: Vec<(String, Vec<u8>)> = {
         let mut stmt =
             tx.prepare_cached("SELECT name, data FROM job_resources WHERE job = ?1 ORDER BY name")?;
         stmt.query_map([job], |r| {
             Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
         })?
-        .map(|row| row.map(|(name, data)| (name, BASE64.encode(data))))
         .collect::<rusqlite::Result<_>>()?
+    };
+    let (resources_hash, resources_bytes) = if resources.is_empty() {
+        (String::new(), 0)
+    } else {
+        let encoded = bsp_api::control::encode_resources(&resources);
+        (hex::encode(Sha256::digest(&encoded)), encoded.len() as u64)
     };
     let program_hash_for_size = program_hash.clone();
     Ok(JobAssignment {
@@ -289,7 +294,7 @@ pub(crate) fn assignment(
         job_token: token.unwrap_or_default(),
         placement,
         peers,
-        resources,
+        resources: Vec::new(),
         epoch: u64_from_sql(epoch),
         restore,
         migrate,
@@ -301,6 +306,8 @@ pub(crate) fn assignment(
             )
             .optional()?
             .map_or(0, u64_from_sql),
+        resources_hash,
+        resources_bytes,
     })
 }
 

@@ -104,6 +104,7 @@ fn api_v1() -> OpenApiRouter<Supernode> {
         .routes(routes!(control::report).layer(DefaultBodyLimit::max(REPORT_BODY)))
         .routes(routes!(control::drain))
         .routes(routes!(control::module))
+        .routes(routes!(control::resources))
 }
 
 /// The OpenAPI 3.1 document of the REST API, as served at

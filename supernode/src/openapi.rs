@@ -115,6 +115,7 @@ mod tests {
             "get /api/v1/me",
             "get /api/v1/openapi.json",
             "get /api/v1/peer/commands",
+            "get /api/v1/peer/jobs/{job}/resources",
             "get /api/v1/peer/modules/{hash}",
             "get /api/v1/peers",
             "get /api/v1/programs",

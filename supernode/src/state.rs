@@ -1718,6 +1718,28 @@ impl Core {
         })
     }
 
+    /// The resources of `job` in [`bsp_api::control::encode_resources`]
+    /// form, for a peer the job runs on.
+    pub(crate) fn resources_for_peer(&self, peer: PeerId, job: JobId) -> Result<Vec<u8>, Error> {
+        let member: bool = self.conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM job_peers WHERE job = ?1 AND peer_id = ?2)",
+            params![job, peer],
+            |r| r.get(0),
+        )?;
+        if !member {
+            return Err(Error::NotFound(format!(
+                "no job {job} for peer {peer}: peers fetch only the resources of jobs placed on them"
+            )));
+        }
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT name, data FROM job_resources WHERE job = ?1 ORDER BY name")?;
+        let resources: Vec<(String, Vec<u8>)> = stmt
+            .query_map([job], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(bsp_api::control::encode_resources(&resources))
+    }
+
     /// Every peer the supernode knows, online (and draining) first. A
     /// peer's `processes` counts those placed on it and those it still hands
     /// over to their new host.

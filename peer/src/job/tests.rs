@@ -113,6 +113,8 @@ fn assignment(job: JobId, wasm: &[u8], peers: &[TestPeer], placement: Vec<u32>) 
         restore: vec![],
         migrate: vec![],
         program_bytes: 0,
+        resources_hash: String::new(),
+        resources_bytes: 0,
     }
 }
 
@@ -127,6 +129,7 @@ fn start_everywhere(peers: &[TestPeer], a: &JobAssignment, wasm: &[u8]) -> Vec<J
                     Ok(Fetched {
                         module: m,
                         bytes: bytes::Bytes::new(),
+                        resources: bytes::Bytes::new(),
                     })
                 })
                 .expect("job starts")
@@ -959,10 +962,9 @@ async fn large_broadcasts_arrive_whole_under_every_algorithm() {
         let direct: u64 = peers.iter().map(|p| p.stats.direct.load(Relaxed)).sum();
         let relayed: u64 = peers.iter().map(|p| p.stats.relayed.load(Relaxed)).sum();
         match algorithm {
-            // Loopback: the rule sends directly. Each round the sender's
-            // peer sends the payload to the 3 other peers once each (not to
-            // each of their 7 or so destination pids).
-            A::Direct | A::Auto => {
+            // Each round the sender's peer sends the payload to the 3 other
+            // peers once each (not to each of their 7 or so destination pids).
+            A::Direct => {
                 assert_eq!(relayed, 0, "{algorithm:?}");
                 let once_per_peer = u64::from(ROUNDS) * 3 * N;
                 assert!(
@@ -984,29 +986,38 @@ async fn large_broadcasts_arrive_whole_under_every_algorithm() {
     }
 }
 
-/// Robber: only the first peer downloads the program (the others' downloads
-/// fail), the rest get it from each other across three clusters, and the
-/// job runs; each peer says how it got the program.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_program_reaches_the_peers_by_robber() {
+/// Run `a` on 6 peers with their own runtimes in three clusters, where
+/// only the first peer may download the program (and `resources`, in
+/// `encode_resources` form); returns the events.
+async fn run_with_robber(mut a: JobAssignment, wasm: &[u8], resources: Vec<u8>) -> Vec<PeerEvent> {
     let _ = runtime(); // the log subscriber
-    let mut peers = start_peers_on(6, BroadcastPolicy::default(), |_| {
+    let peers = start_peers_on(6, BroadcastPolicy::default(), |_| {
         Runtime::new().expect("engine")
     })
     .await;
-    let wasm = program("broadcast");
-    let mut a = assignment(70, wasm, &peers, vec![0, 1, 2, 3, 4, 5, 0, 1]);
     a.program_bytes = wasm.len() as u64;
-    for (i, p) in a.peers.iter_mut().enumerate() {
-        p.cluster = Some(["x", "y", "z"][i % 3].to_string());
+    if !resources.is_empty() {
+        use sha2::Digest as _;
+        a.resources_hash = hex::encode(sha2::Sha256::digest(&resources));
+        a.resources_bytes = resources.len() as u64;
     }
+    a.peers = peers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| JobPeer {
+            id: p.id,
+            addr: p.addr.clone(),
+            cluster: Some(["x", "y", "z"][i % 3].to_string()),
+        })
+        .collect();
     let handles: Vec<JoinHandle<()>> = peers
-        .iter_mut()
+        .iter()
         .enumerate()
         .map(|(i, p)| {
             let root = i == 0;
             let rt = p.jobs_runtime();
             let bytes = wasm.to_vec();
+            let resources = bytes::Bytes::from(resources.clone());
             p.jobs
                 .start(p.id, a.clone(), async move {
                     if !root {
@@ -1018,13 +1029,14 @@ async fn the_program_reaches_the_peers_by_robber() {
                     Ok(Fetched {
                         module,
                         bytes: bytes.into(),
+                        resources,
                     })
                 })
                 .expect("job starts")
         })
         .collect();
-    let events = run_to_end(&peers, 70, 8, handles).await;
-    assert_eq!(exited_pids(&events).len(), 8, "{events:?}");
+    let events = run_to_end(&peers, a.job, a.nprocs, handles).await;
+    assert_eq!(exited_pids(&events).len() as u32, a.nprocs, "{events:?}");
     let statuses: Vec<&str> = events
         .iter()
         .filter_map(|e| match e {
@@ -1047,6 +1059,17 @@ async fn the_program_reaches_the_peers_by_robber() {
         !statuses.iter().any(|t| t.contains("directly")),
         "{statuses:?}"
     );
+    events
+}
+
+/// Robber: only the first peer downloads the program (the others' downloads
+/// fail), the rest get it from each other across three clusters, and the
+/// job runs; each peer says how it got the program.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_program_reaches_the_peers_by_robber() {
+    let wasm = program("broadcast");
+    let a = assignment(70, wasm, &[], vec![0, 1, 2, 3, 4, 5, 0, 1]);
+    let events = run_with_robber(a, wasm, vec![]).await;
     // The program ran: pid 0's hello reached everyone.
     for pid in 0..8 {
         assert!(
@@ -1055,4 +1078,20 @@ async fn the_program_reaches_the_peers_by_robber() {
             stdout_of(&events, pid)
         );
     }
+}
+
+/// The job's resources travel with the program: a process on a peer that
+/// never talked to the supernode reads them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resources_travel_with_the_program() {
+    let wasm = program("misbehave");
+    let mut a = assignment(71, wasm, &[], vec![3, 0, 1, 2, 4, 5]);
+    a.args = r#"{"mode":"resource","pid":0}"#.into();
+    let text = "from-the-bundle;".repeat(5000); // 80 kB: several pieces
+    let resources = bsp_api::control::encode_resources(&[
+        ("input.txt".into(), text.clone().into_bytes()),
+        ("other".into(), vec![7; 10]),
+    ]);
+    let events = run_with_robber(a, wasm, resources).await;
+    assert_eq!(stdout_of(&events, 0), vec![text]);
 }
