@@ -1882,7 +1882,7 @@ function peersPage(main, ctx) {
     return h(
       'tr',
       { dataset: { peer: p.id, state: p.state } },
-      h('th', { scope: 'row' }, h('span', { class: 'peer-name' }, p.name), h('span', { class: 'desc muted' }, `id ${p.id}`)),
+      h('th', { scope: 'row' }, h('span', { class: 'peer-name' }, p.name), h('span', { class: 'desc muted' }, p.cluster ? `id ${p.id} · cluster ${p.cluster}` : `id ${p.id}`)),
       h('td', {}, h('span', { class: `badge peer-${p.state}` }, p.state)),
       h('td', { class: 'num' }, p.speed.toFixed(2)),
       h('td', {}, h('meter', { min: 0, max: 1, low: 0.05, optimum: 1, value: idle, 'aria-label': `idle ${pct(idle)}` }), ' ', pct(idle)),

@@ -354,6 +354,9 @@ pub struct PeerInfo {
     /// Number of processes currently placed on it, or migrating away from it
     /// and not handed over yet.
     pub processes: u32,
+    /// The network cluster it said it is in (`bspweb peer --cluster`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
 }
 
 /// `GET /api/v1/ring`: the DHHT ring the supernode places processes with

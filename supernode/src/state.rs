@@ -1750,7 +1750,8 @@ impl Core {
                  lease_expires_at, \
                  (SELECT count(*) FROM placements pl JOIN jobs j ON j.id = pl.job \
                   WHERE j.state = 'active' AND (pl.peer_id = peers.id OR (pl.moved_from = peers.id \
-                      AND pl.moved_kind = 'migrate' AND pl.handed_over = 0))) \
+                      AND pl.moved_kind = 'migrate' AND pl.handed_over = 0))), \
+                 cluster \
              FROM peers ORDER BY state != 'online', id",
         )?;
         let rows = stmt.query_map([], |r| {
@@ -1764,6 +1765,7 @@ impl Core {
                 state: r.get(6)?,
                 lease_expires_at: r.get(7)?,
                 processes: r.get(8)?,
+                cluster: r.get(9)?,
             })
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)

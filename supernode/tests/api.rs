@@ -862,6 +862,77 @@ async fn another_users_jobs_are_invisible() {
     assert_eq!(h.job(&alice, job.id).await.state, JobState::Waiting);
 }
 
+/// What the peers need to pass the program and resources on among
+/// themselves: each peer's cluster, the program's size, and the resources
+/// apart from the assignment (hash and size), fetched only by the job's peers.
+#[tokio::test]
+async fn assignments_carry_clusters_sizes_and_resources_apart() {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let h = Harness::start().await;
+    let alice = h.login("alice", "alice-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
+    let mut peer = h
+        .peer_login(PeerLogin {
+            cluster: Some("lab-1".into()),
+            ..login_body("p1", 4, None)
+        })
+        .await;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let (status, body) = h
+        .post(
+            "/jobs",
+            &alice,
+            json!({"program": "ring", "nprocs": 2, "args": null,
+                   "resources": {"b.txt": b64.encode("bee"), "a.bin": b64.encode([0u8, 1, 2])}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let a = start_job(&h.commands(&mut peer).await);
+    assert_eq!(a.peers[0].cluster.as_deref(), Some("lab-1"));
+    assert_eq!(a.program_bytes, wasm(GUEST).len() as u64);
+    assert!(a.resources.is_empty(), "resources travel apart");
+    let expected = bsp_api::control::encode_resources(&[
+        ("a.bin".into(), vec![0, 1, 2]),
+        ("b.txt".into(), b"bee".to_vec()),
+    ]);
+    assert_eq!(a.resources_bytes, expected.len() as u64);
+    assert_eq!(
+        a.resources_hash,
+        hex::encode(sha2::Sha256::digest(&expected))
+    );
+    let url = h.url(&format!("/peer/jobs/{}/resources", a.job));
+    let resp = h
+        .http
+        .get(&url)
+        .bearer_auth(&peer.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.bytes().await.unwrap().to_vec(), expected);
+    // Another peer, a user and nobody get nothing.
+    let other = h.peer_login(login_body("p2", 1, None)).await;
+    let resp = h
+        .http
+        .get(&url)
+        .bearer_auth(&other.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let resp = h.http.get(&url).bearer_auth(&alice).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    // The peers list shows the cluster.
+    let (_, peers) = h.get("/peers", &alice).await;
+    let peers: Vec<PeerInfo> = serde_json::from_value(peers).unwrap();
+    let p1 = peers.iter().find(|p| p.name == "p1").unwrap();
+    assert_eq!(p1.cluster.as_deref(), Some("lab-1"));
+    assert_eq!(peers.iter().find(|p| p.name == "p2").unwrap().cluster, None);
+}
+
 #[tokio::test]
 async fn a_waiting_job_is_placed_when_a_peer_logs_in_and_runs_to_its_end() {
     let h = Harness::start().await;
