@@ -48,6 +48,11 @@ use crate::runtime::{JobInfo, Message, Outcome, Process, Runtime};
 /// Target size of one `Data` frame's payloads.
 const BATCH_BYTES: usize = 1 << 20;
 
+/// Most messages in one `Data` frame (however small, or shared, their
+/// payloads), well under what a receiver decodes
+/// (`message_groups::MAX_MESSAGES`).
+const BATCH_MESSAGES: usize = 1 << 16;
+
 /// Job ids remembered after they ended, so a repeated `StartJob` is ignored.
 const REMEMBER_ENDED: usize = 4096;
 
@@ -358,6 +363,8 @@ struct Driver {
     /// The program's size, and the resources' hash (empty: none apart).
     program_bytes: u64,
     resources_hash: String,
+    /// The program's and resources' size together (what Robber moves).
+    dist_bytes: u64,
     job: JobId,
     me: PeerId,
     token: String,
@@ -586,6 +593,7 @@ async fn run_job(
         program_hash: a.program_hash.clone(),
         program_bytes: a.program_bytes,
         resources_hash: a.resources_hash.clone(),
+        dist_bytes: a.program_bytes.saturating_add(a.resources_bytes),
         job,
         me,
         token: a.job_token.clone(),
@@ -643,13 +651,15 @@ impl Driver {
         let mut delivered = self.env.reporter.watch_delivered();
         loop {
             self.pump();
-            let waiting_for_robber = self.module.is_none() && self.dist.is_some();
-            let stall_at = self.dist_progress + program::STALL;
+            let waiting_for_robber =
+                self.module.is_none() && self.dist.as_ref().is_some_and(|d| !d.is_root());
+            let stall_at = self.dist_progress + self.stall_allowance();
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 Some(p) = program.recv() => self.on_program(p),
                 _ = tokio::time::sleep_until(stall_at), if waiting_for_robber => {
-                    self.fall_back("no piece of the program arrived for 10 s".into());
+                    let secs = self.stall_allowance().as_secs();
+                    self.fall_back(format!("no piece of the program arrived for {secs} s"));
                 }
                 Ok(()) = delivered.changed() => self.on_output_delivered(),
                 Some(joined) = self.tasks.join_next(), if !self.tasks.is_empty() => {
@@ -728,6 +738,19 @@ impl Driver {
         for (to, f) in out {
             self.send_to(to, f);
         }
+    }
+
+    /// How long a peer waits for the next piece of the program: the stall
+    /// limit, plus (before the first piece) the time the first peer's own
+    /// download takes at 1 MiB/s.
+    fn stall_allowance(&self) -> Duration {
+        let first = self.dist.as_ref().is_some_and(|d| d.received == 0);
+        let download = if first {
+            Duration::from_secs_f64(self.dist_bytes as f64 / f64::from(1u32 << 20))
+        } else {
+            Duration::ZERO
+        };
+        program::STALL + download
     }
 
     /// Start the direct download (once).
@@ -884,6 +907,14 @@ impl Driver {
         }
         self.module = Some(module);
         if let Some((fresh, restored)) = self.deferred.take() {
+            // Only what this peer still hosts (the placement may have
+            // changed while the program was on its way).
+            let here = |p: &Pid| self.placement[*p as usize] == self.me;
+            let restored: Vec<Pid> = restored.into_iter().filter(here).collect();
+            let fresh: Vec<Pid> = fresh
+                .into_iter()
+                .filter(|p| here(p) && !restored.contains(p))
+                .collect();
             for pid in restored {
                 self.begin_fetch(pid);
             }
@@ -971,7 +1002,9 @@ impl Driver {
                     && message_groups::same_buffer(&p.payload, &m.payload)
             });
             let size = if shared { 16 } else { m.payload.len() + 16 };
-            if !shared && !l.batch.is_empty() && l.batch_bytes + size > BATCH_BYTES {
+            let full = l.batch.len() >= BATCH_MESSAGES
+                || (!shared && !l.batch.is_empty() && l.batch_bytes + size > BATCH_BYTES);
+            if full {
                 Self::flush_link(l, &self.env.stats);
             }
             l.batch_bytes += size;
@@ -995,6 +1028,10 @@ impl Driver {
 
     /// Start relaying `run` if the rule picks a schedule. Returns whether it did.
     fn relay_out(&mut self, run: &[WireMessage]) -> bool {
+        // A `send_list` may name a pid many times; such lists go direct.
+        if run.len() > self.info.nprocs as usize {
+            return false;
+        }
         let payload = &run[0].payload;
         let dest_peers: BTreeSet<PeerId> = run
             .iter()
@@ -1068,15 +1105,19 @@ impl Driver {
         offset: u32,
         bytes: bytes::Bytes,
     ) -> Result<(), String> {
-        relay::check_head(&head, self.info.nprocs, self.me, from)?;
+        relay::check_head(&head, self.info.nprocs, &self.peers, self.me, from)?;
         if self.safe.is_some_and(|g| head.superstep < g) {
             return Ok(()); // long delivered everywhere
         }
         let key = relay::key_of(&head);
+        // Payloads still being received (complete ones are shared with the
+        // inboxes). Every process may send its outbox limit per superstep,
+        // and a peer can be a superstep ahead.
         let held: u64 = self
             .relays
             .values()
             .flatten()
+            .filter(|f| f.payload().is_none())
             .map(|f| u64::from(f.head.len))
             .sum();
         let heads = self.relays.entry(key).or_default();
@@ -1088,7 +1129,9 @@ impl Driver {
                         "a multicast relayed with more than {MAX_HEADS} heads"
                     ));
                 }
-                let cap = (self.info.outbox_limit as u64).saturating_mul(4);
+                let cap = (self.info.outbox_limit as u64)
+                    .saturating_mul(2 * u64::from(self.info.nprocs))
+                    .max(256 << 20);
                 if held.saturating_add(u64::from(head.len)) > cap {
                     return Err(format!(
                         "relayed multicasts hold more than {} MiB on this peer",
@@ -1139,24 +1182,19 @@ impl Driver {
         self.flush_all();
     }
 
-    /// Our connection to `peer` broke, so relayed bytes on it are lost: it
-    /// gets every multicast we relay (not send: `resync` re-sends those)
-    /// directly, once we hold the payload.
-    fn relay_directly(&mut self, peer: PeerId) {
-        let mut due = Vec::new();
-        for (key, heads) in self.relays.iter_mut() {
-            for (i, f) in heads.iter_mut().enumerate() {
-                if f.node == 0 || !f.head.peers.contains(&peer) {
-                    continue;
-                }
-                f.direct.insert(peer);
-                if f.payload().is_some() {
-                    due.push((*key, i));
-                }
-            }
-        }
-        for (key, i) in due {
-            self.relay_complete(key, i);
+    /// Our connection to `peer` broke, so relayed bytes on it may be lost:
+    /// send again everything we already sent it of every multicast we send
+    /// or relay, so it completes and forwards its own part of the schedule
+    /// (its own pids also get the sender's messages by `resync`).
+    fn resend_relayed(&mut self, peer: PeerId) {
+        let frames: Vec<Frame> = self
+            .relays
+            .values()
+            .flatten()
+            .flat_map(|f| f.resend_to(peer))
+            .collect();
+        for f in frames {
+            self.send_to(peer, f);
         }
     }
 
@@ -1843,7 +1881,7 @@ impl Driver {
                     let addr = l.addr;
                     self.open_link(to, addr);
                     self.resync(to, None);
-                    self.relay_directly(to);
+                    self.resend_relayed(to);
                 }
             }
             Inbound::Frame { from, frame } => {
@@ -2039,6 +2077,22 @@ impl Driver {
             for pid in fetching {
                 self.send_to(peer, Frame::FetchCheckpoint { pid });
             }
+            // Acknowledgements of its checkpoints we hold may have been lost
+            // with the connection; acknowledge the newest again (an owner
+            // ignores acks of other supersteps).
+            let acks: Vec<Frame> = (0..self.info.nprocs)
+                .filter(|&pid| self.placement[pid as usize] == peer)
+                .filter_map(|pid| {
+                    self.store.newest(pid).map(|s| Frame::CheckpointAck {
+                        pid,
+                        superstep: s.superstep,
+                        ok: true,
+                    })
+                })
+                .collect();
+            for f in acks {
+                self.send_to(peer, f);
+            }
         }
     }
 
@@ -2130,6 +2184,14 @@ impl Driver {
             } else if let Some(l) = self.local.get_mut(&pid) {
                 l.leaving = true;
             }
+        }
+        // Processes waiting for the program that no longer live here never
+        // start; one restored here is fetched, not started fresh.
+        if let Some((fresh, restored)) = &mut self.deferred {
+            let me = self.me;
+            let placement = &self.placement;
+            restored.retain(|p| placement[*p as usize] == me);
+            fresh.retain(|p| placement[*p as usize] == me && !restored.contains(p));
         }
         // Processes here whose host moved without being listed (should not
         // happen) are handed over too.

@@ -157,6 +157,20 @@ impl Registry {
         });
     }
 
+    /// Close the connection `from` has to us for `job`, as a network fault
+    /// would (it reconnects). Returns whether there was one.
+    #[cfg(test)]
+    pub fn cut(&self, job: JobId, from: PeerId) -> bool {
+        let jobs = self.lock();
+        match jobs.get(&job).and_then(|e| e.connected.get(&from)) {
+            Some(c) => {
+                c.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
     fn disconnected(&self, job: JobId, from: PeerId) {
         let mut jobs = self.lock();
         if let Some(e) = jobs.get_mut(&job)
@@ -451,7 +465,20 @@ pub fn spawn_writer(
             )
             .await
             .map_err(|e| format!("could not connect: {e}"))?;
-            while let Some(frame) = frames.recv().await {
+            loop {
+                // The listener sends nothing after its Welcome: anything
+                // else on the connection means it closed (or broke) it, and
+                // whatever was still in flight is lost, so report it at once
+                // rather than at the next write (which may never come).
+                let frame = tokio::select! {
+                    f = frames.recv() => match f {
+                        Some(f) => f,
+                        None => break,
+                    },
+                    _ = conn.next() => {
+                        return Err("the peer closed the connection".to_string());
+                    }
+                };
                 let mut next = Some(frame);
                 // Feed everything queued, then flush once.
                 while let Some(f) = next {

@@ -35,8 +35,10 @@ pub const PIECE_BYTES: usize = 32 << 10;
 /// No new piece for this long: download the program directly.
 pub const STALL: Duration = Duration::from_secs(10);
 
-/// Messages a root keeps while it waits for its own download.
+/// Messages, and bytes of them, a root keeps while it waits for its own
+/// download.
 const MAX_QUEUED: usize = 1 << 14;
+const MAX_QUEUED_BYTES: usize = 64 << 20;
 
 /// This peer's part of distributing a job's program.
 pub struct Distribution {
@@ -46,6 +48,7 @@ pub struct Distribution {
     seeded: bool,
     /// Messages that arrived before the root had the program.
     queue: Vec<(PeerId, ProgramMsg)>,
+    queued_bytes: usize,
     /// Pieces received from other peers.
     pub received: usize,
     /// The peers pieces came from.
@@ -100,6 +103,7 @@ impl Distribution {
             node,
             seeded: false,
             queue: Vec::new(),
+            queued_bytes: 0,
             received: 0,
             sources: Default::default(),
         })
@@ -132,6 +136,7 @@ impl Distribution {
             out.extend(self.node.start());
         }
         let mut frames = self.frames(out);
+        self.queued_bytes = 0;
         for (from, msg) in std::mem::take(&mut self.queue) {
             frames.extend(self.on_msg(from, msg)?);
         }
@@ -141,9 +146,15 @@ impl Distribution {
     /// A message from `from`. An error means the distribution is void.
     pub fn on_msg(&mut self, from: PeerId, msg: ProgramMsg) -> Result<Out, String> {
         if self.is_root() && !self.seeded {
-            if self.queue.len() >= MAX_QUEUED {
+            let size = match &msg {
+                ProgramMsg::Desire(b) | ProgramMsg::Bitfield(b) | ProgramMsg::Work(b) => b.len(),
+                ProgramMsg::Piece { data, .. } => data.len(),
+                _ => 0,
+            } + 16;
+            if self.queue.len() >= MAX_QUEUED || self.queued_bytes + size > MAX_QUEUED_BYTES {
                 return Err("too many program messages while downloading the program".into());
             }
+            self.queued_bytes += size;
             self.queue.push((from, msg));
             return Ok(Vec::new());
         }

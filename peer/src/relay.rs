@@ -148,7 +148,7 @@ pub fn choose(
         return None;
     }
     let chain = |policy: &BroadcastPolicy| RelayAlgorithm::Chain {
-        chunk: policy.chunk.clamp(1, RELAY_FRAME_BYTES) as u32,
+        chunk: policy.chunk.clamp(MIN_CHUNK, RELAY_FRAME_BYTES) as u32,
     };
     let by_cluster = || {
         let mut order: Vec<&Site> = dests.iter().collect();
@@ -196,8 +196,19 @@ pub fn schedule(head: &RelayHead) -> Result<Schedule, String> {
     s.map_err(|e| format!("no schedule for the relayed multicast: {e}"))
 }
 
-/// Checks a received head against the job (`nprocs`) and this peer.
-pub fn check_head(head: &RelayHead, nprocs: u32, me: PeerId, from: PeerId) -> Result<(), String> {
+/// Smallest chunk of a relayed chain (a smaller one would make schedules of
+/// millions of transfers).
+pub const MIN_CHUNK: usize = 64 << 10;
+
+/// Checks a received head against the job (`nprocs`, its `peers`) and this
+/// peer, which must not be the schedule's root (nobody sends to the root).
+pub fn check_head(
+    head: &RelayHead,
+    nprocs: u32,
+    job_peers: &[PeerId],
+    me: PeerId,
+    from: PeerId,
+) -> Result<(), String> {
     if head.src >= nprocs {
         return Err(format!(
             "a relayed multicast from pid {} which does not exist",
@@ -219,13 +230,19 @@ pub fn check_head(head: &RelayHead, nprocs: u32, me: PeerId, from: PeerId) -> Re
     if distinct.len() != head.peers.len() || head.peers.len() < 2 {
         return Err("a relayed multicast whose peer list has repeats or under two peers".into());
     }
-    if !distinct.contains(&me) || !distinct.contains(&from) {
+    if !distinct.contains(&me) || !distinct.contains(&from) || head.peers[0] == me {
         return Err(
-            "a relayed multicast whose peer list leaves out this peer or the sender".into(),
+            "a relayed multicast whose peer list leaves out this peer or the sender, or starts with this peer"
+                .into(),
         );
     }
+    if let Some(p) = head.peers.iter().find(|p| !job_peers.contains(p)) {
+        return Err(format!(
+            "a relayed multicast through peer #{p}, which is not in the job"
+        ));
+    }
     if let RelayAlgorithm::Chain { chunk } = head.algorithm
-        && (chunk == 0 || chunk as usize > RELAY_FRAME_BYTES)
+        && ((chunk as usize) < MIN_CHUNK || chunk as usize > RELAY_FRAME_BYTES)
     {
         return Err(format!("a relayed multicast in chunks of {chunk} bytes"));
     }
@@ -250,6 +267,9 @@ pub struct Inflight {
     whole: Option<Bytes>,
     /// Peers to send the whole payload directly once it is here.
     pub direct: BTreeSet<PeerId>,
+    /// The transfers this peer released (sent), to send again over a
+    /// connection that broke.
+    released: Vec<Transfer>,
 }
 
 impl Inflight {
@@ -262,6 +282,7 @@ impl Inflight {
         let mut f = Inflight::new(head, me)?;
         f.whole = Some(payload);
         let start = f.relay.start();
+        f.released.extend(start.iter().cloned());
         Ok((f, start))
     }
 
@@ -281,6 +302,7 @@ impl Inflight {
             buf: Vec::new(),
             whole: None,
             direct: BTreeSet::new(),
+            released: Vec::new(),
         })
     }
 
@@ -314,11 +336,22 @@ impl Inflight {
             .relay
             .on_bytes(start..end)
             .map_err(|e| format!("relayed bytes rejected: {e}"))?;
+        self.released.extend(due.iter().cloned());
         let done = self.relay.complete();
         if done {
             self.whole = Some(Bytes::from(std::mem::take(&mut self.buf)));
         }
         Ok((due, done))
+    }
+
+    /// The frames of every transfer this peer already sent to `peer`.
+    pub fn resend_to(&self, peer: PeerId) -> Vec<Frame> {
+        self.released
+            .iter()
+            .filter(|t| self.head.peers.get(t.to) == Some(&peer))
+            .filter_map(|t| self.frames(t))
+            .flat_map(|(_, frames)| frames)
+            .collect()
     }
 
     /// The frames of `transfer` (cut to [`RELAY_FRAME_BYTES`]), with the peer
@@ -433,22 +466,38 @@ mod tests {
     #[test]
     fn heads_are_checked() {
         let ok = head(RelayAlgorithm::Symmetric, vec![1, 2, 3], 100);
-        assert_eq!(check_head(&ok, 4, 2, 1), Ok(()));
+        assert_eq!(check_head(&ok, 4, &[1, 2, 3], 2, 1), Ok(()));
         let mut bad = ok.clone();
         bad.src = 4;
-        assert!(check_head(&bad, 4, 2, 1).is_err());
+        assert!(check_head(&bad, 4, &[1, 2, 3], 2, 1).is_err());
         let mut bad = ok.clone();
         bad.peers = vec![1, 2, 2];
-        assert!(check_head(&bad, 4, 2, 1).is_err());
-        assert!(check_head(&ok, 4, 7, 1).is_err(), "not in the list");
+        assert!(check_head(&bad, 4, &[1, 2, 3], 2, 1).is_err());
+        assert!(
+            check_head(&ok, 4, &[1, 2, 3, 7], 7, 1).is_err(),
+            "not in the list"
+        );
         let mut bad = ok.clone();
         bad.len = 0;
-        assert!(check_head(&bad, 4, 2, 1).is_err());
+        assert!(check_head(&bad, 4, &[1, 2, 3], 2, 1).is_err());
         let mut bad = ok.clone();
         bad.dsts.push((9, 3));
-        assert!(check_head(&bad, 4, 2, 1).is_err());
+        assert!(check_head(&bad, 4, &[1, 2, 3], 2, 1).is_err());
         let bad = head(RelayAlgorithm::Chain { chunk: 0 }, vec![1, 2, 3], 100);
-        assert!(check_head(&bad, 4, 2, 1).is_err());
+        assert!(check_head(&bad, 4, &[1, 2, 3], 2, 1).is_err());
+        let bad = head(RelayAlgorithm::Chain { chunk: 1000 }, vec![1, 2, 3], 100);
+        assert!(
+            check_head(&bad, 4, &[1, 2, 3], 2, 1).is_err(),
+            "tiny chunks"
+        );
+        assert!(
+            check_head(&ok, 4, &[1, 2], 2, 1).is_err(),
+            "peer 3 is not in the job"
+        );
+        assert!(
+            check_head(&ok, 4, &[1, 2, 3], 1, 2).is_err(),
+            "this peer is the root"
+        );
     }
 
     /// Every algorithm delivers the payload to every peer when frames are

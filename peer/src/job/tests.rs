@@ -1,7 +1,7 @@
 //! In-process runs of jobs on several peers over loopback TCP (real
 //! listeners, real wasm), checking DESIGN.md's Execution 3–4 end to end.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 
 use bsp_api::control::{JobPeer, Stream};
@@ -1094,4 +1094,143 @@ async fn resources_travel_with_the_program() {
     ]);
     let events = run_with_robber(a, wasm, resources).await;
     assert_eq!(stdout_of(&events, 0), vec![text]);
+}
+
+/// Connections between the peers of relay schedules break again and again
+/// while large broadcasts go on (chain and symmetric): every peer still
+/// gets every round whole, because an upstream peer sends again what it
+/// had sent on a connection that broke.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_connections_during_relays_lose_nothing() {
+    use crate::relay::BroadcastAlgorithm as A;
+    const N: u64 = 3_000_000;
+    const ROUNDS: u32 = 12;
+    let wasm = program("broadcast");
+    for (k, algorithm) in [A::Direct, A::Chain, A::Symmetric].into_iter().enumerate() {
+        let policy = BroadcastPolicy {
+            algorithm,
+            chunk: 64 << 10,
+            ..BroadcastPolicy::default()
+        };
+        let peers = start_peers_with(4, policy).await;
+        let job = 80 + k as JobId;
+        let placement = vec![0, 1, 2, 3, 1, 2];
+        let nprocs = placement.len() as u32;
+        let mut a = assignment(job, wasm, &peers, placement);
+        a.args = format!(r#"{{"bytes": {N}, "rounds": {ROUNDS}}}"#);
+        a.limits.memory_mib = 32;
+        let handles = start_everywhere(&peers, &a, wasm);
+        // Cut connections, round-robin over all pairs, until the job ends.
+        let registries: Vec<(PeerId, Arc<Registry>)> = peers
+            .iter()
+            .map(|p| (p.id, p.jobs.env.registry.clone()))
+            .collect();
+        let stop = CancellationToken::new();
+        let chaos = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let mut cuts = 0u32;
+                let mut i = 0usize;
+                // Twelve cuts, a new one every 100 ms: each connection
+                // recovers before the next fault.
+                while !stop.is_cancelled() && cuts < 12 {
+                    let (_, reg) = &registries[i % 4];
+                    let (from, _) = registries[(i + 1 + i / 4 % 3) % 4];
+                    if reg.cut(job, from) {
+                        cuts += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    i += 1;
+                    tokio::task::yield_now().await;
+                }
+                cuts
+            }
+        });
+        let events = dedup_output(&run_to_end(&peers, job, nprocs, handles).await);
+        stop.cancel();
+        let cuts = chaos.await.unwrap();
+        assert!(cuts > 0, "no connection was cut");
+        assert_eq!(
+            exited_pids(&events).len() as u32,
+            nprocs,
+            "{algorithm:?}: {events:?}"
+        );
+        for round in 0..ROUNDS {
+            let root = round % nprocs;
+            let sent = stdout_of(&events, root)
+                .into_iter()
+                .find(|l| l.starts_with(&format!("round {round}: pid {root} sent")))
+                .unwrap();
+            let hash = sent.rsplit(' ').next().unwrap().to_string();
+            for pid in 0..nprocs {
+                let want = format!("round {round}: pid {pid} got {N} bytes fnv {hash}");
+                assert!(
+                    stdout_of(&events, pid).contains(&want),
+                    "{algorithm:?} with {cuts} cuts: pid {pid} lacks `{want}`"
+                );
+            }
+        }
+    }
+}
+
+/// A `send_list` naming pids more often than the job has pids goes
+/// directly, not through a relay whose receivers would refuse it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_pids_in_a_large_send_list_go_directly() {
+    use crate::relay::BroadcastAlgorithm as A;
+    let policy = BroadcastPolicy {
+        algorithm: A::Symmetric,
+        ..BroadcastPolicy::default()
+    };
+    let peers = start_peers_with(3, policy).await;
+    let mut payload = vec![0u8; 300_000];
+    payload[0] = 0xab;
+    let list: Vec<u32> = vec![1, 2, 1, 2];
+    let wat = format!(
+        r#"(module
+      (import "bspweb_v1" "pid" (func $pid (result i32)))
+      (import "bspweb_v1" "superstep" (func $superstep (result i32)))
+      (import "bspweb_v1" "send_list" (func $send_list (param i32 i32 i32 i32) (result i32)))
+      (import "bspweb_v1" "msg_count" (func $msg_count (result i32)))
+      (import "bspweb_v1" "write_raw" (func $write_raw (param i32 i32) (result i32)))
+      (memory (export "memory") 8)
+      (data (i32.const 0) "{list}")
+      (func (export "bspweb_resume") (result i32)
+        (if (i32.eqz (call $superstep)) (then
+          (if (i32.eqz (call $pid)) (then
+            (drop (call $send_list (i32.const 0) (i32.const 4) (i32.const 64) (i32.const {len})))))
+          (return (i32.const 0))))
+        (i32.store (i32.const 32) (call $msg_count))
+        (drop (call $write_raw (i32.const 32) (i32.const 4)))
+        (i32.const 1)))"#,
+        list = list
+            .iter()
+            .flat_map(|p| p.to_le_bytes())
+            .map(|b| format!("\\{b:02x}"))
+            .collect::<String>(),
+        len = payload.len(),
+    );
+    let wasm = wat::parse_str(&wat).unwrap();
+    let a = assignment(90, &wasm, &peers, vec![0, 1, 2]);
+    let handles = start_everywhere(&peers, &a, &wasm);
+    let events = run_to_end(&peers, 90, 3, handles).await;
+    assert_eq!(exited_pids(&events).len(), 3, "{events:?}");
+    let counts: BTreeMap<Pid, u32> = events
+        .iter()
+        .filter_map(|e| match e {
+            PeerEvent::Output {
+                pid,
+                stream: Stream::Raw,
+                data,
+                ..
+            } => {
+                let b = base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .ok()?;
+                Some((*pid, u32::from_le_bytes(b[..4].try_into().ok()?)))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(counts, BTreeMap::from([(0, 0), (1, 2), (2, 2)]));
 }
