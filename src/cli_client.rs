@@ -882,12 +882,12 @@ pub async fn peers(a: ListArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:>4}  {:<20} {:<22} {:>6} {:>5} {:>5} {:>6}  STATE",
-        "ID", "NAME", "ADDRESS", "SPEED", "IDLE", "CORES", "PROCS"
+        "{:>4}  {:<20} {:<22} {:>6} {:>5} {:>5} {:>6}  {:<9} CLUSTER",
+        "ID", "NAME", "ADDRESS", "SPEED", "IDLE", "CORES", "PROCS", "STATE"
     );
     for p in peers {
         println!(
-            "{:>4}  {:<20} {:<22} {:>6.2} {:>5.2} {:>5} {:>6}  {}",
+            "{:>4}  {:<20} {:<22} {:>6.2} {:>5.2} {:>5} {:>6}  {:<9} {}",
             p.id,
             truncate(&p.name, 20),
             p.addr,
@@ -895,7 +895,8 @@ pub async fn peers(a: ListArgs) -> anyhow::Result<ExitCode> {
             p.idle,
             p.cores,
             p.processes,
-            p.state
+            p.state,
+            p.cluster.as_deref().unwrap_or("-")
         );
     }
     Ok(ExitCode::SUCCESS)
