@@ -302,10 +302,28 @@ mod byte_string {
     }
 }
 
-/// [`Bytes`] as a serde byte string, like [`byte_string`]; decoding takes
-/// over the decoded buffer without another copy.
+thread_local! {
+    /// The buffer being decoded by [`decode_sharing`] on this thread.
+    static SOURCE: std::cell::RefCell<Option<Bytes>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Run `decode` (a deserializer over `source`'s bytes) so that every
+/// [`Bytes`] payload it decodes is a slice of `source` rather than a copy:
+/// a received 8 MiB message is not copied again on its way to the inbox.
+/// (The payloads keep `source` alive as long as any of them lives.)
+pub fn decode_sharing<R>(source: &Bytes, decode: impl FnOnce(&[u8]) -> R) -> R {
+    let previous = SOURCE.with(|s| s.replace(Some(source.clone())));
+    let result = decode(source);
+    SOURCE.with(|s| *s.borrow_mut() = previous);
+    result
+}
+
+/// [`Bytes`] as a serde byte string, like [`byte_string`]. Decoding
+/// borrows from the buffer [`decode_sharing`] decodes, or takes over the
+/// decoded buffer, and copies only when neither is possible.
 mod shared_bytes {
     use bytes::Bytes;
+    use serde::de::{Error, SeqAccess, Visitor};
     use serde::{Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(bytes: &Bytes, s: S) -> Result<S::Ok, S::Error> {
@@ -313,7 +331,42 @@ mod shared_bytes {
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
-        super::byte_string::deserialize(d).map(Bytes::from)
+        d.deserialize_bytes(Shared)
+    }
+
+    struct Shared;
+
+    impl<'de> Visitor<'de> for Shared {
+        type Value = Bytes;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a byte string")
+        }
+
+        fn visit_borrowed_bytes<E: Error>(self, v: &'de [u8]) -> Result<Bytes, E> {
+            let sliced = super::SOURCE.with(|s| {
+                let s = s.borrow();
+                let src = s.as_ref()?;
+                let (lo, hi) = (src.as_ptr() as usize, src.as_ptr() as usize + src.len());
+                let (a, b) = (v.as_ptr() as usize, v.as_ptr() as usize + v.len());
+                (lo <= a && b <= hi).then(|| src.slice_ref(v))
+            });
+            Ok(sliced.unwrap_or_else(|| Bytes::copy_from_slice(v)))
+        }
+
+        fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Bytes, E> {
+            Ok(Bytes::copy_from_slice(v))
+        }
+
+        fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Bytes, E> {
+            Ok(Bytes::from(v))
+        }
+
+        // Self-describing formats (JSON) hand over a sequence of numbers.
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Bytes, A::Error> {
+            super::byte_string::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+                .map(Bytes::from)
+        }
     }
 }
 
@@ -580,6 +633,34 @@ mod tests {
         };
         let bytes = postcard::to_allocvec(&ok).unwrap();
         assert!(postcard::from_bytes::<Frame>(&bytes).is_ok());
+    }
+
+    #[test]
+    fn payloads_decoded_with_sharing_are_slices_of_the_frame() {
+        let big = Bytes::from(vec![5u8; 200_000]);
+        let frame = Frame::Data {
+            messages: vec![message(0, 1, 0, &big), message(0, 2, 1, &big)],
+        };
+        let encoded = Bytes::from(postcard::to_allocvec(&frame).unwrap());
+        let decoded: Frame = decode_sharing(&encoded, |b| postcard::from_bytes(b).unwrap());
+        assert_eq!(decoded, frame);
+        let Frame::Data { messages } = decoded else {
+            unreachable!()
+        };
+        let (lo, hi) = (
+            encoded.as_ptr() as usize,
+            encoded.as_ptr() as usize + encoded.len(),
+        );
+        let p = messages[0].payload.as_ptr() as usize;
+        assert!(lo <= p && p < hi, "the payload was copied");
+        // Without a source: a copy, equal bytes.
+        let copied: Frame = postcard::from_bytes(&encoded).unwrap();
+        assert_eq!(copied, frame);
+        let Frame::Data { messages } = copied else {
+            unreachable!()
+        };
+        let p = messages[0].payload.as_ptr() as usize;
+        assert!(!(lo <= p && p < hi));
     }
 
     #[test]

@@ -685,7 +685,7 @@ async fn replicate(base: Option<&Snapshot>, snap: &Snapshot, plan: &Plan) -> Dur
     let receiver = tokio::spawn(async move {
         let mut read = FramedRead::new(server, net::codec());
         while let Some(bytes) = read.next().await {
-            let frame = net::decode(&bytes.unwrap()).unwrap();
+            let frame = net::decode(bytes.unwrap()).unwrap();
             if let Some(Assembled::Checkpoint(s)) = asm.push(frame, &mut store).unwrap() {
                 assert_eq!(s.hash, expected);
                 store.insert(s);
@@ -742,7 +742,10 @@ fn stages(base: &[u8], changed: Option<usize>) -> [f64; 5] {
         t[2] = c.elapsed();
         drop(frames);
         let c = Instant::now();
-        let decoded: Vec<Frame> = encoded.iter().map(|b| net::decode(b).unwrap()).collect();
+        let decoded: Vec<Frame> = encoded
+            .iter()
+            .map(|b| net::decode(b.clone()).unwrap())
+            .collect();
         t[3] = c.elapsed();
         let c = Instant::now();
         let mut got = None;

@@ -46,14 +46,18 @@ pub fn encode(frame: &Frame) -> Result<Bytes, postcard::Error> {
     postcard::to_allocvec(frame).map(Bytes::from)
 }
 
-/// Decode a frame; trailing bytes are an error.
-pub fn decode(bytes: &[u8]) -> Result<Frame, postcard::Error> {
-    let (frame, rest) = postcard::take_from_bytes::<Frame>(bytes)?;
-    if rest.is_empty() {
-        Ok(frame)
-    } else {
-        Err(postcard::Error::DeserializeBadEncoding)
-    }
+/// Decode a frame; trailing bytes are an error. Message payloads are slices
+/// of `bytes`, not copies (`bsp_api::wire::decode_sharing`).
+pub fn decode(bytes: impl Into<Bytes>) -> Result<Frame, postcard::Error> {
+    let bytes: Bytes = bytes.into();
+    bsp_api::wire::decode_sharing(&bytes, |b| {
+        let (frame, rest) = postcard::take_from_bytes::<Frame>(b)?;
+        if rest.is_empty() {
+            Ok(frame)
+        } else {
+            Err(postcard::Error::DeserializeBadEncoding)
+        }
+    })
 }
 
 /// What the data plane tells a job.
@@ -265,7 +269,7 @@ async fn handle_connection(
     let _ = stream.set_nodelay(true);
     let mut conn = Framed::new(stream, codec());
     let first = match timeout(HANDSHAKE_TIMEOUT, conn.next()).await {
-        Ok(Some(Ok(bytes))) => decode(&bytes),
+        Ok(Some(Ok(bytes))) => decode(bytes),
         Ok(Some(Err(e))) => {
             tracing::debug!("data plane: connection from {addr} sent a bad first frame: {e}");
             return;
@@ -332,7 +336,7 @@ async fn handle_connection(
                 from,
                 error: Some(e.to_string()),
             },
-            Some(Ok(bytes)) => match decode(&bytes) {
+            Some(Ok(bytes)) => match decode(bytes) {
                 Ok(frame) => Inbound::Frame { from, frame },
                 Err(e) => Inbound::Closed {
                     from,
@@ -394,7 +398,7 @@ pub async fn connect(
                 .await
                 .map_err(|e| (true, format!("cannot send hello: {e}")))?;
             match conn.next().await {
-                Some(Ok(bytes)) => match decode(&bytes) {
+                Some(Ok(bytes)) => match decode(bytes) {
                     Ok(Frame::Welcome) => Ok(conn),
                     Ok(Frame::Reject {
                         reason: RejectReason::UnknownJob,
@@ -521,7 +525,7 @@ mod tests {
 
     async fn answer(conn: &mut FramedConn) -> Option<Frame> {
         match timeout(Duration::from_secs(10), conn.next()).await.unwrap() {
-            Some(Ok(b)) => Some(decode(&b).unwrap()),
+            Some(Ok(b)) => Some(decode(b).unwrap()),
             _ => None,
         }
     }
@@ -552,10 +556,10 @@ mod tests {
             }],
         };
         let mut b = encode(&f).unwrap().to_vec();
-        assert_eq!(decode(&b).unwrap(), f);
+        assert_eq!(decode(b.clone()).unwrap(), f);
         b.push(0);
-        assert!(decode(&b).is_err());
-        assert!(decode(&[0xff, 0xff, 0xff]).is_err());
+        assert!(decode(b.clone()).is_err());
+        assert!(decode(Bytes::from_static(&[0xff, 0xff, 0xff])).is_err());
     }
 
     #[tokio::test]
