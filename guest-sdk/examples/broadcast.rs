@@ -14,7 +14,8 @@
 //! every receiver, after the sync,
 //! `round {r}: pid {me} got {N} bytes fnv {h}` with the FNV-1a hash of what
 //! it got (`"check": false` skips the hash, for benchmarks, and prints
-//! `fnv -`).
+//! `fnv -`; `"alone": true` has the sender send to itself only, the
+//! baseline a benchmark subtracts).
 
 use bspweb::{Bsp, Result};
 use serde::Deserialize;
@@ -30,6 +31,10 @@ struct Large {
     rounds: u32,
     #[serde(default = "yes")]
     check: bool,
+    /// The sender sends only to itself: a baseline for benchmarks (what a
+    /// round costs without the broadcast).
+    #[serde(default)]
+    alone: bool,
 }
 
 fn one() -> u32 {
@@ -101,8 +106,9 @@ async fn big(bsp: &mut Bsp, a: Large) -> Result<()> {
                 chunk.copy_from_slice(&v[..chunk.len()]);
             }
             let h = if a.check { fnv(FNV_START, &data) } else { 0 };
+            let to = if a.alone { root..root + 1 } else { 0..n };
             for part in data.chunks(CHUNK) {
-                bsp.send_range_bytes(0..n, part)?;
+                bsp.send_range_bytes(to.clone(), part)?;
             }
             bsp.println(format!(
                 "round {round}: pid {pid} sent {} bytes fnv {}",

@@ -526,13 +526,7 @@ fn unpack_resources(hash: &str, bytes: &[u8]) -> Result<Resources, String> {
 fn sites_of(a: &JobAssignment) -> HashMap<PeerId, Site> {
     a.peers
         .iter()
-        .map(|p| {
-            let site = Site {
-                id: p.id,
-                cluster: p.cluster.clone(),
-            };
-            (p.id, site)
-        })
+        .map(|p| (p.id, Site::new(p.id, &p.addr, p.cluster.clone())))
         .collect()
 }
 

@@ -16,15 +16,16 @@
 //!   pids it hosts.
 //!
 //! [`choose`] is the rule, documented in `docs/broadcast.md`. Relaying
-//! pays where it spreads the sender's load over other links and cores:
-//! never for payloads under [`BroadcastPolicy::min_bytes`] (a relay adds a
-//! hop of latency), never for fewer than two destination peers. Otherwise:
-//! Juhász's symmetric broadcast inside one cluster (the sender moves `n`
-//! bytes in total instead of `n` per peer, and every peer copies its share
-//! in parallel — even on one host, where it beats sending directly,
-//! `benches/loopback_broadcast.rs`), and a pipelined chain ordered cluster
-//! by cluster across clusters (each narrow gateway link carries the data
-//! once, the depth-first pipeline of Takahashi et al.).
+//! pays where it spreads the sender's load over other links: never for
+//! payloads under [`BroadcastPolicy::min_bytes`] (a relay adds a hop of
+//! latency), never for fewer than two destination peers, never when every
+//! destination peer runs on the sender's own host (the copies share the
+//! same cores and memory whoever makes them, and pieces only add copies:
+//! `benches/loopback_broadcast.rs` measures direct sending cheapest there).
+//! Otherwise: Juhász's symmetric broadcast inside one cluster (the sender
+//! moves `n` bytes in total instead of `n` per peer), and a pipelined chain
+//! ordered cluster by cluster across clusters (each narrow gateway link
+//! carries the data once, the depth-first pipeline of Takahashi et al.).
 //!
 //! **Faults.** Messages keep their identity `(src, superstep, seq)`, so
 //! receivers drop whatever arrives twice, and the barrier's counts make a
@@ -128,11 +129,27 @@ impl Default for BroadcastPolicy {
     }
 }
 
-/// What the rule knows about a peer: its cluster.
+/// What the rule knows about a peer: where it runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Site {
     pub id: PeerId,
+    /// The host part of its data-plane address.
+    pub host: String,
     pub cluster: Option<String>,
+}
+
+impl Site {
+    pub fn new(id: PeerId, addr: &str, cluster: Option<String>) -> Site {
+        let host = match addr.rsplit_once(':') {
+            Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
+            None => addr,
+        };
+        Site {
+            id,
+            host: host.to_string(),
+            cluster,
+        }
+    }
 }
 
 /// The rule: how a payload of `len` bytes from `me` reaches `dests` (the
@@ -167,7 +184,7 @@ pub fn choose(
         BroadcastAlgorithm::Binomial => RelayAlgorithm::Binomial,
         BroadcastAlgorithm::Chain => chain(policy),
         BroadcastAlgorithm::Auto => {
-            if len < policy.min_bytes {
+            if len < policy.min_bytes || dests.iter().all(|d| d.host == me.host) {
                 return None;
             }
             let one_cluster = dests.iter().all(|d| d.cluster == me.cluster);
@@ -384,11 +401,8 @@ impl Inflight {
 mod tests {
     use super::*;
 
-    fn site(id: PeerId, _host: &str, cluster: Option<&str>) -> Site {
-        Site {
-            id,
-            cluster: cluster.map(String::from),
-        }
+    fn site(id: PeerId, host: &str, cluster: Option<&str>) -> Site {
+        Site::new(id, &format!("{host}:7000"), cluster.map(String::from))
     }
 
     #[test]
@@ -405,12 +419,14 @@ mod tests {
         let (a, order) = choose(&p, 1 << 20, &me, &lan).unwrap();
         assert_eq!(a, RelayAlgorithm::Symmetric);
         assert_eq!(order, vec![1, 2, 3, 4, 5]);
-        // Everyone on the sender's host: symmetric too (the copies run in
-        // parallel on the peers).
+        // Everyone on the sender's host: direct.
         let local: Vec<Site> = (2..6).map(|i| site(i, "127.0.0.1", None)).collect();
         let me_local = site(1, "127.0.0.1", None);
-        let (a, _) = choose(&p, 16 << 20, &me_local, &local).unwrap();
-        assert_eq!(a, RelayAlgorithm::Symmetric);
+        assert_eq!(choose(&p, 16 << 20, &me_local, &local), None);
+        // One other host among them: relayed.
+        let mut mixed_hosts = local.clone();
+        mixed_hosts[0] = site(2, "10.0.0.2", None);
+        assert!(choose(&p, 16 << 20, &me_local, &mixed_hosts).is_some());
         // Across clusters: a chain, the sender's cluster first, clusters grouped.
         let me = site(9, "10.1.0.1", Some("b"));
         let mixed = vec![
@@ -436,6 +452,13 @@ mod tests {
             ..p
         };
         assert_eq!(choose(&direct, 16 << 20, &me, &mixed), None);
+    }
+
+    #[test]
+    fn sites_parse_hosts() {
+        assert_eq!(Site::new(1, "10.0.0.1:7000", None).host, "10.0.0.1");
+        assert_eq!(Site::new(1, "[::1]:7000", None).host, "::1");
+        assert_eq!(Site::new(1, "name", None).host, "name");
     }
 
     #[test]

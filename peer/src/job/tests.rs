@@ -962,9 +962,10 @@ async fn large_broadcasts_arrive_whole_under_every_algorithm() {
         let direct: u64 = peers.iter().map(|p| p.stats.direct.load(Relaxed)).sum();
         let relayed: u64 = peers.iter().map(|p| p.stats.relayed.load(Relaxed)).sum();
         match algorithm {
-            // Each round the sender's peer sends the payload to the 3 other
-            // peers once each (not to each of their 7 or so destination pids).
-            A::Direct => {
+            // Loopback: the rule sends directly. Each round the sender's
+            // peer sends the payload to the 3 other peers once each (not to
+            // each of their 7 or so destination pids).
+            A::Direct | A::Auto => {
                 assert_eq!(relayed, 0, "{algorithm:?}");
                 let once_per_peer = u64::from(ROUNDS) * 3 * N;
                 assert!(
