@@ -15,11 +15,12 @@
 //! (`b/round`, `b/bcast`).
 //!
 //! Configurations, one after the other on one machine, all with
-//! checkpoints every 1000 supersteps: the default rule (direct on one host:
-//! one copy per peer, not per process), and the symmetric broadcast, the
-//! chain and the binomial tree forced; and the default rule with a
-//! checkpoint at every sync (what a job gets by default: every receiver's
-//! 16 MiB of new memory goes to two replicas).
+//! checkpoints every 1000 supersteps: direct sending forced and the default
+//! rule (which is direct on one host: one copy per peer, not per process;
+//! the two rows show the run-to-run noise), and the chain and the binomial
+//! tree forced; and the default rule with a checkpoint at every sync (what
+//! a job gets by default: every receiver's 16 MiB of new memory goes to two
+//! replicas).
 //!
 //! Run: `cargo bench --bench loopback_broadcast` (`-- --quick` for fewer
 //! repetitions). Results: `docs/benchmarks.md`.
