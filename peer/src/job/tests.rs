@@ -907,6 +907,28 @@ async fn a_peer_that_breaks_the_protocol_fails_the_job() {
     }
 }
 
+/// Every pid printed, for each round of the `broadcast` example's large
+/// mode, that it got `n` bytes with the hash the round's sender printed.
+#[track_caller]
+fn assert_rounds(events: &[PeerEvent], nprocs: u32, rounds: u32, n: u64, label: &str) {
+    for round in 0..rounds {
+        let root = round % nprocs;
+        let sent = stdout_of(events, root)
+            .into_iter()
+            .find(|l| l.starts_with(&format!("round {round}: pid {root} sent")))
+            .unwrap_or_else(|| panic!("{label}: pid {root} sent nothing in round {round}"));
+        let hash = sent.rsplit(' ').next().unwrap().to_string();
+        for pid in 0..nprocs {
+            let want = format!("round {round}: pid {pid} got {n} bytes fnv {hash}");
+            assert!(
+                stdout_of(events, pid).contains(&want),
+                "{label}: pid {pid} lacks `{want}`: {:?}",
+                stdout_of(events, pid)
+            );
+        }
+    }
+}
+
 /// The `broadcast` example's large mode: every receiver's hash matches the
 /// sender's, under every broadcast algorithm; relayed schedules really
 /// relay, and direct sending puts each payload on a connection once per
@@ -941,24 +963,7 @@ async fn large_broadcasts_arrive_whole_under_every_algorithm() {
             nprocs,
             "{algorithm:?}: {events:?}"
         );
-        for round in 0..ROUNDS {
-            let root = round % nprocs;
-            let sent = stdout_of(&events, root)
-                .into_iter()
-                .find(|l| l.starts_with(&format!("round {round}: pid {root} sent")))
-                .unwrap_or_else(|| {
-                    panic!("{algorithm:?}: pid {root} sent nothing in round {round}")
-                });
-            let hash = sent.rsplit(' ').next().unwrap().to_string();
-            for pid in 0..nprocs {
-                let want = format!("round {round}: pid {pid} got {N} bytes fnv {hash}");
-                assert!(
-                    stdout_of(&events, pid).contains(&want),
-                    "{algorithm:?}: pid {pid} lacks `{want}`: {:?}",
-                    stdout_of(&events, pid)
-                );
-            }
-        }
+        assert_rounds(&events, nprocs, ROUNDS, N, &format!("{algorithm:?}"));
         let direct: u64 = peers.iter().map(|p| p.stats.direct.load(Relaxed)).sum();
         let relayed: u64 = peers.iter().map(|p| p.stats.relayed.load(Relaxed)).sum();
         match algorithm {
@@ -1156,21 +1161,13 @@ async fn broken_connections_during_relays_lose_nothing() {
             nprocs,
             "{algorithm:?}: {events:?}"
         );
-        for round in 0..ROUNDS {
-            let root = round % nprocs;
-            let sent = stdout_of(&events, root)
-                .into_iter()
-                .find(|l| l.starts_with(&format!("round {round}: pid {root} sent")))
-                .unwrap();
-            let hash = sent.rsplit(' ').next().unwrap().to_string();
-            for pid in 0..nprocs {
-                let want = format!("round {round}: pid {pid} got {N} bytes fnv {hash}");
-                assert!(
-                    stdout_of(&events, pid).contains(&want),
-                    "{algorithm:?} with {cuts} cuts: pid {pid} lacks `{want}`"
-                );
-            }
-        }
+        assert_rounds(
+            &events,
+            nprocs,
+            ROUNDS,
+            N,
+            &format!("{algorithm:?} with {cuts} cuts"),
+        );
     }
 }
 
