@@ -1858,10 +1858,20 @@ impl Driver {
         match event {
             Inbound::Connected { .. } => {}
             Inbound::Closed { from, error } => {
-                // Its writer reconnects; partial checkpoint parts are void.
+                // Its writer reconnects; partial checkpoint parts are void,
+                // and so is a snapshot it was sending us: ask again.
                 self.assemblers.remove(&from);
                 if let Some(e) = error {
                     tracing::debug!(job = self.job, from, "connection from peer closed: {e}");
+                }
+                let asked: Vec<Pid> = self
+                    .fetches
+                    .iter()
+                    .filter(|(_, f)| f.waiting.contains(&from))
+                    .map(|(pid, _)| *pid)
+                    .collect();
+                for pid in asked {
+                    self.send_to(from, Frame::FetchCheckpoint { pid });
                 }
             }
             Inbound::SendFailed { to, error } => {
