@@ -507,20 +507,22 @@ fn checkpointed(s: u32, every: u32) -> bool {
     every <= 1 || (s + 1).is_multiple_of(every)
 }
 
-/// The `Done` of `pid` for superstep `s`, counted from its messages.
-/// The resources part of a bundle from other peers, checked against
-/// `hash` (empty: the job has none apart).
-fn unpack_resources(hash: &str, bytes: &[u8]) -> Result<Resources, String> {
+/// The job's resources in `encode_resources` form (from the supernode or
+/// from other peers, `whence`), checked against `hash` and decoded; none
+/// when `hash` is empty (the job has none apart from its assignment).
+fn unpack_resources(hash: &str, bytes: &[u8], whence: &str) -> Result<Resources, String> {
     use sha2::Digest as _;
     if hash.is_empty() {
         return Ok(None);
     }
     if !hex::encode(sha2::Sha256::digest(bytes)).eq_ignore_ascii_case(hash) {
-        return Err("the resources from other peers do not match their hash".into());
+        return Err(format!(
+            "the job's resources from {whence} do not match their hash"
+        ));
     }
     bsp_api::control::decode_resources(bytes)
         .map(Some)
-        .map_err(|e| format!("the resources from other peers are malformed: {e}"))
+        .map_err(|e| format!("the job's resources from {whence} are malformed: {e}"))
 }
 
 fn sites_of(a: &JobAssignment) -> HashMap<PeerId, Site> {
@@ -530,6 +532,7 @@ fn sites_of(a: &JobAssignment) -> HashMap<PeerId, Site> {
         .collect()
 }
 
+/// The `Done` of `pid` for superstep `s`, counted from its messages.
 fn done_of(pid: Pid, exited: bool, messages: &[WireMessage], s: u32) -> ProcDone {
     let mut counts: BTreeMap<Pid, u32> = BTreeMap::new();
     for m in messages.iter().filter(|m| m.superstep == s) {
@@ -777,17 +780,11 @@ impl Driver {
     fn on_program(&mut self, event: ProgramEvent) {
         match event {
             ProgramEvent::Downloaded(Ok(f)) => {
-                let resources = if self.resources_hash.is_empty() {
-                    None
-                } else {
-                    match bsp_api::control::decode_resources(&f.resources) {
-                        Ok(r) => Some(r),
-                        Err(e) => {
-                            return self
-                                .fail(None, format!("the job's resources are malformed: {e}"));
-                        }
-                    }
-                };
+                let resources =
+                    match unpack_resources(&self.resources_hash, &f.resources, "the supernode") {
+                        Ok(r) => r,
+                        Err(e) => return self.fail(None, e),
+                    };
                 if let Some(dist) = &mut self.dist {
                     let bundle = [&f.bytes[..], &f.resources[..]].concat();
                     match dist.seed(&bundle) {
@@ -858,7 +855,8 @@ impl Driver {
                     tokio::spawn(async move {
                         let unpacked = tokio::task::spawn_blocking(move || {
                             let (program, resources) = bundle.split_at(split);
-                            let resources = unpack_resources(&resources_hash, resources)?;
+                            let resources =
+                                unpack_resources(&resources_hash, resources, "other peers")?;
                             let module = runtime.compile(&hash, program).map_err(|e| {
                                 format!("the program from other peers is unusable: {e}")
                             })?;
@@ -1099,7 +1097,15 @@ impl Driver {
         offset: u32,
         bytes: bytes::Bytes,
     ) -> Result<(), String> {
-        relay::check_head(&head, self.info.nprocs, &self.peers, self.me, from)?;
+        relay::check_head(&head, self.info.nprocs, self.me, from)?;
+        if !relay::current(&head, &self.peers) {
+            tracing::debug!(
+                job = self.job,
+                from,
+                "dropping a relayed frame of an older epoch"
+            );
+            return Ok(());
+        }
         if self.safe.is_some_and(|g| head.superstep < g) {
             return Ok(()); // long delivered everywhere
         }

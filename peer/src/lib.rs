@@ -443,31 +443,24 @@ async fn command_loop(
 }
 
 /// What a job needs from the supernode: its program, compiled (from the
-/// cache, or downloaded and compiled), and its resources (checked against
-/// their hash).
+/// cache, or downloaded and compiled), and its resources.
 fn fetch_inputs(
     client: Arc<Client>,
     runtime: Arc<Runtime>,
     a: &bsp_api::control::JobAssignment,
 ) -> impl std::future::Future<Output = Result<job::Fetched, String>> + Send + 'static {
     let (job, hash) = (a.job, a.program_hash.clone());
-    let (resources_hash, resources_bytes) = (a.resources_hash.clone(), a.resources_bytes);
+    let (apart, resources_bytes) = (!a.resources_hash.is_empty(), a.resources_bytes);
     async move {
-        let resources = if resources_hash.is_empty() {
-            bytes::Bytes::new()
-        } else {
+        // Checked against their hash where the job driver decodes them.
+        let resources = if apart {
             let bytes = client
                 .job_resources(job, resources_bytes)
                 .await
                 .map_err(|e| format!("could not download the job's resources: {e}"))?;
-            if !hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes))
-                .eq_ignore_ascii_case(&resources_hash)
-            {
-                return Err(
-                    "the job's resources from the supernode do not match their hash".into(),
-                );
-            }
             bytes::Bytes::from(bytes)
+        } else {
+            bytes::Bytes::new()
         };
         let (module, bytes) = fetch_module(client, runtime, hash).await?;
         Ok(job::Fetched {
