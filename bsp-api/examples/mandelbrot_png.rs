@@ -29,14 +29,45 @@ pub struct Picture {
     pub max_iter: u32,
 }
 
+/// The longest side of a picture, in pixels (a 16384×16384 picture takes
+/// 256 MiB here).
+pub const MAX_SIDE: u32 = 16384;
+
+impl Picture {
+    /// Why the picture cannot be rendered, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        let Picture {
+            width,
+            height,
+            max_iter,
+        } = *self;
+        if width == 0 || height == 0 {
+            return Err(format!(
+                "a {width}x{height} picture has no pixels: --width and --height must be at least 1"
+            ));
+        }
+        if width > MAX_SIDE || height > MAX_SIDE {
+            return Err(format!(
+                "a {width}x{height} picture is too large: --width and --height must be at most {MAX_SIDE}"
+            ));
+        }
+        if max_iter == 0 {
+            return Err("--max-iter must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
 /// Run `mandelbrot` on `nprocs` processes; the grey pixels, row by row.
-/// Standard output lines of the job go to `log`.
+/// Standard output lines of the job go to `log`. A picture that fails
+/// [`Picture::check`] is an error before any job starts.
 pub async fn render(
     client: &Client,
     picture: Picture,
     nprocs: u32,
     mut log: impl FnMut(&str),
 ) -> Result<Vec<u8>, Box<dyn Error>> {
+    picture.check()?;
     let (w, h) = (picture.width as usize, picture.height as usize);
     let spec = JobSpec::new("mandelbrot", nprocs)
         .args(&picture)?
@@ -181,6 +212,7 @@ async fn run(args: &[String]) -> Result<String, Box<dyn Error>> {
         height: number(args, "--height", 384)?,
         max_iter: number(args, "--max-iter", 256)?,
     };
+    picture.check()?;
     let nprocs = number(args, "-n", 4)?;
     let client = match Client::login(&url, &user, &password).await {
         Err(ClientError::Unauthorized { .. }) => {

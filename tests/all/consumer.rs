@@ -1,7 +1,8 @@
 //! The consumer API (`bsp_api::client`, dissertation §2.3.4, Listing 2.2)
 //! against a real supernode and peers: every event of the listener in a
 //! scenario that causes it, the typed errors for their causes, transparent
-//! reconnection, and the `mandelbrot_png` example application.
+//! reconnection and retries, and the `quickstart` and `mandelbrot_png`
+//! example applications.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,6 +19,10 @@ use crate::harness::{ADMIN, ADMIN_PASSWORD, Cluster, Options, shared};
 #[allow(dead_code)]
 #[path = "../../bsp-api/examples/mandelbrot_png.rs"]
 mod mandelbrot_png;
+
+#[allow(dead_code)]
+#[path = "../../bsp-api/examples/quickstart.rs"]
+mod quickstart;
 
 /// How long a job of these tests may take.
 const JOB_LIMIT: Duration = Duration::from_secs(180);
@@ -150,10 +155,14 @@ fn ticker_step(events: &[ConsumerEvent]) -> Option<u32> {
 /// arguments of a user type.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_normal_job_yields_every_output_event_typed() {
+    #[derive(serde::Serialize)]
+    struct TickerArgs {
+        unused: Vec<u32>,
+    }
     let client = shared().admin().await;
     let (steps, nprocs) = (3, 3);
     let spec = JobSpec::new(Program::Wasm(ticker_wasm(steps, 1000)), nprocs)
-        .args(&json!({"unused": [1, 2]}))
+        .args(&TickerArgs { unused: vec![1, 2] })
         .unwrap()
         .description("consumer: every output event")
         .seed(7);
@@ -280,14 +289,17 @@ async fn the_job_list_changes_on_submit_finish_and_dispose_and_a_killed_job_says
             _ => {}
         }
     }
+    // (waiting, active, finished)
     let in_lists = async || {
         let ids = |v: Vec<bsp_api::rest::JobInfo>| v.iter().any(|j| j.id == job);
         (
-            ids(client.waiting_jobs().await.unwrap()) || ids(client.active_jobs().await.unwrap()),
+            ids(client.waiting_jobs().await.unwrap()),
+            ids(client.active_jobs().await.unwrap()),
             ids(client.finished_jobs().await.unwrap()),
         )
     };
-    assert_eq!(in_lists().await, (true, false));
+    // It printed, so it runs: active, not waiting.
+    assert_eq!(in_lists().await, (false, true, false));
     let killed = client.kill(job).await.unwrap();
     assert_eq!(killed.outcome, Some(JobOutcome::Killed));
     // Finished: `job_killed` ends its events and the list says finished.
@@ -302,7 +314,7 @@ async fn the_job_list_changes_on_submit_finish_and_dispose_and_a_killed_job_says
             e => assert!(!e.is_terminal(), "{e:?}"),
         }
     }
-    assert_eq!(in_lists().await, (false, true));
+    assert_eq!(in_lists().await, (false, false, true));
     // Disposed: the list says the job is gone.
     client.dispose(job).await.unwrap();
     loop {
@@ -313,7 +325,7 @@ async fn the_job_list_changes_on_submit_finish_and_dispose_and_a_killed_job_says
             break;
         }
     }
-    assert_eq!(in_lists().await, (false, false));
+    assert_eq!(in_lists().await, (false, false, false));
     assert!(sub.followed().any(|j| j == job));
 }
 
@@ -337,6 +349,40 @@ async fn each_cause_gets_its_typed_error() {
     let forged = Client::with_token(&c.url, "not.a.token");
     let e = forged.jobs(None).await.unwrap_err();
     assert!(matches!(e, ClientError::Unauthorized { .. }), "{e:?}");
+    // A well-formed token that says it expired long ago, signed by no one:
+    // refused for its signature, on calls and streams alike, at once.
+    let b64 = |s: &str| {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s)
+    };
+    let jwt = format!(
+        "{}.{}.{}",
+        b64(r#"{"alg":"HS256","typ":"JWT"}"#),
+        b64(r#"{"iss":"bspweb","aud":"user","sub":"1","iat":1,"exp":2,"name":"admin"}"#),
+        b64("not the signature")
+    );
+    let forged = Client::with_token(&c.url, &jwt);
+    let e = forged.me().await.unwrap_err();
+    assert!(matches!(e, ClientError::Unauthorized { .. }), "{e:?}");
+    assert_eq!(e.code(), Some("unauthorized"));
+    let e = tokio::time::timeout(Duration::from_secs(10), forged.job_events(1).next())
+        .await
+        .expect("a 401 is not retried")
+        .unwrap_err();
+    assert!(matches!(e, ClientError::Unauthorized { .. }), "{e:?}");
+    let e = forged.subscribe().await.unwrap_err();
+    assert!(matches!(e, ClientError::Unauthorized { .. }), "{e:?}");
+    // An invalid URL: no scheme, or https (this client has no TLS).
+    for url in [
+        c.url.trim_start_matches("http://").to_string(),
+        c.url.replace("http://", "https://"),
+    ] {
+        let e = Client::login(&url, ADMIN, ADMIN_PASSWORD)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ClientError::InvalidUrl { .. }), "{url}: {e:?}");
+        assert!(!e.is_transient(), "{e:?}");
+    }
 
     let client = c.admin().await;
     // Program not found, by name and by hash.
@@ -362,6 +408,25 @@ async fn each_cause_gets_its_typed_error() {
         .unwrap_err();
     assert!(matches!(e, ClientError::InvalidProgram { .. }), "{e:?}");
     assert!(e.to_string().contains("not a WebAssembly module"), "{e}");
+    // Invalid program: valid WebAssembly that imports WASI, which guests may not.
+    let wasi = wat::parse_str(
+        r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "bspweb_resume") (result i32) (i32.const 1)))"#,
+    )
+    .unwrap();
+    let e = client
+        .start_job(JobSpec::new(Program::Wasm(wasi), 2))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::InvalidProgram { .. }), "{e:?}");
+    assert_eq!((e.status(), e.code()), (Some(422), Some("invalid_module")));
+    let message = e.to_string();
+    assert!(
+        message.contains("wasi_snapshot_preview1.fd_write") && message.contains("bspweb_v1"),
+        "{message}"
+    );
     // Not enough peers: more than are online; as many as are online is fine.
     let online = client.health().await.unwrap().peers_online;
     assert!(online >= 1);
@@ -493,6 +558,248 @@ async fn a_dropped_connection_loses_and_repeats_no_event() {
     assert_eq!(again, want);
 }
 
+/// A TCP proxy to `upstream` whose event streams can be taken down: a
+/// request for the job-list stream while `list_down` is closed unanswered,
+/// one for a job's stream while `jobs_down` is answered 503, and
+/// [`Switch::cut`] closes every connection that carried an event stream.
+/// Other requests pass.
+#[derive(Default)]
+struct Switch {
+    list_down: std::sync::atomic::AtomicBool,
+    jobs_down: std::sync::atomic::AtomicBool,
+    /// Job-list stream requests passed and refused.
+    list_passed: AtomicUsize,
+    list_refused: AtomicUsize,
+    /// Job stream requests refused.
+    jobs_refused: AtomicUsize,
+    cuts: Mutex<Option<tokio::sync::watch::Sender<u64>>>,
+}
+
+impl Switch {
+    fn cut(&self) {
+        if let Some(cuts) = &*self.cuts.lock().unwrap() {
+            cuts.send_modify(|n| *n += 1);
+        }
+    }
+
+    fn count(counter: &AtomicUsize) -> usize {
+        counter.load(Ordering::SeqCst)
+    }
+}
+
+async fn switch_proxy(upstream: String) -> (String, Arc<Switch>) {
+    use std::sync::atomic::AtomicBool;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let switch = Arc::new(Switch::default());
+    let (cuts, _) = tokio::sync::watch::channel(0u64);
+    *switch.cuts.lock().unwrap() = Some(cuts.clone());
+    let sw = switch.clone();
+    tokio::spawn(async move {
+        while let Ok((down, _)) = listener.accept().await {
+            let (upstream, sw, mut cut) = (upstream.clone(), sw.clone(), cuts.subscribe());
+            tokio::spawn(async move {
+                let Ok(up) = tokio::net::TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                let ((mut dr, mut dw), (mut ur, mut uw)) = (down.into_split(), up.into_split());
+                let streamed = AtomicBool::new(false);
+                // Requests on a connection come one at a time.
+                let requests = async {
+                    let mut buf = vec![0u8; 8192];
+                    while let Ok(n @ 1..) = dr.read(&mut buf).await {
+                        let head = String::from_utf8_lossy(&buf[..n]);
+                        let line = head.lines().next().unwrap_or_default();
+                        if line.starts_with("GET /api/v1/events ") {
+                            if sw.list_down.load(Ordering::SeqCst) {
+                                sw.list_refused.fetch_add(1, Ordering::SeqCst);
+                                return false;
+                            }
+                            sw.list_passed.fetch_add(1, Ordering::SeqCst);
+                            streamed.store(true, Ordering::SeqCst);
+                        } else if line.starts_with("GET /api/v1/jobs/") && line.contains("/events")
+                        {
+                            if sw.jobs_down.load(Ordering::SeqCst) {
+                                sw.jobs_refused.fetch_add(1, Ordering::SeqCst);
+                                return true;
+                            }
+                            streamed.store(true, Ordering::SeqCst);
+                        }
+                        if uw.write_all(&buf[..n]).await.is_err() {
+                            return false;
+                        }
+                    }
+                    false
+                };
+                let answers = async {
+                    let _ = tokio::io::copy(&mut ur, &mut dw).await;
+                    false
+                };
+                let cut = async {
+                    while cut.changed().await.is_ok() {
+                        if streamed.load(Ordering::SeqCst) {
+                            return false;
+                        }
+                    }
+                    std::future::pending().await
+                };
+                let unavailable = tokio::select! {
+                    r = requests => r,
+                    r = answers => r,
+                    r = cut => r,
+                };
+                if unavailable {
+                    let body = r#"{"code":"unavailable","message":"the proxy is down"}"#;
+                    let answer = format!(
+                        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = dw.write_all(answer.as_bytes()).await;
+                }
+            });
+        }
+    });
+    (url, switch)
+}
+
+/// Poll until `cond` holds; panics once `limit` passes.
+async fn poll_until(what: &str, limit: Duration, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A subscription read by a background task: its events and its errors.
+struct SubCollector {
+    events: Arc<Mutex<Vec<ConsumerEvent>>>,
+    errors: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SubCollector {
+    fn start(mut sub: bsp_api::client::Subscription) -> SubCollector {
+        let (events, errors) = (Arc::new(Mutex::new(vec![])), Arc::new(Mutex::new(vec![])));
+        let (e, r) = (events.clone(), errors.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                match sub.next().await {
+                    Ok(event) => e.lock().unwrap().push(event),
+                    Err(err) => r.lock().unwrap().push(err.to_string()),
+                }
+            }
+        });
+        SubCollector {
+            events,
+            errors,
+            task,
+        }
+    }
+
+    /// The events of `job`, but for the job-list changes.
+    fn of(&self, job: JobId) -> Vec<ConsumerEvent> {
+        let events = self.events.lock().unwrap();
+        events
+            .iter()
+            .filter(|e| e.job() == job && !matches!(e, ConsumerEvent::JobListChanged { .. }))
+            .cloned()
+            .collect()
+    }
+
+    fn ended(&self, job: JobId) -> bool {
+        self.of(job).last().is_some_and(ConsumerEvent::is_terminal)
+    }
+}
+
+impl Drop for SubCollector {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A job that starts and ends while the job-list stream is down (longer
+/// than the few seconds the stream used to retry) is not announced; the
+/// subscription reads the job lists again once the stream is back, and
+/// delivers every event of that job, once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subscription_relists_the_jobs_after_its_job_list_stream_comes_back() {
+    let c = shared();
+    let direct = c.user("consumer-relist").await;
+    let (proxy, switch) = switch_proxy(c.url.trim_start_matches("http://").to_string()).await;
+    let through = Client::with_token(&proxy, direct.token());
+    let sub = SubCollector::start(through.subscribe().await.expect("subscribe"));
+    assert_eq!(Switch::count(&switch.list_passed), 1);
+    // Down.
+    switch.list_down.store(true, Ordering::SeqCst);
+    switch.cut();
+    let down = Instant::now();
+    poll_until("the subscription retrying", JOB_LIMIT, || {
+        Switch::count(&switch.list_refused) >= 1
+    })
+    .await;
+    let job = direct
+        .start_job(JobSpec::new("ring", 2).description("started while unheard of"))
+        .await
+        .unwrap()
+        .id;
+    let want = all_events(&direct, job).await;
+    poll_until("a long outage", JOB_LIMIT, || {
+        down.elapsed() >= Duration::from_secs(7) && Switch::count(&switch.list_refused) >= 4
+    })
+    .await;
+    assert!(sub.of(job).is_empty(), "heard of job {job} while deaf");
+    // Up again.
+    switch.list_down.store(false, Ordering::SeqCst);
+    poll_until(
+        &format!("job {job}'s events after the outage"),
+        JOB_LIMIT,
+        || sub.ended(job),
+    )
+    .await;
+    assert_eq!(sub.of(job), want);
+    assert!(Switch::count(&switch.list_passed) >= 2);
+    let errors = sub.errors.lock().unwrap().clone();
+    assert!(errors.is_empty(), "transient failures surfaced: {errors:?}");
+}
+
+/// A job's stream in a subscription answered 503 for several seconds (as
+/// while a supernode behind a proxy restarts) resumes where it stopped: no
+/// error comes out, and every event of the job comes once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subscription_outlasts_a_long_run_of_unavailable_answers() {
+    let c = shared();
+    let direct = c.user("consumer-unavailable").await;
+    let (proxy, switch) = switch_proxy(c.url.trim_start_matches("http://").to_string()).await;
+    let through = Client::with_token(&proxy, direct.token());
+    let sub = SubCollector::start(through.subscribe().await.expect("subscribe"));
+    // Runs until killed.
+    let spec = JobSpec::new(Program::Wasm(ticker_wasm(1_000_000, 20_000)), 2);
+    let job = through.start_job(spec).await.unwrap().id;
+    poll_until("the job's first output", JOB_LIMIT, || {
+        sub.of(job)
+            .iter()
+            .any(|e| matches!(e, ConsumerEvent::Stdout { .. }))
+    })
+    .await;
+    switch.jobs_down.store(true, Ordering::SeqCst);
+    switch.cut();
+    let down = Instant::now();
+    poll_until("a long run of 503s", JOB_LIMIT, || {
+        down.elapsed() >= Duration::from_secs(7) && Switch::count(&switch.jobs_refused) >= 4
+    })
+    .await;
+    direct.kill(job).await.unwrap();
+    switch.jobs_down.store(false, Ordering::SeqCst);
+    poll_until("job_killed after the outage", JOB_LIMIT, || sub.ended(job)).await;
+    let want = all_events(&direct, job).await;
+    assert_eq!(want.last(), Some(&ConsumerEvent::JobKilled { job }));
+    assert_eq!(sub.of(job), want);
+    let errors = sub.errors.lock().unwrap().clone();
+    assert!(errors.is_empty(), "transient failures surfaced: {errors:?}");
+}
+
 /// `processRolledBack` after a host is SIGKILLed mid-job, and
 /// `ProcessMigrated` after a host's availability drops to 0, on a cluster
 /// of its own.
@@ -612,6 +919,83 @@ fn a_lost_peer_rolls_back_and_a_busy_peer_migrates_its_processes() {
             })
             .await;
     });
+}
+
+/// The quickstart example (the client module's documentation) logs in,
+/// runs `ring` and prints every line of it; a wrong password or URL comes
+/// back typed.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_quickstart_example_runs_ring_to_its_end() {
+    let c = shared();
+    let name = "consumer-quickstart";
+    c.user(name).await;
+    let password = format!("pw-of-{name}");
+    let nprocs = 3;
+    let outcome = quickstart::run(&c.url, name, &password, nprocs)
+        .await
+        .expect("the quickstart runs");
+    let lines = &outcome.lines;
+    assert!(outcome.exited, "{lines:?}");
+    assert!(lines[0].ends_with("started on 3 processes"), "{lines:?}");
+    assert!(lines.last().unwrap().ends_with(" exited"), "{lines:?}");
+    let has = |l: &str| lines.iter().any(|x| x == l);
+    for pid in 0..nprocs {
+        assert!(
+            has(&format!("[{pid}] got in total 2 messages")),
+            "pid {pid}: {lines:?}"
+        );
+    }
+    // pid 0's neighbours hear from it, pid 0 does not.
+    assert!(has("[0] got 0 messages from pid 0"), "{lines:?}");
+    assert!(has("[1] got 1 messages from pid 0"), "{lines:?}");
+    assert!(has("[2] got 1 messages from pid 0"), "{lines:?}");
+
+    let e = quickstart::run(&c.url, name, "wrong", nprocs)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::Unauthorized { .. }), "{e:?}");
+    let no_scheme = c.url.trim_start_matches("http://");
+    let e = quickstart::run(no_scheme, name, &password, nprocs)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::InvalidUrl { .. }), "{e:?}");
+}
+
+/// The mandelbrot example refuses a picture without pixels or too large
+/// to hold before it starts a job.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mandelbrot_png_example_refuses_bad_dimensions_before_starting_a_job() {
+    let client = shared().user("consumer-mandelbrot-sizes").await;
+    let max = mandelbrot_png::MAX_SIDE;
+    for (width, height, max_iter, why) in [
+        (0, 30, 64, "at least 1"),
+        (40, 0, 64, "at least 1"),
+        (max + 1, 30, 64, "at most 16384"),
+        (40, u32::MAX, 64, "at most 16384"),
+        (u32::MAX, u32::MAX, 64, "at most 16384"),
+        (40, 30, 0, "--max-iter must be at least 1"),
+    ] {
+        let picture = mandelbrot_png::Picture {
+            width,
+            height,
+            max_iter,
+        };
+        let e = mandelbrot_png::render(&client, picture, 2, |_| {})
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains(why), "{picture:?}: {e}");
+    }
+    assert!(
+        mandelbrot_png::Picture {
+            width: max,
+            height: max,
+            max_iter: 1
+        }
+        .check()
+        .is_ok()
+    );
+    let jobs = client.jobs(None).await.unwrap();
+    assert!(jobs.is_empty(), "jobs started: {jobs:?}");
 }
 
 /// The example application renders the picture the `mandelbrot` program

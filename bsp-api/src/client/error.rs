@@ -4,21 +4,33 @@ use crate::rest::ApiError;
 
 /// What went wrong talking to a supernode.
 ///
-/// The causes an application usually handles on its own (dissertation
-/// Listing 2.2: no supernode connection, authentication failed, program not
-/// found, not enough peers, integrity violated) each have a variant; every
-/// other answer of the supernode is [`ClientError::Api`].
+/// The causes an application usually handles on its own each have a
+/// variant: those of dissertation Listing 2.2 (no supernode connection,
+/// authentication failed, program not found, not enough peers), a module
+/// the supernode refuses, and a supernode URL this client cannot use. Every
+/// other error answer of the supernode is [`ClientError::Api`].
+///
+/// [`is_transient`](ClientError::is_transient) tells the errors worth
+/// retrying as they are from those that need a change first.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClientError {
     /// The supernode could not be reached, or the connection broke: nothing
-    /// listens at the URL, the network is down, or the answer was cut off.
+    /// listens at the URL, the network is down, the answer was cut off, or
+    /// none came within the request timeout
+    /// ([`Client::with_request_timeout`](super::Client::with_request_timeout);
+    /// `source.is_timeout()` tells).
     #[error("cannot reach the supernode at {url}: {source}")]
     NotConnected {
         url: String,
         #[source]
         source: reqwest::Error,
     },
+    /// The supernode URL given to [`Client::login`](super::Client::login) or
+    /// [`Client::with_token`](super::Client::with_token) is not one this
+    /// client can use; `reason` says how to fix it. Retrying does not help.
+    #[error("invalid supernode URL `{url}`: {reason}")]
+    InvalidUrl { url: String, reason: String },
     /// HTTP 401: wrong user name or password, or a missing, forged or
     /// expired token (`code` is `unauthorized` or `token_expired`). Log in
     /// again.
@@ -56,7 +68,8 @@ pub enum ClientError {
 impl ClientError {
     /// The HTTP status of an error answer of the supernode (every variant
     /// but [`NotConnected`](ClientError::NotConnected),
-    /// [`Args`](ClientError::Args) and [`Protocol`](ClientError::Protocol)).
+    /// [`InvalidUrl`](ClientError::InvalidUrl), [`Args`](ClientError::Args)
+    /// and [`Protocol`](ClientError::Protocol)).
     pub fn status(&self) -> Option<u16> {
         match self {
             ClientError::Unauthorized { .. } => Some(401),
@@ -64,9 +77,10 @@ impl ClientError {
             ClientError::ProgramNotFound { .. } => Some(404),
             ClientError::InvalidProgram { .. } => Some(422),
             ClientError::Api { status, .. } => Some(*status),
-            ClientError::NotConnected { .. } | ClientError::Args(_) | ClientError::Protocol(_) => {
-                None
-            }
+            ClientError::NotConnected { .. }
+            | ClientError::InvalidUrl { .. }
+            | ClientError::Args(_)
+            | ClientError::Protocol(_) => None,
         }
     }
 
@@ -77,9 +91,10 @@ impl ClientError {
             ClientError::NotEnoughPeers { .. } => Some(NOT_ENOUGH_PEERS),
             ClientError::ProgramNotFound { .. } => Some(PROGRAM_NOT_FOUND),
             ClientError::InvalidProgram { .. } => Some(INVALID_MODULE),
-            ClientError::NotConnected { .. } | ClientError::Args(_) | ClientError::Protocol(_) => {
-                None
-            }
+            ClientError::NotConnected { .. }
+            | ClientError::InvalidUrl { .. }
+            | ClientError::Args(_)
+            | ClientError::Protocol(_) => None,
         }
     }
 
@@ -87,6 +102,16 @@ impl ClientError {
     /// retried later as it is).
     pub fn is_not_connected(&self) -> bool {
         matches!(self, ClientError::NotConnected { .. })
+    }
+
+    /// True when the same request may well succeed later as it is: the
+    /// supernode could not be reached or did not answer in time
+    /// ([`NotConnected`](ClientError::NotConnected)), or it answered 408,
+    /// 429 or 5xx (busy, restarting, or behind a proxy that lost it). The
+    /// event streams retry these by themselves; every other error needs a
+    /// change first (log in again, fix the request).
+    pub fn is_transient(&self) -> bool {
+        self.is_not_connected() || matches!(self.status(), Some(408 | 429 | 500..=599))
     }
 
     pub(crate) fn transport(url: &str, source: reqwest::Error) -> ClientError {
@@ -169,5 +194,29 @@ mod tests {
         let garbage = api_error(502, b"<html>bad gateway</html>");
         assert_eq!(garbage.status(), Some(502));
         assert!(garbage.to_string().contains("bad gateway"), "{garbage}");
+    }
+
+    #[test]
+    fn only_unreachable_busy_and_server_side_failures_are_transient() {
+        for status in [408, 429, 500, 502, 503, 504] {
+            assert!(answer(status, "x").is_transient(), "{status}");
+        }
+        for (status, code) in [
+            (400, "bad_request"),
+            (401, "unauthorized"),
+            (401, "token_expired"),
+            (403, "forbidden"),
+            (404, "not_found"),
+            (409, "not_enough_peers"),
+            (422, "invalid_module"),
+        ] {
+            assert!(!answer(status, code).is_transient(), "{status} {code}");
+        }
+        let url = ClientError::InvalidUrl {
+            url: "x".into(),
+            reason: "r".into(),
+        };
+        assert!(!url.is_transient() && url.status().is_none() && url.code().is_none());
+        assert!(!ClientError::Protocol("p".into()).is_transient());
     }
 }

@@ -12,45 +12,42 @@
 //!   [`Client::finished_jobs`], [`Client::kill`], [`Client::dispose`];
 //! - errors are typed by cause: [`ClientError::NotConnected`],
 //!   [`ClientError::Unauthorized`], [`ClientError::ProgramNotFound`],
-//!   [`ClientError::InvalidProgram`], [`ClientError::NotEnoughPeers`].
+//!   [`ClientError::InvalidProgram`], [`ClientError::NotEnoughPeers`],
+//!   [`ClientError::InvalidUrl`].
+//!
+//! # Timeouts, reconnection and retries
+//!
+//! Ordinary calls give up after [`DEFAULT_REQUEST_TIMEOUT`] without a whole
+//! answer ([`Client::with_request_timeout`] changes it). Event streams have
+//! no total timeout.
+//!
+//! Every event stream reconnects by itself when its connection drops,
+//! sending `Last-Event-ID`, so the supernode resumes after the last event
+//! returned: no event is lost and none is returned twice. A connection that
+//! receives nothing, not even the supernode's keep-alive (sent every 15 s),
+//! for [`DEFAULT_STREAM_IDLE_TIMEOUT`] counts as dropped
+//! ([`Client::with_stream_idle_timeout`] changes it).
+//!
+//! Transient failures ([`ClientError::is_transient`]: the supernode cannot
+//! be reached, or answers 408, 429 or 5xx, as while it restarts or behind a
+//! proxy that lost it) are retried with exponential backoff, from about
+//! 100 ms up to 5 s between attempts. A stream of its own ([`EventStream`],
+//! [`JobEvents`], [`JobListEvents`]) retries for [`STREAM_RETRY_FOR`] of
+//! failures in a row, then returns the last error (calling `next` again
+//! starts over); a [`Subscription`] retries for as long as it lives. Other
+//! errors are returned at once: 401 (log in again), 404 (the job is not, or
+//! no longer, the user's).
+//!
+//! An event whose kind this client does not know (from a newer supernode)
+//! is skipped.
+//!
+//! The program below is `examples/quickstart.rs` (`cargo run -p bsp-api
+//! --features client --example quickstart` with `BSPWEB_URL`, `BSPWEB_USER`
+//! and `BSPWEB_PASSWORD` set); the end-to-end tests run its `run` against a
+//! real supernode and peers.
 //!
 //! ```no_run
-//! use bsp_api::client::{Client, ClientError, ConsumerEvent, JobSpec};
-//!
-//! #[tokio::main]
-//! async fn main() {
-//!     if let Err(e) = run().await {
-//!         match e {
-//!             ClientError::NotConnected { .. } => eprintln!("no supernode connection: {e}"),
-//!             ClientError::Unauthorized { .. } => eprintln!("authentication failed: {e}"),
-//!             ClientError::ProgramNotFound { .. } => eprintln!("BSP program not found: {e}"),
-//!             ClientError::NotEnoughPeers { .. } => eprintln!("not enough peers: {e}"),
-//!             e => eprintln!("operation failed: {e}"),
-//!         }
-//!     }
-//! }
-//!
-//! async fn run() -> Result<(), ClientError> {
-//!     let client = Client::login("http://127.0.0.1:7878", "alice", "secret").await?;
-//!     let spec = JobSpec::new("ring", 16).description("Example").min_peers(2);
-//!     let job = client.start_job(spec).await?;
-//!     let mut events = client.job_events(job.id);
-//!     while let Some(event) = events.next().await? {
-//!         match event {
-//!             ConsumerEvent::Stdout { job, pid, line } => println!("{job}[{pid}]: {line}"),
-//!             ConsumerEvent::Stderr { job, pid, line } => eprintln!("{job}[{pid}]: {line}"),
-//!             ConsumerEvent::RawData { job, pid, data } => {
-//!                 println!("{job}[{pid}]: data: {} bytes", data.len())
-//!             }
-//!             ConsumerEvent::JobFailed { job, pid, cause }
-//!             | ConsumerEvent::JobAborted { job, pid, cause } => {
-//!                 eprintln!("{job} ended at pid {pid:?}: {cause}")
-//!             }
-//!             other => eprintln!("{other:?}"),
-//!         }
-//!     }
-//!     Ok(())
-//! }
+#![doc = include_str!("../../examples/quickstart.rs")]
 //! ```
 
 mod error;
@@ -63,7 +60,9 @@ use serde::de::DeserializeOwned;
 
 pub use self::error::ClientError;
 use self::error::api_error;
-pub use self::events::{ConsumerEvent, EventStream, JobEvents, JobListEvents, Subscription};
+pub use self::events::{
+    ConsumerEvent, EventStream, JobEvents, JobListEvents, STREAM_RETRY_FOR, Subscription,
+};
 pub use self::spec::{JobSpec, Program};
 use crate::JobId;
 use crate::rest::{
@@ -71,27 +70,53 @@ use crate::rest::{
     UserInfo,
 };
 
+/// How long an ordinary call (not an event stream) waits for its whole
+/// answer before it fails with [`ClientError::NotConnected`], unless
+/// [`Client::with_request_timeout`] says otherwise.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long an event stream may stay silent before it is taken for dead and
+/// reconnected, unless [`Client::with_stream_idle_timeout`] says otherwise:
+/// three times the supernode's keep-alive interval (15 s).
+pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(45);
+
+/// How long establishing a TCP connection may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A logged-in connection to one supernode.
 #[derive(Clone)]
 pub struct Client {
     base: String,
+    /// Why `base` is unusable, if it is: every call fails with
+    /// [`ClientError::InvalidUrl`].
+    bad_base: Option<String>,
     token: String,
+    /// For ordinary calls, each with a total timeout.
     http: reqwest::Client,
+    /// For event streams: no total timeout, a read (idle) timeout.
+    sse: reqwest::Client,
+    request_timeout: Duration,
+    stream_idle_timeout: Duration,
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
             .field("base", &self.base)
+            .field("request_timeout", &self.request_timeout)
+            .field("stream_idle_timeout", &self.stream_idle_timeout)
             .finish_non_exhaustive()
     }
 }
 
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .build()
-        .unwrap_or_default()
+fn http(read_timeout: Option<Duration>) -> reqwest::Client {
+    let builder = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);
+    match read_timeout {
+        Some(t) => builder.read_timeout(t),
+        None => builder,
+    }
+    .build()
+    .unwrap_or_default()
 }
 
 /// Percent-encode everything but unreserved characters (RFC 3986).
@@ -107,8 +132,37 @@ fn percent_encode(s: &str) -> String {
     out
 }
 
-fn normalize(base: &str) -> String {
-    base.trim_end_matches('/').to_string()
+/// The base URL without trailing slashes, and why this client cannot use
+/// it, if it cannot (it speaks plain HTTP only: it is built without TLS).
+fn check_base(base: &str) -> (String, Option<String>) {
+    let given = base.trim();
+    let base = given.trim_end_matches('/').to_string();
+    let why = if given.is_empty() {
+        Some("it is empty; give the supernode's address, such as http://127.0.0.1:7878".to_string())
+    } else if !given.contains("://") {
+        Some(format!("it has no scheme; write http://{base}"))
+    } else {
+        match reqwest::Url::parse(given) {
+            Err(e) => Some(format!("{e}; write it as http://HOST:PORT")),
+            Ok(url) if url.scheme() == "https" => Some(format!(
+                "this client has no TLS support, so https is not possible; use the supernode's plain http address (http://{})",
+                base.split_once("://").map_or("HOST:PORT", |(_, rest)| rest)
+            )),
+            Ok(url) if url.scheme() != "http" => Some(format!(
+                "the scheme must be http, not {}; write it as http://HOST:PORT",
+                url.scheme()
+            )),
+            Ok(url) if url.host_str().is_none_or(str::is_empty) => {
+                Some("it names no host; write it as http://HOST:PORT".to_string())
+            }
+            Ok(url) if url.query().is_some() || url.fragment().is_some() => Some(
+                "it must not have a query or a fragment (`?`, `#`); write it as http://HOST:PORT"
+                    .to_string(),
+            ),
+            Ok(_) => None,
+        }
+    };
+    (base, why)
 }
 
 async fn decode<T: DeserializeOwned>(url: &str, resp: reqwest::Response) -> Result<T, ClientError> {
@@ -125,16 +179,28 @@ async fn decode<T: DeserializeOwned>(url: &str, resp: reqwest::Response) -> Resu
 }
 
 impl Client {
-    /// A client that uses an existing token (from an earlier [`Client::login`]).
-    pub fn with_token(base: &str, token: &str) -> Client {
+    fn new(base: &str, token: String) -> Client {
+        let (base, bad_base) = check_base(base);
         Client {
-            base: normalize(base),
-            token: token.to_string(),
-            http: http(),
+            base,
+            bad_base,
+            token,
+            http: http(None),
+            sse: http(Some(DEFAULT_STREAM_IDLE_TIMEOUT)),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
         }
     }
 
-    /// Log in with a user name and password.
+    /// A client that uses an existing token (from an earlier [`Client::login`]).
+    /// If `base` is not a URL this client can use, every call fails with
+    /// [`ClientError::InvalidUrl`].
+    pub fn with_token(base: &str, token: &str) -> Client {
+        Client::new(base, token.to_string())
+    }
+
+    /// Log in with a user name and password; `base` is the supernode's
+    /// `http://` URL ([`ClientError::InvalidUrl`] if it is not one).
     pub async fn login(base: &str, name: &str, password: &str) -> Result<Client, ClientError> {
         let (client, _) = Client::login_full(base, name, password).await?;
         Ok(client)
@@ -146,11 +212,13 @@ impl Client {
         name: &str,
         password: &str,
     ) -> Result<(Client, LoginResponse), ClientError> {
-        let base = normalize(base);
-        let http = http();
-        let url = format!("{base}/api/v1/login");
-        let resp = http
+        let mut client = Client::new(base, String::new());
+        client.check()?;
+        let url = client.url("/login");
+        let resp = client
+            .http
             .post(&url)
+            .timeout(client.request_timeout)
             .json(&LoginRequest {
                 name: name.to_string(),
                 password: password.to_string(),
@@ -159,14 +227,48 @@ impl Client {
             .await
             .map_err(|source| ClientError::transport(&url, source))?;
         let login: LoginResponse = decode(&url, resp).await?;
-        Ok((
-            Client {
-                base,
-                token: login.token.clone(),
-                http,
-            },
-            login,
-        ))
+        client.token.clone_from(&login.token);
+        Ok((client, login))
+    }
+
+    /// The same client with another timeout for ordinary calls (default
+    /// [`DEFAULT_REQUEST_TIMEOUT`]): the time to send the request and read
+    /// the whole answer, after which the call fails with
+    /// [`ClientError::NotConnected`]. Raise it to upload large modules over
+    /// a slow link. Event streams are not affected.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Client {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// The same client with another idle timeout for event streams (default
+    /// [`DEFAULT_STREAM_IDLE_TIMEOUT`]): a stream that receives nothing, not
+    /// even the supernode's keep-alive, for this long is reconnected.
+    pub fn with_stream_idle_timeout(mut self, timeout: Duration) -> Client {
+        self.stream_idle_timeout = timeout;
+        self.sse = http(Some(timeout));
+        self
+    }
+
+    /// The timeout of ordinary calls.
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// The idle timeout of event streams.
+    pub fn stream_idle_timeout(&self) -> Duration {
+        self.stream_idle_timeout
+    }
+
+    /// [`ClientError::InvalidUrl`] if the base URL is unusable.
+    fn check(&self) -> Result<(), ClientError> {
+        match &self.bad_base {
+            Some(reason) => Err(ClientError::InvalidUrl {
+                url: self.base.clone(),
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The supernode's base URL.
@@ -188,8 +290,10 @@ impl Client {
         req: reqwest::RequestBuilder,
         url: &str,
     ) -> Result<T, ClientError> {
+        self.check()?;
         let resp = req
             .bearer_auth(&self.token)
+            .timeout(self.request_timeout)
             .send()
             .await
             .map_err(|source| ClientError::transport(url, source))?;
@@ -198,8 +302,10 @@ impl Client {
 
     /// Send a request whose success answer has no body (204).
     async fn send_empty(&self, req: reqwest::RequestBuilder, url: &str) -> Result<(), ClientError> {
+        self.check()?;
         let resp = req
             .bearer_auth(&self.token)
+            .timeout(self.request_timeout)
             .send()
             .await
             .map_err(|source| ClientError::transport(url, source))?;
@@ -320,10 +426,18 @@ impl Client {
     }
 
     /// Follow a job's events from after `after` (an event id), reconnecting
-    /// with `Last-Event-ID` when the connection breaks. The stream ends after
+    /// with `Last-Event-ID` when the connection breaks and retrying
+    /// transient failures for [`STREAM_RETRY_FOR`]. The stream ends after
     /// the job's terminal event.
     pub fn events(&self, job: JobId, after: Option<i64>) -> EventStream {
-        EventStream::new(self.clone(), job, after)
+        EventStream::new(self.clone(), job, after, Some(STREAM_RETRY_FOR))
+    }
+
+    /// A job's events stored so far, from after `after`: the stream ends
+    /// once they are read, even while the job runs (what `bspweb logs`
+    /// prints without `--follow`).
+    pub fn stored_events(&self, job: JobId, after: Option<i64>) -> EventStream {
+        EventStream::stored(self.clone(), job, after)
     }
 
     /// Follow a job's events, typed, from its first one; the stream ends
@@ -340,13 +454,72 @@ impl Client {
 
     /// The changes of the user's job lists (`jobListChanged`), as they come.
     pub fn job_list_events(&self) -> JobListEvents {
-        JobListEvents::new(self.clone())
+        JobListEvents::new(self.clone(), Some(STREAM_RETRY_FOR))
     }
 
     /// Every event of the user's jobs and every change of the job lists, as
     /// one stream (the dissertation's consumer event listener); see
-    /// [`Subscription`]. Connects before it returns.
+    /// [`Subscription`]. Connects before it returns; its streams are read
+    /// by tasks on the current Tokio runtime.
     pub async fn subscribe(&self) -> Result<Subscription, ClientError> {
         Subscription::new(self.clone()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_base_url_must_be_plain_http_with_a_host() {
+        for (base, hint) in [
+            ("127.0.0.1:7878", "write http://127.0.0.1:7878"),
+            ("localhost:7878", "write http://localhost:7878"),
+            (
+                "https://bsp.example.org",
+                "use the supernode's plain http address",
+            ),
+            ("ftp://bsp.example.org", "the scheme must be http, not ftp"),
+            ("http://", "http://HOST:PORT"),
+            ("http://h:7878/?x=1", "must not have a query"),
+            ("", "it is empty"),
+            ("http://[::1", "http://HOST:PORT"),
+        ] {
+            let (_, why) = check_base(base);
+            let why = why.unwrap_or_else(|| panic!("{base:?} was accepted"));
+            assert!(why.contains(hint), "{base:?}: {why}");
+        }
+        for (base, normal) in [
+            ("http://127.0.0.1:7878", "http://127.0.0.1:7878"),
+            ("http://bsp.example.org/", "http://bsp.example.org"),
+            (" http://[::1]:7878/bsp// ", "http://[::1]:7878/bsp"),
+        ] {
+            assert_eq!(check_base(base), (normal.to_string(), None), "{base:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unusable_base_url_is_an_invalid_url_error_before_any_request() {
+        let e = Client::login("localhost:7878", "u", "p").await.unwrap_err();
+        match &e {
+            ClientError::InvalidUrl { url, reason } => {
+                assert_eq!(url, "localhost:7878");
+                assert!(reason.contains("http://localhost:7878"), "{reason}");
+            }
+            e => panic!("{e:?}"),
+        }
+        assert!(!e.is_transient() && !e.is_not_connected());
+        assert!(
+            e.to_string()
+                .starts_with("invalid supernode URL `localhost:7878`: "),
+            "{e}"
+        );
+        let client = Client::with_token("https://example.org", "t");
+        let e = client.jobs(None).await.unwrap_err();
+        assert!(matches!(e, ClientError::InvalidUrl { .. }), "{e:?}");
+        let e = client.job_events(1).next().await.unwrap_err();
+        assert!(matches!(e, ClientError::InvalidUrl { .. }), "{e:?}");
+        let e = client.subscribe().await.unwrap_err();
+        assert!(matches!(e, ClientError::InvalidUrl { .. }), "{e:?}");
     }
 }
