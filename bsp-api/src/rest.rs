@@ -133,8 +133,10 @@ impl Default for JobLimits {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SubmitJob {
     /// A registered program name (yours or a bundled example) or a hex SHA-256 hash.
+    #[cfg_attr(feature = "openapi", schema(example = "ring"))]
     pub program: String,
     /// Number of BSP processes, at least 1.
+    #[cfg_attr(feature = "openapi", schema(example = 4))]
     pub nprocs: u32,
     /// Arguments handed to the program's `main`, any JSON value (default `null`).
     #[serde(default)]

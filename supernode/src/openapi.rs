@@ -18,7 +18,10 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         description = "Run bulk-synchronous parallel programs, compiled to WebAssembly, on \
 computers volunteers donate. Users log in (`POST /api/v1/login`) and send the token as \
 `Authorization: Bearer <token>`; peers get a lease token from `POST /api/v1/peer/login`. \
-Every error answer is an `ApiError` body: a machine-readable `code` and a `message` for people.",
+Every error answer is an `ApiError` body: a machine-readable `code` and a `message` for people. \
+Beyond the operations listed here, a path the API does not have answers `404 not_found`, a method \
+a path does not list answers `405 method_not_allowed` with an `Allow` header, and `HEAD` is \
+answered like `GET` without the body.",
         license(name = "MIT OR Apache-2.0")
     ),
     modifiers(&Security),
@@ -131,6 +134,36 @@ mod tests {
             "post /api/v1/users",
         ];
         assert_eq!(ops, expected);
+    }
+
+    /// The document is generated from the router, so a route is documented
+    /// exactly when it is added with `routes!` (which takes the handler's
+    /// `#[utoipa::path]`). A plain `.route(..)`, `.nest(..)` or `.merge(..)`
+    /// in the API router would serve an undocumented route: refuse it here.
+    #[test]
+    fn the_api_router_adds_routes_only_with_their_documentation() {
+        let source = include_str!("http.rs");
+        let start = source.find("fn api_v1()").expect("http.rs has api_v1");
+        let body = &source[start..];
+        let body = &body[..body.find("\n}\n").expect("api_v1 ends")];
+        let calls: Vec<&str> = body
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with('.'))
+            .collect();
+        assert!(calls.len() >= 20, "{calls:?}");
+        for call in calls {
+            assert!(
+                call.starts_with(".routes(routes!("),
+                "api_v1 adds a route without its OpenAPI description: {call}"
+            );
+        }
+        let root = &source[source.find("fn api_router()").expect("api_router")..];
+        let root = &root[..root.find("\n}\n").unwrap()];
+        assert!(
+            root.contains(".nest(\"/api/v1\", api_v1())") && root.matches('.').count() <= 4,
+            "api_router must be exactly the documented api_v1: {root}"
+        );
     }
 
     #[test]

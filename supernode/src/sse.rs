@@ -32,7 +32,11 @@ const BATCH: u32 = 500;
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(crate) struct EventsQuery {
+    /// Start after this event id (`Last-Event-ID` wins when both are given).
     after: Option<i64>,
+    /// `false`: end the stream once every event stored so far was sent,
+    /// instead of waiting for new ones (default `true`).
+    follow: Option<bool>,
 }
 
 struct Follow {
@@ -44,6 +48,8 @@ struct Follow {
     changed: watch::Receiver<()>,
     stop: watch::Receiver<bool>,
     done: bool,
+    /// Wait for new events once the stored ones are sent.
+    follow: bool,
 }
 
 fn to_sse(event: &JobEvent) -> Event {
@@ -62,7 +68,7 @@ fn to_sse(event: &JobEvent) -> Event {
     params(("id" = i64, Path, description = "The job id"), EventsQuery, ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this event id")),
     security(("user" = [])),
     responses(
-        (status = 200, description = "`text/event-stream`: `id:` the event id, `event:` the kind, `data:` a JobEvent as JSON; ends after the terminal event", content_type = "text/event-stream", body = JobEvent),
+        (status = 200, description = "`text/event-stream`: `id:` the event id, `event:` the kind, `data:` a JobEvent as JSON; ends after the terminal event, or with `follow=false` once the events stored so far are sent", content_type = "text/event-stream", body = JobEvent),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
         (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
         (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
@@ -105,6 +111,7 @@ pub(crate) async fn events(
         buffered: VecDeque::new(),
         changed,
         done: false,
+        follow: q.follow.unwrap_or(true),
     };
     if events.is_empty() && finished {
         follow.done = true;
@@ -143,8 +150,9 @@ async fn next(f: &mut Follow) -> Option<JobEvent> {
                     f.buffered.extend(events);
                     continue;
                 }
-                if finished {
-                    // The terminal event is at or before `last`: already sent.
+                if finished || !f.follow {
+                    // Finished: the terminal event is at or before `last`,
+                    // already sent. Not following: everything stored is sent.
                     return None;
                 }
             }

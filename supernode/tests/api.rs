@@ -1220,6 +1220,26 @@ async fn event_streams_resume_after_last_event_id_and_follow_live_output() {
             }
         );
     }
+    // `follow=false` on the active job: what is stored so far, then the end.
+    let resp = h
+        .http
+        .get(h.url(&format!("/jobs/{}/events?follow=false", job.id)))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    let text = tokio::time::timeout(Duration::from_secs(10), resp.text())
+        .await
+        .expect("a stream with follow=false ends although the job is active")
+        .unwrap();
+    let stored = parse_sse(&text);
+    assert_eq!(stored.len(), 7, "{text}");
+    assert_eq!(
+        stored.last().unwrap().2.kind,
+        JobEventKind::Stdout {
+            text: "line 4".into()
+        }
+    );
     h.report(&peer, vec![exited(job.id, 0)]).await;
     let live = next_events(9).await;
     assert_eq!(live.last().unwrap().1, "job_exited");

@@ -60,15 +60,28 @@ async fn every_documented_operation_exists_and_answers_a_documented_status() {
     let paths = doc["paths"].as_object().unwrap();
     assert!(paths.len() >= 20, "{} paths", paths.len());
     let mut probed = 0;
+    let mut refusals = 0;
     for (path, item) in paths {
         for (method, op) in item.as_object().unwrap() {
             let streams = op["responses"]["200"]["content"]
                 .get("text/event-stream")
                 .is_some();
             let url = format!("{}{}", cluster.url, concrete(path));
+            // The security schemes the operation asks for: none, `user` or
+            // `peer` (an empty requirement would make credentials optional).
+            let schemes: Vec<&str> = op["security"]
+                .as_array()
+                .map(|reqs| {
+                    reqs.iter()
+                        .flat_map(|r| r.as_object().unwrap().keys().map(String::as_str))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let optional = op["security"]
+                .as_array()
+                .is_some_and(|reqs| reqs.iter().any(|r| r.as_object().unwrap().is_empty()));
             let m = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
-            // Without credentials (every protected operation must say 401),
-            // then with a user token (peer operations must say 401 too).
+            // Without credentials, then with a user token.
             for auth in [None, Some(&token)] {
                 if streams && auth.is_some() && !path.contains('{') {
                     // The caller's own stream: opens with 200 and never ends.
@@ -106,6 +119,22 @@ async fn every_documented_operation_exists_and_answers_a_documented_status() {
                     op["responses"].get(status.to_string()).is_some(),
                     "{what}: answered {status}, which the document does not list: {body}"
                 );
+                // Credentials are checked before anything else: without
+                // them every protected operation is a 401, and a user token
+                // opens no peer operation.
+                let refused = !optional
+                    && match auth {
+                        None => !schemes.is_empty(),
+                        Some(_) => schemes == ["peer"],
+                    };
+                if refused {
+                    assert_eq!(
+                        status, 401,
+                        "{what}: served without its credentials: {body}"
+                    );
+                    assert_eq!(body["code"], "unauthorized", "{what}: {body}");
+                    refusals += 1;
+                }
                 if status >= 400 {
                     assert!(
                         body["code"].is_string() && body["message"].is_string(),
@@ -117,6 +146,11 @@ async fn every_documented_operation_exists_and_answers_a_documented_status() {
         }
     }
     assert!(probed >= 40, "only {probed} probes");
+    // 14 user operations without a token, 6 peer ones without and with a user token.
+    assert!(
+        refusals >= 26,
+        "only {refusals} operations checked for a 401"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -143,6 +177,18 @@ async fn no_undocumented_method_is_served_on_a_documented_path() {
                 405,
                 "{method} {path} is served but not documented"
             );
+            // RFC 9110: a 405 names the methods the path does accept.
+            let allow = r
+                .headers()
+                .get("allow")
+                .map(|v| v.to_str().unwrap().to_ascii_lowercase())
+                .unwrap_or_default();
+            for m in &documented {
+                assert!(
+                    allow.contains(m.as_str()),
+                    "{method} {path}: Allow is {allow:?}"
+                );
+            }
             let body: Value = r.json().await.unwrap();
             assert_eq!(body["code"], "method_not_allowed");
         }
