@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use base64::Engine;
 use bsp_api::PeerId;
-use bsp_api::client::{Client, ClientError};
+use bsp_api::client::{Client, ClientError, EventStream};
 use bsp_api::rest::{JobEventKind, JobInfo, JobLimits, JobOutcome, JobState, SubmitJob};
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -377,7 +377,14 @@ pub async fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
             job.id, job.program, job.nprocs
         );
     }
-    follow(&client, job.id, a.raw_dir.as_deref(), out, true).await
+    follow(
+        &client,
+        client.events(job.id, None),
+        a.raw_dir.as_deref(),
+        out,
+        true,
+    )
+    .await
 }
 
 /// The job limits the flags ask for, or `None` to take the supernode's defaults.
@@ -483,13 +490,15 @@ impl<W: Write> Progress<W> {
         }
     }
 
-    /// Show the line again after other output.
+    /// Show the line again after other output. Line wrapping is off while
+    /// it is drawn, so a terminal narrower than the line cuts it instead of
+    /// wrapping it onto a second line the next redraw would not clear.
     fn restore(&mut self) {
         if self.mode == ProgressMode::Terminal
             && !self.shown
             && let Some(t) = &self.text
         {
-            let _ = write!(self.out, "{t}");
+            let _ = write!(self.out, "\x1b[?7l{t}\x1b[?7h");
             let _ = self.out.flush();
             self.shown = true;
         }
@@ -541,16 +550,17 @@ pub fn progress_text(info: &JobInfo) -> Option<String> {
     }
 }
 
-/// Print a job's events until its terminal event; the exit code tells how
-/// it ended. `live`: show the progress line.
+/// Print a job's events until `events` ends (after the terminal event when
+/// following); the exit code tells how the job ended. `live`: show the
+/// progress line.
 async fn follow(
     client: &Client,
-    job: i64,
+    mut events: EventStream,
     raw_dir: Option<&Path>,
     out: Output,
     live: bool,
 ) -> anyhow::Result<ExitCode> {
-    let mut events = client.events(job, None);
+    let job = events.job();
     let stdout = std::io::stdout();
     let mut raw_files: BTreeMap<u32, std::fs::File> = BTreeMap::new();
     if let Some(dir) = raw_dir {
@@ -769,47 +779,51 @@ pub async fn logs(a: LogsArgs) -> anyhow::Result<ExitCode> {
     let job = client.job(a.job).await?;
     let out = Output::new(a.json);
     if a.follow || job.state == JobState::Finished {
-        let code = follow(&client, a.job, a.raw_dir.as_deref(), out, a.follow).await?;
-        return Ok(code);
+        let events = client.events(a.job, None);
+        return follow(&client, events, a.raw_dir.as_deref(), out, a.follow).await;
     }
-    // Not following a job that has not ended: print what exists, then stop.
-    let snapshot = tokio::time::timeout(
-        Duration::from_millis(500),
-        follow(&client, a.job, a.raw_dir.as_deref(), out, false),
-    )
-    .await;
-    match snapshot {
-        Ok(r) => r,
-        Err(_) if a.json => Ok(ExitCode::SUCCESS),
-        Err(_) => {
-            eprintln!(
-                "== job {} is {}; `bspweb logs {} --follow` streams until it ends",
-                job.id,
-                job.state.as_str(),
-                job.id
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+    // Not following a job that has not ended: print what is stored, then stop.
+    let events = client.stored_events(a.job, None);
+    let code = follow(&client, events, a.raw_dir.as_deref(), out, false).await?;
+    if !a.json {
+        eprintln!(
+            "== job {} is {}; `bspweb logs {} --follow` streams until it ends",
+            job.id,
+            job.state.as_str(),
+            job.id
+        );
     }
+    Ok(code)
 }
 
 #[derive(Args)]
 pub struct JobRef {
     /// Job id
     job: i64,
+    /// Print the result as JSON (`kill`: the job; `dispose`: `{"id": N, "disposed": true}`)
+    #[arg(long)]
+    json: bool,
 }
 
 pub async fn kill(a: JobRef) -> anyhow::Result<ExitCode> {
     let client = connect().await?;
     let job = client.kill(a.job).await?;
-    print_job_line(&job);
+    if a.json {
+        println!("{}", serde_json::to_string(&job)?);
+    } else {
+        print_job_line(&job);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
 pub async fn dispose(a: JobRef) -> anyhow::Result<ExitCode> {
     let client = connect().await?;
     client.dispose(a.job).await?;
-    println!("job {} disposed", a.job);
+    if a.json {
+        println!("{}", serde_json::json!({"id": a.job, "disposed": true}));
+    } else {
+        println!("job {} disposed", a.job);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -831,6 +845,9 @@ pub struct UploadArgs {
     /// Register it under this name
     #[arg(long)]
     name: Option<String>,
+    /// Print the registered program as JSON
+    #[arg(long)]
+    json: bool,
 }
 
 pub async fn upload(a: UploadArgs) -> anyhow::Result<ExitCode> {
@@ -838,6 +855,10 @@ pub async fn upload(a: UploadArgs) -> anyhow::Result<ExitCode> {
         std::fs::read(&a.path).with_context(|| format!("cannot read {}", a.path.display()))?;
     let client = connect().await?;
     let info = client.upload_program(bytes, a.name.as_deref()).await?;
+    if a.json {
+        println!("{}", serde_json::to_string(&info)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     println!(
         "{} {} ({} bytes)",
         info.hash,
@@ -958,7 +979,18 @@ mod tests {
         tty.finish();
         tty.set("c".into());
         let shown = String::from_utf8(tty.out).unwrap();
-        assert_eq!(shown, "a\r\x1b[2Ka\r\x1b[2Kb\r\x1b[2K");
+        // Each drawing turns wrapping off (ESC[?7l) and on again (ESC[?7h).
+        let draw = |t: &str| format!("\x1b[?7l{t}\x1b[?7h");
+        let clear = "\r\x1b[2K";
+        assert_eq!(
+            shown,
+            format!(
+                "{}{clear}{}{clear}{}{clear}",
+                draw("a"),
+                draw("a"),
+                draw("b")
+            )
+        );
 
         let mut pipe = Progress::new(ProgressMode::Plain, Vec::new());
         for t in ["a", "a", "b"] {

@@ -37,22 +37,31 @@ enum Command {
     /// Run a peer that donates this machine's idle time to a supernode
     Peer(PeerArgs),
     /// Log in and remember the session for later commands
+    #[command(after_long_help = cli_client::EXIT_CODES)]
     Login(LoginArgs),
     /// Submit a job: a registered program name or a `.wasm` file
+    #[command(after_long_help = cli_client::EXIT_CODES)]
     Submit(cli_client::SubmitArgs),
     /// List your jobs
+    #[command(after_long_help = cli_client::EXIT_CODES)]
     Jobs(cli_client::JobsArgs),
     /// Show a job's output and events
+    #[command(after_long_help = cli_client::EXIT_CODES)]
     Logs(cli_client::LogsArgs),
     /// Kill a waiting or running job
+    #[command(after_long_help = cli_client::EXIT_CODES)]
     Kill(cli_client::JobRef),
     /// Delete a finished job and its output
+    #[command(after_long_help = cli_client::EXIT_CODES)]
     Dispose(cli_client::JobRef),
     /// Upload a `.wasm` program, optionally under a name
+    #[command(after_long_help = cli_client::EXIT_CODES)]
     Upload(cli_client::UploadArgs),
     /// List the programs you can run
+    #[command(after_long_help = cli_client::EXIT_CODES)]
     Programs(cli_client::ListArgs),
     /// List the peers of the supernode
+    #[command(after_long_help = cli_client::EXIT_CODES)]
     Peers(cli_client::ListArgs),
     /// Simulate the load balancers of dissertation ch. 4 and write a report
     Sim(sim_cmd::SimArgs),

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bsp_api::rest::{JobEvent, JobEventKind, JobInfo, PeerInfo, ProgramInfo};
 
@@ -318,6 +318,48 @@ fn json_output_parses_as_json() {
     );
     let logged = lines(&run(&["logs", &job.id.to_string(), "--follow", "--json"]));
     assert!(logged.last().is_some_and(|e| e.kind.is_terminal()));
+
+    // upload, kill and dispose: the program, the killed job, a confirmation.
+    let wasm = config.path().join("ticker.wasm");
+    std::fs::write(&wasm, crate::consumer::ticker_wasm(1_000_000, 20_000)).unwrap();
+    let program: ProgramInfo =
+        serde_json::from_str(&run(&["upload", wasm.to_str().unwrap(), "--json"])).unwrap();
+    assert_eq!(program.size, std::fs::metadata(&wasm).unwrap().len());
+    let long: JobInfo =
+        serde_json::from_str(&run(&["submit", &program.hash, "-n", "1", "--json"])).unwrap();
+    // `logs` without --follow on the running job: what is stored, then exit.
+    let id = long.id.to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let stored = loop {
+        let (mut child, rx) = follow_job(as_admin(&["logs", &id, "--json"], config.path()));
+        assert_eq!(exit_status(&mut child), Some(0), "logs {id} --json");
+        // The reader ends with the output.
+        let stored = lines(&rx.iter().map(Result::unwrap).collect::<Vec<_>>().join("\n"));
+        if stored
+            .iter()
+            .any(|e| matches!(&e.kind, JobEventKind::Stdout { text } if text == "tick"))
+        {
+            break stored;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no tick stored in time"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(!stored.iter().any(|e| e.kind.is_terminal()), "{stored:?}");
+    let killed: JobInfo =
+        serde_json::from_str(&run(&["kill", &long.id.to_string(), "--json"])).unwrap();
+    assert_eq!(
+        (killed.id, killed.outcome),
+        (long.id, Some(bsp_api::rest::JobOutcome::Killed))
+    );
+    let disposed: serde_json::Value =
+        serde_json::from_str(&run(&["dispose", &long.id.to_string(), "--json"])).unwrap();
+    assert_eq!(
+        disposed,
+        serde_json::json!({"id": long.id, "disposed": true})
+    );
 }
 
 /// Piped, `--follow` shows progress as plain lines: no carriage returns,
@@ -367,6 +409,17 @@ fn exit_codes_are_the_documented_ones() {
     for (code, what) in &codes {
         let line = format!("{code:>5}  {what}");
         assert!(readme.contains(&line), "README lacks {line:?}");
+    }
+    // Each client command's own --help has the table too.
+    for cmd in [
+        "submit", "logs", "jobs", "kill", "dispose", "upload", "login",
+    ] {
+        let help = bspweb().args([cmd, "--help"]).output().unwrap();
+        let help = String::from_utf8_lossy(&help.stdout).to_string();
+        assert!(
+            help.contains("Exit status:") && help.contains("130  interrupted"),
+            "bspweb {cmd} --help lacks the exit codes:\n{help}"
+        );
     }
     let c = shared();
     let config = tempfile::tempdir().unwrap();
@@ -432,6 +485,12 @@ fn exit_codes_are_the_documented_ones() {
     let dead = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
     check("cannot connect", admin(&["jobs"]).env("BSPWEB_URL", &dead));
+    let bad = config.path().join("not-wasm.wasm");
+    std::fs::write(&bad, b"#!/bin/sh\necho hello\n").unwrap();
+    check(
+        "any other error",
+        &mut admin(&["submit", bad.to_str().unwrap(), "-n", "2"]),
+    );
 
     // Killed while followed.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -444,35 +503,75 @@ fn exit_codes_are_the_documented_ones() {
         2,
     );
     let job = rt.block_on(client.start_job(spec)).unwrap().id;
-    let mut follower = admin(&["logs", &job.to_string(), "--follow"])
+    // Interrupted (SIGINT, as Ctrl-C sends) while following: the follower
+    // stops, the job keeps running.
+    let (mut follower, lines) = follow_job(admin(&["logs", &job.to_string(), "--follow"]));
+    let first = lines.recv_timeout(Duration::from_secs(120));
+    assert!(
+        matches!(&first, Ok(Ok(l)) if l.ends_with("tick")),
+        "{first:?}"
+    );
+    let sigint = Command::new("kill")
+        .args(["-INT", &follower.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sigint.success());
+    assert_eq!(
+        exit_status(&mut follower),
+        Some(documented_code("interrupted"))
+    );
+    let info = rt.block_on(client.job(job)).unwrap();
+    assert_eq!(info.state, bsp_api::rest::JobState::Active, "{info:?}");
+
+    // Killed while followed.
+    let (mut follower, lines) = follow_job(admin(&["logs", &job.to_string(), "--follow"]));
+    let first = lines.recv_timeout(Duration::from_secs(120));
+    assert!(
+        matches!(&first, Ok(Ok(l)) if l.ends_with("tick")),
+        "{first:?}"
+    );
+    rt.block_on(client.kill(job)).unwrap();
+    assert_eq!(exit_status(&mut follower), Some(documented_code("killed")));
+}
+
+/// Start `cmd` with its standard output read line by line on a thread.
+fn follow_job(
+    mut cmd: Command,
+) -> (
+    std::process::Child,
+    std::sync::mpsc::Receiver<std::io::Result<String>>,
+) {
+    let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Kill once the follower printed output, i.e. while it follows.
-    let stdout = follower.stdout.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
             let _ = tx.send(line);
         }
     });
-    let first = rx.recv_timeout(Duration::from_secs(120));
-    assert!(
-        matches!(&first, Ok(Ok(l)) if l.ends_with("tick")),
-        "{first:?}"
-    );
-    rt.block_on(client.kill(job)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let code = loop {
-        if let Some(s) = follower.try_wait().unwrap() {
-            break s.code();
+    (child, rx)
+}
+
+/// The exit code of `child`, which must end within a minute.
+fn exit_status(child: &mut std::process::Child) -> Option<i32> {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _ = tx.send(child.wait().unwrap().code());
+        });
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(code) => code,
+            Err(_) => {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+                panic!("bspweb did not end within a minute");
+            }
         }
-        if Instant::now() > deadline {
-            let _ = follower.kill();
-            panic!("bspweb logs --follow did not end after the kill");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(code, Some(documented_code("killed")));
+    })
 }
