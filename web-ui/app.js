@@ -17,6 +17,10 @@ const JOB_POLL_MS = 2000;
 const LIST_POLL_MS = 5000;
 const PEER_POLL_MS = 3000;
 const MAX_SHOWN_LINES = 5000;
+/** Output lines kept in memory per job page, at most; the oldest are dropped, a tenth at a time (`bspweb logs` has them all). */
+const MAX_KEPT_LINES = 50000;
+/** Pictures (PNG, JPEG, GIF, WebP raw records) shown per job page. */
+const MAX_PICTURES = 100;
 const PROGRAM_NAME_RE = /^[A-Za-z0-9_.-]{1,64}$/;
 const MAX_NPROCS = 4096;
 const MAX_UPLOAD_BYTES = 64 << 20;
@@ -43,6 +47,8 @@ function setAttrs(el, attrs) {
   for (const [k, v] of Object.entries(attrs)) {
     if (v === undefined || v === null || v === false) continue;
     if (k === 'text') el.textContent = v;
+    // Through the CSSOM: the Content-Security-Policy refuses style attributes.
+    else if (k === 'style') el.style.cssText = v;
     else if (k === 'class') el.setAttribute('class', v);
     else if (k === 'dataset') Object.assign(el.dataset, v);
     else if (k.startsWith('on') && typeof v === 'function') el.addEventListener(k.slice(2), v);
@@ -150,6 +156,16 @@ function b64ToBytes(b64) {
   const out = new Uint8Array(bin.length);
   for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
   return out;
+}
+
+/** The MIME type of the picture format whose magic bytes `b` starts with (PNG, JPEG, GIF, WebP), else null. */
+function pictureType(b) {
+  const at = (off, ...sig) => b.length >= off + sig.length && sig.every((v, i) => b[off + i] === v);
+  if (at(0, 0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a)) return 'image/png';
+  if (at(0, 0xff, 0xd8, 0xff)) return 'image/jpeg';
+  if (at(0, 0x47, 0x49, 0x46, 0x38) && (b[4] === 0x37 || b[4] === 0x39) && b[5] === 0x61) return 'image/gif'; // GIF87a, GIF89a
+  if (at(0, 0x52, 0x49, 0x46, 0x46) && at(8, 0x57, 0x45, 0x42, 0x50)) return 'image/webp'; // RIFF....WEBP
+  return null;
 }
 
 // ------------------------------------------------------------ session & alerts
@@ -293,10 +309,21 @@ async function api(method, path, { json, body, contentType, signal } = {}) {
 
 /** Every live stream, so a test (or a debugging person) can drop them all: window.bspweb.reconnectStreams(). */
 const liveStreams = new Set();
+/** While true, pages skip their timed checks (see makeCtx().poll); updates then come from the event streams alone. */
+let pollingPaused = false;
 window.bspweb = {
   reconnectStreams() {
     for (const s of liveStreams) s.dropConnection();
     return liveStreams.size;
+  },
+  /**
+   * Pauses (true) or resumes (false) the timed checks of every page, so a
+   * test can tell that a live update came from an event stream. Refreshes
+   * the streams ask for still run.
+   */
+  pausePolling(paused = true) {
+    pollingPaused = Boolean(paused);
+    return pollingPaused;
   },
 };
 
@@ -510,14 +537,19 @@ function makeCtx() {
       cleanups.push(f);
     },
     /**
-     * Runs `fn` now and then every `ms` (never overlapping); returns a function
-     * that runs it again at once. `fn` may return false to stop polling.
+     * Runs `fn` now and then every `ms` (never overlapping; the timed runs are
+     * skipped while window.bspweb.pausePolling(true) is in force); returns a
+     * function that runs it again at once. `fn` may return false to stop polling.
      */
     poll(ms, fn, source) {
       let timer = null;
       let running = false;
       let again = false;
       let stopped = false;
+      const tick = () => {
+        if (pollingPaused) timer = setTimeout(tick, ms);
+        else run();
+      };
       const run = async () => {
         if (ac.signal.aborted || stopped) return;
         if (running) {
@@ -541,7 +573,7 @@ function makeCtx() {
               again = false;
               run();
             } else {
-              timer = setTimeout(run, ms);
+              timer = setTimeout(tick, ms);
             }
           }
         }
@@ -566,12 +598,22 @@ function makeCtx() {
   };
 }
 
+/**
+ * The page and its parameters from the URL hash (#/path?query). The path's
+ * segments are decoded one by one and the query by URLSearchParams, so `&`,
+ * `=`, `+` and `%` inside a value survive; `bad` is true when the path has a
+ * malformed %-escape.
+ */
 function parseHash() {
-  const raw = decodeURIComponent(location.hash.replace(/^#/, '')) || '/jobs';
+  const raw = location.hash.replace(/^#/, '');
   const q = raw.indexOf('?');
-  const path = q < 0 ? raw : raw.slice(0, q);
+  const rawPath = (q < 0 ? raw : raw.slice(0, q)).replace(/\/+$/, '') || '/jobs';
   const params = new URLSearchParams(q < 0 ? '' : raw.slice(q + 1));
-  return { path: path.replace(/\/+$/, '') || '/jobs', params };
+  try {
+    return { path: rawPath.split('/').map(decodeURIComponent).join('/'), params, bad: false };
+  } catch {
+    return { path: rawPath, params, bad: true };
+  }
 }
 
 const ROUTES = [
@@ -595,9 +637,9 @@ function render() {
     return;
   }
   userEvents.start();
-  const { path, params } = parseHash();
+  const { path, params, bad } = parseHash();
   for (const [re, nav, fn] of ROUTES) {
-    const m = re.exec(path);
+    const m = bad ? null : re.exec(path);
     if (!m) continue;
     markNav(nav);
     const ctx = makeCtx();
@@ -609,7 +651,9 @@ function render() {
   markNav(null);
   main.append(
     h('h1', { tabindex: -1 }, 'Page not found'),
-    h('p', {}, 'There is no page at ', h('code', {}, location.hash || '/'), '. ', h('a', { href: '#/jobs' }, 'Go to your jobs'), '.'),
+    bad
+      ? h('p', { id: 'bad-link' }, 'The link ', h('code', {}, location.hash), ' is malformed: one of its %-escapes is not valid. ', h('a', { href: '#/jobs' }, 'Go to your jobs'), '.')
+      : h('p', {}, 'There is no page at ', h('code', {}, location.hash || '/'), '. ', h('a', { href: '#/jobs' }, 'Go to your jobs'), '.'),
   );
   focusHeading(main);
 }
@@ -894,8 +938,8 @@ function jobPage(main, ctx, _params, idText) {
   let job = null;
   let done = false; // the terminal event arrived
   let lastId = 0;
-  const lines = []; // { id, pid, kind, text, at }
-  const seenIds = new Set();
+  let lines = []; // { id, pid, kind, text, at }, the newest MAX_KEPT_LINES
+  let droppedLines = 0; // older lines no longer kept
   const procState = new Map(); // pid -> text
   const raw = new Map(); // pid -> { chunks: Uint8Array[], bytes, records }
   let image = null; // { width, height, ctx2d, rows: Set, pending: Map(pid -> Uint8Array) }
@@ -910,6 +954,13 @@ function jobPage(main, ctx, _params, idText) {
   const actions = h('div', { class: 'actions' });
   const facts = h('dl', { class: 'facts' });
   const streamStatus = h('span', { class: 'stream-status muted small', id: 'stream-status' }, 'Connecting…');
+  // The one live region of the page: job-level changes only (started,
+  // finished, the image complete), not every output line or event.
+  const announcer = h('p', { class: 'visually-hidden', id: 'job-announce', role: 'status', 'aria-atomic': 'true' });
+  let announcedState = null;
+  const announce = (text) => {
+    announcer.textContent = text;
+  };
 
   // Progress
   const progressBody = h('tbody');
@@ -937,8 +988,11 @@ function jobPage(main, ctx, _params, idText) {
     return { kind, box, el: h('label', { class: 'check' }, box, ` ${label}`) };
   });
   const followBox = h('input', { type: 'checkbox', id: 'follow-output', checked: true });
-  const log = h('div', { id: 'output', class: 'log', role: 'log', 'aria-live': 'polite', 'aria-relevant': 'additions', 'aria-label': 'Job output', tabindex: 0 });
+  // role=log without live announcements: a busy job prints far more lines
+  // than anyone can listen to; state changes are announced by `announcer`.
+  const log = h('div', { id: 'output', class: 'log', role: 'log', 'aria-live': 'off', 'aria-label': 'Job output', tabindex: 0 });
   const outputCount = h('span', { class: 'muted small', id: 'output-count' });
+  const droppedNote = h('p', { class: 'muted small', id: 'output-dropped', hidden: true });
   const downloadBtn = h('button', { type: 'button', class: 'secondary', onclick: downloadOutput }, 'Download output');
   const outputSection = h(
     'section',
@@ -953,11 +1007,12 @@ function jobPage(main, ctx, _params, idText) {
     ),
     log,
     h('div', { class: 'log-foot' }, outputCount, downloadBtn),
+    droppedNote,
   );
 
   // Image
   const canvas = h('canvas', { id: 'raw-canvas', class: 'raw-canvas', role: 'img', 'aria-label': 'Image drawn from the raw output' });
-  const imageNote = h('p', { class: 'muted small', id: 'image-status', 'aria-live': 'polite' });
+  const imageNote = h('p', { class: 'muted small', id: 'image-status' });
   const contrastBox = h('input', { type: 'checkbox', id: 'image-contrast', checked: true });
   const imageSection = h(
     'section',
@@ -968,6 +1023,24 @@ function jobPage(main, ctx, _params, idText) {
     h('p', {}, h('label', { class: 'check' }, contrastBox, ' Stretch the contrast of dark pixels')),
     h('div', { class: 'canvas-wrap' }, canvas),
   );
+
+  // Raw records that are pictures (PNG, JPEG, GIF, WebP)
+  const pictureList = h('ul', { class: 'pictures', id: 'pictures' });
+  const picturesNote = h('p', { class: 'muted small', id: 'pictures-note' });
+  const picturesSection = h(
+    'section',
+    { 'aria-labelledby': 'pictures-heading', hidden: true, id: 'pictures-section' },
+    h('h2', { id: 'pictures-heading' }, 'Pictures'),
+    h('p', { class: 'muted small' }, 'Raw records in an image format (PNG, JPEG, GIF or WebP), in the order they arrived.'),
+    picturesNote,
+    pictureList,
+  );
+  const pictureUrls = [];
+  let pictureCount = 0;
+  ctx.onCleanup(() => {
+    for (const url of pictureUrls) URL.revokeObjectURL(url);
+    pictureUrls.length = 0;
+  });
 
   // Raw data (not an image)
   const rawBody = h('tbody');
@@ -980,7 +1053,7 @@ function jobPage(main, ctx, _params, idText) {
   );
 
   // Timeline
-  const timeline = h('ol', { class: 'timeline', id: 'timeline', 'aria-live': 'polite', 'aria-relevant': 'additions' });
+  const timeline = h('ol', { class: 'timeline', id: 'timeline' });
   const timelineSection = h('section', { 'aria-labelledby': 'timeline-heading' }, h('h2', { id: 'timeline-heading' }, 'Events'), timeline);
 
   main.append(
@@ -988,8 +1061,10 @@ function jobPage(main, ctx, _params, idText) {
     h('div', { class: 'page-head' }, title, actions),
     stateLine,
     facts,
+    announcer,
     progressSection,
     imageSection,
+    picturesSection,
     outputSection,
     rawSection,
     timelineSection,
@@ -998,6 +1073,10 @@ function jobPage(main, ctx, _params, idText) {
   // --- rendering
 
   function renderHead() {
+    const stateText = jobStateText(job);
+    // Announce changes seen after the page loaded; the terminal event (finish) announces the end itself.
+    if (announcedState !== null && stateText !== announcedState && !(done && job.state === 'finished')) announce(`Job ${job.id} is now ${stateText}.`);
+    announcedState = stateText;
     title.textContent = `Job ${job.id} · ${job.program}`;
     document.title = `Job ${job.id} · bspweb`;
     fill(stateLine, stateBadge(job), job.error ? h('span', { class: 'error-text' }, ` ${job.error}${job.error_pid !== null && job.error_pid !== undefined ? ` (pid ${job.error_pid})` : ''}`) : null);
@@ -1100,9 +1179,23 @@ function jobPage(main, ctx, _params, idText) {
     );
   }
 
+  let droppedShown = 0;
   function updateCount() {
     const total = lines.length;
     outputCount.textContent = `${shownCount < total ? `${Math.min(shownCount, MAX_SHOWN_LINES)} of ` : ''}${total} line${total === 1 ? '' : 's'}${shownCount > MAX_SHOWN_LINES ? ` (only the newest ${MAX_SHOWN_LINES} shown; download for all)` : ''}`;
+    if (droppedLines !== droppedShown) {
+      droppedShown = droppedLines;
+      droppedNote.hidden = false;
+      fill(droppedNote,
+        `The oldest ${droppedLines} lines were dropped to save memory: this page keeps at most the newest ${MAX_KEPT_LINES} (and Download output saves those). All of them: `,
+        h('code', {}, `bspweb logs ${id}`),
+        ', or the job’s event stream from its start in the ',
+        h('a', { href: '/api/docs#tag-jobs' }, 'REST API'),
+        ' (',
+        h('code', {}, `GET /api/v1/jobs/${id}/events`),
+        ').',
+      );
+    }
   }
 
   function rerenderLog() {
@@ -1117,26 +1210,43 @@ function jobPage(main, ctx, _params, idText) {
 
   let pendingLines = [];
   let flushTimer = null;
+  let recount = false; // lines were dropped: count the shown ones again
+  // Adding lines costs a layout of the whole log; during a flood of lines,
+  // flush less often, so that the layouts do not take all the page's time.
+  let flushDelay = 40;
   function queueLine(line) {
     lines.push(line);
+    // Drop the oldest lines in batches (one at a time would copy the array per line).
+    if (lines.length > MAX_KEPT_LINES) {
+      const drop = lines.length - Math.floor(MAX_KEPT_LINES * 0.9);
+      lines = lines.slice(drop);
+      droppedLines += drop;
+      recount = true;
+    }
     pendingLines.push(line);
-    if (!flushTimer) flushTimer = setTimeout(flushLines, 40);
+    if (!flushTimer) flushTimer = setTimeout(flushLines, flushDelay);
   }
   function flushLines() {
+    const t0 = performance.now();
     flushTimer = null;
     const f = filters();
     const add = pendingLines.filter((l) => matches(l, f));
     pendingLines = [];
+    if (recount) {
+      recount = false;
+      shownCount = lines.filter((l) => matches(l, f)).length - add.length; // add.length is added below
+    }
     if (add.length) {
       log.querySelector('.empty-log')?.remove();
       const frag = document.createDocumentFragment();
-      for (const l of add) frag.append(lineEl(l));
+      for (const l of add.slice(-MAX_SHOWN_LINES)) frag.append(lineEl(l));
       log.append(frag);
       shownCount += add.length;
       while (log.childElementCount > MAX_SHOWN_LINES) log.firstElementChild.remove();
       if (followBox.checked) log.scrollTop = log.scrollHeight;
     }
     updateCount();
+    flushDelay = Math.min(1000, Math.max(40, 4 * (performance.now() - t0)));
   }
   ctx.onCleanup(() => clearTimeout(flushTimer));
 
@@ -1256,7 +1366,26 @@ function jobPage(main, ctx, _params, idText) {
       off += rec;
     }
     img.pending.set(pid, buf.slice(off));
-    imageNote.textContent = `${img.rows.size} of ${img.height} rows drawn${img.rows.size === img.height ? '.' : ' so far.'}`;
+    const complete = img.rows.size === img.height;
+    if (complete && !imageNote.textContent.startsWith(`${img.height} of`)) announce(`The image is complete: ${img.height} rows.`);
+    imageNote.textContent = `${img.rows.size} of ${img.height} rows drawn${complete ? '.' : ' so far.'}`;
+  }
+
+  /** Shows a raw record that is a picture; the object URL is revoked when the page goes. */
+  function addPicture(pid, record, type, bytes) {
+    pictureCount++;
+    picturesSection.hidden = false;
+    const format = type.slice('image/'.length).toUpperCase();
+    if (pictureUrls.length >= MAX_PICTURES) {
+      picturesNote.textContent = `${pictureCount} pictures; the first ${MAX_PICTURES} are shown here. The raw data below has them all.`;
+      return;
+    }
+    const url = URL.createObjectURL(new Blob([bytes], { type }));
+    pictureUrls.push(url);
+    const caption = h('figcaption', { class: 'muted small' }, `pid ${pid}, record ${record}: ${format}, ${fmtBytes(bytes.length)}`);
+    const img = h('img', { src: url, alt: `${format} picture written by pid ${pid} (raw record ${record})`, decoding: 'async', dataset: { pid, record } });
+    img.addEventListener('error', () => caption.append(` — starts like a ${format} file but cannot be shown`), { once: true });
+    pictureList.append(h('li', {}, h('figure', {}, img, caption)));
   }
 
   let rawRenderTimer = null;
@@ -1273,6 +1402,10 @@ function jobPage(main, ctx, _params, idText) {
     r.records += 1;
     if (!r.head) r.head = bytes.slice(0, 16);
     if (image) drawRaw(pid, bytes);
+    else {
+      const type = pictureType(bytes);
+      if (type) addPicture(pid, r.records, type, bytes);
+    }
     if (!rawRenderTimer) rawRenderTimer = setTimeout(renderRaw, 200);
   }
   ctx.onCleanup(() => clearTimeout(rawRenderTimer));
@@ -1311,8 +1444,7 @@ function jobPage(main, ctx, _params, idText) {
     const eid = Number(e.id ?? ev.id);
     if (Number.isFinite(eid)) {
       // Ids are strictly increasing: anything at or below the last one is a repeat.
-      if (seenIds.has(eid) || eid <= lastId) return;
-      seenIds.add(eid);
+      if (eid <= lastId) return;
       lastId = eid;
     }
     const kind = e.kind || ev.event;
@@ -1368,6 +1500,8 @@ function jobPage(main, ctx, _params, idText) {
 
   function finish(eid, at, text, cls) {
     done = true;
+    // Only for a job this page saw running: opening a finished job's page is no news.
+    if (announcedState !== null && !announcedState.startsWith('finished')) announce(text);
     queueLine({ id: eid, pid: null, kind: 'status', text, at });
     addTimeline(`e${eid}`, at, text, `terminal ${cls}`);
     streamStatus.textContent = 'Stream complete.';

@@ -3,9 +3,16 @@
 // Starts the real product (`target/release/bspweb up --peers 3` on a free
 // port with a fresh data directory), waits for its peers, and drives Debian's
 // Chromium through playwright-core: sign in, upload programs (a good one and a
-// bad one), submit jobs and watch their output stream, kill a long job, see a
-// mandelbrot drawn on a canvas across forced stream reconnects, and look at
-// the peers and the DHHT ring. Screenshots go to target/screenshots/.
+// bad one), submit jobs and watch their output stream, see the job list change
+// by the event stream alone, kill a long job, see a mandelbrot drawn on a
+// canvas row by row across forced stream reconnects, jobs that fail, abort
+// and flood their output, pictures in raw output, "Submit again" links with
+// awkward characters, and look at the peers and the DHHT ring. Screenshots go
+// to target/screenshots/.
+//
+// Throughout: any Content-Security-Policy violation, uncaught error or console
+// error fails the running step at once, and every page visited is checked for
+// form fields without a label.
 //
 // Exits 0 when everything passed, 1 with a message naming the failed step
 // otherwise. `bspweb up` (and its peers) is always stopped and the temporary
@@ -20,6 +27,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import zlib from 'node:zlib';
 import { chromium } from 'playwright-core';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
@@ -112,11 +120,32 @@ function delay(ms) {
 class StepFailure extends Error {}
 
 let currentStep = '(setup)';
+let failRunningStep = null; // rejects the running step's race
+let lateFailure = null; // a failure reported between steps
+/**
+ * Fails the running step at once, from outside its own code (a route
+ * handler, a page event), instead of letting it time out later.
+ */
+function failStep(err) {
+  const e = err instanceof Error ? err : new StepFailure(String(err));
+  if (failRunningStep) failRunningStep(e);
+  else lateFailure ??= e;
+}
+
 async function step(name, fn) {
   currentStep = name;
   const t0 = Date.now();
   log(`▶ ${name}`);
-  await fn();
+  if (lateFailure) throw lateFailure;
+  const failed = new Promise((_, reject) => {
+    failRunningStep = reject;
+  });
+  try {
+    await Promise.race([fn(), failed]);
+  } finally {
+    failRunningStep = null;
+  }
+  if (lateFailure) throw lateFailure;
   log(`✓ ${name} (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
 }
 
@@ -204,6 +233,96 @@ async function apiToken(base) {
   return (await res.json()).token;
 }
 
+// A tiny guest made here, byte by byte: `bspweb_resume` writes each of
+// `records` with `write_raw` and returns STATUS_DONE (1); no stack, no
+// globals. Enough for output the bundled examples never produce (pictures).
+function rawWriterWasm(records) {
+  const uleb = (n) => {
+    const out = [];
+    do {
+      let b = n & 0x7f;
+      n >>>= 7;
+      if (n) b |= 0x80;
+      out.push(b);
+    } while (n);
+    return out;
+  };
+  const sleb = (n) => {
+    const out = [];
+    for (;;) {
+      const b = n & 0x7f;
+      n >>= 7;
+      if ((n === 0 && !(b & 0x40)) || (n === -1 && b & 0x40)) return [...out, b];
+      out.push(b | 0x80);
+    }
+  };
+  const name = (s) => [...uleb(Buffer.byteLength(s)), ...Buffer.from(s)];
+  const vec = (items) => [...uleb(items.length), ...items.flat()];
+  const section = (id, bytes) => [id, ...uleb(bytes.length), ...bytes];
+  const BASE = 1024; // where the records sit in memory
+  let end = BASE;
+  const calls = records.flatMap((r) => {
+    const at = end;
+    end += r.length;
+    // write_raw(at, len); drop its result
+    return [0x41, ...sleb(at), 0x41, ...sleb(r.length), 0x10, 0x00, 0x1a];
+  });
+  const body = [0x00 /* no locals */, ...calls, 0x41, 0x01 /* STATUS_DONE */, 0x0b];
+  return Buffer.from([
+    ...[0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00],
+    ...section(1, vec([[0x60, 0x02, 0x7f, 0x7f, 0x01, 0x7f], [0x60, 0x00, 0x01, 0x7f]])), // (i32 i32)->i32, ()->i32
+    ...section(2, vec([[...name('bspweb_v1'), ...name('write_raw'), 0x00, 0x00]])),
+    ...section(3, vec([[0x01]])),
+    ...section(5, vec([[0x00, ...uleb(Math.ceil(end / 65536))]])),
+    ...section(7, vec([[...name('memory'), 0x02, 0x00], [...name('bspweb_resume'), 0x00, 0x01]])),
+    ...section(10, vec([[...uleb(body.length), ...body]])),
+    ...section(11, vec([[0x00, 0x41, ...sleb(BASE), 0x0b, ...uleb(end - BASE), ...Buffer.concat(records)]])),
+  ]);
+}
+
+function crc32(buf) {
+  let c = ~0;
+  for (const b of buf) {
+    c ^= b;
+    for (let k = 0; k < 8; k++) c = (c >>> 1) ^ (0xedb88320 & -(c & 1));
+  }
+  return ~c >>> 0;
+}
+
+/** A `w`×`h` RGB PNG: red rises to the right, green downwards. */
+function pngImage(w, h) {
+  const chunk = (type, data) => {
+    const head = Buffer.alloc(4);
+    head.writeUInt32BE(data.length);
+    const typed = Buffer.concat([Buffer.from(type, 'latin1'), data]);
+    const crc = Buffer.alloc(4);
+    crc.writeUInt32BE(crc32(typed));
+    return Buffer.concat([head, typed, crc]);
+  };
+  const ihdr = Buffer.alloc(13);
+  ihdr.writeUInt32BE(w, 0);
+  ihdr.writeUInt32BE(h, 4);
+  ihdr[8] = 8; // bits per sample
+  ihdr[9] = 2; // RGB
+  const rows = [];
+  for (let y = 0; y < h; y++) {
+    const row = Buffer.alloc(1 + 3 * w); // filter byte 0, then pixels
+    for (let x = 0; x < w; x++) row.set([Math.round((255 * x) / (w - 1)), Math.round((255 * y) / (h - 1)), 128], 1 + 3 * x);
+    rows.push(row);
+  }
+  const signature = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
+  return Buffer.concat([signature, chunk('IHDR', ihdr), chunk('IDAT', zlib.deflateSync(Buffer.concat(rows))), chunk('IEND', Buffer.alloc(0))]);
+}
+
+/** The events of a text/event-stream body, as parsed JSON data. */
+function parseSse(text) {
+  return text
+    .split(/\r?\n\r?\n/)
+    .map((block) => block.split(/\r?\n/).filter((l) => l.startsWith('data:')).map((l) => l.slice(5).replace(/^ /, '')).join('\n'))
+    .filter((data) => data)
+    .map((data) => JSON.parse(data));
+}
+
 function findGuest(name) {
   const hits = [];
   const walk = (dir) => {
@@ -239,12 +358,42 @@ async function main() {
     log(`supernode at ${base}`);
   });
   const token = await apiToken(base);
-  const apiGet = async (p) => {
-    const res = await fetch(`${base}/api/v1${p}`, { headers: { Authorization: `Bearer ${token}` } });
+  const apiCall = async (method, p, body, contentType = 'application/json') => {
+    const headers = { Authorization: `Bearer ${token}` };
+    if (body !== undefined) headers['Content-Type'] = contentType;
+    const payload = body === undefined || Buffer.isBuffer(body) ? body : JSON.stringify(body);
+    const res = await fetch(`${base}/api/v1${p}`, { method, headers, body: payload });
     return { status: res.status, body: res.headers.get('content-type')?.includes('json') ? await res.json() : await res.text() };
+  };
+  const apiGet = (p) => apiCall('GET', p);
+  const apiPost = async (p, body, contentType) => {
+    const r = await apiCall('POST', p, body, contentType);
+    check(r.status >= 200 && r.status < 300, `POST ${p} failed: ${r.status} ${JSON.stringify(r.body)}`);
+    return r.body;
+  };
+  const submitJob = (spec) => apiPost('/jobs', spec);
+  /** Every event of a finished job (its stream ends after the last one). */
+  const jobEvents = async (id) => {
+    const res = await fetch(`${base}/api/v1/jobs/${id}/events`, { headers: { Authorization: `Bearer ${token}`, Accept: 'text/event-stream' }, signal: AbortSignal.timeout(60_000) });
+    check(res.ok, `GET /jobs/${id}/events answered ${res.status}`);
+    return parseSse(await res.text());
   };
   // The features the lead engineer adds in parallel; absent ones are reported, and fail the test.
   const ringAvailable = (await apiGet('/ring')).status === 200;
+
+  await step('the UI files come with a strict Content-Security-Policy, nosniff and no-referrer', async () => {
+    for (const file of ['/', '/index.html', '/app.js', '/app.css', '/api/docs']) {
+      const res = await fetch(`${base}${file}`);
+      check(res.ok, `GET ${file} answered ${res.status}`);
+      const csp = res.headers.get('content-security-policy') ?? '';
+      for (const want of ["default-src 'self'", "connect-src 'self'", "frame-ancestors 'none'", "object-src 'none'", 'img-src ']) {
+        check(csp.includes(want), `the Content-Security-Policy of ${file} lacks ${want}: "${csp}"`);
+      }
+      check(!/unsafe-inline|unsafe-eval|\*/.test(csp), `the Content-Security-Policy of ${file} allows too much: "${csp}"`);
+      check(res.headers.get('x-content-type-options') === 'nosniff', `${file} has no X-Content-Type-Options: nosniff`);
+      check(res.headers.get('referrer-policy') === 'no-referrer', `${file} has no Referrer-Policy: no-referrer`);
+    }
+  });
 
   await step('launch Chromium', async () => {
     context = await chromium.launchPersistentContext(path.join(tmp, 'chromium-profile'), {
@@ -263,13 +412,62 @@ async function main() {
     });
   });
   context.setDefaultTimeout(UI_MS);
-  const page = context.pages()[0] || (await context.newPage());
-  const jsErrors = [];
-  page.on('pageerror', (e) => jsErrors.push(`uncaught: ${e.message}`));
-  page.on('console', (m) => {
-    if (m.type() === 'error' && !/Failed to load resource/.test(m.text())) jsErrors.push(`console: ${m.text()}`);
+
+  // Reports from inside every page: Content-Security-Policy violations, and
+  // form fields without a label on each page shown.
+  const cspViolations = [];
+  let cspSelfTest = null; // the detector's own test collects instead of failing
+  const fieldChecks = new Map(); // what was checked -> unlabelled fields
+  await context.exposeBinding('bspwebTestReport', (_source, kind, detail) => {
+    if (kind === 'csp') {
+      if (cspSelfTest) return cspSelfTest.push(detail);
+      cspViolations.push(detail);
+      failStep(new StepFailure(`Content-Security-Policy violation: ${detail}`));
+    } else if (kind === 'fields') {
+      const { page: where, bad } = JSON.parse(detail);
+      fieldChecks.set(where, bad);
+      if (bad.length) failStep(new StepFailure(`form fields without labels on ${where}: ${bad.join(', ')}`));
+    }
   });
-  page.on('dialog', (d) => d.accept().catch(() => {}));
+  await context.addInitScript(() => {
+    window.addEventListener(
+      'securitypolicyviolation',
+      (e) => window.bspwebTestReport('csp', `${e.effectiveDirective} refused ${e.blockedURI || 'inline code'} at ${e.sourceFile || location.href}:${e.lineNumber}`),
+      true,
+    );
+    const reported = new Set();
+    let timer = null;
+    const checkFields = () => {
+      timer = null;
+      const h1 = document.querySelector('main h1, body h1')?.textContent ?? '';
+      const where = `${location.pathname}${location.hash} (${h1})`;
+      const bad = [...document.querySelectorAll('main input, main select, main textarea')]
+        .filter((el) => el.type !== 'hidden' && !(el.labels && el.labels.length) && !el.getAttribute('aria-label') && !el.getAttribute('aria-labelledby'))
+        .map((el) => el.id || el.name || el.outerHTML.slice(0, 60));
+      if (bad.length || !reported.has(where)) window.bspwebTestReport('fields', JSON.stringify({ page: where, bad }));
+      reported.add(where);
+    };
+    new MutationObserver(() => {
+      timer ??= setTimeout(checkFields, 100);
+    }).observe(document, { childList: true, subtree: true });
+  });
+
+  const jsErrors = [];
+  const watch = (p) => {
+    p.on('pageerror', (e) => {
+      jsErrors.push(`uncaught: ${e.message}`);
+      failStep(new StepFailure(`uncaught JavaScript error in the page: ${e.message}`));
+    });
+    p.on('console', (m) => {
+      // CSP violations are caught (with more detail) by the listener above.
+      if (m.type() !== 'error' || /Failed to load resource|Content Security Policy/.test(m.text())) return;
+      jsErrors.push(`console: ${m.text()}`);
+      failStep(new StepFailure(`JavaScript error in the page's console: ${m.text()}`));
+    });
+    p.on('dialog', (d) => d.accept().catch(() => {}));
+  };
+  const page = context.pages()[0] || (await context.newPage());
+  watch(page);
   const eventRequests = []; // { url, lastEventId }
   page.on('request', (r) => {
     if (/\/api\/v1\/(jobs\/\d+\/)?events/.test(r.url())) eventRequests.push({ url: r.url(), lastEventId: r.headers()['last-event-id'] ?? null });
@@ -292,12 +490,7 @@ async function main() {
     check(m, `expected a job page, the URL is ${page.url()}`);
     return Number(m[1]);
   };
-  const unlabelled = () =>
-    page.evaluate(() =>
-      [...document.querySelectorAll('main input, main select, main textarea')]
-        .filter((el) => el.type !== 'hidden' && !(el.labels && el.labels.length) && !el.getAttribute('aria-label') && !el.getAttribute('aria-labelledby'))
-        .map((el) => el.id || el.name || el.outerHTML.slice(0, 60)),
-    );
+  const terminalText = () => text('#timeline li.terminal');
 
   await step('sign in (a wrong password is refused with a message)', async () => {
     await page.goto(`${base}/#/jobs`);
@@ -327,7 +520,6 @@ async function main() {
       check(/builtin/.test(await row.innerText()), `${name} is not marked builtin`);
       check((await row.locator('button:has-text("Delete")').count()) === 0, `builtin ${name} offers a Delete button`);
     }
-    check((await unlabelled()).length === 0, `form fields without labels: ${await unlabelled()}`);
   });
 
   const ringWasm = findGuest('ring.wasm');
@@ -414,15 +606,21 @@ async function main() {
     const eventsUrl = `**/api/v1/jobs/${ringJob}/events`;
     await page.route(eventsUrl, async (route) => {
       if (cutAfter !== null) return route.continue();
-      const res = await route.fetch();
-      const events = (await res.text()).split('\n\n').filter((e) => e.trim());
-      check(events.length > 8, `the ring job's stream has only ${events.length} events`);
-      const keep = 6;
-      cutAfter = /^id: ?(\d+)$/m.exec(events[keep - 1])?.[1];
-      check(cutAfter, `no id line in the event ${events[keep - 1]}`);
-      // Six whole events, then half of the seventh: the page must not show the half.
-      const body = `${events.slice(0, keep).join('\n\n')}\n\n${events[keep].slice(0, Math.floor(events[keep].length / 2))}`;
-      await route.fulfill({ status: 200, headers: { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' }, body });
+      try {
+        const res = await route.fetch();
+        const events = (await res.text()).split('\n\n').filter((e) => e.trim());
+        check(events.length > 8, `the ring job's stream has only ${events.length} events`);
+        const keep = 6;
+        cutAfter = /^id: ?(\d+)$/m.exec(events[keep - 1])?.[1];
+        check(cutAfter, `no id line in the event ${events[keep - 1]}`);
+        // Six whole events, then half of the seventh: the page must not show the half.
+        const body = `${events.slice(0, keep).join('\n\n')}\n\n${events[keep].slice(0, Math.floor(events[keep].length / 2))}`;
+        await route.fulfill({ status: 200, headers: { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' }, body });
+      } catch (e) {
+        // A failed check here fails the step now, not by a timeout later.
+        failStep(e);
+        await route.abort().catch(() => {});
+      }
     });
     const requestsBefore = eventRequests.length;
     await page.goto(`${base}/#/jobs`);
@@ -468,6 +666,33 @@ async function main() {
     await shot('jobs');
   });
 
+  await step('jobs page: with polling paused, the event stream alone adds a submitted job and moves a killed one', async () => {
+    await page.waitForSelector('#live-status[data-status="live"]', { timeout: UI_MS });
+    check((await page.evaluate(() => window.bspweb.pausePolling(true))) === true, 'window.bspweb.pausePolling is missing');
+    // Shorter than the list's poll interval (5 s), as a second guard.
+    const LIVE_MS = 4000;
+    try {
+      const t0 = Date.now();
+      const job = await submitJob({ program: 'supersteps', nprocs: 2, args: { k: 100000000, h: 64 }, description: 'live update test' });
+      const row = `#jobs-waiting tr[data-job="${job.id}"], #jobs-active tr[data-job="${job.id}"]`;
+      await page.waitForSelector(row, { timeout: LIVE_MS }).catch(() => {
+        throw new StepFailure(`job ${job.id}, submitted through the API, did not appear on the jobs page within ${LIVE_MS} ms with polling paused`);
+      });
+      log(`  the submitted job appeared after ${Date.now() - t0} ms`);
+      const t1 = Date.now();
+      const killed = await apiCall('POST', `/jobs/${job.id}/kill`);
+      check(killed.status === 200, `killing job ${job.id} through the API failed: ${killed.status} ${JSON.stringify(killed.body)}`);
+      await page.waitForSelector(`#jobs-finished tr[data-job="${job.id}"]`, { timeout: LIVE_MS }).catch(() => {
+        throw new StepFailure(`job ${job.id}, killed through the API, did not move to Finished within ${LIVE_MS} ms with polling paused`);
+      });
+      check((await page.locator(row).count()) === 0, `killed job ${job.id} is still listed as waiting or active`);
+      check(/killed/.test(await page.locator(`#jobs-finished tr[data-job="${job.id}"]`).innerText()), `job ${job.id}'s row does not say killed`);
+      log(`  the killed job moved after ${Date.now() - t1} ms`);
+    } finally {
+      await page.evaluate(() => window.bspweb.pausePolling(false)).catch(() => {});
+    }
+  });
+
   await step('peers page: peers with lease, speed, idle, state, processes; the ring SVG', async () => {
     await page.click('#nav a[href="#/peers"]');
     await page.waitForSelector('h1:has-text("Peers")');
@@ -487,12 +712,26 @@ async function main() {
     await shot('peers');
   });
 
-  await step('kill the long job from its page', async () => {
+  await step('kill the long job from its page; only job-level changes are announced', async () => {
     await page.goto(`${base}/#/jobs/${longJob}`);
+    await page.waitForSelector('#job-state:has-text("active")');
+    // One polite status region for job-level news; the output log, the
+    // timeline and the image's row counter do not speak every change.
+    const live = await page.evaluate(() =>
+      [...document.querySelectorAll('main [aria-live], main [role=status], main [role=alert], main [role=log]')].map((el) => ({
+        id: el.id,
+        role: el.getAttribute('role'),
+        live: el.getAttribute('aria-live'),
+      })),
+    );
+    const speaking = live.filter((r) => r.live !== 'off' && (r.live || ['status', 'alert', 'log'].includes(r.role)));
+    check(JSON.stringify(speaking.map((r) => r.id)) === '["job-announce"]', `the job page has other live regions than #job-announce: ${JSON.stringify(live)}`);
+    check(live.some((r) => r.id === 'output' && r.role === 'log' && r.live === 'off'), `the output is not a silent role=log: ${JSON.stringify(live)}`);
     await page.click('#kill-job');
     await page.waitForSelector('#timeline li.terminal', { timeout: JOB_MS });
     check(/killed/.test(await text('#timeline li.terminal')), `the timeline does not say killed: ${await text('#timeline li.terminal')}`);
     await page.waitForSelector('#job-state:has-text("finished: killed")');
+    await page.waitForFunction(() => /killed/.test(document.querySelector('#job-announce')?.textContent ?? ''));
     await page.click('#nav a[href="#/jobs"]');
     await page.waitForSelector(`#jobs-finished tr[data-job="${longJob}"]`);
   });
@@ -501,10 +740,31 @@ async function main() {
     await page.goto(`${base}/#/submit?program=mandelbrot`);
     await page.waitForSelector('#submit-program option[value="mandelbrot"]', { state: 'attached' });
     await page.fill('#submit-nprocs', '4');
-    await page.fill('#submit-args', '{"width": 256, "height": 192}');
+    // max_iter spreads the rows over a couple of seconds (about 0.5 s with the default).
+    await page.fill('#submit-args', '{"width": 256, "height": 192, "max_iter": 20000}');
     await page.click('#submit-button');
     await page.waitForURL(/#\/jobs\/\d+$/);
     await page.waitForSelector('#image-section:visible');
+    // The picture grows while the job runs: the row counter and the rows
+    // painted on the canvas (grey; the empty canvas is dark blue) agree, and
+    // both increase between two samples taken before the last row.
+    const sample = () =>
+      page.evaluate(() => {
+        const rows = Number(/^(\d+) of/.exec(document.querySelector('#image-status')?.textContent ?? '')?.[1] ?? 0);
+        const c = document.querySelector('#raw-canvas');
+        const d = c.getContext('2d').getImageData(0, 0, 1, c.height).data;
+        let painted = 0;
+        for (let y = 0; y < c.height; y++) if (d[4 * y] === d[4 * y + 1] && d[4 * y + 1] === d[4 * y + 2]) painted++;
+        return { rows, painted, height: c.height };
+      });
+    await page.waitForFunction(() => /^[1-9]\d* of/.test(document.querySelector('#image-status')?.textContent ?? ''), null, { timeout: JOB_MS });
+    const first = await sample();
+    check(first.rows < first.height, `all ${first.rows} rows appeared at once; expected them to arrive a few at a time`);
+    check(first.painted === first.rows, `the canvas has ${first.painted} rows painted but the counter says ${first.rows}`);
+    await page.waitForFunction((n) => Number(/^(\d+) of/.exec(document.querySelector('#image-status')?.textContent ?? '')?.[1] ?? 0) > n, first.rows, { timeout: JOB_MS });
+    const second = await sample();
+    check(second.rows > first.rows && second.painted === second.rows, `the picture did not grow as rows arrived: ${JSON.stringify({ first, second })}`);
+    log(`  rows drawn: ${first.rows}, then ${second.rows} of ${second.height}`);
     // Drop the streams while rows arrive; the page must resume with Last-Event-ID.
     for (let i = 0; i < 3; i++) {
       await page.waitForFunction(() => /^\d+ of/.test(document.querySelector('#image-status')?.textContent ?? '') || document.querySelector('#timeline li.terminal'), null, { timeout: JOB_MS });
@@ -535,22 +795,197 @@ async function main() {
     await shot('job-mandelbrot');
   });
 
+  const misbehaveWasm = findGuest('misbehave.wasm');
+  await step('timeline: a job that dies on an error shows the cause; an aborted job its reason', async () => {
+    // misbehave, the runtime's test program, is not offered to users: upload it.
+    await apiPost('/programs?name=misbehave&description=test%20program', fs.readFileSync(misbehaveWasm), 'application/wasm');
+    const trap = await submitJob({ program: 'misbehave', nprocs: 3, args: { mode: 'trap', pid: 1 }, description: 'traps' });
+    const abort = await submitJob({ program: 'misbehave', nprocs: 3, args: { mode: 'abort', pid: 1 }, description: 'aborts' });
+
+    await page.goto(`${base}/#/jobs/${trap.id}`);
+    await page.waitForSelector('#timeline li.terminal', { timeout: JOB_MS });
+    const failed = await terminalText();
+    check(/died on an error/.test(failed) && /process 1 failed in superstep 1/.test(failed) && /unreachable/.test(failed), `the timeline does not give the trap as the cause: ${failed}`);
+    check((await page.getAttribute('#timeline li.terminal', 'class')).includes('bad'), 'the failure is not marked as bad in the timeline');
+    await page.waitForSelector('#job-state:has-text("finished: failed")');
+    check(/unreachable/.test(await text('#job-state')) && /pid 1/.test(await text('#job-state')), `the state line lacks the cause: ${await text('#job-state')}`);
+    check((await page.locator('#output .line.status', { hasText: 'died on an error' }).count()) === 1, 'the failure is not in the output');
+    await shot('job-failed');
+
+    await page.goto(`${base}/#/jobs/${abort.id}`);
+    await page.waitForSelector('#timeline li.terminal', { timeout: JOB_MS });
+    const aborted = await terminalText();
+    check(/The job aborted: process 1 aborted in superstep 1: deliberate abort/.test(aborted), `the timeline does not give the abort's reason: ${aborted}`);
+    await page.waitForSelector('#job-state:has-text("finished: aborted")');
+    check(/deliberate abort/.test(await text('#job-state')), `the state line lacks the reason: ${await text('#job-state')}`);
+  });
+
+  await step('output: a flood keeps at most the newest 50 000 lines and says where the rest are', async () => {
+    // Ends by itself: more than 1 MiB of output fails the job (about 66 000 lines).
+    const limits = { superstep_ms: 600_000, memory_mib: 512, output_mib: 1 };
+    const job = await submitJob({ program: 'misbehave', nprocs: 1, args: { mode: 'flood', pid: null }, limits, description: 'floods' });
+    await page.goto(`${base}/#/jobs/${job.id}`);
+    await page.waitForSelector('#timeline li.terminal', { timeout: JOB_MS });
+    const failed = await terminalText();
+    check(/died on an error/.test(failed) && /output limit exceeded/.test(failed), `the flood did not end on the output limit: ${failed}`);
+    // The terminal line is the last one, flushed with the final count.
+    await page.waitForFunction(() => /died on an error/.test(document.querySelector('#output .line:last-child')?.textContent ?? ''), null, { timeout: JOB_MS });
+    const events = await jobEvents(job.id);
+    const expected = events.filter((e) => ['stdout', 'stderr', 'status'].includes(e.kind)).length + 1; // + the terminal line
+    check(expected > 55_000, `the flood printed only ${expected} lines; the test needs more than 55 000`);
+    const count = await text('#output-count');
+    const kept = Number(/(\d+) lines?/.exec(count)?.[1]);
+    const note = await text('#output-dropped');
+    const dropped = Number(/The oldest (\d+) lines/.exec(note)?.[1]);
+    check(kept <= 50_000 && kept >= 40_000, `the page keeps ${kept} lines ("${count}"), expected at most 50 000`);
+    check(kept + dropped === expected, `kept ${kept} + dropped ${dropped} lines ≠ the ${expected} lines of the job ("${note}")`);
+    check(note.includes(`bspweb logs ${job.id}`) && note.includes(`/api/v1/jobs/${job.id}/events`), `the note does not say where all lines are: ${note}`);
+    check((await page.locator('#output-dropped a[href^="/api/docs"]').count()) === 1, 'the note has no link to the REST API documentation');
+    check((await page.locator('#output .line').count()) <= 5000, 'more than 5000 lines are in the page');
+    const lastStdout = await page.locator('#output .line.stdout').last().innerText();
+    const lastSent = events.filter((e) => e.kind === 'stdout').at(-1).text;
+    check(lastStdout.endsWith(lastSent), `the newest line shown is "${lastStdout}", the job's last is "${lastSent}"`);
+    await shot('job-flood');
+  });
+
+  await step('"Submit again" keeps arguments and description with & = + % and non-ASCII intact', async () => {
+    const args = { mode: 'x&y=1+2 %41%2B 100% ünïcødé ✓ 𝄞', pid: null };
+    const description = 'Tom & Jerry: a=b+c, 100% sure; %2F ünï ✓';
+    await page.goto(`${base}/#/submit?program=misbehave`);
+    await page.waitForSelector('#submit-program option[value="misbehave"]', { state: 'attached' });
+    await page.fill('#submit-nprocs', '1');
+    await page.fill('#submit-args', JSON.stringify(args));
+    await page.fill('#submit-description', description);
+    await page.click('#submit-button');
+    await page.waitForURL(/#\/jobs\/\d+$/);
+    const firstId = jobIdFromUrl();
+    // An unknown mode: the program refuses it, and the cause quotes it verbatim.
+    await page.waitForSelector('#timeline li.terminal', { timeout: JOB_MS });
+    check((await terminalText()).includes(`unknown mode \`${args.mode}\``), `the cause does not quote the mode: ${await terminalText()}`);
+    await page.click('a:has-text("Submit again")');
+    await page.waitForSelector('h1:has-text("Submit a job")');
+    await page.waitForSelector('#submit-program option[value="misbehave"]', { state: 'attached' });
+    check((await page.inputValue('#submit-program')) === 'misbehave', `Submit again chose ${await page.inputValue('#submit-program')}`);
+    check((await page.inputValue('#submit-nprocs')) === '1', `Submit again set ${await page.inputValue('#submit-nprocs')} processes`);
+    const argsText = await page.inputValue('#submit-args');
+    let again = null;
+    try {
+      again = JSON.parse(argsText);
+    } catch {
+      // reported below
+    }
+    check(JSON.stringify(again) === JSON.stringify(args), `Submit again changed the arguments: ${argsText}`);
+    check((await page.inputValue('#submit-description')) === description, `Submit again changed the description: ${await page.inputValue('#submit-description')}`);
+    await page.click('#submit-button');
+    await page.waitForURL((url) => /#\/jobs\/\d+$/.test(url.hash) && !url.hash.endsWith(`/${firstId}`));
+    const second = (await apiGet(`/jobs/${jobIdFromUrl()}`)).body;
+    check(JSON.stringify(second.args) === JSON.stringify(args) && second.description === description, `the resubmitted job differs: ${JSON.stringify({ args: second.args, description: second.description })}`);
+  });
+
+  await step('a malformed link shows an error page, not a blank one', async () => {
+    for (const hash of ['#/jobs/%', '#/jobs/%E0%A4%A']) {
+      await page.goto(`${base}/${hash}`);
+      await page.waitForSelector('main h1:has-text("Page not found")');
+      check(/is malformed/.test(await text('#bad-link')), `no clear message for ${hash}: ${await text('main')}`);
+      check((await page.locator('#bad-link a[href="#/jobs"]').count()) === 1, `the error page for ${hash} has no way back`);
+    }
+    await page.goto(`${base}/#/no-such-page`);
+    await page.waitForSelector('main h1:has-text("Page not found")');
+    await page.click('main a[href="#/jobs"]');
+    await page.waitForSelector('h1:has-text("Jobs")');
+  });
+
+  await step('raw records that are pictures are shown as images (PNG made here), their URLs revoked on leaving', async () => {
+    const png = pngImage(16, 12);
+    await apiPost('/programs?name=picture', rawWriterWasm([png, Buffer.from('not a picture')]), 'application/wasm');
+    const job = await submitJob({ program: 'picture', nprocs: 2, args: null });
+    await page.goto(`${base}/#/jobs/${job.id}`);
+    await page.waitForSelector('#timeline li.terminal', { timeout: JOB_MS });
+    check(/exited/.test(await terminalText()), `the picture job did not exit: ${await terminalText()}`);
+    await page.waitForFunction(() => document.querySelectorAll('#pictures img').length === 2);
+    await page.waitForFunction(() => [...document.querySelectorAll('#pictures img')].every((i) => i.complete && i.naturalWidth > 0));
+    const imgs = await page.$$eval('#pictures img', (is) => is.map((i) => ({ src: i.src, alt: i.alt, w: i.naturalWidth, h: i.naturalHeight, pid: i.dataset.pid })));
+    for (const i of imgs) {
+      check(i.w === 16 && i.h === 12, `a picture is ${i.w}×${i.h}, expected 16×12`);
+      check(i.src.startsWith('blob:'), `a picture is not a blob URL: ${i.src}`);
+      check(/^PNG picture written by pid [01] \(raw record 1\)$/.test(i.alt), `a picture's alt text is "${i.alt}"`);
+    }
+    check(new Set(imgs.map((i) => i.pid)).size === 2, `the pictures are not one per pid: ${JSON.stringify(imgs)}`);
+    // The other record is not a picture; the raw table still lists both per pid.
+    await page.waitForSelector('#raw-section:visible');
+    const records = await page.$$eval('#raw-section tbody tr', (rs) => rs.map((r) => r.children[1].textContent));
+    check(JSON.stringify(records) === '["2","2"]', `the raw table lists records ${JSON.stringify(records)}, expected 2 per pid`);
+    await shot('job-pictures');
+    const loads = (src) =>
+      page.evaluate(
+        (u) =>
+          new Promise((resolve) => {
+            const i = new Image();
+            i.onload = () => resolve(true);
+            i.onerror = () => resolve(false);
+            i.src = u;
+          }),
+        src,
+      );
+    check(await loads(imgs[0].src), 'a picture URL does not load while its page is open');
+    await page.click('#nav a[href="#/jobs"]');
+    await page.waitForSelector('h1:has-text("Jobs")');
+    check(!(await loads(imgs[0].src)), 'a picture URL still loads after leaving its page (not revoked)');
+  });
+
+  await step('the REST API page renders under its Content-Security-Policy; the violation detector works', async () => {
+    await page.goto(`${base}/api/docs`);
+    await page.waitForSelector('h1:has-text("bspweb REST API")');
+    await page.waitForFunction(() => document.querySelectorAll('details.op').length > 5);
+    check((await page.locator('#tag-jobs').count()) === 1, 'the REST API page has no jobs section (the job page links to it)');
+    await shot('api-docs');
+    // Back in the app (the session survives in sessionStorage), provoke a
+    // violation on purpose: the detector must see it.
+    await page.goto(`${base}/#/jobs`);
+    await page.waitForSelector('h1:has-text("Jobs")');
+    cspSelfTest = [];
+    try {
+      await page.evaluate(() => document.querySelector('main').setAttribute('style', 'outline: 1px solid red'));
+      const deadline = Date.now() + UI_MS;
+      while (cspSelfTest.length === 0 && Date.now() < deadline) await delay(50);
+      check(cspSelfTest.length > 0 && /style-src/.test(cspSelfTest[0]), `an inline style attribute was not reported as a CSP violation: ${JSON.stringify(cspSelfTest)}`);
+    } finally {
+      await page.evaluate(() => document.querySelector('main').removeAttribute('style')).catch(() => {});
+      cspSelfTest = null;
+    }
+  });
+
   await step('narrow (phone) screen: no sideways scrolling', async () => {
+    const noSideways = async (p, what, name) => {
+      const over = await p.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+      check(over <= 1, `${what} scrolls sideways by ${over}px on a 390px screen`);
+      await p.screenshot({ path: path.join(SHOTS, `${name}.png`), fullPage: true });
+    };
     await page.setViewportSize({ width: 390, height: 844 });
-    for (const [hash, name] of [
-      ['#/jobs', 'phone-jobs'],
-      [`#/jobs/${ringJob}`, 'phone-job'],
-      ['#/peers', 'phone-peers'],
+    for (const [hash, name, ready] of [
+      ['#/jobs', 'phone-jobs', 'main table tbody tr'],
+      [`#/jobs/${ringJob}`, 'phone-job', '#timeline li.terminal'],
+      ['#/peers', 'phone-peers', '#peers tbody tr'],
+      ['#/programs', 'phone-programs', '#programs tbody tr'],
+      ['#/submit?program=ring', 'phone-submit', '#submit-program option[value="ring"]'],
     ]) {
       await page.goto(`${base}/${hash}`);
       await page.waitForSelector('main h1');
-      await page.waitForSelector('main table tbody tr');
-      if (hash.startsWith('#/jobs/')) await page.waitForSelector('#timeline li.terminal', { timeout: JOB_MS });
-      const over = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
-      check(over <= 1, `${hash} scrolls sideways by ${over}px on a 390px screen`);
-      await shot(name);
+      await page.waitForSelector(ready, { state: 'attached', timeout: JOB_MS });
+      await noSideways(page, hash, name);
     }
     await page.setViewportSize({ width: 1280, height: 900 });
+    // The sign-in page, in a new tab: its sessionStorage holds no session.
+    const tab = await context.newPage();
+    watch(tab);
+    try {
+      await tab.setViewportSize({ width: 390, height: 844 });
+      await tab.goto(`${base}/#/jobs`);
+      await tab.waitForSelector('h1:has-text("Sign in")');
+      await noSideways(tab, 'the sign-in page', 'phone-signin');
+    } finally {
+      await tab.close();
+    }
   });
 
   await step('dispose a finished job', async () => {
@@ -620,8 +1055,25 @@ async function main() {
     await page.waitForSelector('h1:has-text("Sign in")');
   });
 
+  await step('every kind of page was checked for unlabelled fields', async () => {
+    const checked = [...fieldChecks.keys()];
+    for (const [kind, re] of [
+      ['sign-in', /\(Sign in\)$/],
+      ['jobs', /#\/jobs \(Jobs\)$/],
+      ['job', /#\/jobs\/\d+ \(Job \d+/],
+      ['submit', /#\/submit.* \(Submit a job\)$/],
+      ['programs', /#\/programs \(Programs\)$/],
+      ['peers', /#\/peers \(Peers\)$/],
+    ]) {
+      check(checked.some((k) => re.test(k)), `no ${kind} page was checked for unlabelled fields; checked: ${checked.join(' | ')}`);
+    }
+    log(`  ${checked.length} page states checked for unlabelled fields`);
+  });
+
   check(foreign.length === 0, `the UI tried to fetch from elsewhere: ${foreign.join(', ')}`);
   check(jsErrors.length === 0, `JavaScript errors in the page:\n  ${jsErrors.join('\n  ')}`);
+  check(cspViolations.length === 0, `Content-Security-Policy violations:\n  ${cspViolations.join('\n  ')}`);
+  if (lateFailure) throw lateFailure;
 }
 
 let failed = false;
