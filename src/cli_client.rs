@@ -579,11 +579,23 @@ async fn follow(
     let started = Instant::now();
     let mut poll = tokio::time::interval(Duration::from_secs(1));
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // One signal listener for the whole loop: a Ctrl-C that comes while an
+    // event is printed or the progress is fetched is not lost.
+    let mut interrupted = std::pin::pin!(tokio::signal::ctrl_c());
+    let stopped = |progress: &mut Progress<std::io::Stderr>| {
+        progress.finish();
+        eprintln!("\n== stopped following; job {job} keeps running (`bspweb kill {job}` stops it)");
+        Ok(ExitCode::from(exit::INTERRUPTED))
+    };
     loop {
         let event = tokio::select! {
             e = events.next() => e.context("lost the job's event stream")?,
             _ = poll.tick(), if progress.mode != ProgressMode::Off => {
-                if let Ok(info) = client.job(job).await
+                let info = tokio::select! {
+                    info = client.job(job) => info,
+                    _ = &mut interrupted => return stopped(&mut progress),
+                };
+                if let Ok(info) = info
                     && let Some(mut text) = progress_text(&info)
                 {
                     if progress.mode == ProgressMode::Terminal {
@@ -593,11 +605,7 @@ async fn follow(
                 }
                 continue;
             }
-            _ = tokio::signal::ctrl_c() => {
-                progress.finish();
-                eprintln!("\n== stopped following; job {job} keeps running (`bspweb kill {job}` stops it)");
-                return Ok(ExitCode::from(exit::INTERRUPTED));
-            }
+            _ = &mut interrupted => return stopped(&mut progress),
         };
         let Some(event) = event else { break };
         if event.kind.is_terminal() {
@@ -785,11 +793,16 @@ pub async fn logs(a: LogsArgs) -> anyhow::Result<ExitCode> {
     // Not following a job that has not ended: print what is stored, then stop.
     let events = client.stored_events(a.job, None);
     let code = follow(&client, events, a.raw_dir.as_deref(), out, false).await?;
-    if !a.json {
+    let now = client
+        .job(a.job)
+        .await
+        .map(|j| j.state)
+        .unwrap_or(job.state);
+    if !a.json && now != JobState::Finished {
         eprintln!(
             "== job {} is {}; `bspweb logs {} --follow` streams until it ends",
             job.id,
-            job.state.as_str(),
+            now.as_str(),
             job.id
         );
     }

@@ -311,6 +311,8 @@ async function api(method, path, { json, body, contentType, signal } = {}) {
 const liveStreams = new Set();
 /** While true, pages skip their timed checks (see makeCtx().poll); updates then come from the event streams alone. */
 let pollingPaused = false;
+/** How many timed checks ran, so a test can tell none ran while polling was paused. */
+let timedChecks = 0;
 window.bspweb = {
   reconnectStreams() {
     for (const s of liveStreams) s.dropConnection();
@@ -324,6 +326,10 @@ window.bspweb = {
   pausePolling(paused = true) {
     pollingPaused = Boolean(paused);
     return pollingPaused;
+  },
+  /** The number of timed checks run so far. */
+  timedChecks() {
+    return timedChecks;
   },
 };
 
@@ -547,8 +553,12 @@ function makeCtx() {
       let again = false;
       let stopped = false;
       const tick = () => {
-        if (pollingPaused) timer = setTimeout(tick, ms);
-        else run();
+        if (pollingPaused) {
+          timer = setTimeout(tick, ms);
+        } else {
+          timedChecks++;
+          run();
+        }
       };
       const run = async () => {
         if (ac.signal.aborted || stopped) return;

@@ -189,6 +189,15 @@ pub(crate) fn insert_event(
 }
 
 /// Up to `limit` events of `job` with an id greater than `after`, in order.
+/// The id of `job`'s newest stored event, 0 when it has none.
+pub(crate) fn last_event_id(conn: &Connection, job: JobId) -> Result<i64, Error> {
+    Ok(conn.query_row(
+        "SELECT coalesce(max(id), 0) FROM events WHERE job = ?1",
+        params![job],
+        |r| r.get(0),
+    )?)
+}
+
 pub(crate) fn events_after(
     conn: &Connection,
     job: JobId,

@@ -28,7 +28,7 @@ pub(crate) const SMALL_BODY: usize = 1 << 20;
 
 /// The web UI: static files embedded in the binary, no build step, nothing
 /// fetched from elsewhere at run time.
-const UI_FILES: &[(&str, &str, &str)] = &[
+pub(crate) const UI_FILES: &[(&str, &str, &str)] = &[
     (
         "/",
         "text/html; charset=utf-8",

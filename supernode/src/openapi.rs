@@ -158,6 +158,41 @@ mod tests {
                 "api_v1 adds a route without its OpenAPI description: {call}"
             );
         }
+        for undocumented in [
+            ".route(",
+            ".route_service(",
+            ".nest",
+            ".merge(",
+            ".fallback",
+        ] {
+            assert!(
+                !body.contains(undocumented),
+                "api_v1 must add routes only with routes!: it calls {undocumented}"
+            );
+        }
+        assert_eq!(
+            body.matches(".routes(").count(),
+            body.matches(".routes(routes!(").count()
+        );
+        // The whole router: the web UI's routes merged with the API router.
+        let whole = &source[source.find("pub(crate) fn router(").expect("router")..];
+        let whole = &whole[..whole.find("\n}\n").unwrap()];
+        assert!(
+            !whole.contains(".route(")
+                && !whole.contains(".nest")
+                && whole.matches(".merge(").count() == 1,
+            "router adds routes beside the documented API router: {whole}"
+        );
+        let ui = &source[source.find("fn ui_routes(").expect("ui_routes")..];
+        let ui = &ui[..ui.find("\n}\n").unwrap()];
+        assert!(
+            ui.contains("in UI_FILES") && ui.matches(".route(").count() == 1,
+            "{ui}"
+        );
+        // The web UI's files are the only other routes, and none is an API path.
+        for (path, _, _) in crate::http::UI_FILES {
+            assert!(!path.starts_with("/api/v1"), "{path}");
+        }
         let root = &source[source.find("fn api_router()").expect("api_router")..];
         let root = &root[..root.find("\n}\n").unwrap()];
         assert!(

@@ -13,7 +13,8 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::IntoResponse;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use bsp_api::JobId;
 use bsp_api::rest::{JobEvent, JobListChanged};
@@ -48,8 +49,9 @@ struct Follow {
     changed: watch::Receiver<()>,
     stop: watch::Receiver<bool>,
     done: bool,
-    /// Wait for new events once the stored ones are sent.
-    follow: bool,
+    /// Not following: the newest event stored when the request came; the
+    /// stream ends once it is sent.
+    until: Option<i64>,
 }
 
 fn to_sse(event: &JobEvent) -> Event {
@@ -68,7 +70,7 @@ fn to_sse(event: &JobEvent) -> Event {
     params(("id" = i64, Path, description = "The job id"), EventsQuery, ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this event id")),
     security(("user" = [])),
     responses(
-        (status = 200, description = "`text/event-stream`: `id:` the event id, `event:` the kind, `data:` a JobEvent as JSON; ends after the terminal event, or with `follow=false` once the events stored so far are sent", content_type = "text/event-stream", body = JobEvent),
+        (status = 200, description = "`text/event-stream`: `id:` the event id, `event:` the kind, `data:` a JobEvent as JSON; ends after the terminal event, or with `follow=false` after the events stored when the request came, whose last id the `bspweb-last-event-id` header gives", content_type = "text/event-stream", body = JobEvent),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
         (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
         (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
@@ -81,7 +83,7 @@ pub(crate) async fn events(
     ApiPath(job): ApiPath<JobId>,
     ApiQuery(q): ApiQuery<EventsQuery>,
     headers: HeaderMap,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, Error> {
+) -> Result<impl IntoResponse, Error> {
     let after = match headers.get("last-event-id") {
         Some(v) => v
             .to_str()
@@ -93,6 +95,15 @@ pub(crate) async fn events(
         None => q.after.unwrap_or(0),
     };
     let owner = auth.id;
+    let until = match q.follow {
+        Some(false) => {
+            let last = sn
+                .with_core(move |core, _, _| core.last_event_id(owner, job))
+                .await?;
+            Some(last.ok_or_else(|| Error::NotFound(format!("no job {job} among your jobs")))?)
+        }
+        _ => None,
+    };
     // Subscribe before the first query, so nothing stored after it is missed.
     let changed = sn.inner.watch_job(job);
     // The first batch also checks that the job is the caller's (404 if not).
@@ -111,9 +122,9 @@ pub(crate) async fn events(
         buffered: VecDeque::new(),
         changed,
         done: false,
-        follow: q.follow.unwrap_or(true),
+        until,
     };
-    if events.is_empty() && finished {
+    if (events.is_empty() && finished) || until.is_some_and(|u| u <= after) {
         follow.done = true;
     }
     if let Some(e) = events.last() {
@@ -121,16 +132,29 @@ pub(crate) async fn events(
     }
     follow.buffered.extend(events);
     let stream = futures_util::stream::unfold(follow, |mut f| async move {
-        next(&mut f).await.map(|event| (Ok(to_sse(&event)), f))
+        next(&mut f).await.map(|event| (Ok::<_, Infallible>(to_sse(&event)), f))
     });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    let sse = Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)));
+    // Not following: the client checks that it read up to this id.
+    let last = until.map(|u| [(LAST_STORED_EVENT, HeaderValue::from(u))]);
+    Ok((last, sse))
 }
+
+/// The response header of `follow=false`: the id of the last event the
+/// stream will send (0: none).
+pub(crate) const LAST_STORED_EVENT: &str = "bspweb-last-event-id";
 
 /// The next event to send, or `None` to end the stream.
 async fn next(f: &mut Follow) -> Option<JobEvent> {
     loop {
         if let Some(event) = f.buffered.pop_front() {
-            if event.kind.is_terminal() {
+            if f.until.is_some_and(|u| event.id > u) {
+                // Stored after the request: not part of the snapshot.
+                f.done = true;
+                f.buffered.clear();
+                return None;
+            }
+            if event.kind.is_terminal() || f.until.is_some_and(|u| event.id >= u) {
                 f.done = true;
                 f.buffered.clear();
             }
@@ -150,9 +174,9 @@ async fn next(f: &mut Follow) -> Option<JobEvent> {
                     f.buffered.extend(events);
                     continue;
                 }
-                if finished || !f.follow {
+                if finished || f.until.is_some() {
                     // Finished: the terminal event is at or before `last`,
-                    // already sent. Not following: everything stored is sent.
+                    // already sent. Not following: the snapshot is sent.
                     return None;
                 }
             }

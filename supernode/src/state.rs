@@ -1065,6 +1065,23 @@ impl Core {
         Ok(Some((events, state == "finished")))
     }
 
+    /// The id of the newest stored event of the owner's job `id` (0 when it
+    /// has none), or `None` when the owner has no such job.
+    pub(crate) fn last_event_id(&self, owner: i64, id: JobId) -> Result<Option<i64>, Error> {
+        let mine: Option<i64> = self
+            .conn
+            .query_row(
+                "SELECT id FROM jobs WHERE id = ?1 AND owner = ?2",
+                params![id, owner],
+                |r| r.get(0),
+            )
+            .optional()?;
+        match mine {
+            Some(_) => Ok(Some(db::last_event_id(&self.conn, id)?)),
+            None => Ok(None),
+        }
+    }
+
     // ------------------------------------------------------------ scheduling
 
     /// Places waiting jobs, oldest first, while the overload limit allows

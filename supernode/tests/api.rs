@@ -1228,12 +1228,20 @@ async fn event_streams_resume_after_last_event_id_and_follow_live_output() {
         .send()
         .await
         .unwrap();
+    let last: i64 = resp.headers()["bspweb-last-event-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Output stored after the request is not part of it.
+    h.report(&peer, vec![out(job.id, 0, 5, "line 5")]).await;
     let text = tokio::time::timeout(Duration::from_secs(10), resp.text())
         .await
         .expect("a stream with follow=false ends although the job is active")
         .unwrap();
     let stored = parse_sse(&text);
     assert_eq!(stored.len(), 7, "{text}");
+    assert_eq!(stored.last().unwrap().2.id, last);
     assert_eq!(
         stored.last().unwrap().2.kind,
         JobEventKind::Stdout {
@@ -1241,12 +1249,12 @@ async fn event_streams_resume_after_last_event_id_and_follow_live_output() {
         }
     );
     h.report(&peer, vec![exited(job.id, 0)]).await;
-    let live = next_events(9).await;
+    let live = next_events(10).await;
     assert_eq!(live.last().unwrap().1, "job_exited");
 
     // Resuming from every point gives exactly the rest, with no duplicates.
     let all = h.events(&alice, job.id, None).await;
-    assert_eq!(all.len(), 9);
+    assert_eq!(all.len(), 10);
     assert_eq!(
         all.iter().map(|e| e.2.clone()).collect::<Vec<_>>(),
         live.iter().map(|e| e.2.clone()).collect::<Vec<_>>()
@@ -1267,7 +1275,7 @@ async fn event_streams_resume_after_last_event_id_and_follow_live_output() {
         .await
         .unwrap();
     let rest = parse_sse(&resp.text().await.unwrap());
-    assert_eq!(rest.len(), 2);
+    assert_eq!(rest.len(), 3);
     // A malformed Last-Event-ID is refused.
     let resp = h
         .http

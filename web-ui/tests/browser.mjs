@@ -669,8 +669,8 @@ async function main() {
   await step('jobs page: with polling paused, the event stream alone adds a submitted job and moves a killed one', async () => {
     await page.waitForSelector('#live-status[data-status="live"]', { timeout: UI_MS });
     check((await page.evaluate(() => window.bspweb.pausePolling(true))) === true, 'window.bspweb.pausePolling is missing');
-    // Shorter than the list's poll interval (5 s), as a second guard.
-    const LIVE_MS = 4000;
+    const checksBefore = await page.evaluate(() => window.bspweb.timedChecks());
+    const LIVE_MS = UI_MS;
     try {
       const t0 = Date.now();
       const job = await submitJob({ program: 'supersteps', nprocs: 2, args: { k: 100000000, h: 64 }, description: 'live update test' });
@@ -688,6 +688,8 @@ async function main() {
       check((await page.locator(row).count()) === 0, `killed job ${job.id} is still listed as waiting or active`);
       check(/killed/.test(await page.locator(`#jobs-finished tr[data-job="${job.id}"]`).innerText()), `job ${job.id}'s row does not say killed`);
       log(`  the killed job moved after ${Date.now() - t1} ms`);
+      const checksAfter = await page.evaluate(() => window.bspweb.timedChecks());
+      check(checksAfter === checksBefore, `${checksAfter - checksBefore} timed checks ran while polling was paused`);
     } finally {
       await page.evaluate(() => window.bspweb.pausePolling(false)).catch(() => {});
     }
@@ -740,8 +742,8 @@ async function main() {
     await page.goto(`${base}/#/submit?program=mandelbrot`);
     await page.waitForSelector('#submit-program option[value="mandelbrot"]', { state: 'attached' });
     await page.fill('#submit-nprocs', '4');
-    // max_iter spreads the rows over a couple of seconds (about 0.5 s with the default).
-    await page.fill('#submit-args', '{"width": 256, "height": 192, "max_iter": 20000}');
+    // max_iter spreads the rows over several seconds (about 0.5 s with the default).
+    await page.fill('#submit-args', '{"width": 256, "height": 192, "max_iter": 50000}');
     await page.click('#submit-button');
     await page.waitForURL(/#\/jobs\/\d+$/);
     await page.waitForSelector('#image-section:visible');

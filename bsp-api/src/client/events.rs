@@ -24,6 +24,8 @@ use crate::{JobId, PeerId, Pid};
 /// [`JobListEvents`]) retries transient failures in a row before it returns
 /// the last one. A [`Subscription`] never gives up.
 pub const STREAM_RETRY_FOR: Duration = Duration::from_secs(5 * 60);
+/// The header of a `follow=false` event stream: the id of its last event.
+const LAST_STORED_EVENT: &str = "bspweb-last-event-id";
 /// The delay after the first failure; it doubles with each one after.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest delay between two attempts.
@@ -327,6 +329,9 @@ struct Resumable {
     inner: Option<BoxStream<'static, Result<eventsource_stream::Event, ClientError>>>,
     connected_once: bool,
     retry: Retry,
+    /// With `follow=false`: the id of the last event the supernode said the
+    /// current connection would send.
+    last_stored: Option<i64>,
 }
 
 impl Resumable {
@@ -343,6 +348,7 @@ impl Resumable {
             inner: None,
             connected_once: false,
             retry: Retry::new(patience),
+            last_stored: None,
         }
     }
 
@@ -368,6 +374,17 @@ impl Resumable {
             let body = resp.bytes().await.unwrap_or_default();
             return Err(api_error(status.as_u16(), &body));
         }
+        self.last_stored = match resp.headers().get(LAST_STORED_EVENT) {
+            None => None,
+            Some(v) => Some(
+                v.to_str()
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| {
+                        ClientError::Protocol(format!("{url}: a bad {LAST_STORED_EVENT} header"))
+                    })?,
+            ),
+        };
         let stream = resp.bytes_stream().eventsource().map(move |r| {
             r.map_err(|e| match e {
                 EventStreamError::Transport(source) => ClientError::transport(&url, source),
@@ -561,7 +578,19 @@ impl EventStream {
     async fn ended(&mut self) -> Result<(), ClientError> {
         let read = std::mem::replace(&mut self.read_since_end, false);
         if self.stored_only {
-            self.done = true;
+            match self.sse.last_stored {
+                // Cut short (the supernode stopping, say): read on from
+                // `last_id`, after a pause, while there is patience left.
+                Some(last) if self.last_id.unwrap_or(0) < last => {
+                    if !self.sse.retry.failed() {
+                        return Err(ClientError::Protocol(format!(
+                            "the supernode ended job {}'s stored events before event {last}",
+                            self.job
+                        )));
+                    }
+                }
+                _ => self.done = true,
+            }
             return Ok(());
         }
         if self.finishing {
@@ -580,7 +609,11 @@ impl EventStream {
                     return Err(e);
                 }
             }
-            Err(e) => return Err(e),
+            // The next call reconnects after a pause, not at once.
+            Err(e) => {
+                self.sse.pause();
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -670,9 +703,9 @@ impl JobListEvents {
 
     /// The next change of the user's job lists. Cancel-safe.
     ///
-    /// After a dropped connection, changes made while it was down come
-    /// again only if the supernode numbers them (`id:`); a [`Subscription`]
-    /// re-reads the job lists then, so it misses no job either way.
+    /// The stream has no replay: changes made while a dropped connection
+    /// was down are lost. A [`Subscription`] re-reads the job lists after
+    /// each reconnect, so it misses no job.
     pub async fn next(&mut self) -> Result<JobListChanged, ClientError> {
         loop {
             if let ListItem::Changed(c) = self.next_item().await? {
@@ -709,8 +742,9 @@ enum Msg {
     JobEnded { job: JobId, end: End },
     /// A change of the job lists, or an error of their stream.
     List(Result<JobListChanged, ClientError>),
-    /// The user's jobs, read again after the job-list stream reconnected.
-    Listed(Vec<JobInfo>),
+    /// The user's jobs, read again after the job-list stream reconnected;
+    /// `asked` is when the request went out.
+    Listed { jobs: Vec<JobInfo>, asked: Instant },
 }
 
 /// How a job's stream in a [`Subscription`] ended.
@@ -769,6 +803,8 @@ pub struct Subscription {
     /// Jobs that had finished when the subscription started: not followed
     /// unless asked for with [`Subscription::follow`].
     finished_before: HashSet<JobId>,
+    /// When the streams that broke were told to have broken.
+    broken_at: HashMap<JobId, Instant>,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -838,6 +874,7 @@ impl Subscription {
             tasks,
             followed: HashMap::new(),
             finished_before,
+            broken_at: HashMap::new(),
         };
         for job in jobs {
             sub.discovered(job.id);
@@ -873,17 +910,27 @@ impl Subscription {
         }
     }
 
-    fn listed(&mut self, jobs: Vec<JobInfo>) {
+    fn listed(&mut self, jobs: Vec<JobInfo>, asked: Instant) {
         for job in jobs {
             // Resumes the broken streams of the jobs listed, too.
             self.discovered(job.id);
         }
-        // A broken stream of a job not listed any more: it was disposed of.
-        for state in self.followed.values_mut() {
-            if matches!(state, Followed::Ended(End::Broken { .. })) {
+        // A stream that broke before the listing was asked for, of a job
+        // the listing lacks: the job was disposed of. (One that broke
+        // later may be of a job newer than the listing: kept for the next.)
+        for (job, state) in self.followed.iter_mut() {
+            if matches!(state, Followed::Ended(End::Broken { .. }))
+                && self.broken_at.get(job).is_some_and(|at| *at < asked)
+            {
                 *state = Followed::Ended(End::Gone);
             }
         }
+        self.broken_at.retain(|job, _| {
+            matches!(
+                self.followed.get(job),
+                Some(Followed::Ended(End::Broken { .. }))
+            )
+        });
     }
 
     /// The next event. Cancel-safe. See [`Subscription`] for the errors.
@@ -900,6 +947,7 @@ impl Subscription {
                 Msg::JobEnded { job, end } => {
                     if matches!(end, End::Broken { .. }) {
                         // Resume it once a listing shows it is still there.
+                        self.broken_at.insert(job, Instant::now());
                         let _ = self.relist.send(());
                     }
                     self.followed.insert(job, Followed::Ended(end));
@@ -914,7 +962,7 @@ impl Subscription {
                     });
                 }
                 Msg::List(Err(e)) => return Err(e),
-                Msg::Listed(jobs) => self.listed(jobs),
+                Msg::Listed { jobs, asked } => self.listed(jobs, asked),
             }
         }
     }
@@ -975,12 +1023,13 @@ async fn follow_list(
             }
             retry.wait().await;
             while relist.try_recv().is_ok() {}
+            let asked = Instant::now();
             match client.jobs(None).await {
                 Ok(jobs) => {
                     want_listing = false;
                     listed_at = Some(Instant::now());
                     retry.succeeded();
-                    Msg::Listed(jobs)
+                    Msg::Listed { jobs, asked }
                 }
                 Err(e) => {
                     retry.failed();

@@ -21,9 +21,13 @@
 //! answer ([`Client::with_request_timeout`] changes it). Event streams have
 //! no total timeout.
 //!
-//! Every event stream reconnects by itself when its connection drops,
-//! sending `Last-Event-ID`, so the supernode resumes after the last event
-//! returned: no event is lost and none is returned twice. A connection that
+//! Every event stream reconnects by itself when its connection drops. A
+//! job's stream sends `Last-Event-ID`, so the supernode resumes after the
+//! last event returned: no event is lost and none is returned twice. The
+//! job-list stream ([`JobListEvents`]) is a notification without replay:
+//! changes made while it was disconnected are lost. A [`Subscription`]
+//! re-reads the job lists after each reconnect, so it misses no job. A
+//! connection that
 //! receives nothing, not even the supernode's keep-alive (sent every 15 s),
 //! for [`DEFAULT_STREAM_IDLE_TIMEOUT`] counts as dropped
 //! ([`Client::with_stream_idle_timeout`] changes it).
