@@ -792,9 +792,10 @@ impl Driver {
                             if dist.is_root() {
                                 let n = self.peers.len() - 1;
                                 self.status(format!(
-                                    "peer #{} downloaded the program ({} KiB) and passes it on to {n} peers by Robber",
+                                    "peer #{} downloaded the program ({} KiB) and passes it on to {n} peer{} by Robber",
                                     self.me,
-                                    f.bytes.len() >> 10
+                                    f.bytes.len() >> 10,
+                                    if n == 1 { "" } else { "s" }
                                 ));
                             }
                             self.send_program_frames(out);
@@ -815,11 +816,12 @@ impl Driver {
             ProgramEvent::Assembled(Ok((module, resources))) => {
                 if let Some(dist) = &self.dist {
                     let ms = self.dist_started.elapsed().as_millis();
+                    let sources = dist.sources.len();
                     self.status(format!(
-                        "peer #{} got the program by Robber in {ms} ms: {} pieces from {} peers",
+                        "peer #{} got the program by Robber in {ms} ms: {} pieces from {sources} peer{}",
                         self.me,
                         dist.received,
-                        dist.sources.len()
+                        if sources == 1 { "" } else { "s" }
                     ));
                 }
                 self.program_ready(module, resources);

@@ -132,7 +132,9 @@ pub(crate) async fn events(
     }
     follow.buffered.extend(events);
     let stream = futures_util::stream::unfold(follow, |mut f| async move {
-        next(&mut f).await.map(|event| (Ok::<_, Infallible>(to_sse(&event)), f))
+        next(&mut f)
+            .await
+            .map(|event| (Ok::<_, Infallible>(to_sse(&event)), f))
     });
     let sse = Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)));
     // Not following: the client checks that it read up to this id.

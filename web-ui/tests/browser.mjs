@@ -178,7 +178,8 @@ async function startServer() {
   // the busy-peer rule never migrates processes mid-test.
   const idle = path.join(tmp, 'idle');
   fs.writeFileSync(idle, '1.0\n');
-  server = spawn(BIN, ['up', '--listen', `127.0.0.1:${port}`, '--data', data, '--peers', String(PEERS), '--idle-file', idle], {
+  // Short leases, so a killed peer is noticed within seconds.
+  server = spawn(BIN, ['up', '--listen', `127.0.0.1:${port}`, '--data', data, '--peers', String(PEERS), '--idle-file', idle, '--lease-ttl-secs', '5'], {
     env: {
       ...process.env,
       BSPWEB_USER: 'admin',
@@ -712,6 +713,36 @@ async function main() {
     const sum = shares.reduce((a, b) => a + b, 0);
     check(shares.length >= PEERS && Math.abs(sum - 100) < 1.5, `the ring shares do not add up to 100 %: ${shares}`);
     await shot('peers');
+  });
+
+  await step('a peer under the long job dies: the timeline shows its process rolled back', async () => {
+    await page.goto(`${base}/#/jobs/${longJob}`);
+    await page.waitForSelector('#job-state:has-text("active")');
+    // The peer that hosts pid 0, and its OS process among `bspweb up`'s children.
+    const info = await apiGet(`/jobs/${longJob}`);
+    const peers = await apiGet('/peers');
+    const host = peers.body.find((p) => p.id === info.body.placement[0]);
+    check(host, `no peer ${info.body.placement[0]} hosts pid 0: ${JSON.stringify(info.body.placement)}`);
+    const victim = fs
+      .readdirSync('/proc')
+      .filter((d) => /^\d+$/.test(d))
+      .find((d) => {
+        try {
+          const ppid = Number(fs.readFileSync(`/proc/${d}/stat`, 'utf8').split(') ')[1].split(' ')[1]);
+          const argv = fs.readFileSync(`/proc/${d}/cmdline`, 'utf8').split('\0');
+          return ppid === server.pid && argv.includes('peer') && argv.includes(host.name);
+        } catch {
+          return false;
+        }
+      });
+    check(victim, `no child process of bspweb up runs peer ${host.name}`);
+    process.kill(Number(victim), 'SIGKILL');
+    log(`  killed peer ${host.name} (process ${victim}), host of pid 0`);
+    await page.waitForFunction(() => [...document.querySelectorAll('#timeline li')].some((li) => /pid 0 was lost with its peer and rolled back/.test(li.textContent)), null, { timeout: JOB_MS });
+    await page.waitForFunction(() => /rolled back/.test(document.querySelector('#progress')?.textContent ?? ''), null, { timeout: UI_MS });
+    await shot('job-rolled-back');
+    // The job goes on: restored, its processes run again.
+    await page.waitForSelector('#job-state:has-text("active")');
   });
 
   await step('kill the long job from its page; only job-level changes are announced', async () => {
