@@ -134,6 +134,17 @@ mod tests {
             "post /api/v1/users",
         ];
         assert_eq!(ops, expected);
+        // The header a `follow=false` event stream answers with.
+        let events = &doc["paths"]["/api/v1/jobs/{id}/events"]["get"];
+        assert!(
+            events["responses"]["200"]["headers"]["bspweb-last-event-id"].is_object(),
+            "{events}"
+        );
+        assert_eq!(
+            crate::sse::LAST_STORED_EVENT,
+            "bspweb-last-event-id",
+            "the documented header name"
+        );
     }
 
     /// The document is generated from the router, so a route is documented

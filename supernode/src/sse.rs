@@ -70,7 +70,8 @@ fn to_sse(event: &JobEvent) -> Event {
     params(("id" = i64, Path, description = "The job id"), EventsQuery, ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this event id")),
     security(("user" = [])),
     responses(
-        (status = 200, description = "`text/event-stream`: `id:` the event id, `event:` the kind, `data:` a JobEvent as JSON; ends after the terminal event, or with `follow=false` after the events stored when the request came, whose last id the `bspweb-last-event-id` header gives", content_type = "text/event-stream", body = JobEvent),
+        (status = 200, description = "`text/event-stream`: `id:` the event id, `event:` the kind, `data:` a JobEvent as JSON; ends after the terminal event, or with `follow=false` after the events stored when the request came, whose last id the `bspweb-last-event-id` header gives", content_type = "text/event-stream", body = JobEvent,
+            headers(("bspweb-last-event-id" = i64, description = "With `follow=false` only: the id of the last event this stream sends (0: none)"))),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
         (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
         (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
