@@ -54,6 +54,7 @@ const log = (...a) => console.log(`[browser-test ${elapsed()}]`, ...a);
 
 let tmp = null;
 let server = null; // ChildProcess of `bspweb up`
+let extraPeer = null; // a `bspweb peer` of the test's own, with its own idle file
 let serverOut = '';
 let context = null;
 let cleaning = null;
@@ -90,6 +91,11 @@ function cleanup() {
       const c = context;
       context = null;
       await Promise.race([c.close().catch(() => {}), delay(10_000)]);
+    }
+    if (extraPeer && extraPeer.exitCode === null && extraPeer.signalCode === null) {
+      const exited = new Promise((resolve) => extraPeer.once('exit', resolve));
+      extraPeer.kill('SIGKILL');
+      await Promise.race([exited, delay(10_000)]);
     }
     await stopServer();
     if (tmp) {
@@ -743,6 +749,52 @@ async function main() {
     await shot('job-rolled-back');
     // The job goes on: restored, its processes run again.
     await page.waitForSelector('#job-state:has-text("active")');
+  });
+
+  await step('a peer that gets busy hands its processes over: the timeline shows them migrated', async () => {
+    // A fourth peer with an idle file of its own.
+    const idle = path.join(tmp, 'extra-idle');
+    fs.writeFileSync(idle, '1.0\n');
+    extraPeer = spawn(BIN, ['peer', '--supernode', base, '--listen', '127.0.0.1:0', '--name', 'extra', '--idle-file', idle], {
+      stdio: ['ignore', 'ignore', 'ignore'],
+    });
+    const online = async () => (await apiGet('/peers')).body.find((p) => p.name === 'extra' && p.state === 'online');
+    const deadline = Date.now() + JOB_MS;
+    let extra;
+    while (!(extra = await online())) {
+      check(Date.now() < deadline, 'the extra peer did not come online');
+      await delay(200);
+    }
+    // A job with a process on it (placement is by hash; a few tries suffice).
+    let job = null;
+    for (let i = 0; i < 6 && !job; i++) {
+      const j = await submitJob({ program: 'supersteps', nprocs: 8, args: { k: 100000000, h: 64 }, description: 'migration test' });
+      let info;
+      const until = Date.now() + JOB_MS;
+      while ((info = (await apiGet(`/jobs/${j.id}`)).body).state === 'waiting') {
+        check(Date.now() < until, `job ${j.id} did not start`);
+        await delay(200);
+      }
+      if (info.placement.includes(extra.id)) job = info;
+      else await apiPost(`/jobs/${j.id}/kill`, {});
+    }
+    check(job, 'six jobs of 8 processes placed none on the extra peer');
+    const moved = job.placement.map((peer, pid) => (peer === extra.id ? pid : null)).filter((p) => p !== null);
+    await page.goto(`${base}/#/jobs/${job.id}`);
+    await page.waitForSelector('#job-state:has-text("active")');
+    // The extra peer gets busy: the supernode moves its processes away.
+    fs.writeFileSync(idle, '0\n');
+    log(`  the extra peer (#${extra.id}) hosts pids ${moved.join(', ')}; it reports idle 0 now`);
+    await page.waitForFunction(
+      (pid) => [...document.querySelectorAll('#timeline li')].some((li) => new RegExp(`^.*pid ${pid} migrated from .+ to .+ after superstep \\d+`).test(li.textContent)),
+      moved[0],
+      { timeout: JOB_MS },
+    );
+    await shot('job-migrated');
+    await apiPost(`/jobs/${job.id}/kill`, {});
+    const exited = new Promise((resolve) => extraPeer.once('exit', resolve));
+    extraPeer.kill('SIGKILL');
+    await exited;
   });
 
   await step('kill the long job from its page; only job-level changes are announced', async () => {
