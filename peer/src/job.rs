@@ -21,7 +21,7 @@
 //! compiled module, talks to other peers through [`crate::net`], and emits
 //! [`PeerEvent`]s into a [`Reporter`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -290,10 +290,20 @@ struct Local {
     state: State,
     /// The superstep it is in (or at the sync of).
     superstep: u32,
-    /// A checkpoint sent to replicas that have not all acknowledged.
-    pending: Option<Pending>,
-    /// `Done`s to send once `pending` is acknowledged.
+    /// Checkpoints not yet acknowledged by all their replicas (or whose
+    /// output is not yet delivered), oldest first. Replication overlaps
+    /// the next superstep, so there are at most two: `K_{s-1}` still in
+    /// flight and `K_s` just taken (`Done(s + 1)` waits for `K_{s-1}`, so
+    /// the barrier of `s + 1` cannot pass before it is safe).
+    pending: VecDeque<Pending>,
+    /// `Done`s not yet sent, ascending: `Done(s)` goes out once every
+    /// checkpoint before `s` is safe ([`may_announce`]).
     held: Vec<(u32, ProcDone)>,
+    /// An exit checkpoint is being taken at this superstep: its `Done`
+    /// waits for it (nothing later would).
+    capturing_exit: Option<u32>,
+    /// The reporter mark of the `ProcessExited` event, once emitted.
+    exit_mark: u64,
     /// Moves to another peer at its next sync.
     leaving: bool,
     /// A snapshot taken for the new host, while it has not asked yet.
@@ -304,13 +314,18 @@ struct Pending {
     superstep: u32,
     waiting: HashSet<PeerId>,
     snapshot: Arc<Snapshot>,
-    /// The reporter's [`Reporter::emitted`] count when the checkpoint was
-    /// taken: the process's output up to its superstep must have reached the
-    /// supernode before `Done` goes out, because a restore from this
-    /// checkpoint does not re-execute (so does not re-emit) that output.
-    /// Until then the checkpoint is not sent (`unsent`): a replica holding
-    /// `K_s` means the output up to `s` is safe, so a restore from whatever
-    /// snapshot a replica holds loses no output.
+    /// The process's own `Done` of `superstep` waits for this checkpoint
+    /// too (an exit, after which nothing would wait for it, or a restored
+    /// snapshot, which must be on the new replicas before the restored
+    /// process repeats its `Done`s).
+    gates_own: bool,
+    /// The reporter mark of the process's last output record (and exit
+    /// event) up to the checkpoint: that output must have reached the
+    /// supernode before a replica holds the checkpoint, because a restore
+    /// from it does not re-execute (so does not re-emit) that output. Until
+    /// then the checkpoint is not sent (`unsent`), so a restore from
+    /// whatever snapshot a replica holds loses no output. Other events
+    /// (progress, status lines) are not waited for.
     output_mark: u64,
     /// Checkpoint frames per replica, waiting for the output to be delivered.
     unsent: Vec<(PeerId, Frame)>,
@@ -382,8 +397,11 @@ struct Driver {
     retained: BTreeMap<Pid, Vec<WireMessage>>,
     /// `Done`s of local processes already sent, per (pid, superstep).
     dones: BTreeMap<(Pid, u32), ProcDone>,
-    /// The newest checkpointed superstep for which every process's `Done`
-    /// is here: nobody is ever restored from before it.
+    /// The newest superstep whose barrier is complete here.
+    complete: Option<u32>,
+    /// The newest checkpointed superstep before `complete`: every process
+    /// has a safe checkpoint at or after it, so nobody is ever restored from
+    /// before it.
     safe: Option<u32>,
     store: ReplicaStore,
     assemblers: HashMap<PeerId, Assembler>,
@@ -532,6 +550,17 @@ fn sites_of(a: &JobAssignment) -> HashMap<PeerId, Site> {
         .collect()
 }
 
+/// Whether a process's `Done(s)` may go out with these checkpoints still
+/// pending (docs/fault-tolerance.md, "`Done` after replication"): every
+/// checkpoint before `s` must be safe, and one of `s` itself when it gates
+/// its own `Done` (an exit or a restored snapshot).
+fn may_announce(pending: &VecDeque<Pending>, capturing_exit: Option<u32>, s: u32) -> bool {
+    capturing_exit.is_none_or(|c| c > s)
+        && pending
+            .iter()
+            .all(|p| p.superstep > s || (p.superstep == s && !p.gates_own))
+}
+
 /// The `Done` of `pid` for superstep `s`, counted from its messages.
 fn done_of(pid: Pid, exited: bool, messages: &[WireMessage], s: u32) -> ProcDone {
     let mut counts: BTreeMap<Pid, u32> = BTreeMap::new();
@@ -604,6 +633,7 @@ async fn run_job(
         local: BTreeMap::new(),
         retained: BTreeMap::new(),
         dones: BTreeMap::new(),
+        complete: None,
         safe: None,
         store: ReplicaStore::new(),
         assemblers: HashMap::new(),
@@ -1268,8 +1298,10 @@ impl Driver {
                 Local {
                     state: State::Busy,
                     superstep: 0,
-                    pending: None,
+                    pending: VecDeque::new(),
                     held: Vec::new(),
+                    capturing_exit: None,
+                    exit_mark: 0,
                     leaving: false,
                     handover: None,
                 },
@@ -1371,24 +1403,32 @@ impl Driver {
                 payload: o.payload,
             })
             .collect();
+        let done = done_of(pid, exited, &out, s);
         self.route(&out);
         self.flush_all();
         self.retained.entry(pid).or_default().extend(out);
         if exited {
-            self.emit(PeerEvent::ProcessExited {
+            let mark = self.env.reporter.emit_marked(PeerEvent::ProcessExited {
                 job: self.job,
                 pid,
                 superstep: s,
             });
+            if let Some(l) = self.local.get_mut(&pid) {
+                l.exit_mark = mark;
+                l.capturing_exit = Some(s);
+            }
         }
+        if let Some(l) = self.local.get_mut(&pid) {
+            l.held.push((s, done));
+        }
+        // `Done(s)` does not wait for `K_s` (only for the checkpoints
+        // before it): the other processes go on while this one is captured
+        // and `K_s` is replicated during the next superstep.
+        self.release_if_acked(pid);
         if exited || checkpointed(s, self.checkpoint_every) {
             self.spawn_capture(pid, p, exited);
-        } else {
-            let d = done_of(pid, false, self.retained.get(&pid).map_or(&[], |v| v), s);
-            self.announce(s, d);
-            if let Some(l) = self.local.get_mut(&pid) {
-                l.state = State::AtSync(Box::new(p));
-            }
+        } else if let Some(l) = self.local.get_mut(&pid) {
+            l.state = State::AtSync(Box::new(p));
         }
     }
 
@@ -1436,14 +1476,16 @@ impl Driver {
                 unsent.push((r, f));
             }
         }
-        let done = done_of(pid, exited, &snapshot.outbox, s);
-        let output_mark = self.env.reporter.emitted();
         let l = self.local.get_mut(&pid).expect("checked above");
-        l.held.push((s, done));
-        l.pending = Some(Pending {
+        let output_mark = p.process.output_mark().max(l.exit_mark);
+        if l.capturing_exit == Some(s) {
+            l.capturing_exit = None;
+        }
+        l.pending.push_back(Pending {
             superstep: s,
             waiting: targets.into_iter().collect(),
             snapshot: snapshot.clone(),
+            gates_own: exited,
             output_mark,
             unsent,
         });
@@ -1466,32 +1508,38 @@ impl Driver {
     /// checkpoint reached the supernode.
     fn send_checkpoint(&mut self, pid: Pid) {
         let delivered = self.env.reporter.delivered_count();
-        let Some(p) = self.local.get_mut(&pid).and_then(|l| l.pending.as_mut()) else {
+        let Some(l) = self.local.get_mut(&pid) else {
             return;
         };
-        if p.unsent.is_empty() || delivered < p.output_mark {
-            return;
+        let mut frames = Vec::new();
+        // Oldest first: a delta travels after its base.
+        for p in l.pending.iter_mut() {
+            if delivered < p.output_mark {
+                break;
+            }
+            frames.append(&mut p.unsent);
         }
-        for (r, f) in std::mem::take(&mut p.unsent) {
+        for (r, f) in frames {
             self.send_to(r, f);
         }
     }
 
-    /// Send the held `Done`s of `pid` once its checkpoint is on every replica.
+    /// Forget `pid`'s checkpoints that are safe and send the held `Done`s
+    /// they no longer hold back.
     fn release_if_acked(&mut self, pid: Pid) {
         let Some(l) = self.local.get_mut(&pid) else {
             return;
         };
         let delivered = self.env.reporter.delivered_count();
-        if l.pending
-            .as_ref()
-            .is_some_and(|p| !p.waiting.is_empty() || delivered < p.output_mark)
-        {
-            return;
-        }
-        l.pending = None;
-        let held = std::mem::take(&mut l.held);
-        for (s, d) in held {
+        l.pending
+            .retain(|p| !p.waiting.is_empty() || delivered < p.output_mark);
+        let ready = l
+            .held
+            .iter()
+            .take_while(|(s, _)| may_announce(&l.pending, l.capturing_exit, *s))
+            .count();
+        let go: Vec<(u32, ProcDone)> = l.held.drain(..ready).collect();
+        for (s, d) in go {
             self.announce(s, d);
         }
     }
@@ -1500,10 +1548,9 @@ impl Driver {
         let Some(l) = self.local.get_mut(&pid) else {
             return;
         };
-        let Some(p) = &mut l.pending else { return };
-        if p.superstep != superstep {
+        let Some(p) = l.pending.iter_mut().find(|p| p.superstep == superstep) else {
             return;
-        }
+        };
         if !p.waiting.contains(&from) {
             return;
         }
@@ -1528,7 +1575,7 @@ impl Driver {
         let waiting: Vec<(Pid, bool)> = self
             .local
             .iter()
-            .filter(|(_, l)| l.pending.is_some())
+            .filter(|(_, l)| !l.pending.is_empty())
             .map(|(pid, l)| (*pid, l.handover.is_some()))
             .collect();
         for (pid, handing_over) in waiting {
@@ -1548,10 +1595,7 @@ impl Driver {
         };
         // The new host will not re-emit the output up to the snapshot.
         let delivered = self.env.reporter.delivered_count();
-        if l.pending
-            .as_ref()
-            .is_some_and(|p| delivered < p.output_mark)
-        {
+        if l.pending.iter().any(|p| delivered < p.output_mark) {
             return;
         }
         let Some(snapshot) = l.handover.clone() else {
@@ -1652,23 +1696,27 @@ impl Driver {
             .filter(|l| !matches!(l.state, State::Exited))
             .map(|l| l.superstep)
             .min();
-        // The newest checkpointed superstep that is complete.
-        let mut s = self.safe.map_or(0, |s| s + 1);
-        let mut safe = self.safe;
+        // The newest superstep whose barrier is complete. `Done(q, s)` is
+        // sent only once q's checkpoints before `s` are safe, so a complete
+        // barrier `s` makes every process's checkpoint before `s` safe.
+        let mut s = self.complete.map_or(0, |s| s + 1);
         // No `Done` can exist beyond the furthest local process (plus the
         // one superstep others may be ahead): once everyone exited, every
         // later barrier is trivially complete, so stop there.
         let horizon = self.local.values().map(|l| l.superstep).max().unwrap_or(0) + 1;
-        while s <= horizon {
-            if !self.barrier.complete(s) {
-                break;
-            }
-            if checkpointed(s, self.checkpoint_every) {
-                safe = Some(s);
-            }
+        while s <= horizon && self.barrier.complete(s) {
+            self.complete = Some(s);
             s += 1;
         }
-        if safe == self.safe {
+        // The newest checkpointed superstep before it.
+        let safe = self.complete.and_then(|c| {
+            (0..c)
+                .rev()
+                .take(self.checkpoint_every as usize)
+                .find(|&s| checkpointed(s, self.checkpoint_every))
+                .or(self.safe)
+        });
+        if safe <= self.safe {
             return;
         }
         self.safe = safe;
@@ -1697,8 +1745,10 @@ impl Driver {
             Local {
                 state: State::Fetching,
                 superstep: 0,
-                pending: None,
+                pending: VecDeque::new(),
                 held: Vec::new(),
+                capturing_exit: None,
+                exit_mark: 0,
                 leaving: false,
                 handover: None,
             },
@@ -1847,14 +1897,15 @@ impl Driver {
         }
         let l = self.local.get_mut(&pid).expect("checked above");
         l.held = held;
-        l.pending = Some(Pending {
+        l.pending = VecDeque::from([Pending {
             superstep: c,
             waiting: targets.into_iter().collect(),
             snapshot: snapshot.clone(),
+            gates_own: true,
             // Its output up to `c` was delivered by its old host.
             output_mark: 0,
             unsent: Vec::new(),
-        });
+        }]);
         l.state = match p {
             Some(p) => State::AtSync(Box::new(p)),
             None => State::Exited,
@@ -2070,7 +2121,7 @@ impl Driver {
             let pending: Vec<Arc<Snapshot>> = self
                 .local
                 .values()
-                .filter_map(|l| l.pending.as_ref())
+                .flat_map(|l| l.pending.iter())
                 // Not yet sent at all: it goes out once the output is delivered.
                 .filter(|p| p.waiting.contains(&peer) && p.unsent.is_empty())
                 .map(|p| p.snapshot.clone())
@@ -2150,9 +2201,10 @@ impl Driver {
         }
         // Replicas that are gone will not answer.
         for pid in self.local.keys().copied().collect::<Vec<_>>() {
-            if let Some(l) = self.local.get_mut(&pid)
-                && let Some(p) = &mut l.pending
-            {
+            let Some(l) = self.local.get_mut(&pid) else {
+                continue;
+            };
+            for p in l.pending.iter_mut() {
                 for g in &gone {
                     p.waiting.remove(g);
                 }

@@ -118,6 +118,14 @@ impl Reporter {
     /// the progress events there), so fast supersteps do not flood the
     /// uploader; it does not count as emitted then.
     pub fn emit(&self, event: PeerEvent) {
+        self.emit_marked(event);
+    }
+
+    /// [`Reporter::emit`] that returns the event's mark: it has reached the
+    /// supernode once [`Reporter::delivered_count`] is at least the mark.
+    /// (A coalesced progress event gets the mark of everything emitted so
+    /// far.)
+    pub fn emit_marked(&self, event: PeerEvent) -> u64 {
         let mut s = self.lock();
         if let PeerEvent::Progress { job, pid, .. } = &event {
             let taken = s.taken;
@@ -131,14 +139,16 @@ impl Reporter {
                 .find(|e| matches!(e, PeerEvent::Progress { job: j, pid: p, .. } if j == job && p == pid));
             if let Some(slot) = same {
                 *slot = event;
-                return;
+                return s.emitted;
             }
         }
         s.queued_bytes += estimated_size(&event);
         s.queue.push_back(event);
         s.emitted += 1;
+        let mark = s.emitted;
         drop(s);
         self.inner.ready.notify_one();
+        mark
     }
 
     /// Block the calling (non-async) thread until every event emitted before

@@ -498,6 +498,11 @@ pub struct ProcState {
     deadline: Instant,
     /// Why the host is trapping the process, if it is.
     stop: Option<Stop>,
+    /// The [`Reporter`] mark of the last output record this process emitted
+    /// (0: none): a checkpoint taken now is safe to replicate once the
+    /// reporter has delivered up to it (docs/fault-tolerance.md, "Output
+    /// first"). Not part of the checkpointed state.
+    output_mark: u64,
 }
 
 impl ProcState {
@@ -515,6 +520,7 @@ impl ProcState {
             used: Duration::ZERO,
             deadline: Instant::now(),
             stop: None,
+            output_mark: 0,
         }
     }
 
@@ -605,6 +611,12 @@ impl Process {
     /// The current superstep.
     pub fn superstep(&self) -> u32 {
         self.store.data().host.superstep
+    }
+
+    /// The reporter mark of the last output record this process emitted
+    /// (0: none since it was instantiated or restored).
+    pub fn output_mark(&self) -> u64 {
+        self.store.data().output_mark
     }
 
     /// The checkpointable host state.
@@ -1163,7 +1175,7 @@ fn emit_output(
         };
         return Err(s.stop_with(stop));
     }
-    s.job.reporter.emit(PeerEvent::Output {
+    s.output_mark = s.job.reporter.emit_marked(PeerEvent::Output {
         job: s.job.job,
         pid: s.host.pid,
         seq,
