@@ -60,6 +60,9 @@ const HASH_TAG: &[u8] = b"bspweb-checkpoint-v3\n";
 /// Bytes counted per outbox message on top of its payload.
 const MESSAGE_COST: u64 = 32;
 
+/// How many of a tracker's latest captures can be recycled as buffers.
+pub const RECYCLE_DEPTH: usize = 2;
+
 /// Upper bound of the postcard encoding of one page entry beyond its bytes.
 const PAGE_OVERHEAD: usize = 16;
 
@@ -241,6 +244,9 @@ pub struct PageTracker {
     origin: Option<u32>,
     /// Superstep and hash of the last capture.
     last: Option<(u32, [u8; 32])>,
+    /// Superstep, hash and page count of the last few captures (newest
+    /// last): their buffers can be recycled by [`PageTracker::capture_reusing`].
+    recent: std::collections::VecDeque<(u32, [u8; 32], usize)>,
     replicas: HashMap<PeerId, u32>,
 }
 
@@ -264,6 +270,7 @@ impl PageTracker {
             len_pages: 0,
             origin: None,
             last: None,
+            recent: std::collections::VecDeque::new(),
             replicas: HashMap::new(),
         }
     }
@@ -280,9 +287,12 @@ impl PageTracker {
     }
 
     /// [`PageTracker::capture`] that reuses the memory buffer of `previous`,
-    /// the tracker's last capture (as returned, unmodified), copying only
-    /// the pages that changed: far cheaper than a fresh copy of a large
-    /// memory. Any other `previous` is just dropped (a full copy is made).
+    /// one of the tracker's last [`RECYCLE_DEPTH`] captures (as returned,
+    /// unmodified), copying only the pages that changed since it: far
+    /// cheaper than a fresh copy of a large memory. (Replication overlaps
+    /// the next superstep, so the last capture is usually still in flight
+    /// and the one before it is the buffer to recycle.) Any other
+    /// `previous` is just dropped (a full copy is made).
     pub fn capture_reusing(
         &mut self,
         snapshot: Snapshot,
@@ -299,8 +309,9 @@ impl PageTracker {
         previous: Option<Snapshot>,
     ) -> Snapshot {
         let reuse = previous.filter(|p| {
-            self.last == Some((p.superstep, p.hash))
-                && p.memory.len() == self.len_pages * PAGE_SIZE
+            self.recent
+                .iter()
+                .any(|&(s, h, n)| (s, h) == (p.superstep, p.hash) && p.memory.len() == n * PAGE_SIZE)
                 && snapshot.superstep > p.superstep
         });
         if self.last.is_some_and(|(s, _)| snapshot.superstep <= s) {
@@ -314,15 +325,15 @@ impl PageTracker {
             self.page_hashes.resize(n, zero_page_hash());
             self.changed.resize(n, 0);
         }
-        // With a reused buffer (the last capture, pages beyond it zeros),
-        // unchanged pages are already in place.
-        let (mut copy, in_place) = match reuse {
+        // With a reused buffer (an earlier capture `b`, pages beyond it
+        // zeros), the pages unchanged since `b` are already in place.
+        let (mut copy, since) = match reuse {
             Some(p) => {
                 let mut m = p.memory;
                 m.resize(mem.len(), 0);
-                (m, true)
+                (m, Some(u64::from(p.superstep) + 1))
             }
-            None => (Vec::with_capacity(mem.len()), false),
+            None => (Vec::with_capacity(mem.len()), None),
         };
         for (i, page) in mem.chunks(PAGE_SIZE).enumerate() {
             let fp = fingerprint(self.seed, page);
@@ -332,11 +343,14 @@ impl PageTracker {
                 self.page_hashes[i] = page_hash(page);
                 self.changed[i] = tag;
             }
-            if !in_place {
-                copy.extend_from_slice(page);
-            } else if changed {
-                let start = i * PAGE_SIZE;
-                copy[start..start + page.len()].copy_from_slice(page);
+            match since {
+                None => copy.extend_from_slice(page),
+                // Changed at a capture after `b` (this one included).
+                Some(b) if self.changed[i] > b => {
+                    let start = i * PAGE_SIZE;
+                    copy[start..start + page.len()].copy_from_slice(page);
+                }
+                Some(_) => {}
             }
         }
         // Pages beyond this memory count as zeros.
@@ -352,6 +366,10 @@ impl PageTracker {
         snapshot.hash = canonical_hash(&snapshot, self.page_hashes[..n].iter().copied());
         self.origin.get_or_insert(snapshot.superstep);
         self.last = Some((snapshot.superstep, snapshot.hash));
+        if self.recent.len() == RECYCLE_DEPTH {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((snapshot.superstep, snapshot.hash, n));
         snapshot
     }
 
@@ -435,6 +453,7 @@ impl PageTracker {
         self.len_pages = 0;
         self.origin = None;
         self.last = None;
+        self.recent.clear();
         self.replicas.clear();
     }
 }

@@ -270,9 +270,11 @@ impl Jobs {
 struct Proc {
     process: Process,
     tracker: PageTracker,
-    /// The last snapshot `tracker` took: the next capture recycles its
-    /// memory buffer once nobody else holds it (its replicas acknowledged).
-    last: Option<Arc<Snapshot>>,
+    /// The last snapshots `tracker` took (newest last, at most
+    /// [`checkpoint::RECYCLE_DEPTH`]): the next capture recycles the memory
+    /// buffer of one that nobody else holds any more (its replicas
+    /// acknowledged it).
+    recent: VecDeque<Arc<Snapshot>>,
 }
 
 enum State {
@@ -1319,7 +1321,7 @@ impl Driver {
                     let mut p = Proc {
                         process: runtime.instantiate(&module, info, pid)?,
                         tracker: PageTracker::new(),
-                        last: None,
+                        recent: VecDeque::new(),
                     };
                     let outcome = p.process.resume();
                     Ok((p, outcome))
@@ -1439,12 +1441,18 @@ impl Driver {
         let outbox = self.retained.get(&pid).cloned().unwrap_or_default();
         self.tasks.spawn(async move {
             let joined = tokio::task::spawn_blocking(move || {
-                let snapshot = match p.last.take().map(Arc::try_unwrap) {
-                    Some(Ok(previous)) => {
+                // The newest buffer only this process still holds.
+                let free = (0..p.recent.len())
+                    .rev()
+                    .find(|&i| Arc::strong_count(&p.recent[i]) == 1)
+                    .and_then(|i| p.recent.remove(i))
+                    .and_then(|a| Arc::try_unwrap(a).ok());
+                let snapshot = match free {
+                    Some(previous) => {
                         p.process
                             .checkpoint_reusing(&mut p.tracker, outbox, exited, previous)
                     }
-                    _ => p.process.checkpoint(&mut p.tracker, outbox, exited),
+                    None => p.process.checkpoint(&mut p.tracker, outbox, exited),
                 };
                 (p, snapshot)
             })
@@ -1467,7 +1475,10 @@ impl Driver {
         let leaving = l.leaving;
         let exited = snapshot.exited;
         let snapshot = Arc::new(snapshot);
-        p.last = Some(snapshot.clone());
+        if p.recent.len() == checkpoint::RECYCLE_DEPTH {
+            p.recent.pop_front();
+        }
+        p.recent.push_back(snapshot.clone());
         let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
         let mut unsent = Vec::new();
         for &r in &targets {
@@ -1832,7 +1843,7 @@ impl Driver {
                         Ok(Ok(p)) => Ok(p.map(|(process, tracker)| Proc {
                             process,
                             tracker,
-                            last: None,
+                            recent: VecDeque::new(),
                         })),
                         Ok(Err(e)) => Err(e),
                         Err(e) => Err(e.to_string()),

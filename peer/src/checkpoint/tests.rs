@@ -122,14 +122,16 @@ proptest! {
             (proptest::collection::vec(step(), 0..6),
              proptest::collection::vec(replica_event(), 2),
              0usize..3,
-             any::<bool>()),
+             0usize..3),
             1..7),
     ) {
         let mut memory: Vec<u8> = initial.iter().flat_map(|&s| page_of(s)).collect();
         let mut tracker = PageTracker::new();
         let mut replicas: Vec<(Assembler, ReplicaStore)> =
             (0..2).map(|_| (Assembler::new(64 << 20), ReplicaStore::new())).collect();
-        let mut previous: Option<Snapshot> = None;
+        // The last two captures: a capture may recycle either buffer
+        // (`reuse` 1: the last, 2: the one before; 0: none).
+        let mut previous: Vec<Snapshot> = Vec::new();
         for (s, (steps, events, nmsgs, reuse)) in supersteps.into_iter().enumerate() {
             let s = s as u32;
             for st in steps {
@@ -144,11 +146,16 @@ proptest! {
                 }
             }
             let outbox = (0..nmsgs as u32).map(|i| msg(7, i, i, 10 * i as usize)).collect();
-            let snap = match previous.take() {
-                Some(p) if reuse => tracker.capture_reusing(head(7, s, outbox), &memory, p),
-                _ => tracker.capture(head(7, s, outbox), &memory),
+            let recycled = (reuse > 0 && reuse <= previous.len())
+                .then(|| previous.remove(previous.len() - reuse));
+            let snap = match recycled {
+                Some(p) => tracker.capture_reusing(head(7, s, outbox), &memory, p),
+                None => tracker.capture(head(7, s, outbox), &memory),
             };
-            previous = Some(snap.clone());
+            previous.push(snap.clone());
+            if previous.len() > 2 {
+                previous.remove(0);
+            }
             prop_assert_eq!(&snap.memory, &memory);
             prop_assert_eq!(snap.hash, snap.compute_hash());
             for (peer, event) in events.into_iter().enumerate() {
