@@ -309,10 +309,9 @@ impl PageTracker {
         previous: Option<Snapshot>,
     ) -> Snapshot {
         let reuse = previous.filter(|p| {
-            self.recent
-                .iter()
-                .any(|&(s, h, n)| (s, h) == (p.superstep, p.hash) && p.memory.len() == n * PAGE_SIZE)
-                && snapshot.superstep > p.superstep
+            self.recent.iter().any(|&(s, h, n)| {
+                (s, h) == (p.superstep, p.hash) && p.memory.len() == n * PAGE_SIZE
+            }) && snapshot.superstep > p.superstep
         });
         if self.last.is_some_and(|(s, _)| snapshot.superstep <= s) {
             self.restart();
@@ -369,7 +368,8 @@ impl PageTracker {
         if self.recent.len() == RECYCLE_DEPTH {
             self.recent.pop_front();
         }
-        self.recent.push_back((snapshot.superstep, snapshot.hash, n));
+        self.recent
+            .push_back((snapshot.superstep, snapshot.hash, n));
         snapshot
     }
 
@@ -434,6 +434,14 @@ impl PageTracker {
         } else {
             self.replicas.remove(&replica);
         }
+    }
+
+    /// Record that the frames of the capture of `superstep` went to
+    /// `replica` (in order after everything sent to it before): the next
+    /// plan is a delta against it without waiting for its acknowledgement.
+    /// A refusal ([`PageTracker::acked`] with `ok = false`) undoes this.
+    pub fn sent(&mut self, replica: PeerId, superstep: u32) {
+        self.acked(replica, superstep, true);
     }
 
     /// Forget `replica` (it left the job or is no longer a replica).

@@ -306,6 +306,9 @@ struct Local {
     capturing_exit: Option<u32>,
     /// The reporter mark of the `ProcessExited` event, once emitted.
     exit_mark: u64,
+    /// Replicas' answers that arrived while the process (and its page
+    /// tracker) was on a blocking thread: (replica, superstep, ok).
+    acks: Vec<(PeerId, u32, bool)>,
     /// Moves to another peer at its next sync.
     leaving: bool,
     /// A snapshot taken for the new host, while it has not asked yet.
@@ -1304,6 +1307,7 @@ impl Driver {
                     held: Vec::new(),
                     capturing_exit: None,
                     exit_mark: 0,
+                    acks: Vec::new(),
                     leaving: false,
                     handover: None,
                 },
@@ -1479,6 +1483,11 @@ impl Driver {
             p.recent.pop_front();
         }
         p.recent.push_back(snapshot.clone());
+        if let Some(l) = self.local.get_mut(&pid) {
+            for (r, superstep, ok) in l.acks.drain(..) {
+                p.tracker.acked(r, superstep, ok);
+            }
+        }
         let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
         let mut unsent = Vec::new();
         for &r in &targets {
@@ -1486,6 +1495,11 @@ impl Driver {
             for f in checkpoint::to_frames(&snapshot, &plan.pages, plan.base) {
                 unsent.push((r, f));
             }
+            // The next checkpoint is a delta against this one, sent before
+            // this one is acknowledged: frames to a replica arrive in order,
+            // so it will hold this one as its base (if not, it refuses the
+            // delta and gets the next checkpoint whole).
+            p.tracker.sent(r, snapshot.superstep);
         }
         let l = self.local.get_mut(&pid).expect("checked above");
         let output_mark = p.process.output_mark().max(l.exit_mark);
@@ -1565,8 +1579,11 @@ impl Driver {
         if !p.waiting.contains(&from) {
             return;
         }
-        if let State::AtSync(proc_) = &mut l.state {
-            proc_.tracker.acked(from, superstep, ok);
+        // The tracker travels with the process; while it runs, the answer
+        // waits for its next capture.
+        match &mut l.state {
+            State::AtSync(proc_) => proc_.tracker.acked(from, superstep, ok),
+            _ => l.acks.push((from, superstep, ok)),
         }
         if ok {
             p.waiting.remove(&from);
@@ -1760,6 +1777,7 @@ impl Driver {
                 held: Vec::new(),
                 capturing_exit: None,
                 exit_mark: 0,
+                acks: Vec::new(),
                 leaving: false,
                 handover: None,
             },
