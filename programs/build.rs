@@ -57,6 +57,12 @@ const GUESTS: &[(&str, &str, &str, bool)] = &[
         true,
     ),
     (
+        "pagerank",
+        "pagerank",
+        "PageRank of a generated n-vertex, m-edge graph, block-distributed, contributions exchanged as raw messages every superstep; the same result for every number of processes; args {n, m, iters, seed}",
+        true,
+    ),
+    (
         "misbehave",
         "misbehave",
         "test program that panics, traps, loops, grows, floods, aborts or fails on demand; args {mode, pid}",

@@ -56,11 +56,12 @@ fn the_catalogue() {
             "sample-sort",
             "broadcast",
             "supersteps",
+            "pagerank",
             "misbehave"
         ]
     );
     let builtin: Vec<&str> = builtin().map(|p| p.name).collect();
-    assert_eq!(builtin.len(), 6);
+    assert_eq!(builtin.len(), 7);
     assert!(!builtin.contains(&"misbehave"));
     assert!(!get("misbehave").unwrap().builtin);
     assert_eq!(get("sample-sort").unwrap().name, "sample-sort");

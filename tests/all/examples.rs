@@ -319,3 +319,155 @@ pub async fn misbehave_hash(client: &bsp_api::client::Client) -> String {
         .expect("upload misbehave")
         .hash
 }
+
+/// The PageRank kernel of the `pagerank` guest, compiled natively: the
+/// reference is the same source run on one block.
+#[path = "../../guest-sdk/examples/pagerank/kernel.rs"]
+mod pagerank_kernel;
+
+/// The kernel split into `p` blocks in-process, exchanging the blocks the
+/// guest sends (without the SDK): the exactness argument of the kernel, checked
+/// without a cluster.
+fn pagerank_in_blocks(params: &pagerank_kernel::Params, p: u32) -> Vec<String> {
+    use pagerank_kernel::{Graph, PageRank, Summary, encode_words};
+    let blocks: Vec<_> = (0..p)
+        .map(|q| {
+            let b = bspweb::dist::block(u64::from(params.n), p, q);
+            b.start as u32..b.end as u32
+        })
+        .collect();
+    let graphs: Vec<Graph> = blocks
+        .iter()
+        .map(|b| Graph::generate(params, b.clone()))
+        .collect();
+    let mut ranks: Vec<PageRank> = graphs.iter().map(|g| PageRank::new(params, g)).collect();
+    for _ in 0..params.iters {
+        let dangling: Vec<u64> = ranks
+            .iter_mut()
+            .zip(&graphs)
+            .map(|(r, g)| r.scatter(g))
+            .collect();
+        let mut inboxes: Vec<Vec<Vec<u8>>> = vec![vec![]; p as usize];
+        for (src, r) in ranks.iter().enumerate() {
+            for (dst, b) in blocks.iter().enumerate().filter(|&(d, _)| d != src) {
+                let mut bytes = vec![];
+                encode_words(&mut bytes, r.outgoing(b.clone()));
+                inboxes[dst].push(bytes);
+            }
+        }
+        let total = dangling.iter().sum();
+        for (r, inbox) in ranks.iter_mut().zip(&inboxes) {
+            for bytes in inbox {
+                r.absorb(0, bytes).expect("a block of the right size");
+            }
+            r.update(total);
+        }
+    }
+    // Merged in reverse, through the wire form: the order must not matter.
+    let mut summary = Summary::default();
+    for (r, g) in ranks.iter().zip(&graphs).rev() {
+        summary.merge(&Summary::from_bytes(&r.summary(g).to_bytes()).expect("a summary"));
+    }
+    summary.lines(params)
+}
+
+#[test]
+fn pagerank_kernel_gives_the_same_ranks_for_every_split_and_agrees_with_f64() {
+    let params = pagerank_kernel::Params::new(2000, 10_000, 20, 7).unwrap();
+    let reference = pagerank_kernel::reference(&params);
+    for p in 1..=6 {
+        assert_eq!(pagerank_in_blocks(&params, p), reference, "{p} blocks");
+    }
+
+    // Textbook PageRank in f64 over the same edges: the fixed-point ranks
+    // agree to about 1e-12.
+    let (n, m) = (params.n as usize, params.m);
+    let edges: Vec<(usize, usize)> = (0..m)
+        .map(|e| {
+            let (s, t) = pagerank_kernel::edge(params.seed, params.n, e);
+            (s as usize, t as usize)
+        })
+        .collect();
+    let mut degree = vec![0usize; n];
+    for &(s, _) in &edges {
+        degree[s] += 1;
+    }
+    let mut rank = vec![1.0 / n as f64; n];
+    for _ in 0..params.iters {
+        let dangling: f64 = (0..n).filter(|&v| degree[v] == 0).map(|v| rank[v]).sum();
+        let mut next = vec![0.15 / n as f64 + 0.85 * dangling / n as f64; n];
+        for &(s, t) in &edges {
+            next[t] += 0.85 * rank[s] / degree[s] as f64;
+        }
+        rank = next;
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| rank[b].total_cmp(&rank[a]).then(a.cmp(&b)));
+    let dangling = degree.iter().filter(|&&d| d == 0).count();
+    assert!(
+        reference[0].contains(&format!("({dangling} dangling)")),
+        "{reference:?}"
+    );
+    for (i, &v) in order[..pagerank_kernel::TOP].iter().enumerate() {
+        let line = &reference[3 + i];
+        assert!(
+            line.starts_with(&format!("top {}: vertex {v} rank ", i + 1)),
+            "f64 ranks vertex {v} at {}: {line}",
+            i + 1
+        );
+        let fixed: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!((fixed - rank[v]).abs() < 1e-11, "{line} vs {}", rank[v]);
+    }
+
+    // Bad arguments are errors, not panics.
+    for (n, m, says) in [
+        (0, 10, "n must be at least 1"),
+        (1 << 27, 10, "n = 134217728 is too large"),
+        (10, 1 << 29, "m = 536870912 is too large"),
+    ] {
+        let e = pagerank_kernel::Params::new(n, m, 1, 1).unwrap_err();
+        assert!(e.starts_with(says), "{e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pagerank_prints_the_native_result_at_every_p() {
+    let c = shared();
+    let client = c.admin().await;
+    let (n, m, iters, seed) = (2000u64, 10_000u64, 20u32, 3u64);
+    let args = json!({"n": n, "m": m, "iters": iters, "seed": seed});
+    let expected =
+        pagerank_kernel::reference(&pagerank_kernel::Params::new(n, m, iters, seed).unwrap());
+    for p in [1u32, 3, 4] {
+        let r = run(&client, job("pagerank", p, args.clone())).await;
+        r.assert_exited();
+        assert_eq!(r.stdout(0), expected, "pagerank at p = {p}");
+        for pid in 1..p {
+            assert!(
+                r.stdout(pid).is_empty(),
+                "pid {pid} printed {:?}",
+                r.stdout(pid)
+            );
+        }
+    }
+
+    // Blocks of more than 1 MiB travel as several messages.
+    let (n, m, iters) = (300_000u64, 300_000u64, 2u32);
+    let r = run(
+        &client,
+        job("pagerank", 2, json!({"n": n, "m": m, "iters": iters})),
+    )
+    .await;
+    r.assert_exited();
+    let expected =
+        pagerank_kernel::reference(&pagerank_kernel::Params::new(n, m, iters, 1).unwrap());
+    assert_eq!(r.stdout(0), expected, "pagerank in 1 MiB pieces");
+
+    // Bad arguments end the job with a message.
+    let r = run(&client, job("pagerank", 2, json!({"n": 0}))).await;
+    assert!(
+        r.failure().contains("n must be at least 1"),
+        "{}",
+        r.failure()
+    );
+}

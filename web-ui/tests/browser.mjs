@@ -38,7 +38,7 @@ const SHOTS = path.join(ROOT, 'target', 'screenshots');
 const GUESTS = path.join(ROOT, 'target', 'guests');
 const PASSWORD = `browser-test-${process.pid}-${Date.now()}`;
 const PEERS = 3;
-const EXAMPLES = ['ring', 'mandelbrot', 'inner-product', 'sample-sort', 'broadcast', 'supersteps'];
+const EXAMPLES = ['ring', 'mandelbrot', 'inner-product', 'sample-sort', 'broadcast', 'supersteps', 'pagerank'];
 
 // Deadlines. Generous: the machine may be busy compiling; waits end as soon as
 // their condition holds.

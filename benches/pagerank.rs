@@ -1,0 +1,244 @@
+//! PageRank on bspweb against the same Rust code run natively (issue 13).
+//!
+//! The `pagerank` guest's kernel (`guest-sdk/examples/pagerank/kernel.rs`)
+//! is compiled into this benchmark as the native reference and run on one
+//! thread; the guest runs on a local cluster of 4 peers (separate OS
+//! processes on loopback, started by the end-to-end tests' harness) at
+//! p = 1, 2 and 4 with the default checkpoint at every sync, and at p = 2
+//! with checkpoints off (`checkpoint_every` 1 000 000). Every bspweb output
+//! must equal the native one, byte for byte.
+//!
+//! Times are wall clock, the minimum over the runs. Native: graph generation
+//! plus the iterations. bspweb: from submission until the job's event stream
+//! ends, which includes graph generation (in every process) and the job's
+//! start-up (placement, program download and compilation, connections,
+//! output upload); the start-up is shown on its own as the time of a
+//! 1-iteration job, and the per-iteration cost as
+//! `(T(iters) − T(1)) / (iters − 1)` on both sides.
+//!
+//! Run: `cargo bench --bench pagerank` (100 iterations, 3 runs each; a few
+//! minutes), `-- --quick` (20 iterations, 1 run), or choose with
+//! `-- --iters N --runs N`.
+
+#[path = "../tests/all/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+
+#[path = "../guest-sdk/examples/pagerank/kernel.rs"]
+#[allow(dead_code)]
+mod kernel;
+
+use std::time::{Duration, Instant};
+
+use bsp_api::client::Client;
+use bsp_api::rest::JobLimits;
+use serde_json::json;
+
+const N: u64 = 200_000;
+const M: u64 = 1_000_000;
+const SEED: u64 = 1;
+
+/// Issue 13's goals.
+const P1_MAX_SLOWDOWN: f64 = 1.4;
+const P2_MIN_SPEEDUP: f64 = 1.2;
+
+struct Config {
+    label: &'static str,
+    p: u32,
+    checkpoints: bool,
+}
+
+const CONFIGS: &[Config] = &[
+    Config {
+        label: "bspweb p = 1, checkpoint every sync",
+        p: 1,
+        checkpoints: true,
+    },
+    Config {
+        label: "bspweb p = 2, checkpoint every sync",
+        p: 2,
+        checkpoints: true,
+    },
+    Config {
+        label: "bspweb p = 4, checkpoint every sync",
+        p: 4,
+        checkpoints: true,
+    },
+    Config {
+        label: "bspweb p = 2, checkpoints off",
+        p: 2,
+        checkpoints: false,
+    },
+];
+
+/// One row of the table.
+struct Row {
+    label: String,
+    total: Duration,
+    one_iteration: Duration,
+}
+
+fn flag_value(args: &[String], name: &str) -> Option<u32> {
+    let i = args.iter().position(|a| a == name)?;
+    let value = args.get(i + 1).unwrap_or_else(|| {
+        eprintln!("error: {name} needs a number");
+        std::process::exit(2)
+    });
+    Some(value.parse().unwrap_or_else(|_| {
+        eprintln!("error: {name} {value}: not a number");
+        std::process::exit(2)
+    }))
+}
+
+/// The native reference: its time and output.
+fn native(params: &kernel::Params) -> (Duration, Vec<String>) {
+    let t = Instant::now();
+    let lines = kernel::reference(params);
+    (t.elapsed(), lines)
+}
+
+/// Runs one bspweb job to its end; its time and pid 0's output.
+async fn bspweb(client: &Client, c: &Config, iters: u32) -> (Duration, Vec<String>) {
+    let mut spec = harness::job(
+        "pagerank",
+        c.p,
+        json!({"n": N, "m": M, "iters": iters, "seed": SEED}),
+    );
+    if !c.checkpoints {
+        spec.limits = Some(JobLimits {
+            checkpoint_every: 1_000_000,
+            ..JobLimits::default()
+        });
+    }
+    let t = Instant::now();
+    let r = harness::run(client, spec).await;
+    let elapsed = t.elapsed();
+    r.assert_exited();
+    (elapsed, r.stdout(0))
+}
+
+fn check(label: &str, got: &[String], expected: &[String]) {
+    if got != expected {
+        eprintln!("error: {label} printed\n  {}", got.join("\n  "));
+        eprintln!(
+            "but the native reference printed\n  {}",
+            expected.join("\n  ")
+        );
+        std::process::exit(1);
+    }
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let iters = flag_value(&args, "--iters").unwrap_or(if quick { 20 } else { 100 });
+    let runs = flag_value(&args, "--runs").unwrap_or(if quick { 1 } else { 3 });
+    if iters < 2 || runs < 1 {
+        eprintln!("error: --iters must be at least 2 and --runs at least 1");
+        std::process::exit(2);
+    }
+    let params = kernel::Params::new(N, M, iters, SEED).expect("valid parameters");
+    let one = kernel::Params::new(N, M, 1, SEED).expect("valid parameters");
+
+    println!(
+        "pagerank: n = {N}, m = {M}, {iters} iterations, seed {SEED}; min of {runs} run(s); {} cores",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!(
+        "native and bspweb times both include graph generation; bspweb's also include job start-up"
+    );
+    println!("(submission to end of output), shown on its own as the time of a 1-iteration job.");
+
+    // Native first, on a quiet machine.
+    let (mut native_total, mut native_one) = (Duration::MAX, Duration::MAX);
+    let mut expected = vec![];
+    let mut expected_one = vec![];
+    for _ in 0..runs {
+        let (t, lines) = native(&one);
+        native_one = native_one.min(t);
+        expected_one = lines;
+        let (t, lines) = native(&params);
+        native_total = native_total.min(t);
+        expected = lines;
+    }
+    let mut rows = vec![Row {
+        label: "native, 1 thread".into(),
+        total: native_total,
+        one_iteration: native_one,
+    }];
+
+    let cluster = harness::Cluster::start(harness::Options {
+        peers: 4,
+        ..Default::default()
+    });
+    let rt = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    rt.block_on(async {
+        let client = cluster.admin().await;
+        for c in CONFIGS {
+            // Warm up: the peers download and compile the program once.
+            bspweb(&client, c, 1).await;
+            let (mut total, mut one_iteration) = (Duration::MAX, Duration::MAX);
+            for _ in 0..runs {
+                let (t, out) = bspweb(&client, c, 1).await;
+                check(c.label, &out, &expected_one);
+                one_iteration = one_iteration.min(t);
+                let (t, out) = bspweb(&client, c, iters).await;
+                check(c.label, &out, &expected);
+                total = total.min(t);
+            }
+            eprintln!("  {}: {:.3} s", c.label, secs(total));
+            rows.push(Row {
+                label: c.label.into(),
+                total,
+                one_iteration,
+            });
+        }
+    });
+
+    println!();
+    println!(
+        "{:<38} {:>9} {:>9} {:>9} {:>13} {:>14}",
+        "run", "time (s)", "× native", "speed-up", "1 iter (s)", "per iter (ms)"
+    );
+    for r in &rows {
+        let per_iter = (secs(r.total) - secs(r.one_iteration)) / f64::from(iters - 1);
+        println!(
+            "{:<38} {:>9.3} {:>9.2} {:>9.2} {:>13.3} {:>14.2}",
+            r.label,
+            secs(r.total),
+            secs(r.total) / secs(native_total),
+            secs(native_total) / secs(r.total),
+            secs(r.one_iteration),
+            per_iter * 1e3
+        );
+    }
+    println!("(× native = time / native time; speed-up = native time / time)");
+    println!("every bspweb output equals the native reference's:");
+    for line in &expected {
+        println!("  {line}");
+    }
+
+    let time = |label: &str| {
+        rows.iter()
+            .find(|r| r.label == label)
+            .map(|r| secs(r.total))
+            .expect("a measured row")
+    };
+    let p1 = time(CONFIGS[0].label) / secs(native_total);
+    let p2 = secs(native_total) / time(CONFIGS[1].label);
+    let verdict = |met: bool| if met { "met" } else { "NOT met" };
+    println!();
+    println!("goals (issue 13):");
+    println!(
+        "  bspweb p = 1 (checkpoints) within {P1_MAX_SLOWDOWN}× native: {p1:.2}× — {}",
+        verdict(p1 <= P1_MAX_SLOWDOWN)
+    );
+    println!(
+        "  bspweb p = 2 (checkpoints) at least {P2_MIN_SPEEDUP}× faster than native: {p2:.2}× — {}",
+        verdict(p2 >= P2_MIN_SPEEDUP)
+    );
+}
