@@ -262,7 +262,7 @@ impl PageRank {
     pub fn absorb(&mut self, first: usize, bytes: &[u8]) -> Result<(), String> {
         let owned = self.owned.start as usize..self.owned.end as usize;
         let words = bytes.len() / 8;
-        if bytes.len() % 8 != 0 || first + words > owned.len() {
+        if !bytes.len().is_multiple_of(8) || first + words > owned.len() {
             return Err(format!(
                 "a block of {} bytes from owned vertex {first} does not fit the {} owned vertices",
                 bytes.len(),
@@ -377,7 +377,7 @@ impl Summary {
     /// Reads what [`to_bytes`](Self::to_bytes) wrote.
     pub fn from_bytes(bytes: &[u8]) -> Result<Summary, String> {
         let bad = || format!("a summary of {} bytes is malformed", bytes.len());
-        if bytes.len() % 16 != 0 || bytes.len() < 32 || bytes.len() > 32 + 16 * TOP {
+        if !bytes.len().is_multiple_of(16) || bytes.len() < 32 || bytes.len() > 32 + 16 * TOP {
             return Err(bad());
         }
         let w: Vec<u64> = bytes
