@@ -28,16 +28,26 @@
 //!   definition); **g** is the least-squares slope of T(h) − l through the
 //!   origin, Σ h·(T(h) − l) / Σ h², which the large h dominate.
 //!
-//! A whole bspweb job's start-up varies by tens of milliseconds, which is
-//! what made the earlier fixed k₂ (45 or 225) too few for l: ±20 ms over 200
-//! supersteps is ±100 µs. Now k₂ is chosen per point so that the k₂ − k₁
-//! supersteps take about 1.5 s (0.4 s with `--quick`), sized by pilot jobs of
-//! 20, 160, … supersteps until their difference from the k₁ job stands out
-//! of the noise; k₁ = 2,
-//! and the `noise` column prints how far apart the repetitions were, per
-//! superstep: (range of the k₁ jobs + range of the k₂ jobs) / (k₂ − k₁). MPI
-//! times its supersteps inside one program, so its k₂ follows the same rule
-//! without the start-up.
+//! Why k₂ is sized per point: a bspweb job of k₁ = 2 supersteps takes
+//! 50–100 ms from the client and its start-up varies by about ±20 ms on
+//! two shared cores. The earlier fixed k₂ (45, or 225 for small h) spread
+//! that over too few supersteps for l (±20 ms / 200 = ±100 µs, as much as l
+//! itself). Now pilot jobs of 20, 160, 1280, … supersteps run until their
+//! difference from the k₁ job is an eighth of the target, and k₂ is sized
+//! from it so that the k₂ − k₁ supersteps take about 1.5 s (0.4 s with
+//! `--quick`; at most 20 000 supersteps). Each repetition (3; 2 with
+//! `--quick`) runs k₂, (k₁ + k₂) / 2 and k₁ supersteps. Two columns judge
+//! the result: `noise`, how far apart the repetitions were per superstep
+//! ((range of the k₁ jobs + range of the k₂ jobs) / (k₂ − k₁)), and
+//! `grow`, T of the second half of the k₂ − k₁ supersteps over T of the
+//! first half: 1 when a superstep costs the same all along a job, above 1
+//! when per-superstep work grows with the superstep count (as it did with
+//! checkpoints off in `ff5765e`, whose peer rescanned every barrier since
+//! the last checkpoint at each step: 1 000 supersteps at p = 4, h = 0 took
+//! 2.1 s, 4 000 took 26 s). MPI times its supersteps inside one program
+//! (k₁ = 10, the same target, at least 3 repetitions), so one warm-up run
+//! of k₁ supersteps is its pilot. `-- --verbose` prints every bspweb job's
+//! time on stderr.
 //!
 //! For scale, the same run measures the loopback TCP round trip and
 //! single-stream bandwidth: the physical limits of this machine.
@@ -46,8 +56,9 @@
 //! checkpoints off and ≤ 4× with a checkpoint at every sync; l ≤ 1.5× MPI
 //! at p ≥ 4 (shown for both checkpoint settings).
 //!
-//! Run: `cargo bench --bench bsp_params` (about 10 minutes; add `-- --quick`
-//! for fewer points and repetitions, about 3).
+//! Run: `cargo bench --bench bsp_params` (about 5 minutes on 2 cores; add
+//! `-- --quick` for fewer points and repetitions, about 1 minute, where
+//! `grow` is too noisy to read). Results: `docs/benchmarks.md`.
 
 #[path = "../tests/all/harness.rs"]
 #[allow(dead_code)]
