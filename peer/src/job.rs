@@ -525,6 +525,14 @@ fn whole(s: &Snapshot) -> Vec<Frame> {
     checkpoint::to_frames(s, &s.nonzero_pages(), None)
 }
 
+/// The newest superstep before `c` that [`checkpointed`] says is
+/// checkpointed with interval `every` (in O(1): with checkpoints off,
+/// `every` is huge and there may be none).
+fn newest_checkpointed_before(c: u32, every: u32) -> Option<u32> {
+    let every = every.max(1);
+    (c / every).checked_mul(every)?.checked_sub(1)
+}
+
 /// Whether superstep `s` is checkpointed with interval `every`.
 fn checkpointed(s: u32, every: u32) -> bool {
     every <= 1 || (s + 1).is_multiple_of(every)
@@ -1737,13 +1745,10 @@ impl Driver {
             s += 1;
         }
         // The newest checkpointed superstep before it.
-        let safe = self.complete.and_then(|c| {
-            (0..c)
-                .rev()
-                .take(self.checkpoint_every as usize)
-                .find(|&s| checkpointed(s, self.checkpoint_every))
-                .or(self.safe)
-        });
+        let safe = self
+            .complete
+            .and_then(|c| newest_checkpointed_before(c, self.checkpoint_every))
+            .or(self.safe);
         if safe <= self.safe {
             return;
         }

@@ -1232,3 +1232,19 @@ async fn repeated_pids_in_a_large_send_list_go_directly() {
         .collect();
     assert_eq!(counts, BTreeMap::from([(0, 0), (1, 2), (2, 2)]));
 }
+
+/// The safe point's arithmetic agrees with `checkpointed` (and costs O(1)
+/// when checkpoints are off: `every` is a million).
+#[test]
+fn newest_checkpointed_before_matches_a_scan() {
+    for every in [0u32, 1, 2, 3, 7, 1_000_000] {
+        for c in 0..40u32 {
+            let scan = (0..c).rev().find(|&s| checkpointed(s, every));
+            assert_eq!(
+                newest_checkpointed_before(c, every),
+                scan,
+                "c={c} every={every}"
+            );
+        }
+    }
+}
