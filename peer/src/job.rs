@@ -306,8 +306,8 @@ struct Local {
     capturing_exit: Option<u32>,
     /// The reporter mark of the `ProcessExited` event, once emitted.
     exit_mark: u64,
-    /// Replicas' answers that arrived while the process (and its page
-    /// tracker) was on a blocking thread: (replica, superstep, ok).
+    /// Replicas' answers since the last capture, for its page tracker:
+    /// (replica, superstep, ok).
     acks: Vec<(PeerId, u32, bool)>,
     /// Moves to another peer at its next sync.
     leaving: bool,
@@ -1581,22 +1581,28 @@ impl Driver {
         let Some(l) = self.local.get_mut(&pid) else {
             return;
         };
-        let Some(p) = l.pending.iter_mut().find(|p| p.superstep == superstep) else {
-            return;
-        };
-        if !p.waiting.contains(&from) {
+        // Only replicas we wait for are heard (a peer cannot fill `acks`).
+        if !l.pending.iter().any(|p| p.waiting.contains(&from)) {
             return;
         }
-        // The tracker travels with the process; while it runs, the answer
-        // waits for its next capture.
-        match &mut l.state {
-            State::AtSync(proc_) => proc_.tracker.acked(from, superstep, ok),
-            _ => l.acks.push((from, superstep, ok)),
-        }
+        // The page tracker travels with the process (often on a blocking
+        // thread); only its next capture plans deltas, so the answer waits
+        // for it there.
+        l.acks.push((from, superstep, ok));
         if ok {
-            p.waiting.remove(&from);
+            // A replica that holds `K_superstep` serves a restore at least as
+            // well as one holding an older checkpoint, so this answers the
+            // older pending ones too (their own acks may have been lost with
+            // a connection: a replica re-acknowledges only its newest).
+            for p in l.pending.iter_mut().filter(|p| p.superstep <= superstep) {
+                p.waiting.remove(&from);
+            }
             self.release_if_acked(pid);
-        } else {
+        } else if let Some(p) = l
+            .pending
+            .iter()
+            .find(|p| p.superstep == superstep && p.waiting.contains(&from))
+        {
             // The replica lacks the base or could not rebuild it: send it whole.
             let frames = whole(&p.snapshot);
             for f in frames {
@@ -2175,8 +2181,9 @@ impl Driver {
                 self.send_to(peer, Frame::FetchCheckpoint { pid });
             }
             // Acknowledgements of its checkpoints we hold may have been lost
-            // with the connection; acknowledge the newest again (an owner
-            // ignores acks of other supersteps).
+            // with the connection; acknowledge the newest again (it answers
+            // the owner's older pending checkpoints too; an owner ignores an
+            // ack of a superstep it has no pending checkpoint of).
             let acks: Vec<Frame> = (0..self.info.nprocs)
                 .filter(|&pid| self.placement[pid as usize] == peer)
                 .filter_map(|pid| {
