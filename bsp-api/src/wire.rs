@@ -49,7 +49,7 @@ use serde::{Deserialize, Serialize};
 use crate::{JobId, PeerId, Pid};
 
 /// Version of the data-plane protocol carried in [`Frame::Hello`].
-pub const WIRE_VERSION: u32 = 3;
+pub const WIRE_VERSION: u32 = 4;
 
 /// Largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
@@ -244,6 +244,10 @@ pub enum RejectReason {
     Version,
     /// The first frame was not a `Hello`.
     Protocol,
+    /// Sent on a welcomed connection just before the listener closes it
+    /// because the job ended on its peer (finished or killed): nothing sent
+    /// to it any more matters, so the sender does not reconnect.
+    JobEnded,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -1987,6 +1987,15 @@ impl Driver {
                     self.resend_relayed(to);
                 }
             }
+            Inbound::PeerEnded { to } => {
+                // Its job ended (finished or killed): the job is over, or a
+                // newer assignment says who runs what. Re-sending would be
+                // for nobody; a reassignment that still lists it reconnects.
+                tracing::debug!(job = self.job, to, "the job ended on peer #{to}");
+                if let Some(l) = self.links.remove(&to) {
+                    l.task.abort();
+                }
+            }
             Inbound::Frame { from, frame } => {
                 if !self.peers.contains(&from) {
                     return;
@@ -2223,10 +2232,11 @@ impl Driver {
             .update_peers(self.job, self.me, self.peers.iter().copied());
         // Links: close removed peers, open new ones.
         let now: HashSet<PeerId> = self.peers.iter().copied().collect();
-        let gone: Vec<PeerId> = self
-            .links
-            .keys()
-            .filter(|p| !now.contains(p))
+        // (From the old peer list, not the links: a peer whose job ended
+        // has no link but may still be waited for.)
+        let gone: Vec<PeerId> = old_peers
+            .iter()
+            .filter(|p| !now.contains(p) && **p != self.me)
             .copied()
             .collect();
         for p in &gone {
@@ -2235,9 +2245,15 @@ impl Driver {
             }
             self.assemblers.remove(p);
         }
+        // A peer of the job whose job had ended here and is listed again
+        // gets everything again, like a newcomer.
+        let mut relinked = Vec::new();
         for p in &a.peers {
             if p.id != self.me && !self.links.contains_key(&p.id) {
                 self.open_link(p.id, p.addr.clone());
+                if old_peers.contains(&p.id) {
+                    relinked.push(p.id);
+                }
             }
         }
         // Replicas that are gone will not answer.
@@ -2334,6 +2350,10 @@ impl Driver {
             .collect();
         for p in newcomers {
             self.resync(p, Some(&HashSet::new()));
+        }
+        for p in relinked {
+            self.resync(p, None);
+            self.resend_relayed(p);
         }
         if !gone.is_empty() {
             self.relay_around(&gone);

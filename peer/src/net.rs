@@ -71,6 +71,9 @@ pub enum Inbound {
     Closed { from: PeerId, error: Option<String> },
     /// Our connection to `to` could not be opened or broke.
     SendFailed { to: PeerId, error: String },
+    /// The job ended on peer `to` (it said so before closing our
+    /// connection): do not reconnect or re-send.
+    PeerEnded { to: PeerId },
 }
 
 struct Entry {
@@ -326,8 +329,15 @@ async fn handle_connection(
     loop {
         let item = tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tx.closed() => return,
-            _ = this_conn.cancelled() => return,
+            _ = tx.closed() => return say_job_ended(conn, job).await,
+            _ = this_conn.cancelled() => {
+                // Unregistered because the job's driver ended (it drops its
+                // receiver first), or fenced out by a newer assignment.
+                if tx.is_closed() {
+                    say_job_ended(conn, job).await;
+                }
+                return;
+            }
             item = conn.next() => item,
         };
         let event = match item {
@@ -345,10 +355,34 @@ async fn handle_connection(
             },
         };
         let closing = matches!(event, Inbound::Closed { .. });
-        if tx.send(event).await.is_err() || closing {
+        if tx.send(event).await.is_err() {
+            if !closing {
+                say_job_ended(conn, job).await;
+            }
+            return;
+        }
+        if closing {
             return;
         }
     }
+}
+
+/// Tell the sender on `conn` that `job` ended on this peer, so it does not
+/// reconnect and re-send what nobody will read; then read (and drop) what
+/// is still coming until it closes, because closing with unread bytes would
+/// reset the connection and lose the notice.
+async fn say_job_ended(mut conn: FramedConn, job: JobId) {
+    let ended = Frame::Reject {
+        reason: RejectReason::JobEnded,
+        message: format!("job {job} has ended on this peer"),
+    };
+    let Ok(bytes) = encode(&ended) else { return };
+    let _ = timeout(HANDSHAKE_TIMEOUT, async {
+        conn.send(bytes).await?;
+        while conn.next().await.transpose()?.is_some() {}
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
 }
 
 /// Removes a connection from the registry when its reader ends.
@@ -479,7 +513,15 @@ pub fn spawn_writer(
                         Some(f) => f,
                         None => break,
                     },
-                    _ = conn.next() => {
+                    got = conn.next() => {
+                        let ended = matches!(
+                            got.map(|b| b.map(decode)),
+                            Some(Ok(Ok(Frame::Reject { reason: RejectReason::JobEnded, .. })))
+                        );
+                        if ended {
+                            let _ = events.send(Inbound::PeerEnded { to: dial.to }).await;
+                            return Ok(());
+                        }
                         return Err("the peer closed the connection".to_string());
                     }
                 };
@@ -690,5 +732,41 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.contains("does not know the job"), "{err}");
+    }
+
+    /// When the job ends on the listening peer, the dialer hears so and
+    /// stops (no reconnect, no re-send); a connection that merely breaks
+    /// is a failure to recover from.
+    #[tokio::test]
+    async fn a_dialer_hears_that_the_job_ended_and_stops() {
+        let (addr, reg, _stop) = listener().await;
+        let (_tx, mut rx) = reg.register(5, "t", 4, [3, 4]);
+        let (events_tx, mut events) = mpsc::channel(8);
+        let (frames, frames_rx) = mpsc::unbounded_channel();
+        let dial = Dial {
+            addr: addr.to_string(),
+            job: 5,
+            from: 3,
+            to: 4,
+            token: "t".into(),
+            epoch: 0,
+            deadline: soon(),
+        };
+        let writer = spawn_writer(dial, frames_rx, events_tx);
+        frames.send(Frame::Welcome).unwrap();
+        assert_eq!(rx.recv().await, Some(Inbound::Connected { from: 3 }));
+        assert!(matches!(
+            rx.recv().await,
+            Some(Inbound::Frame { from: 3, .. })
+        ));
+        drop(rx); // the job's driver on peer 4 ended
+        let heard = timeout(Duration::from_secs(10), events.recv())
+            .await
+            .unwrap();
+        assert_eq!(heard, Some(Inbound::PeerEnded { to: 4 }));
+        timeout(Duration::from_secs(10), writer)
+            .await
+            .unwrap()
+            .unwrap();
     }
 }
