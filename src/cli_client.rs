@@ -916,12 +916,13 @@ pub async fn peers(a: ListArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:>4}  {:<20} {:<22} {:>6} {:>5} {:>5} {:>6}  {:<9} CLUSTER",
-        "ID", "NAME", "ADDRESS", "SPEED", "IDLE", "CORES", "PROCS", "STATE"
+        "{:>4}  {:<20} {:<22} {:>6} {:>5} {:>5} {:>6} {:>8} {:>8}  {:<9} CLUSTER",
+        "ID", "NAME", "ADDRESS", "SPEED", "IDLE", "CORES", "PROCS", "RSS", "HELD", "STATE"
     );
+    let mib = |b: u64| format!("{:.0}M", b as f64 / (1 << 20) as f64);
     for p in peers {
         println!(
-            "{:>4}  {:<20} {:<22} {:>6.2} {:>5.2} {:>5} {:>6}  {:<9} {}",
+            "{:>4}  {:<20} {:<22} {:>6.2} {:>5.2} {:>5} {:>6} {:>8} {:>8}  {:<9} {}",
             p.id,
             truncate(&p.name, 20),
             p.addr,
@@ -929,6 +930,8 @@ pub async fn peers(a: ListArgs) -> anyhow::Result<ExitCode> {
             p.idle,
             p.cores,
             p.processes,
+            mib(p.memory.rss_bytes),
+            mib(p.memory.held_bytes),
             p.state,
             p.cluster.as_deref().unwrap_or("-")
         );

@@ -192,6 +192,10 @@ fn init_tracing(default: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Peer(_)) {
+        // Before the async runtime starts its threads.
+        bspweb_peer::sysinfo::use_one_allocator_arena();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -56,6 +56,23 @@ pub struct PeerRenew {
     /// move away (set once `POST /api/v1/peer/drain` was accepted).
     #[serde(default)]
     pub draining: bool,
+    /// What the peer's memory holds now.
+    #[serde(default)]
+    pub memory: PeerMemory,
+}
+
+/// What a peer's memory holds, reported with each renewal and shown in
+/// `GET /api/v1/peers`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PeerMemory {
+    /// Resident memory of the peer process in bytes (0: unknown).
+    pub rss_bytes: u64,
+    /// Bytes its jobs hold for fault tolerance: the messages its processes
+    /// sent since the job's safe point (kept to re-send after a restore)
+    /// and the checkpoints it keeps of other peers' processes. Bounded by a
+    /// few supersteps' worth while jobs run, 0 when none does.
+    pub held_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -359,6 +359,9 @@ pub struct PeerInfo {
     /// The network cluster it said it is in (`bspweb peer --cluster`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
+    /// Its memory at its last renewal.
+    #[serde(default)]
+    pub memory: crate::control::PeerMemory,
 }
 
 /// `GET /api/v1/ring`: the DHHT ring the supernode places processes with

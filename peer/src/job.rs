@@ -215,6 +215,8 @@ impl Jobs {
             )
             .await;
             jobs.env.registry.unregister(job, me);
+            // The job's buffers are freed: let the machine have them back.
+            let _ = tokio::task::spawn_blocking(crate::sysinfo::release_free_memory).await;
             let mut t = jobs.lock();
             if t.running.get(&job).is_some_and(|r| r.me == me) {
                 t.running.remove(&job);
@@ -400,6 +402,10 @@ struct Driver {
     local: BTreeMap<Pid, Local>,
     /// Messages local processes sent in supersteps ≥ `safe`, per source.
     retained: BTreeMap<Pid, Vec<WireMessage>>,
+    /// Bytes of `retained` ([`retained_bytes`]).
+    retained_bytes: u64,
+    /// What this job adds to `env.stats.held` now.
+    held: u64,
     /// `Done`s of local processes already sent, per (pid, superstep).
     dones: BTreeMap<(Pid, u32), ProcDone>,
     /// The newest superstep whose barrier is complete here.
@@ -421,6 +427,21 @@ struct Driver {
     /// Multicasts this peer sends or relays, in supersteps ≥ `safe` (a key
     /// may have several heads: a restored sender re-sends with another).
     relays: BTreeMap<RelayKey, Vec<Inflight>>,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // The job's memory goes with it.
+        self.env.stats.held.fetch_sub(self.held, Ordering::Relaxed);
+    }
+}
+
+/// Bytes retained messages occupy: a payload shared by consecutive messages
+/// (one `send_range` or `send_list`) counts once, plus the messages' headers.
+fn retained_bytes(messages: &[WireMessage]) -> u64 {
+    message_groups::runs(messages)
+        .map(|run| run[0].payload.len() as u64 + 16 * run.len() as u64)
+        .sum()
 }
 
 /// Most heads one multicast may arrive with (each restore of its sender
@@ -645,6 +666,8 @@ async fn run_job(
         barrier: Barrier::new(nprocs, limit),
         local: BTreeMap::new(),
         retained: BTreeMap::new(),
+        retained_bytes: 0,
+        held: 0,
         dones: BTreeMap::new(),
         complete: None,
         safe: None,
@@ -1420,6 +1443,7 @@ impl Driver {
         let done = done_of(pid, exited, &out, s);
         self.route(&out);
         self.flush_all();
+        self.retained_bytes += retained_bytes(&out);
         self.retained.entry(pid).or_default().extend(out);
         if exited {
             let mark = self.env.reporter.emit_marked(PeerEvent::ProcessExited {
@@ -1713,6 +1737,19 @@ impl Driver {
             self.spawn_resume(pid, *p);
         }
         self.collect_garbage();
+        self.report_held();
+    }
+
+    /// Bring this job's share of the peer's held bytes up to date.
+    fn report_held(&mut self) {
+        let now = self.retained_bytes + self.store.total_bytes();
+        let held = &self.env.stats.held;
+        if now > self.held {
+            held.fetch_add(now - self.held, Ordering::Relaxed);
+        } else {
+            held.fetch_sub(self.held - now, Ordering::Relaxed);
+        }
+        self.held = now;
     }
 
     /// A leaving process at a sync: take a whole snapshot for its new host.
@@ -1763,6 +1800,7 @@ impl Driver {
         for msgs in self.retained.values_mut() {
             msgs.retain(|m| m.superstep >= g);
         }
+        self.retained_bytes = self.retained.values().map(|m| retained_bytes(m)).sum();
         self.relays.retain(|&(_, s, _), _| s >= g);
         self.dones.retain(|&(_, s), d| s >= g || d.exited);
         let forget = lowest_waiting.map_or(g, |w| w.min(g));
@@ -1913,6 +1951,7 @@ impl Driver {
         }
         self.flush_all();
         self.retained.insert(pid, snapshot.outbox.clone());
+        self.retained_bytes = self.retained.values().map(|m| retained_bytes(m)).sum();
         // Its `Done`s go out once the snapshot is on its (new) replicas.
         let supersteps: BTreeSet<u32> = snapshot
             .outbox

@@ -209,6 +209,7 @@ pub async fn run(
         broadcast: config.broadcast,
         stats: Default::default(),
     };
+    let stats = env.stats.clone();
     let jobs = Jobs::new(env);
     // Fenced (the supernode declared this peer gone): its processes run
     // elsewhere now, so stop them before logging in as a new peer.
@@ -239,6 +240,7 @@ pub async fn run(
                 speed,
                 idle,
                 draining,
+                stats,
                 cancel.clone(),
             ));
             tokio::spawn(upload_loop(client.clone(), reporter, cancel.clone()));
@@ -325,6 +327,7 @@ async fn renew_loop(
     speed: f64,
     mut idle: sysinfo::IdleSource,
     draining: Arc<AtomicBool>,
+    stats: Arc<relay::DataStats>,
     cancel: CancellationToken,
 ) {
     loop {
@@ -342,6 +345,10 @@ async fn renew_loop(
             idle: idle_now,
             jobs: jobs.running(),
             draining: draining.load(Ordering::SeqCst),
+            memory: bsp_api::control::PeerMemory {
+                rss_bytes: sysinfo::rss_bytes().unwrap_or(0),
+                held_bytes: stats.held.load(Ordering::Relaxed),
+            },
         };
         // A refused lease fences the peer (see `control`); an unreachable
         // supernode is retried at the next tick, the jobs carry on.

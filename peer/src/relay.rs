@@ -50,6 +50,9 @@ pub struct DataStats {
     pub direct: std::sync::atomic::AtomicU64,
     /// In [`Frame::Relay`].
     pub relayed: std::sync::atomic::AtomicU64,
+    /// Bytes the jobs hold for fault tolerance (retained messages, replica
+    /// checkpoints): [`bsp_api::control::PeerMemory::held_bytes`].
+    pub held: std::sync::atomic::AtomicU64,
 }
 
 impl DataStats {

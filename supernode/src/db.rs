@@ -27,6 +27,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0004_clusters.sql",
         include_str!("../../migrations/0004_clusters.sql"),
     ),
+    (
+        "0005_peer_memory.sql",
+        include_str!("../../migrations/0005_peer_memory.sql"),
+    ),
 ];
 
 /// Opens (creating if needed) the database and brings its schema up to date.

@@ -311,6 +311,12 @@ pub(crate) fn validate_renew(renew: &PeerRenew) -> Result<(), Error> {
     if renew.jobs.len() > 100_000 {
         return Err(Error::bad_request("`jobs` lists more than 100000 jobs"));
     }
+    let m = renew.memory;
+    if i64::try_from(m.rss_bytes).is_err() || i64::try_from(m.held_bytes).is_err() {
+        return Err(Error::bad_request(
+            "`memory.rss_bytes` and `memory.held_bytes` must be below 2^63",
+        ));
+    }
     Ok(())
 }
 
@@ -1243,9 +1249,18 @@ impl Core {
         let expires_at = lease::expiry(now, ttl);
         let tx = self.conn.transaction()?;
         let draining: bool = tx.query_row(
-            "UPDATE peers SET speed = ?2, idle = ?3, lease_expires_at = ?4, last_seen = ?5 \
+            "UPDATE peers SET speed = ?2, idle = ?3, lease_expires_at = ?4, last_seen = ?5, \
+                 rss_bytes = ?6, held_bytes = ?7 \
              WHERE id = ?1 AND state = 'online' RETURNING draining",
-            params![peer, renew.speed, renew.idle, expires_at, now],
+            params![
+                peer,
+                renew.speed,
+                renew.idle,
+                expires_at,
+                now,
+                renew.memory.rss_bytes as i64,
+                renew.memory.held_bytes as i64
+            ],
             |r| r.get(0),
         )?;
         // Jobs the peer runs but should not: finished, unknown, or not among its peers.
@@ -1768,7 +1783,7 @@ impl Core {
                  (SELECT count(*) FROM placements pl JOIN jobs j ON j.id = pl.job \
                   WHERE j.state = 'active' AND (pl.peer_id = peers.id OR (pl.moved_from = peers.id \
                       AND pl.moved_kind = 'migrate' AND pl.handed_over = 0))), \
-                 cluster \
+                 cluster, rss_bytes, held_bytes \
              FROM peers ORDER BY state != 'online', id",
         )?;
         let rows = stmt.query_map([], |r| {
@@ -1783,6 +1798,10 @@ impl Core {
                 lease_expires_at: r.get(7)?,
                 processes: r.get(8)?,
                 cluster: r.get(9)?,
+                memory: bsp_api::control::PeerMemory {
+                    rss_bytes: r.get::<_, i64>(10)?.max(0) as u64,
+                    held_bytes: r.get::<_, i64>(11)?.max(0) as u64,
+                },
             })
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)

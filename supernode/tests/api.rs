@@ -5,7 +5,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use bsp_api::control::{
-    Command, JobAssignment, Lease, PeerEvent, PeerLogin, PeerRenew, PeerReport, SeqCommand, Stream,
+    Command, JobAssignment, Lease, PeerEvent, PeerLogin, PeerMemory, PeerRenew, PeerReport,
+    SeqCommand, Stream,
 };
 use bsp_api::rest::{
     ApiError, JobEvent, JobEventKind, JobInfo, JobOutcome, JobState, LoginResponse, PeerInfo,
@@ -401,6 +402,7 @@ impl Harness {
                 idle,
                 jobs: vec![],
                 draining,
+                memory: Default::default(),
             })
             .send()
             .await
@@ -422,6 +424,7 @@ impl Harness {
                     idle: 1.0,
                     jobs: vec![],
                     draining: false,
+                    memory: Default::default(),
                 };
                 match http
                     .post(&url)
@@ -469,6 +472,7 @@ impl Harness {
             idle: 1.0,
             jobs: vec![],
             draining: false,
+            memory: Default::default(),
         };
         let resp = self
             .http
@@ -2007,6 +2011,10 @@ async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_o
             idle: 0.5,
             jobs: vec![job.id, 12345],
             draining: false,
+            memory: PeerMemory {
+                rss_bytes: 30 << 20,
+                held_bytes: 1234,
+            },
         })
         .send()
         .await
@@ -2024,6 +2032,35 @@ async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_o
     let (_, peers) = h.get("/peers", &alice).await;
     let peers: Vec<PeerInfo> = serde_json::from_value(peers).unwrap();
     assert_eq!((peers[0].speed, peers[0].idle), (2.0, 0.5));
+    assert_eq!(
+        peers[0].memory,
+        PeerMemory {
+            rss_bytes: 30 << 20,
+            held_bytes: 1234
+        }
+    );
+    // Sizes SQLite cannot hold are refused, and change nothing.
+    let resp = h
+        .http
+        .post(h.url("/peer/renew"))
+        .bearer_auth(&peer.token)
+        .json(&PeerRenew {
+            speed: 2.0,
+            idle: 0.5,
+            jobs: vec![],
+            draining: false,
+            memory: PeerMemory {
+                rss_bytes: u64::MAX,
+                held_bytes: 0,
+            },
+        })
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let (_, peers) = h.get("/peers", &alice).await;
+    let peers: Vec<PeerInfo> = serde_json::from_value(peers).unwrap();
+    assert_eq!(peers[0].memory.held_bytes, 1234);
 }
 
 /// §4.2.2: a peer's share of the ring grows with its power (speed × idle).

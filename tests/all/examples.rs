@@ -323,7 +323,7 @@ pub async fn misbehave_hash(client: &bsp_api::client::Client) -> String {
 /// The PageRank kernel of the `pagerank` guest, compiled natively: the
 /// reference is the same source run on one block.
 #[path = "../../guest-sdk/examples/pagerank/kernel.rs"]
-mod pagerank_kernel;
+pub(crate) mod pagerank_kernel;
 
 /// The kernel split into `p` blocks in-process, exchanging the blocks the
 /// guest sends (without the SDK): the exactness argument of the kernel, checked

@@ -169,6 +169,11 @@ impl Cluster {
         self.peers.iter().position(|p| &p.name == name)
     }
 
+    /// The operating system's process id of the peer at `index`.
+    pub fn os_pid(&self, index: usize) -> u32 {
+        self.peers[index].child.id()
+    }
+
     /// SIGKILL the peer at `index` (no goodbye, like a machine switched off)
     /// and reap it.
     pub fn kill_peer(&mut self, index: usize) {

@@ -1,0 +1,296 @@
+//! A restore under a long job (issue 13): one peer is SIGKILLed while a
+//! 200-superstep PageRank runs; its processes are restored from their
+//! checkpoints elsewhere. Prints the superstep time before the kill and
+//! after the restore (and their ratio; the goal is at most 1.5), and every
+//! surviving peer's resident memory before the job and after it ended
+//! (goal: within 20 %). The output must equal the native reference's.
+//!
+//! The superstep time is read from the job's progress (`supersteps` of
+//! `GET /jobs/{id}`, the slowest pid, polled every 20 ms): before = from
+//! superstep `WARM` to the kill; after = from the superstep where the kill
+//! happened (re-executed work done) to `iters − 5`.
+//!
+//! Run: `cargo bench --bench restore` (about a minute), `-- --iters N`,
+//! `-- --runs N` (kills that many times, one job each).
+
+#[path = "../tests/all/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+
+#[path = "../guest-sdk/examples/pagerank/kernel.rs"]
+#[allow(dead_code)]
+mod kernel;
+
+use std::time::{Duration, Instant};
+
+use bsp_api::client::Client;
+use bsp_api::rest::{JobInfo, JobState};
+use serde_json::json;
+
+const N: u64 = 200_000;
+const M: u64 = 1_000_000;
+const SEED: u64 = 1;
+const PROCS: u32 = 4;
+/// Supersteps left out at the start (start-up, first checkpoints).
+const WARM: u32 = 10;
+
+const MAX_SLOWDOWN: f64 = 1.5;
+const MAX_RSS_GROWTH: f64 = 0.2;
+
+fn flag_value(args: &[String], name: &str) -> Option<u32> {
+    let i = args.iter().position(|a| a == name)?;
+    let value = args.get(i + 1).unwrap_or_else(|| {
+        eprintln!("error: {name} needs a number");
+        std::process::exit(2)
+    });
+    Some(value.parse().unwrap_or_else(|_| {
+        eprintln!("error: {name} {value}: not a number");
+        std::process::exit(2)
+    }))
+}
+
+/// Resident memory of an OS process, in MiB.
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// The slowest pid's completed supersteps, as last reported.
+fn progress(info: &JobInfo) -> u32 {
+    info.supersteps.iter().copied().min().unwrap_or(0)
+}
+
+/// When the slowest pid first reached each superstep (`None` until it did).
+struct Timeline {
+    start: Instant,
+    reached: Vec<Option<Duration>>,
+}
+
+impl Timeline {
+    fn record(&mut self, s: u32) {
+        let now = self.start.elapsed();
+        for slot in self.reached.iter_mut().take(s as usize + 1) {
+            slot.get_or_insert(now);
+        }
+    }
+
+    fn at(&self, s: u32) -> Duration {
+        self.reached[s as usize].expect("the superstep was reached")
+    }
+
+    /// Mean time per superstep from `a` to `b`.
+    fn per_superstep(&self, a: u32, b: u32) -> Duration {
+        (self.at(b) - self.at(a)) / (b - a)
+    }
+}
+
+struct Outcome {
+    before: Duration,
+    after: Duration,
+    kill_at: u32,
+    restored_in: Duration,
+    rss: Vec<(f64, f64)>,
+}
+
+async fn one_run(
+    cluster: &mut harness::Cluster,
+    client: &Client,
+    iters: u32,
+    expected: &[String],
+    kill: bool,
+) -> Outcome {
+    let kill_at = if kill { iters / 3 } else { u32::MAX };
+    // (Peers killed in earlier runs have no memory to read.)
+    let survivors_before: Vec<(usize, f64)> = (0..cluster.peers.len())
+        .map(|i| (i, rss_mib(cluster.os_pid(i))))
+        .filter(|(_, rss)| rss.is_finite())
+        .collect();
+    let spec = harness::job(
+        "pagerank",
+        PROCS,
+        json!({"n": N, "m": M, "iters": iters, "seed": SEED}),
+    );
+    let id = client.submit(&spec).await.expect("submit").id;
+    let mut timeline = Timeline {
+        start: Instant::now(),
+        // The job's syncs: one per iteration, the summary's, and the exit.
+        reached: vec![None; iters as usize + 3],
+    };
+    let mut killed: Option<(usize, Duration)> = None;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let info = client.job(id).await.expect("job info");
+        let s = progress(&info);
+        if killed.is_none() && s >= kill_at {
+            timeline.record(s);
+            // A peer hosting some pid other than 0 (pid 0 prints).
+            let victim = *info
+                .placement
+                .iter()
+                .rev()
+                .find(|p| **p != info.placement[0])
+                .unwrap_or(&info.placement[0]);
+            let index = cluster
+                .peer_index(client, victim)
+                .await
+                .expect("the victim is one of the cluster's peers");
+            cluster.kill_peer(index);
+            killed = Some((index, timeline.start.elapsed()));
+            eprintln!("  killed peer #{victim} at superstep {s}");
+            continue;
+        }
+        // Progress after the kill counts only once the restored processes
+        // are past it again.
+        if killed.is_none() || s > kill_at {
+            timeline.record(s);
+        }
+        if matches!(info.state, JobState::Finished) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job {id} did not end in 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let run = harness::collect(client, id).await;
+    run.assert_exited();
+    if run.stdout(0) != expected {
+        eprintln!("error: the job printed {:?}", run.stdout(0));
+        eprintln!("but the native reference printed {expected:?}");
+        std::process::exit(1);
+    }
+    // The peers let go of the job's memory shortly after it ends.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let Some((victim, killed_at)) = killed else {
+        // The control run: no kill.
+        let rss = survivors_before
+            .iter()
+            .map(|&(i, before)| (before, rss_mib(cluster.os_pid(i))))
+            .collect();
+        return Outcome {
+            before: timeline.per_superstep(WARM, iters - 5),
+            after: timeline.per_superstep(WARM, iters - 5),
+            kill_at: 0,
+            restored_in: Duration::ZERO,
+            rss,
+        };
+    };
+    let rss = survivors_before
+        .iter()
+        .filter(|(i, _)| *i != victim)
+        .map(|&(i, before)| (before, rss_mib(cluster.os_pid(i))))
+        .collect();
+    let last = iters - 5;
+    let outcome = Outcome {
+        before: timeline.per_superstep(WARM, kill_at),
+        after: timeline.per_superstep(kill_at + 1, last),
+        kill_at,
+        restored_in: timeline.at(kill_at + 1) - killed_at,
+        rss,
+    };
+    // A fresh peer in the victim's place for the next run.
+    cluster.add_peer(&format!("restore-bench-{victim}-{id}"), &[]);
+    cluster.wait_for_peers(4);
+    outcome
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let iters = flag_value(&args, "--iters").unwrap_or(200);
+    let runs = flag_value(&args, "--runs").unwrap_or(1);
+    if iters < 60 || runs < 1 {
+        eprintln!("error: --iters must be at least 60 and --runs at least 1");
+        std::process::exit(2);
+    }
+    let params = kernel::Params::new(N, M, iters, SEED).expect("valid parameters");
+    let expected = kernel::reference(&params);
+    println!(
+        "restore: pagerank n = {N}, m = {M}, {iters} iterations, p = {PROCS} on 4 peers, checkpoint at every sync; {} cores",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    let mut cluster = harness::Cluster::start(harness::Options {
+        peers: 4,
+        ..Default::default()
+    });
+    let rt = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    let outcomes: Vec<Outcome> = rt.block_on(async {
+        let client = cluster.admin().await;
+        // Warm up: every peer downloads and compiles the program.
+        let warm = harness::job("pagerank", 8, json!({"n": 1000, "m": 5000, "iters": 2}));
+        harness::run(&client, warm).await.assert_exited();
+        let mut outcomes = vec![];
+        // A control run without a kill, then the runs with one.
+        outcomes.push(one_run(&mut cluster, &client, iters, &expected, false).await);
+        for _ in 0..runs {
+            outcomes.push(one_run(&mut cluster, &client, iters, &expected, true).await);
+        }
+        outcomes
+    });
+    println!();
+    println!(
+        "{:>4} {:>8} {:>14} {:>14} {:>8} {:>12}",
+        "run", "kill at", "before (ms/ss)", "after (ms/ss)", "ratio", "restored (s)"
+    );
+    for (k, o) in outcomes.iter().enumerate() {
+        println!(
+            "{:>4} {:>8} {:>14.1} {:>14.1} {:>8.2} {:>12.1}",
+            k + 1,
+            o.kill_at,
+            ms(o.before),
+            ms(o.after),
+            o.after.as_secs_f64() / o.before.as_secs_f64(),
+            o.restored_in.as_secs_f64(),
+        );
+    }
+    println!(
+        "(ms/ss = milliseconds per superstep of the slowest pid; restored = kill to progress past it)"
+    );
+    println!();
+    println!(
+        "{:>4} {:>6} {:>16} {:>16} {:>8}",
+        "run", "peer", "RSS before (MiB)", "RSS after (MiB)", "growth"
+    );
+    let mut worst_growth = 0f64;
+    for (k, o) in outcomes.iter().enumerate() {
+        for (i, (before, after)) in o.rss.iter().enumerate() {
+            let growth = after / before - 1.0;
+            worst_growth = worst_growth.max(growth);
+            println!(
+                "{:>4} {:>6} {:>16.1} {:>16.1} {:>7.0}%",
+                k + 1,
+                i,
+                before,
+                after,
+                growth * 100.0
+            );
+        }
+    }
+    let worst_ratio = outcomes
+        .iter()
+        .skip(1)
+        .map(|o| o.after.as_secs_f64() / o.before.as_secs_f64())
+        .fold(0f64, f64::max);
+    let verdict = |met: bool| if met { "met" } else { "NOT met" };
+    println!();
+    println!("goals (issue 13):");
+    println!(
+        "  supersteps after a restore at most {MAX_SLOWDOWN}× those before: worst {worst_ratio:.2}× — {}",
+        verdict(worst_ratio <= MAX_SLOWDOWN)
+    );
+    println!(
+        "  peer RSS after the job within {:.0} % of before: worst {:+.0} % — {}",
+        MAX_RSS_GROWTH * 100.0,
+        worst_growth * 100.0,
+        verdict(worst_growth <= MAX_RSS_GROWTH)
+    );
+    println!("every run's output equals the native reference's");
+}
