@@ -228,9 +228,14 @@ pub struct Checkpoint {
     /// The messages the process sent in the supersteps its host still
     /// retained when it took the checkpoint, this one included (after those
     /// of the preceding [`Frame::CheckpointPart`]s), by superstep and send
-    /// order. A new host re-sends them after a restore.
+    /// order. A new host re-sends them after a restore. In a delta, only
+    /// those sent after superstep `base`: the rest the replica has already.
     #[serde(with = "message_groups")]
     pub outbox: Vec<WireMessage>,
+    /// In a delta: the replica keeps its base's outbox messages of
+    /// supersteps `outbox_from..=base` (older ones left the retention
+    /// window) and appends `outbox`. 0 in a whole checkpoint.
+    pub outbox_from: u32,
     pub hash: [u8; 32],
 }
 

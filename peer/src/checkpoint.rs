@@ -527,7 +527,20 @@ fn split(snapshot: &Snapshot, pages: &[u32], base: Option<u32>) -> (Vec<Frame>, 
         cur_pages.push((i, bytes.to_vec()));
         cur += cost;
     }
-    for m in &snapshot.outbox {
+    // A delta carries the messages sent after its base; the replica has
+    // the older ones still retained (from `outbox_from` on).
+    let (outbox_from, outbox) = match base {
+        Some(b) => {
+            let new = snapshot.outbox.partition_point(|m| m.superstep <= b);
+            let from = snapshot
+                .outbox
+                .first()
+                .map_or(b + 1, |m| m.superstep.min(b + 1));
+            (from, &snapshot.outbox[new..])
+        }
+        None => (0, &snapshot.outbox[..]),
+    };
+    for m in outbox {
         // A payload the previous message of this part shares costs nothing more.
         let shared = cur_outbox
             .last()
@@ -551,6 +564,7 @@ fn split(snapshot: &Snapshot, pages: &[u32], base: Option<u32>) -> (Vec<Frame>, 
         output_bytes: snapshot.output_bytes,
         exited: snapshot.exited,
         outbox: cur_outbox,
+        outbox_from,
         hash: snapshot.hash,
     };
     (frames, last)
@@ -807,6 +821,7 @@ impl Assembler {
             output_bytes,
             exited,
             outbox,
+            outbox_from,
             hash,
         } = checkpoint;
         let pending = self.pending.remove(&pid);
@@ -885,6 +900,26 @@ impl Assembler {
                     superstep,
                     base: b,
                     held,
+                });
+            }
+        }
+        // A delta's outbox: the base's messages still retained, then the new ones.
+        if let (Some(b), Some(held)) = (base_step, base.as_ref().map(BaseSnap::get)) {
+            let mut outbox: Vec<WireMessage> = held
+                .outbox
+                .iter()
+                .filter(|m| (outbox_from..=b).contains(&m.superstep))
+                .cloned()
+                .collect();
+            outbox.append(&mut all_outbox);
+            all_outbox = outbox;
+            let total = memory_len.saturating_add(outbox_bytes(&all_outbox));
+            if total > self.cap {
+                fail!(CheckpointError::TooLarge {
+                    pid,
+                    superstep,
+                    bytes: total,
+                    cap: self.cap,
                 });
             }
         }

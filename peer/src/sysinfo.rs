@@ -309,7 +309,10 @@ ctxt 1990473\n";
         // holds, not with the size before.)
         let touched = vec![1u8; 64 << 20];
         let during = rss_bytes().unwrap();
-        assert!(during >= 64 << 20, "{during} bytes resident while holding 64 MiB");
+        assert!(
+            during >= 64 << 20,
+            "{during} bytes resident while holding 64 MiB"
+        );
         drop(std::hint::black_box(touched));
         release_free_memory();
     }

@@ -18,7 +18,18 @@ fn page_of(seed: u8) -> Vec<u8> {
         .collect()
 }
 
-fn head(pid: Pid, superstep: u32, outbox: Vec<WireMessage>) -> Snapshot {
+/// A snapshot's header; its outbox is what the process sent in `superstep`
+/// (the messages are stamped with it).
+fn head(pid: Pid, superstep: u32, mut outbox: Vec<WireMessage>) -> Snapshot {
+    for m in &mut outbox {
+        m.superstep = superstep;
+    }
+    head_retaining(pid, superstep, outbox)
+}
+
+/// A snapshot's header with `outbox` as given: every message its host still
+/// retains, of the supersteps from the safe point on.
+fn head_retaining(pid: Pid, superstep: u32, outbox: Vec<WireMessage>) -> Snapshot {
     Snapshot {
         pid,
         superstep,
@@ -122,7 +133,8 @@ proptest! {
             (proptest::collection::vec(step(), 0..6),
              proptest::collection::vec(replica_event(), 2),
              0usize..3,
-             0usize..3),
+             0usize..3,
+             0u32..3),
             1..7),
     ) {
         let mut memory: Vec<u8> = initial.iter().flat_map(|&s| page_of(s)).collect();
@@ -132,7 +144,10 @@ proptest! {
         // The last two captures: a capture may recycle either buffer
         // (`reuse` 1: the last, 2: the one before; 0: none).
         let mut previous: Vec<Snapshot> = Vec::new();
-        for (s, (steps, events, nmsgs, reuse)) in supersteps.into_iter().enumerate() {
+        // Everything sent, and the safe point: the outbox of a checkpoint is
+        // what was sent from the safe point on (it advances by `advance`).
+        let (mut sent, mut safe): (Vec<WireMessage>, u32) = (Vec::new(), 0);
+        for (s, (steps, events, nmsgs, reuse, advance)) in supersteps.into_iter().enumerate() {
             let s = s as u32;
             for st in steps {
                 let pages = memory.len() / P;
@@ -145,12 +160,18 @@ proptest! {
                     Step::Grow(k) => memory.resize(memory.len() + k * P, 0),
                 }
             }
-            let outbox = (0..nmsgs as u32).map(|i| msg(7, i, i, 10 * i as usize)).collect();
+            sent.extend((0..nmsgs as u32).map(|i| WireMessage {
+                superstep: s,
+                ..msg(7, i, i, 10 * i as usize + s as usize)
+            }));
+            safe = (safe + advance).min(s);
+            let outbox: Vec<WireMessage> =
+                sent.iter().filter(|m| m.superstep >= safe).cloned().collect();
             let recycled = (reuse > 0 && reuse <= previous.len())
                 .then(|| previous.remove(previous.len() - reuse));
             let snap = match recycled {
-                Some(p) => tracker.capture_reusing(head(7, s, outbox), &memory, p),
-                None => tracker.capture(head(7, s, outbox), &memory),
+                Some(p) => tracker.capture_reusing(head_retaining(7, s, outbox), &memory, p),
+                None => tracker.capture(head_retaining(7, s, outbox), &memory),
             };
             previous.push(snap.clone());
             if previous.len() > 2 {
@@ -299,6 +320,7 @@ fn any_frame() -> impl Strategy<Value = Frame> {
                 output_bytes: 0,
                 exited,
                 outbox,
+                outbox_from: superstep.saturating_sub(1),
                 hash,
             },
         );
@@ -689,4 +711,59 @@ fn reusing_a_buffer_that_is_not_the_last_capture_copies_everything() {
     let s2 = t.capture_reusing(head(0, 2, vec![]), &m2, s1);
     assert_eq!(s2.memory, m2);
     assert_eq!(s2.hash, s2.compute_hash());
+}
+
+/// A delta carries only the messages sent after its base; the replica keeps
+/// the base's messages that are still retained and rebuilds the whole outbox.
+#[test]
+fn a_delta_carries_only_the_new_messages_of_the_outbox() {
+    let at = |superstep: u32, seq: u32| WireMessage {
+        superstep,
+        ..msg(3, 0, seq, 100 + seq as usize)
+    };
+    let memory = page_of(1);
+    let mut t = PageTracker::new();
+    let mut store = ReplicaStore::new();
+    let mut asm = Assembler::new(1 << 30);
+    let outbox_of = |frames: &[Frame]| -> Vec<WireMessage> {
+        frames
+            .iter()
+            .flat_map(|f| match f {
+                Frame::CheckpointPart { outbox, .. } => outbox.clone(),
+                Frame::Checkpoint(c) => c.outbox.clone(),
+                _ => vec![],
+            })
+            .collect()
+    };
+    let s0 = t.capture(head_retaining(3, 0, vec![at(0, 0)]), &memory);
+    deliver(
+        &mut asm,
+        &mut store,
+        to_frames(&s0, &s0.nonzero_pages(), None),
+    )
+    .unwrap();
+    t.acked(1, 0, true);
+    // Superstep 1: nothing left the retention window yet.
+    let s1 = t.capture(
+        head_retaining(3, 1, vec![at(0, 0), at(1, 0), at(1, 1)]),
+        &memory,
+    );
+    let plan = t.plan(1, &s1);
+    let frames = to_frames(&s1, &plan.pages, plan.base);
+    assert_eq!(outbox_of(&frames), vec![at(1, 0), at(1, 1)]);
+    assert_eq!(deliver(&mut asm, &mut store, frames).unwrap(), s1);
+    t.acked(1, 1, true);
+    // Superstep 2: the safe point moved to 1, and nothing was sent in 2.
+    let s2 = t.capture(head_retaining(3, 2, vec![at(1, 0), at(1, 1)]), &memory);
+    let plan = t.plan(1, &s2);
+    let frames = to_frames(&s2, &plan.pages, plan.base);
+    assert_eq!(outbox_of(&frames), vec![]);
+    assert_eq!(deliver(&mut asm, &mut store, frames).unwrap(), s2);
+    t.acked(1, 2, true);
+    // Superstep 3: everything older left the window.
+    let s3 = t.capture(head_retaining(3, 3, vec![at(3, 0)]), &memory);
+    let plan = t.plan(1, &s3);
+    let frames = to_frames(&s3, &plan.pages, plan.base);
+    assert_eq!(outbox_of(&frames), vec![at(3, 0)]);
+    assert_eq!(deliver(&mut asm, &mut store, frames).unwrap(), s3);
 }
