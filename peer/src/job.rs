@@ -39,11 +39,12 @@ use wasmtime::Module;
 
 use crate::barrier::Barrier;
 use crate::checkpoint::{self, Assembled, Assembler, PageTracker, ReplicaStore, Snapshot};
-use crate::net::{self, Dial, Inbound, Registry};
+use crate::net::{self, Dial, Inbound, Outgoing, Registry};
 use crate::program;
 use crate::relay::{self, BroadcastPolicy, DataStats, Inflight, RelayKey, Site};
 use crate::report::Reporter;
 use crate::runtime::{JobInfo, Message, Outcome, Process, Runtime};
+use bytes::Bytes;
 
 /// Target size of one `Data` frame's payloads.
 const BATCH_BYTES: usize = 1 << 20;
@@ -335,7 +336,7 @@ struct Pending {
     /// (progress, status lines) are not waited for.
     output_mark: u64,
     /// Checkpoint frames per replica, waiting for the output to be delivered.
-    unsent: Vec<(PeerId, Frame)>,
+    unsent: Vec<(PeerId, Outgoing)>,
 }
 
 struct Fetch {
@@ -345,23 +346,28 @@ struct Fetch {
 
 struct Link {
     addr: String,
-    writer: mpsc::UnboundedSender<Frame>,
+    writer: mpsc::UnboundedSender<Outgoing>,
     task: JoinHandle<()>,
     batch: Vec<WireMessage>,
     batch_bytes: usize,
 }
 
 impl Link {
-    fn send(&self, frame: Frame) {
+    fn send(&self, frame: impl Into<Outgoing>) {
         // A closed writer reports its failure as `SendFailed`.
-        let _ = self.writer.send(frame);
+        let _ = self.writer.send(frame.into());
     }
 }
+
+/// A checkpoint's frames for each replica it was planned for, encoded by
+/// the capture task (once per distinct plan: replicas with the same base
+/// share the bytes).
+type Encoded = Vec<(PeerId, Vec<Bytes>)>;
 
 /// What a blocking task hands back.
 enum Task {
     Resumed(Pid, Result<(Proc, Outcome), String>),
-    Captured(Pid, Result<(Proc, Snapshot), String>),
+    Captured(Pid, Result<(Proc, Snapshot, Encoded), String>),
     /// `None`: the snapshot is of a process that had exited.
     Restored(Pid, Arc<Snapshot>, Result<Option<Proc>, String>),
 }
@@ -434,6 +440,38 @@ impl Drop for Driver {
         // The job's memory goes with it.
         self.env.stats.held.fetch_sub(self.held, Ordering::Relaxed);
     }
+}
+
+/// Plan `snapshot`'s frames for each of `targets` and encode them, once per
+/// distinct plan. The next checkpoint is planned as a delta against this
+/// one, sent before this one is acknowledged: frames to a replica arrive in
+/// order, so it will hold this one as its base (if not, it refuses the
+/// delta and gets the next checkpoint whole).
+fn encode_for(
+    tracker: &mut PageTracker,
+    snapshot: &Snapshot,
+    targets: &[PeerId],
+) -> Result<Encoded, String> {
+    let mut done: Vec<(checkpoint::Plan, Vec<Bytes>)> = Vec::new();
+    let mut out = Vec::with_capacity(targets.len());
+    for &r in targets {
+        let plan = tracker.plan(r, snapshot);
+        let frames = match done.iter().find(|(p, _)| *p == plan) {
+            Some((_, frames)) => frames.clone(),
+            None => {
+                let frames = checkpoint::to_frames(snapshot, &plan.pages, plan.base)
+                    .iter()
+                    .map(net::encode)
+                    .collect::<Result<Vec<Bytes>, _>>()
+                    .map_err(|e| format!("cannot encode a checkpoint: {e}"))?;
+                done.push((plan, frames.clone()));
+                frames
+            }
+        };
+        tracker.sent(r, snapshot.superstep);
+        out.push((r, frames));
+    }
+    Ok(out)
 }
 
 /// Bytes retained messages occupy: a payload shared by consecutive messages
@@ -1475,6 +1513,14 @@ impl Driver {
             l.state = State::Busy;
         }
         let outbox = self.retained.get(&pid).cloned().unwrap_or_default();
+        // Replicas' answers so far, for the page tracker (later ones wait
+        // for the next capture), and who gets the checkpoint.
+        let acks = self
+            .local
+            .get_mut(&pid)
+            .map(|l| std::mem::take(&mut l.acks))
+            .unwrap_or_default();
+        let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
         self.tasks.spawn(async move {
             let joined = tokio::task::spawn_blocking(move || {
                 // The newest buffer only this process still holds.
@@ -1490,15 +1536,19 @@ impl Driver {
                     }
                     None => p.process.checkpoint(&mut p.tracker, outbox, exited),
                 };
-                (p, snapshot)
+                for (r, superstep, ok) in acks {
+                    p.tracker.acked(r, superstep, ok);
+                }
+                let encoded = encode_for(&mut p.tracker, &snapshot, &targets)?;
+                Ok((p, snapshot, encoded))
             })
             .await;
-            Task::Captured(pid, joined.map_err(|e| e.to_string()))
+            Task::Captured(pid, joined.map_err(|e| e.to_string()).and_then(|r| r))
         });
     }
 
-    fn on_captured(&mut self, pid: Pid, r: Result<(Proc, Snapshot), String>) {
-        let (mut p, snapshot) = match r {
+    fn on_captured(&mut self, pid: Pid, r: Result<(Proc, Snapshot, Encoded), String>) {
+        let (mut p, snapshot, mut encoded) = match r {
             Ok(x) => x,
             Err(e) => {
                 return self.fail(Some(pid), format!("could not checkpoint the process: {e}"));
@@ -1515,22 +1565,24 @@ impl Driver {
             p.recent.pop_front();
         }
         p.recent.push_back(snapshot.clone());
-        if let Some(l) = self.local.get_mut(&pid) {
-            for (r, superstep, ok) in l.acks.drain(..) {
-                p.tracker.acked(r, superstep, ok);
-            }
-        }
+        // The replicas may have changed while it was captured: new ones get
+        // frames planned here, gone ones none.
         let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
-        let mut unsent = Vec::new();
-        for &r in &targets {
+        encoded.retain(|(r, _)| targets.contains(r));
+        let late: Vec<PeerId> = targets
+            .iter()
+            .copied()
+            .filter(|t| !encoded.iter().any(|(r, _)| r == t))
+            .collect();
+        let mut unsent: Vec<(PeerId, Outgoing)> = encoded
+            .into_iter()
+            .flat_map(|(r, frames)| frames.into_iter().map(move |b| (r, Outgoing::Encoded(b))))
+            .collect();
+        for r in late {
             let plan = p.tracker.plan(r, &snapshot);
             for f in checkpoint::to_frames(&snapshot, &plan.pages, plan.base) {
-                unsent.push((r, f));
+                unsent.push((r, f.into()));
             }
-            // The next checkpoint is a delta against this one, sent before
-            // this one is acknowledged: frames to a replica arrive in order,
-            // so it will hold this one as its base (if not, it refuses the
-            // delta and gets the next checkpoint whole).
             p.tracker.sent(r, snapshot.superstep);
         }
         let l = self.local.get_mut(&pid).expect("checked above");
@@ -1577,7 +1629,15 @@ impl Driver {
             frames.append(&mut p.unsent);
         }
         for (r, f) in frames {
-            self.send_to(r, f);
+            match f {
+                Outgoing::Frame(f) => self.send_to(r, f),
+                Outgoing::Encoded(b) => {
+                    if let Some(l) = self.links.get_mut(&r) {
+                        Self::flush_link(l, &self.env.stats);
+                        l.send(Outgoing::Encoded(b));
+                    }
+                }
+            }
         }
     }
 
@@ -2318,7 +2378,7 @@ impl Driver {
                     p.waiting.insert(t);
                     for f in whole(&snap) {
                         if held {
-                            p.unsent.push((t, f));
+                            p.unsent.push((t, f.into()));
                         } else if let Some(l) = self.links.get(&t) {
                             l.send(f);
                         }

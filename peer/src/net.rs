@@ -41,9 +41,65 @@ pub fn codec() -> LengthDelimitedCodec {
         .new_codec()
 }
 
-/// Encode a frame with postcard.
+/// Encode a frame with postcard, into a buffer sized for it up front (a
+/// growing buffer would copy a large frame several times).
 pub fn encode(frame: &Frame) -> Result<Bytes, postcard::Error> {
-    postcard::to_allocvec(frame).map(Bytes::from)
+    postcard::to_extend(frame, Vec::with_capacity(size_hint(frame))).map(Bytes::from)
+}
+
+/// About the encoded size of `frame` (at least its bulk bytes).
+fn size_hint(frame: &Frame) -> usize {
+    let outbox = |o: &[bsp_api::wire::WireMessage]| -> usize {
+        bsp_api::wire::message_groups::runs(o)
+            .map(|r| r[0].payload.len() + 24 * r.len())
+            .sum()
+    };
+    let pages = |p: &[(u32, Vec<u8>)]| -> usize { p.iter().map(|(_, b)| b.len() + 8).sum() };
+    64 + match frame {
+        Frame::Data { messages } => outbox(messages),
+        Frame::Relay { bytes, head, .. } => bytes.len() + 16 * head.dsts.len(),
+        Frame::CheckpointPart {
+            pages: p,
+            outbox: o,
+            ..
+        } => pages(p) + outbox(o),
+        Frame::Checkpoint(c) => pages(&c.pages) + outbox(&c.outbox) + 8 * c.globals.len(),
+        Frame::Snapshot {
+            snapshot: Some(c), ..
+        } => pages(&c.pages) + outbox(&c.outbox) + 8 * c.globals.len(),
+        _ => 0,
+    }
+}
+
+/// Frames at least this large skip the codec's write buffer (a copy).
+const DIRECT_WRITE_BYTES: usize = 64 << 10;
+
+/// Write one frame straight to the socket, length prefix and body in one
+/// vectored write where the kernel takes it, after what the codec buffered.
+async fn write_direct(conn: &mut FramedConn, body: Bytes) -> std::io::Result<()> {
+    use bytes::Buf;
+    use tokio::io::AsyncWriteExt;
+    let len = u32::try_from(body.len())
+        .ok()
+        .filter(|&n| n as usize <= MAX_FRAME_BYTES)
+        .ok_or_else(|| std::io::Error::other("a frame is larger than the protocol allows"))?;
+    SinkExt::<Bytes>::flush(conn).await?;
+    let mut buf = Bytes::copy_from_slice(&len.to_be_bytes()).chain(body);
+    conn.get_mut().write_all_buf(&mut buf).await
+}
+
+/// What a job's driver queues for a connection: a frame, or one it encoded
+/// already (a checkpoint encoded once for all the replicas it goes to).
+#[derive(Debug, Clone)]
+pub enum Outgoing {
+    Frame(Frame),
+    Encoded(Bytes),
+}
+
+impl From<Frame> for Outgoing {
+    fn from(f: Frame) -> Self {
+        Outgoing::Frame(f)
+    }
 }
 
 /// Decode a frame; trailing bytes are an error. Message payloads are slices
@@ -488,7 +544,7 @@ pub struct Dial {
 /// [`Inbound::SendFailed`].
 pub fn spawn_writer(
     dial: Dial,
-    mut frames: mpsc::UnboundedReceiver<Frame>,
+    mut frames: mpsc::UnboundedReceiver<Outgoing>,
     events: mpsc::Sender<Inbound>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -528,8 +584,19 @@ pub fn spawn_writer(
                 let mut next = Some(frame);
                 // Feed everything queued, then flush once.
                 while let Some(f) = next {
-                    let bytes = encode(&f).map_err(|e| format!("cannot encode a frame: {e}"))?;
-                    conn.feed(bytes).await.map_err(|e| e.to_string())?;
+                    let bytes = match f {
+                        Outgoing::Frame(f) => {
+                            encode(&f).map_err(|e| format!("cannot encode a frame: {e}"))?
+                        }
+                        Outgoing::Encoded(b) => b,
+                    };
+                    if bytes.len() >= DIRECT_WRITE_BYTES {
+                        write_direct(&mut conn, bytes)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    } else {
+                        conn.feed(bytes).await.map_err(|e| e.to_string())?;
+                    }
                     next = frames.try_recv().ok();
                 }
                 SinkExt::<Bytes>::flush(&mut conn)
@@ -753,7 +820,7 @@ mod tests {
             deadline: soon(),
         };
         let writer = spawn_writer(dial, frames_rx, events_tx);
-        frames.send(Frame::Welcome).unwrap();
+        frames.send(Frame::Welcome.into()).unwrap();
         assert_eq!(rx.recv().await, Some(Inbound::Connected { from: 3 }));
         assert!(matches!(
             rx.recv().await,
