@@ -93,7 +93,7 @@ pub enum Frame {
         pid: Pid,
         superstep: u32,
         #[serde(with = "byte_pages")]
-        pages: Vec<(u32, Vec<u8>)>,
+        pages: Vec<(u32, Bytes)>,
         #[serde(with = "message_groups")]
         outbox: Vec<WireMessage>,
     },
@@ -216,7 +216,7 @@ pub struct Checkpoint {
     /// `(index, bytes)` of 64 KiB pages, ascending by index (together with
     /// the pages of the preceding [`Frame::CheckpointPart`]s).
     #[serde(with = "byte_pages")]
-    pub pages: Vec<(u32, Vec<u8>)>,
+    pub pages: Vec<(u32, Bytes)>,
     /// Values of the module's mutable globals, in index order, as raw bits.
     pub globals: Vec<u64>,
     /// Sequence number of the process's next output record.
@@ -267,17 +267,13 @@ pub struct WireMessage {
     pub payload: Bytes,
 }
 
-/// `Vec<u8>` as a serde byte string: postcard writes exactly the bytes a
-/// sequence of `u8` would (a varint length, then the bytes), but copies them
-/// in one piece instead of one element at a time (a 64 KiB page or a large
-/// message costs a `memcpy`, not 65 536 visitor calls).
+/// Decoding a serde byte string into a `Vec<u8>`, also from a sequence of
+/// `u8` (what a self-describing format such as JSON writes): the fallback
+/// of [`shared_bytes`]. Postcard writes a byte string exactly as it writes
+/// a sequence of `u8` (a varint length, then the bytes), but in one piece.
 mod byte_string {
+    use serde::Deserializer;
     use serde::de::{Error, SeqAccess, Visitor};
-    use serde::{Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_bytes(bytes)
-    }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
         d.deserialize_byte_buf(ByteBuf)
@@ -482,13 +478,17 @@ mod byte_pages {
     use serde::ser::SerializeSeq;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+    use bytes::Bytes;
+
     #[derive(Serialize)]
-    struct PageRef<'a>(u32, #[serde(with = "super::byte_string")] &'a Vec<u8>);
+    struct PageRef<'a>(u32, #[serde(with = "super::shared_bytes")] &'a Bytes);
 
+    /// A page decoded under [`super::decode_sharing`] is a slice of the
+    /// frame's buffer, not a copy.
     #[derive(Deserialize)]
-    struct Page(u32, #[serde(with = "super::byte_string")] Vec<u8>);
+    struct Page(u32, #[serde(with = "super::shared_bytes")] Bytes);
 
-    pub fn serialize<S: Serializer>(pages: &[(u32, Vec<u8>)], s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(pages: &[(u32, Bytes)], s: S) -> Result<S::Ok, S::Error> {
         let mut seq = s.serialize_seq(Some(pages.len()))?;
         for (i, bytes) in pages {
             seq.serialize_element(&PageRef(*i, bytes))?;
@@ -496,10 +496,10 @@ mod byte_pages {
         seq.end()
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(u32, Vec<u8>)>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(u32, Bytes)>, D::Error> {
         struct Pages;
         impl<'de> Visitor<'de> for Pages {
-            type Value = Vec<(u32, Vec<u8>)>;
+            type Value = Vec<(u32, Bytes)>;
 
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a sequence of (index, page bytes)")
@@ -696,11 +696,28 @@ mod tests {
         let frame = Frame::CheckpointPart {
             pid: 1,
             superstep: 2,
-            pages: pages.clone(),
+            pages: pages
+                .iter()
+                .map(|(i, p)| (*i, Bytes::from(p.clone())))
+                .collect(),
             outbox: vec![],
         };
         let bytes = postcard::to_allocvec(&frame).unwrap();
         assert_eq!(postcard::from_bytes::<Frame>(&bytes).unwrap(), frame);
+        // Decoded from a shared buffer, the pages are slices of it, not copies.
+        let shared = Bytes::from(bytes.clone());
+        let back = decode_sharing(&shared, |b| postcard::from_bytes::<Frame>(b)).unwrap();
+        let Frame::CheckpointPart { pages: back, .. } = back else {
+            panic!("not a checkpoint part");
+        };
+        let within = |p: &Bytes| {
+            let (lo, hi) = (
+                shared.as_ptr() as usize,
+                shared.as_ptr() as usize + shared.len(),
+            );
+            lo <= p.as_ptr() as usize && p.as_ptr() as usize + p.len() <= hi
+        };
+        assert!(back.iter().all(|(_, p)| within(p)));
         let plain = postcard::to_allocvec(&pages).unwrap();
         assert!(
             bytes.windows(plain.len()).any(|w| w == plain.as_slice()),

@@ -39,6 +39,8 @@
 //! page and rehash only the pages that changed since its last capture.
 
 use std::collections::HashMap;
+
+use bytes::Bytes;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::OnceLock;
@@ -131,7 +133,7 @@ impl Snapshot {
     /// The content hash computed from scratch (BLAKE3 of every page).
     pub fn compute_hash(&self) -> [u8; 32] {
         let pages = self.memory.chunks(PAGE_SIZE).map(page_hash);
-        canonical_hash(self, pages)
+        canonical_hash(self, self.memory.len() as u64, pages)
     }
 
     /// Set [`Snapshot::hash`] to [`Snapshot::compute_hash`].
@@ -183,7 +185,13 @@ fn outbox_bytes(outbox: &[WireMessage]) -> u64 {
 }
 
 /// The canonical hash of `s` with the given page hashes (in page order).
-fn canonical_hash(s: &Snapshot, page_hashes: impl Iterator<Item = PageHash>) -> [u8; 32] {
+/// (`memory_len` is given, not read from `s`: a replica checks the hash
+/// before it builds the memory.)
+fn canonical_hash(
+    s: &Snapshot,
+    memory_len: u64,
+    page_hashes: impl Iterator<Item = PageHash>,
+) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     h.update(HASH_TAG);
     h.update(&s.pid.to_le_bytes());
@@ -191,7 +199,7 @@ fn canonical_hash(s: &Snapshot, page_hashes: impl Iterator<Item = PageHash>) -> 
     h.update(&[u8::from(s.exited)]);
     h.update(&s.output_seq.to_le_bytes());
     h.update(&s.output_bytes.to_le_bytes());
-    h.update(&(s.memory.len() as u64).to_le_bytes());
+    h.update(&memory_len.to_le_bytes());
     for p in page_hashes {
         h.update(&p);
     }
@@ -375,7 +383,11 @@ impl PageTracker {
         }
         self.len_pages = n;
         snapshot.memory = copy;
-        snapshot.hash = canonical_hash(&snapshot, self.page_hashes[..n].iter().copied());
+        snapshot.hash = canonical_hash(
+            &snapshot,
+            snapshot.memory.len() as u64,
+            self.page_hashes[..n].iter().copied(),
+        );
         self.origin.get_or_insert(snapshot.superstep);
         self.last = Some((snapshot.superstep, snapshot.hash));
         if self.recent.len() == RECYCLE_DEPTH {
@@ -511,11 +523,11 @@ pub fn to_snapshot_frames(snapshot: &Snapshot) -> Vec<Frame> {
 /// The parts and the final checkpoint (with the tail of pages and messages).
 fn split(snapshot: &Snapshot, pages: &[u32], base: Option<u32>) -> (Vec<Frame>, Checkpoint) {
     let mut frames = Vec::new();
-    let mut cur_pages: Vec<(u32, Vec<u8>)> = Vec::new();
+    let mut cur_pages: Vec<(u32, Bytes)> = Vec::new();
     let mut cur_outbox: Vec<WireMessage> = Vec::new();
     let mut cur = 0usize;
     let (pid, superstep) = (snapshot.pid, snapshot.superstep);
-    let mut flush = |p: &mut Vec<(u32, Vec<u8>)>, o: &mut Vec<WireMessage>| {
+    let mut flush = |p: &mut Vec<(u32, Bytes)>, o: &mut Vec<WireMessage>| {
         frames.push(Frame::CheckpointPart {
             pid,
             superstep,
@@ -537,7 +549,7 @@ fn split(snapshot: &Snapshot, pages: &[u32], base: Option<u32>) -> (Vec<Frame>, 
             flush(&mut cur_pages, &mut cur_outbox);
             cur = 0;
         }
-        cur_pages.push((i, bytes.to_vec()));
+        cur_pages.push((i, Bytes::copy_from_slice(bytes)));
         cur += cost;
     }
     // A delta carries the messages sent after its base; the replica has
@@ -700,7 +712,7 @@ pub enum Assembled {
 #[derive(Debug)]
 struct Pending {
     superstep: u32,
-    pages: Vec<(u32, Vec<u8>)>,
+    pages: Vec<(u32, Bytes)>,
     outbox: Vec<WireMessage>,
     bytes: u64,
 }
@@ -747,7 +759,7 @@ impl Assembler {
         &mut self,
         pid: Pid,
         superstep: u32,
-        pages: Vec<(u32, Vec<u8>)>,
+        pages: Vec<(u32, Bytes)>,
         outbox: Vec<WireMessage>,
     ) -> Result<(), CheckpointError> {
         let mut result = Ok(());
@@ -941,7 +953,8 @@ impl Assembler {
             None => (None, base),
         };
         // Page hashes: those of the base (cached if it was assembled here) or
-        // of zeros, replaced by those of the pages received.
+        // of zeros, replaced by those of the pages received. The result is
+        // checked against the hash before the base is touched.
         let npages = npages as usize;
         let len = memory_len as usize;
         let mut hashes: Vec<PageHash> = vec![zero_page_hash(); npages];
@@ -952,57 +965,24 @@ impl Assembler {
                 .filter(|(h, v)| *h == b.hash && v.len() == b.page_count());
             for (i, page) in b.memory.chunks(PAGE_SIZE).enumerate().take(npages) {
                 hashes[i] = match known {
-                    Some((_, v)) => v[i],
-                    None => page_hash(page),
+                    Some((_, v)) if page.len() == PAGE_SIZE => v[i],
+                    // A partial last page of the base is padded with zeros.
+                    _ if page.len() < PAGE_SIZE => {
+                        let mut padded = vec![0; PAGE_SIZE];
+                        padded[..page.len()].copy_from_slice(page);
+                        page_hash(&padded)
+                    }
+                    _ => page_hash(page),
                 };
             }
         }
-        // The memory: the base's own buffer when we may consume it and it
-        // does not shrink (undo = the replaced pages and the old length), else
-        // a copy.
-        // The consumed base (memory taken out), its length, and the bytes
-        // of the pages the delta overwrites, by offset.
-        type Undo = (Snapshot, usize, Vec<(usize, Vec<u8>)>);
-        let mut undo: Option<Undo> = None;
-        let mut keep: Option<BaseSnap<'_>> = None;
-        let (mut memory, old_len) = match base {
-            Some(BaseSnap::Owned(mut b)) if b.memory.len() <= len => {
-                let old_len = b.memory.len();
-                let mut m = std::mem::take(&mut b.memory);
-                let saved = all_pages
-                    .iter()
-                    .map(|(i, _)| *i as usize * PAGE_SIZE)
-                    .filter(|&at| at < old_len)
-                    .map(|at| (at, m[at..(at + PAGE_SIZE).min(old_len)].to_vec()))
-                    .collect();
-                m.resize(len, 0);
-                undo = Some((b, old_len, saved));
-                (m, old_len)
-            }
-            Some(b) => {
-                let s = b.get();
-                let mut m = s.memory.clone();
-                m.resize(len, 0);
-                let old_len = s.memory.len();
-                keep = Some(b);
-                (m, old_len)
-            }
-            None => (vec![0; len], 0),
-        };
-        if old_len % PAGE_SIZE != 0 && old_len < memory.len() {
-            // A partial last page of the base is now padded.
-            let i = old_len / PAGE_SIZE;
-            hashes[i] = page_hash(&memory[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
-        }
         for (index, bytes) in &all_pages {
-            let i = *index as usize;
-            memory[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(bytes);
-            hashes[i] = page_hash(bytes);
+            hashes[*index as usize] = page_hash(bytes);
         }
-        let snapshot = Snapshot {
+        let mut snapshot = Snapshot {
             pid,
             superstep,
-            memory,
+            memory: Vec::new(),
             globals,
             output_seq,
             output_bytes,
@@ -1010,7 +990,7 @@ impl Assembler {
             outbox: all_outbox,
             hash,
         };
-        let actual = canonical_hash(&snapshot, hashes.iter().copied());
+        let actual = canonical_hash(&snapshot, memory_len, hashes.iter().copied());
         if actual != hash {
             let error = CheckpointError::HashMismatch {
                 pid,
@@ -1018,21 +998,20 @@ impl Assembler {
                 expected: hex::encode(hash),
                 actual: hex::encode(actual),
             };
-            // Put the base back as it was.
-            let back = match undo {
-                Some((mut b, old_len, saved)) => {
-                    let mut m = snapshot.memory;
-                    for (at, bytes) in saved {
-                        m[at..at + bytes.len()].copy_from_slice(&bytes);
-                    }
-                    m.truncate(old_len);
-                    b.memory = m;
-                    Some(Box::new(b))
-                }
-                None => keep.or(unused).and_then(BaseSnap::into_owned),
-            };
-            return Err((error, back));
+            return Err((error, base.or(unused).and_then(BaseSnap::into_owned)));
         }
+        // The memory: the base's own buffer when we may consume it, else a copy.
+        let mut memory = match base {
+            Some(BaseSnap::Owned(mut b)) => std::mem::take(&mut b.memory),
+            Some(b) => b.get().memory.clone(),
+            None => Vec::new(),
+        };
+        memory.resize(len, 0);
+        for (index, bytes) in &all_pages {
+            let i = *index as usize;
+            memory[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(bytes);
+        }
+        snapshot.memory = memory;
         self.page_hashes.insert(pid, (hash, hashes));
         Ok(snapshot)
     }

@@ -54,7 +54,7 @@ fn size_hint(frame: &Frame) -> usize {
             .map(|r| r[0].payload.len() + 24 * r.len())
             .sum()
     };
-    let pages = |p: &[(u32, Vec<u8>)]| -> usize { p.iter().map(|(_, b)| b.len() + 8).sum() };
+    let pages = |p: &[(u32, Bytes)]| -> usize { p.iter().map(|(_, b)| b.len() + 8).sum() };
     64 + match frame {
         Frame::Data { messages } => outbox(messages),
         Frame::Relay { bytes, head, .. } => bytes.len() + 16 * head.dsts.len(),

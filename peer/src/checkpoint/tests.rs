@@ -274,12 +274,19 @@ proptest! {
     }
 }
 
-fn any_page() -> impl Strategy<Value = (u32, Vec<u8>)> {
+/// Flip the low bit of byte `at` of a page.
+fn flip(page: &mut Bytes, at: usize) {
+    let mut v = page.to_vec();
+    v[at] ^= 1;
+    *page = v.into();
+}
+
+fn any_page() -> impl Strategy<Value = (u32, Bytes)> {
     (
         0u32..6,
         prop_oneof![Just(P), Just(0usize), Just(P + 1), 0usize..100],
     )
-        .prop_map(|(i, n)| (i, vec![i as u8; n]))
+        .prop_map(|(i, n)| (i, vec![i as u8; n].into()))
 }
 
 fn any_frame() -> impl Strategy<Value = Frame> {
@@ -353,7 +360,7 @@ fn a_corrupted_page_is_detected_by_the_hash() {
     let Some(Frame::Checkpoint(c)) = frames.last_mut() else {
         panic!("the last frame is the checkpoint")
     };
-    c.pages[1].1[100] ^= 1;
+    flip(&mut c.pages[1].1, 100);
     let err = deliver(
         &mut Assembler::new(1 << 30),
         &mut ReplicaStore::new(),
@@ -442,7 +449,7 @@ fn a_rejected_delta_leaves_the_base_in_the_store_unchanged() {
     let Some(Frame::Checkpoint(c)) = bad.last_mut() else {
         panic!("the last frame is the checkpoint")
     };
-    c.pages[0].1[3] ^= 1;
+    flip(&mut c.pages[0].1, 3);
     let err = deliver(&mut asm, &mut store, bad).unwrap_err();
     assert!(matches!(err, CheckpointError::HashMismatch { .. }), "{err}");
     let kept = store.newest(1).expect("the base is back");
@@ -601,27 +608,28 @@ fn the_assembler_refuses_hostile_checkpoints_with_readable_errors() {
         CheckpointError::PageIndex { index: 1, .. }
     ));
     let mut c = good.clone();
-    c.pages[0].1.pop();
+    c.pages[0].1.truncate(P - 1);
     assert!(matches!(
         check(&mut asm, c),
         CheckpointError::PageSize { .. }
     ));
     let mut c = good.clone();
     c.memory_len = 2 * P as u64;
-    c.pages.push((0, vec![0; P]));
+    c.pages.push((0, vec![0; P].into()));
     assert!(matches!(
         check(&mut asm, c),
         CheckpointError::PageOrder { .. }
     ));
 
     // Parts beyond the cap are dropped.
-    let pages: Vec<(u32, Vec<u8>)> = (0..5).map(|i| (i, vec![0; P])).collect();
+    let pages: Vec<(u32, Bytes)> = (0..5).map(|i| (i, vec![0; P].into())).collect();
     let e = asm.part(0, 0, pages, vec![]).unwrap_err();
     assert!(e.to_string().contains("limit"), "{e}");
     assert_eq!(asm.pending_bytes(), 0);
 
     // A part of another superstep abandons the unfinished checkpoint.
-    asm.part(0, 0, vec![(0, vec![0; P])], vec![]).unwrap();
+    asm.part(0, 0, vec![(0, vec![0; P].into())], vec![])
+        .unwrap();
     let e = asm.part(0, 1, vec![], vec![]).unwrap_err();
     assert!(matches!(
         e,
