@@ -18,7 +18,9 @@
 //!
 //! Run: `cargo bench --bench pagerank` (100 iterations, 3 runs each; a few
 //! minutes), `-- --quick` (20 iterations, 1 run), or choose with
-//! `-- --iters N --runs N`.
+//! `-- --iters N --runs N`; `-- --only N` runs only the N-th bspweb
+//! configuration (1: p = 1, 2: p = 2, 3: p = 4, 4: p = 2 without
+//! checkpoints), for a profiler.
 
 #[path = "../tests/all/harness.rs"]
 #[allow(dead_code)]
@@ -137,6 +139,16 @@ fn main() {
     let quick = args.iter().any(|a| a == "--quick");
     let iters = flag_value(&args, "--iters").unwrap_or(if quick { 20 } else { 100 });
     let runs = flag_value(&args, "--runs").unwrap_or(if quick { 1 } else { 3 });
+    // `--only N`: run only the N-th bspweb configuration (1–4), to profile it.
+    let only = flag_value(&args, "--only").map(|n| {
+        CONFIGS
+            .get((n as usize).wrapping_sub(1))
+            .unwrap_or_else(|| {
+                eprintln!("error: --only takes 1 to {}", CONFIGS.len());
+                std::process::exit(2)
+            })
+            .label
+    });
     if iters < 2 || runs < 1 {
         eprintln!("error: --iters must be at least 2 and --runs at least 1");
         std::process::exit(2);
@@ -178,7 +190,7 @@ fn main() {
     let rt = tokio::runtime::Runtime::new().expect("a tokio runtime");
     rt.block_on(async {
         let client = cluster.admin().await;
-        for c in CONFIGS {
+        for c in CONFIGS.iter().filter(|c| only.is_none_or(|o| c.label == o)) {
             // Warm up: the peers download and compile the program once.
             bspweb(&client, c, 1).await;
             let (mut total, mut one_iteration) = (Duration::MAX, Duration::MAX);
@@ -228,6 +240,9 @@ fn main() {
             .map(|r| secs(r.total))
             .expect("a measured row")
     };
+    if only.is_some() {
+        return;
+    }
     let p1 = time(CONFIGS[0].label) / secs(native_total);
     let p2 = secs(native_total) / time(CONFIGS[1].label);
     let verdict = |met: bool| if met { "met" } else { "NOT met" };
