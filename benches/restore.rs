@@ -164,17 +164,19 @@ async fn one_run(
             eprintln!("  killed peer #{victim} at superstep {s}");
             continue;
         }
-        if killed.is_some() && restored.is_none() {
-            if let Some(at) = *rolled_back.lock().unwrap() {
-                // From here on, progress counts again (the supersteps up
-                // to the kill are re-executed, and not counted).
-                restored = Some((at - timeline.start, s));
-                timeline
-                    .reached
-                    .iter_mut()
-                    .skip(s as usize + 1)
-                    .for_each(|r| *r = None);
-            }
+        let rollback = *rolled_back.lock().unwrap();
+        if let Some(at) = rollback
+            && killed.is_some()
+            && restored.is_none()
+        {
+            // From here on, progress counts again (the supersteps up to
+            // the kill are re-executed, and not counted).
+            restored = Some((at - timeline.start, s));
+            timeline
+                .reached
+                .iter_mut()
+                .skip(s as usize + 1)
+                .for_each(|r| *r = None);
         }
         if killed.is_none() || restored.is_some() {
             timeline.record(s);
