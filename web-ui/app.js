@@ -1998,7 +1998,7 @@ function peersPage(main, ctx) {
       empty,
       scrollTable(
         'Peers',
-        h('table', { id: 'peers' }, h('thead', {}, h('tr', {}, ['Peer', 'State', 'Speed', 'Idle', 'Cores', 'Lease expires', 'Processes', 'Address'].map((t) => colHead(t)))), tbody),
+        h('table', { id: 'peers' }, h('thead', {}, h('tr', {}, ['Peer', 'State', 'Speed', 'Idle', 'Cores', 'Lease expires', 'Processes', 'Memory', 'Address'].map((t) => colHead(t)))), tbody),
       ),
     ),
     h(
@@ -2021,6 +2021,18 @@ function peersPage(main, ctx) {
     ),
   );
 
+  // Resident memory, and what its jobs hold for fault tolerance (retained
+  // messages, other peers' checkpoints), from its last renewal.
+  function peerMemory(m) {
+    if (!m || !m.rss_bytes) return h('td', { class: 'muted' }, '—');
+    return h(
+      'td',
+      { class: 'num', title: 'Resident memory of the peer; "held": bytes its jobs keep for fault tolerance (retained messages, checkpoints of other peers’ processes)' },
+      fmtBytes(m.rss_bytes),
+      h('span', { class: 'desc muted' }, `held ${fmtBytes(m.held_bytes)}`),
+    );
+  }
+
   function peerRow(p) {
     const idle = Math.max(0, Math.min(1, p.idle));
     return h(
@@ -2033,6 +2045,7 @@ function peersPage(main, ctx) {
       h('td', { class: 'num' }, String(p.cores)),
       h('td', {}, p.state === 'gone' ? h('span', { class: 'muted' }, 'expired ', timeEl(p.lease_expires_at, fmtRelative(p.lease_expires_at))) : timeEl(p.lease_expires_at, fmtRelative(p.lease_expires_at))),
       h('td', { class: 'num' }, String(p.processes)),
+      peerMemory(p.memory),
       h('td', {}, h('code', {}, p.addr)),
     );
   }

@@ -708,6 +708,8 @@ async function main() {
     await page.waitForFunction((n) => document.querySelectorAll('#peers tr[data-state="online"]').length >= n, PEERS);
     const first = await page.locator('#peers tbody tr').first().innerText();
     check(/online/.test(first) && /in \d/.test(first) && /%/.test(first), `a peer row lacks state, lease expiry or idle: ${first}`);
+    // Each online peer's memory, from its renewals: resident size and what its jobs hold.
+    await page.waitForFunction(() => [...document.querySelectorAll('#peers tr[data-state="online"]')].every((r) => /MiB[\s\S]*held \d/.test(r.children[7].textContent)));
     const hosted = await page.$$eval('#peers tbody tr', (rs) => rs.reduce((n, r) => n + Number(r.children[6].textContent), 0));
     check(hosted >= 3, `the peers host ${hosted} processes, expected the long job's 3`);
     check(ringAvailable, 'GET /api/v1/ring is missing on this supernode (the ring picture cannot be drawn)');
