@@ -30,6 +30,10 @@ mod harness;
 #[allow(dead_code)]
 mod kernel;
 
+#[path = "common/args.rs"]
+mod args;
+use args::flag_value;
+
 use std::time::{Duration, Instant};
 
 use bsp_api::client::Client;
@@ -78,18 +82,6 @@ struct Row {
     label: String,
     total: Duration,
     one_iteration: Duration,
-}
-
-fn flag_value(args: &[String], name: &str) -> Option<u32> {
-    let i = args.iter().position(|a| a == name)?;
-    let value = args.get(i + 1).unwrap_or_else(|| {
-        eprintln!("error: {name} needs a number");
-        std::process::exit(2)
-    });
-    Some(value.parse().unwrap_or_else(|_| {
-        eprintln!("error: {name} {value}: not a number");
-        std::process::exit(2)
-    }))
 }
 
 /// The native reference: its time and output.

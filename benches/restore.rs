@@ -23,6 +23,10 @@ mod harness;
 #[allow(dead_code)]
 mod kernel;
 
+#[path = "common/args.rs"]
+mod args;
+use args::flag_value;
+
 use std::time::{Duration, Instant};
 
 use bsp_api::client::Client;
@@ -38,18 +42,6 @@ const WARM: u32 = 10;
 
 const MAX_SLOWDOWN: f64 = 1.5;
 const MAX_RSS_GROWTH: f64 = 0.2;
-
-fn flag_value(args: &[String], name: &str) -> Option<u32> {
-    let i = args.iter().position(|a| a == name)?;
-    let value = args.get(i + 1).unwrap_or_else(|| {
-        eprintln!("error: {name} needs a number");
-        std::process::exit(2)
-    });
-    Some(value.parse().unwrap_or_else(|_| {
-        eprintln!("error: {name} {value}: not a number");
-        std::process::exit(2)
-    }))
-}
 
 /// Resident memory of an OS process, in MiB.
 fn rss_mib(pid: u32) -> f64 {
