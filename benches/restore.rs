@@ -43,14 +43,11 @@ const WARM: u32 = 10;
 const MAX_SLOWDOWN: f64 = 1.5;
 const MAX_RSS_GROWTH: f64 = 0.2;
 
-/// Resident memory of an OS process, in MiB.
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
+/// Resident memory of the peer at `index`, in MiB (NaN once it is gone).
+fn rss_mib(cluster: &harness::Cluster, index: usize) -> f64 {
+    cluster
+        .peer_rss(index)
+        .map_or(f64::NAN, |b| b as f64 / (1u64 << 20) as f64)
 }
 
 /// The slowest pid's completed supersteps, as last reported.
@@ -103,7 +100,7 @@ async fn one_run(
     let kill_at = if kill { iters / 3 } else { u32::MAX };
     // (Peers killed in earlier runs have no memory to read.)
     let survivors_before: Vec<(usize, f64)> = (0..cluster.peers.len())
-        .map(|i| (i, rss_mib(cluster.os_pid(i))))
+        .map(|i| (i, rss_mib(cluster, i)))
         .filter(|(_, rss)| rss.is_finite())
         .collect();
     let spec = harness::job(
@@ -196,7 +193,7 @@ async fn one_run(
         // The control run: no kill.
         let rss = survivors_before
             .iter()
-            .map(|&(i, before)| (before, rss_mib(cluster.os_pid(i))))
+            .map(|&(i, before)| (before, rss_mib(cluster, i)))
             .collect();
         return Outcome {
             before: timeline.per_superstep(WARM, iters - 5),
@@ -212,7 +209,7 @@ async fn one_run(
     let rss = survivors_before
         .iter()
         .filter(|(i, _)| *i != victim)
-        .map(|&(i, before)| (before, rss_mib(cluster.os_pid(i))))
+        .map(|&(i, before)| (before, rss_mib(cluster, i)))
         .collect();
     let last = iters - 5;
     let outcome = Outcome {

@@ -178,7 +178,7 @@ fn is_zero(bytes: &[u8]) -> bool {
 
 /// Bytes an outbox occupies: a payload shared by consecutive messages (one
 /// `send_range` or `send_list`) counts once.
-fn outbox_bytes(outbox: &[WireMessage]) -> u64 {
+pub fn outbox_bytes(outbox: &[WireMessage]) -> u64 {
     message_groups::runs(outbox)
         .map(|run| run[0].payload.len() as u64 + MESSAGE_COST * run.len() as u64)
         .sum()

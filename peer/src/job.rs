@@ -408,7 +408,7 @@ struct Driver {
     local: BTreeMap<Pid, Local>,
     /// Messages local processes sent in supersteps ≥ `safe`, per source.
     retained: BTreeMap<Pid, Vec<WireMessage>>,
-    /// Bytes of `retained` ([`retained_bytes`]).
+    /// Bytes of `retained` ([`checkpoint::outbox_bytes`]).
     retained_bytes: u64,
     /// What this job adds to `env.stats.held` now.
     held: u64,
@@ -472,14 +472,6 @@ fn encode_for(
         out.push((r, frames));
     }
     Ok(out)
-}
-
-/// Bytes retained messages occupy: a payload shared by consecutive messages
-/// (one `send_range` or `send_list`) counts once, plus the messages' headers.
-fn retained_bytes(messages: &[WireMessage]) -> u64 {
-    message_groups::runs(messages)
-        .map(|run| run[0].payload.len() as u64 + 16 * run.len() as u64)
-        .sum()
 }
 
 /// Most heads one multicast may arrive with (each restore of its sender
@@ -1481,7 +1473,7 @@ impl Driver {
         let done = done_of(pid, exited, &out, s);
         self.route(&out);
         self.flush_all();
-        self.retained_bytes += retained_bytes(&out);
+        self.retained_bytes += checkpoint::outbox_bytes(&out);
         self.retained.entry(pid).or_default().extend(out);
         if exited {
             let mark = self.env.reporter.emit_marked(PeerEvent::ProcessExited {
@@ -1860,7 +1852,11 @@ impl Driver {
         for msgs in self.retained.values_mut() {
             msgs.retain(|m| m.superstep >= g);
         }
-        self.retained_bytes = self.retained.values().map(|m| retained_bytes(m)).sum();
+        self.retained_bytes = self
+            .retained
+            .values()
+            .map(|m| checkpoint::outbox_bytes(m))
+            .sum();
         self.relays.retain(|&(_, s, _), _| s >= g);
         self.dones.retain(|&(_, s), d| s >= g || d.exited);
         let forget = lowest_waiting.map_or(g, |w| w.min(g));
@@ -2011,7 +2007,11 @@ impl Driver {
         }
         self.flush_all();
         self.retained.insert(pid, snapshot.outbox.clone());
-        self.retained_bytes = self.retained.values().map(|m| retained_bytes(m)).sum();
+        self.retained_bytes = self
+            .retained
+            .values()
+            .map(|m| checkpoint::outbox_bytes(m))
+            .sum();
         // Its `Done`s go out once the snapshot is on its (new) replicas.
         let supersteps: BTreeSet<u32> = snapshot
             .outbox

@@ -1485,16 +1485,6 @@ fn the_native_model_of_the_guest_is_deterministic_and_uses_every_stream() {
         .expect("the guest passes the bspweb_v1 validator");
 }
 
-/// Resident memory of an OS process in bytes (0 if it cannot be read).
-fn rss_of(os_pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{os_pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
-}
-
 /// Issue 13: a peer SIGKILLed under a 200-superstep PageRank. The output
 /// equals the native reference's. While the job runs on after the restore,
 /// the bytes each peer holds for fault tolerance (messages retained since
@@ -1523,7 +1513,7 @@ async fn a_restore_under_a_long_job_keeps_memory_bounded() {
         serde_json::json!({"n": 1000, "m": 5000, "iters": 2}),
     );
     crate::harness::run(&client, warm).await.assert_exited();
-    let rss_before: Vec<u64> = (0..4).map(|i| rss_of(cluster.os_pid(i))).collect();
+    let rss_before: Vec<u64> = (0..4).map(|i| cluster.peer_rss(i).unwrap_or(0)).collect();
     let args = serde_json::json!({"n": n, "m": m, "iters": iters, "seed": 1});
     let job = client
         .submit(&crate::harness::job("pagerank", 4, args))
@@ -1627,7 +1617,7 @@ async fn a_restore_under_a_long_job_keeps_memory_bounded() {
         if i == victim_index {
             continue;
         }
-        let now = rss_of(cluster.os_pid(i));
+        let now = cluster.peer_rss(i).unwrap_or(0);
         assert!(
             now <= was + was / 5 + 8 * MIB,
             "peer {i} grew from {} MiB before the job to {} MiB after it",

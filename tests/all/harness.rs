@@ -169,9 +169,16 @@ impl Cluster {
         self.peers.iter().position(|p| &p.name == name)
     }
 
-    /// The operating system's process id of the peer at `index`.
-    pub fn os_pid(&self, index: usize) -> u32 {
-        self.peers[index].child.id()
+    /// Resident memory of the peer process at `index` in bytes (`VmRSS`),
+    /// `None` once it is gone.
+    pub fn peer_rss(&self, index: usize) -> Option<u64> {
+        let pid = self.peers[index].child.id();
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
     }
 
     /// SIGKILL the peer at `index` (no goodbye, like a machine switched off)
