@@ -164,9 +164,10 @@ fn install_panic_hook() {
 
 /// Decodes the job's arguments (JSON text) as `A`.
 ///
-/// Empty arguments mean "none": they decode as `null` (for `()` and
-/// `Option`) or, failing that, as `{}` (for structs whose fields all have
-/// defaults). Likewise `{}` is accepted for `()`.
+/// Empty arguments and `null` mean "none" (the CLI, the web UI and the API
+/// send `null` when no arguments were given): they decode as `null` (for
+/// `()` and `Option`) or, failing that, as `{}` (for structs whose fields all
+/// have defaults). Likewise `{}` is accepted for `()`.
 pub(crate) fn decode_args<A: DeserializeOwned>(bytes: &[u8]) -> Result<A, String> {
     let type_name = core::any::type_name::<A>();
     let Ok(text) = core::str::from_utf8(bytes) else {
@@ -175,7 +176,7 @@ pub(crate) fn decode_args<A: DeserializeOwned>(bytes: &[u8]) -> Result<A, String
         ));
     };
     let text = text.trim();
-    if text.is_empty() {
+    if text.is_empty() || text == "null" {
         return serde_json::from_str::<A>("null")
             .or_else(|_| serde_json::from_str::<A>("{}"))
             .map_err(|e| {
@@ -248,6 +249,11 @@ mod tests {
         decode_args::<()>(b"  \n").unwrap();
         decode_args::<()>(b"null").unwrap();
         decode_args::<()>(b"{}").unwrap();
+        assert_eq!(decode_args::<Option<u32>>(b"null").unwrap(), None);
+        assert_eq!(
+            decode_args::<WithDefaults>(b" null ").unwrap(),
+            WithDefaults::default()
+        );
         assert_eq!(decode_args::<Option<u32>>(b"").unwrap(), None);
         assert_eq!(
             decode_args::<WithDefaults>(b"").unwrap(),
@@ -286,6 +292,8 @@ mod tests {
             "{e}"
         );
         let e = decode_args::<Required>(b"").unwrap_err();
+        assert!(e.starts_with("this program needs arguments"), "{e}");
+        let e = decode_args::<Required>(b"null").unwrap_err();
         assert!(e.starts_with("this program needs arguments"), "{e}");
         assert!(e.contains("missing field `mode`"), "{e}");
         let e = decode_args::<()>(&[0xff, 0xfe]).unwrap_err();

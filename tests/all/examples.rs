@@ -97,6 +97,20 @@ async fn mandelbrot_rows_match_the_native_computation() {
     assert!(r.stdout(0).contains(&format!("mandelbrot {w}x{h} done")));
 }
 
+/// A job submitted without arguments (`null`, as the CLI, the web UI and the
+/// API send them) runs with the program's defaults (issue 19: the README's
+/// `bspweb submit mandelbrot -n 4 --follow` aborted on `null`).
+#[tokio::test(flavor = "multi_thread")]
+async fn no_arguments_mean_the_programs_defaults() {
+    let c = shared();
+    let client = c.admin().await;
+    let r = run(&client, job("mandelbrot", 4, serde_json::Value::Null)).await;
+    r.assert_exited();
+    assert!(r.stdout(0).contains(&"mandelbrot 256x256 done".to_string()));
+    let rows: usize = (0..4).map(|pid| r.raw(pid).len()).sum();
+    assert_eq!(rows, 256);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn inner_product_matches_the_sequential_result() {
     let c = shared();
