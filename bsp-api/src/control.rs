@@ -348,4 +348,11 @@ pub enum PeerEvent {
         pid: Option<Pid>,
         text: String,
     },
+    /// This peer's data-plane connection to `peer`, another peer of `job`,
+    /// broke without the notice a peer gives when the job ends there: that
+    /// peer may have died. The supernode checks for itself (it dials the
+    /// peer's data-plane address, and only a refused connection counts) and
+    /// if so declares it gone at once instead of waiting out its lease
+    /// (docs/fault-tolerance.md, "Failure and restore").
+    PeerUnreachable { job: JobId, peer: PeerId },
 }

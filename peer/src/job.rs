@@ -2078,6 +2078,15 @@ impl Driver {
                     to,
                     "connection to peer #{to} failed: {error}; reconnecting"
                 );
+                if self.peers.contains(&to) {
+                    // It did not say the job ended there: it may have died.
+                    // The supernode checks and, if so, restores its
+                    // processes now rather than when its lease runs out.
+                    self.emit(PeerEvent::PeerUnreachable {
+                        job: self.job,
+                        peer: to,
+                    });
+                }
                 if let Some(l) = self.links.remove(&to) {
                     l.task.abort();
                     let addr = l.addr;

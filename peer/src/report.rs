@@ -272,7 +272,8 @@ fn estimated_size(e: &PeerEvent) -> usize {
         PeerEvent::ProcessExited { .. }
         | PeerEvent::ProcessRestored { .. }
         | PeerEvent::ProcessHandedOver { .. }
-        | PeerEvent::Progress { .. } => OVERHEAD,
+        | PeerEvent::Progress { .. }
+        | PeerEvent::PeerUnreachable { .. } => OVERHEAD,
     }
 }
 

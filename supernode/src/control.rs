@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use crate::auth::AuthPeer;
 use crate::http::{ApiJson, ApiPath, ApiQuery, no_content};
-use crate::{Error, Supernode, state};
+use crate::{Error, Supernode, state, suspect};
 
 /// The longest a command poll waits.
 const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -175,8 +175,10 @@ pub(crate) async fn report(
     if report.events.is_empty() {
         return Ok(no_content());
     }
-    sn.with_core(move |core, inner, fx| core.report(inner, fx, peer.id, report.events))
+    let suspects = sn
+        .with_core(move |core, inner, fx| core.report(inner, fx, peer.id, report.events))
         .await?;
+    suspect::check(&sn, suspects);
     Ok(no_content())
 }
 

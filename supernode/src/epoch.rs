@@ -484,12 +484,34 @@ fn distinct(peers: impl IntoIterator<Item = PeerId>) -> Vec<PeerId> {
 /// of the DHHT): for every active job they belonged to, a new epoch with
 /// their processes re-placed by the DHHT on the remaining peers and named in
 /// `restore`. A job fails only when no live peer is left to take them.
+/// Why peers were declared gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LossCause {
+    /// They stopped renewing their leases.
+    LeaseExpired,
+    /// Another peer of the job lost its link to it and its data-plane
+    /// address refused the supernode's connection.
+    Unreachable,
+}
+
+impl LossCause {
+    fn says(self, many: bool) -> &'static str {
+        match (self, many) {
+            (LossCause::LeaseExpired, false) => "stopped renewing its lease",
+            (LossCause::LeaseExpired, true) => "stopped renewing their leases",
+            (LossCause::Unreachable, _) => "died (its data port refuses connections)",
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn restore_lost(
     tx: &Connection,
     place: &mut Place,
     inner: &Inner,
     fx: &mut Effects,
     lost: &BTreeMap<PeerId, String>,
+    cause: LossCause,
     now: i64,
 ) -> Result<(), Error> {
     let mut by_job: BTreeMap<JobId, Vec<PeerId>> = BTreeMap::new();
@@ -546,8 +568,8 @@ pub(crate) fn restore_lost(
         };
         if !homeless.is_empty() {
             let reason = format!(
-                "{who} stopped renewing {} lease and no live peer is left to restore {}",
-                if gone.len() == 1 { "its" } else { "their" },
+                "{who} {} and no live peer is left to restore {}",
+                cause.says(gone.len() > 1),
                 pid_list(&homeless)
             );
             let ending = Ending {
@@ -576,7 +598,12 @@ pub(crate) fn restore_lost(
             },
             now,
         )?;
-        let lost_text = format!("{} lost", peer_list(&gone));
+        let lost_text = format!(
+            "{} lost: {} {}",
+            peer_list(&gone),
+            if gone.len() == 1 { "it" } else { "they" },
+            cause.says(gone.len() > 1)
+        );
         let text = if restored.is_empty() && in_place.is_empty() {
             format!("{lost_text}; it held only checkpoint replicas (epoch {epoch})")
         } else {

@@ -38,6 +38,7 @@ mod openapi;
 mod rest;
 mod sse;
 mod state;
+mod suspect;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::future::Future;
@@ -139,6 +140,9 @@ pub(crate) struct LivePeer {
     /// The largest `after` whose commands were deleted from SQLite.
     pub(crate) pruned: u64,
     pub(crate) notify: Arc<Notify>,
+    /// When the supernode last dialed it because a peer reported it
+    /// unreachable (`suspect`).
+    pub(crate) probed_at: Option<i64>,
 }
 
 /// What a state change asks for once it is committed.

@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
 use crate::db::{self, u64_from_sql, u64_to_sql};
+use crate::epoch::LossCause;
 use crate::{Effects, Error, Inner, Live, LivePeer, Supernode, epoch, lease, now_ms};
 
 /// Largest number of processes of one job.
@@ -465,6 +466,18 @@ pub(crate) fn pid_list(pids: &[Pid]) -> String {
 }
 
 /// What a report handler knows about a job the reporting peer may touch.
+/// A peer that another peer of `job` lost its data-plane link to (a
+/// [`PeerEvent::PeerUnreachable`] report), to be checked by dialing `addr`.
+#[derive(Debug, Clone)]
+pub(crate) struct Suspect {
+    pub(crate) peer: PeerId,
+    /// Its data-plane address, as it logged in with.
+    pub(crate) addr: String,
+    pub(crate) job: JobId,
+    /// The peer that reported it.
+    pub(crate) by: PeerId,
+}
+
 struct ReportJob {
     active: bool,
     nprocs: u32,
@@ -533,6 +546,7 @@ impl Core {
                         acked,
                         pruned: acked,
                         notify: Arc::new(Notify::new()),
+                        probed_at: None,
                     },
                 );
             }
@@ -1210,6 +1224,7 @@ impl Core {
                     acked: u64_from_sql(seq),
                     pruned: u64_from_sql(seq),
                     notify: Arc::new(Notify::new()),
+                    probed_at: None,
                 },
             );
         }
@@ -1423,7 +1438,7 @@ impl Core {
         fx: &mut Effects,
         peer: PeerId,
         events: Vec<PeerEvent>,
-    ) -> Result<(), Error> {
+    ) -> Result<Vec<Suspect>, Error> {
         let now = now_ms();
         let holds_lease = inner
             .live()
@@ -1439,6 +1454,7 @@ impl Core {
         let tx = self.conn.transaction()?;
         let mut jobs: HashMap<JobId, Option<ReportJob>> = HashMap::new();
         let mut handed_over = false;
+        let mut suspects = Vec::new();
         for event in events {
             let job = match &event {
                 PeerEvent::Output { job, .. }
@@ -1448,7 +1464,8 @@ impl Core {
                 | PeerEvent::ProcessRestored { job, .. }
                 | PeerEvent::ProcessHandedOver { job, .. }
                 | PeerEvent::Progress { job, .. }
-                | PeerEvent::Status { job, .. } => *job,
+                | PeerEvent::Status { job, .. }
+                | PeerEvent::PeerUnreachable { job, .. } => *job,
             };
             let entry = match jobs.entry(job) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -1533,6 +1550,35 @@ impl Core {
                          WHERE job = ?1 AND pid = ?2 AND peer_id = ?4",
                     )?
                     .execute(params![job, pid, superstep, peer])?;
+                }
+                PeerEvent::PeerUnreachable { peer: suspect, .. } => {
+                    if suspect == peer || suspects.iter().any(|s: &Suspect| s.peer == suspect) {
+                        continue;
+                    }
+                    if !epoch::job_peers(&tx, job)?.contains(&suspect) {
+                        tracing::debug!(
+                            peer,
+                            job,
+                            suspect,
+                            "ignoring a suspicion of a peer not in the job"
+                        );
+                        continue;
+                    }
+                    let addr: Option<String> = tx
+                        .query_row(
+                            "SELECT addr FROM peers WHERE id = ?1 AND state = 'online'",
+                            [suspect],
+                            |r| r.get(0),
+                        )
+                        .optional()?;
+                    if let Some(addr) = addr {
+                        suspects.push(Suspect {
+                            peer: suspect,
+                            addr,
+                            job,
+                            by: peer,
+                        });
+                    }
                 }
                 PeerEvent::Status { pid, text, .. } => {
                     if pid.is_some_and(|p| p >= ctx.nprocs) {
@@ -1723,7 +1769,68 @@ impl Core {
             self.place.rebalance_pending = true;
         }
         tx.commit()?;
-        Ok(())
+        Ok(suspects)
+    }
+
+    /// Declares `suspect.peer` gone now, because its data-plane address
+    /// refused a connection after a peer of `suspect.job` lost its link to
+    /// it, and restores its processes like an expired lease would. Does
+    /// nothing if the peer is no longer online or holds a different lease
+    /// than when it was suspected (it logged in again meanwhile).
+    pub(crate) fn declare_unreachable(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        suspect: &Suspect,
+        lease_id: &str,
+        now: i64,
+    ) -> Result<bool, Error> {
+        let same_lease = inner
+            .live()
+            .peers
+            .get(&suspect.peer)
+            .is_some_and(|p| p.lease_id == lease_id);
+        if !same_lease {
+            return Ok(false);
+        }
+        let tx = self.conn.transaction()?;
+        let online: bool = tx
+            .query_row(
+                "SELECT state = 'online' FROM peers WHERE id = ?1",
+                [suspect.peer],
+                |r| r.get(0),
+            )
+            .optional()?
+            .unwrap_or(false);
+        if !online {
+            return Ok(false);
+        }
+        let name = mark_gone(&tx, &mut self.place, suspect.peer)?;
+        tracing::warn!(
+            peer = suspect.peer,
+            name = %name,
+            job = suspect.job,
+            by = suspect.by,
+            addr = %suspect.addr,
+            "peer #{} lost its data-plane link to it and its address refuses connections; it is gone",
+            suspect.by
+        );
+        let lost = BTreeMap::from([(suspect.peer, name)]);
+        epoch::restore_lost(
+            &tx,
+            &mut self.place,
+            inner,
+            fx,
+            &lost,
+            LossCause::Unreachable,
+            now,
+        )?;
+        fx.wake_scheduler = true;
+        tx.commit()?;
+        if let Some(p) = inner.live().peers.remove(&suspect.peer) {
+            p.notify.notify_waiters();
+        }
+        Ok(true)
     }
 
     /// The bytes of module `hash`, if `peer` runs (or ran) a job of it.
@@ -1974,28 +2081,35 @@ fn expire_overdue(
     let expired = lease::expired(now, table);
     let mut lost = BTreeMap::new();
     for &peer in &expired {
-        let (name, golden): (String, Option<i64>) = tx.query_row(
-            "SELECT name, golden FROM peers WHERE id = ?1",
-            [peer],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
-        tx.execute(
-            "UPDATE peers SET state = 'gone', golden = NULL, draining = 0, power = NULL WHERE id = ?1",
-            [peer],
-        )?;
-        tx.execute("DELETE FROM commands WHERE peer_id = ?1", [peer])?;
-        if let Some(k) = golden {
-            place.peer_indices.free(u64_from_sql(k));
-        }
-        place.dhht.remove(peer);
+        let name = mark_gone(tx, place, peer)?;
         tracing::warn!(peer, name = %name, "peer stopped renewing its lease; it is gone");
         lost.insert(peer, name);
     }
     if !lost.is_empty() {
-        epoch::restore_lost(tx, place, inner, fx, &lost, now)?;
+        epoch::restore_lost(tx, place, inner, fx, &lost, LossCause::LeaseExpired, now)?;
         fx.wake_scheduler = true;
     }
     Ok(expired)
+}
+
+/// Marks `peer` gone: frees its golden index, removes it from the DHHT and
+/// drops its queued commands. Returns its name.
+fn mark_gone(tx: &Connection, place: &mut Place, peer: PeerId) -> Result<String, Error> {
+    let (name, golden): (String, Option<i64>) = tx.query_row(
+        "SELECT name, golden FROM peers WHERE id = ?1",
+        [peer],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    tx.execute(
+        "UPDATE peers SET state = 'gone', golden = NULL, draining = 0, power = NULL WHERE id = ?1",
+        [peer],
+    )?;
+    tx.execute("DELETE FROM commands WHERE peer_id = ?1", [peer])?;
+    if let Some(k) = golden {
+        place.peer_indices.free(u64_from_sql(k));
+    }
+    place.dhht.remove(peer);
+    Ok(name)
 }
 
 /// Marks `peer` draining: out of the DHHT (power 0 for placement), its

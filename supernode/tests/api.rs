@@ -1406,7 +1406,7 @@ async fn a_lost_peer_s_processes_are_restored_on_the_others_in_a_new_epoch() {
     assert_eq!((done.outcome, done.exited), (Some(JobOutcome::Exited), 12));
     let events = h.events(&alice, job.id, None).await;
     let lost_line = format!(
-        "peer #{} lost; restoring {} on ",
+        "peer #{} lost: it stopped renewing its lease; restoring {} on ",
         dying.id,
         pids_text(&lost)
     );

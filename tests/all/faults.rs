@@ -1626,3 +1626,92 @@ async fn a_restore_under_a_long_job_keeps_memory_bounded() {
         );
     }
 }
+
+/// A SIGKILLed peer is declared gone as soon as the other peers of its job
+/// lose their links to it and the supernode finds its data port closed, not
+/// when its 15 s lease runs out (issue 17, "faster recovery"): its
+/// processes are restored before its lease could have expired (it renews
+/// every 5 s, so not before 10 s after the kill), the status line names the
+/// cause, and the output is the native one. `cargo bench --bench restore`
+/// prints the time from the kill to the restore.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_peer_is_restored_before_its_lease_could_expire() {
+    use crate::examples::pagerank_kernel as kernel;
+    let ttl = Duration::from_secs(15);
+    let mut cluster = Cluster::start(Options {
+        peers: 4,
+        lease_ttl_secs: ttl.as_secs(),
+        ..Default::default()
+    });
+    let client = cluster.admin().await;
+    let warm = crate::harness::job(
+        "pagerank",
+        8,
+        serde_json::json!({"n": 1000, "m": 5000, "iters": 2}),
+    );
+    crate::harness::run(&client, warm).await.assert_exited();
+    let (n, m, iters) = (50_000u64, 250_000u64, 300u32);
+    let args = serde_json::json!({"n": n, "m": m, "iters": iters, "seed": 3});
+    let job = client
+        .submit(&crate::harness::job("pagerank", 4, args))
+        .await
+        .expect("submit")
+        .id;
+    let follower = Follower::start(&client, job);
+    let (victim, killed_at) = loop {
+        let info = client.job(job).await.expect("job info");
+        assert!(
+            info.state != bsp_api::rest::JobState::Finished,
+            "job {job} ended before superstep 20: {:?}",
+            info.outcome
+        );
+        if info.supersteps.iter().copied().min().unwrap_or(0) >= 20 {
+            let id = *info
+                .placement
+                .iter()
+                .find(|p| **p != info.placement[0])
+                .expect("4 processes on 4 peers use more than one peer");
+            let index = cluster
+                .peer_index(&client, id)
+                .await
+                .expect("the victim's index");
+            cluster.kill_peer(index);
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("a clock after 1970");
+            break (id, now.as_millis() as i64);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let events = follower.finish().await.expect("the job's events");
+    let restored_at = events
+        .iter()
+        .filter(|e| matches!(e.kind, JobEventKind::ProcessRolledBack { .. }))
+        .map(|e| e.at)
+        .max()
+        .unwrap_or_else(|| panic!("no process was restored: {}", tail(&events)));
+    let after = Duration::from_millis(u64::try_from(restored_at - killed_at).unwrap_or(0));
+    eprintln!("peer #{victim} killed; its processes were restored {after:?} later");
+    let cause = format!("peer #{victim} lost: it died (its data port refuses connections)");
+    assert!(
+        events.iter().any(|e| matches!(&e.kind,
+            JobEventKind::Status { text } if text.starts_with(&cause))),
+        "no status line `{cause}…`: {}",
+        tail(&events)
+    );
+    let earliest_expiry = ttl - ttl / 3;
+    assert!(
+        after < earliest_expiry,
+        "restored {after:?} after the kill: its lease could have expired by then"
+    );
+    let stdout: Vec<String> = events
+        .iter()
+        .filter(|e| e.pid == Some(0))
+        .filter_map(|e| match &e.kind {
+            JobEventKind::Stdout { text } => Some(text.clone()),
+            _ => None,
+        })
+        .collect();
+    let params = kernel::Params::new(n, m, iters, 3).expect("valid parameters");
+    assert_eq!(stdout, kernel::reference(&params));
+}
