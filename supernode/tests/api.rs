@@ -2327,3 +2327,94 @@ async fn the_ring_shows_peer_shares_and_the_callers_processes() {
     assert_eq!(ring["peers"].as_array().unwrap().len(), 2);
     assert!(ring["processes"].as_array().unwrap().is_empty());
 }
+
+/// docs/fault-tolerance.md, "Failure and restore" 0: a peer reported
+/// unreachable by another peer of its job is declared gone at once only if
+/// the supernode, dialing its data-plane address itself, is refused. A peer
+/// whose port accepts connections stays (the report alone counts for
+/// nothing), and so do reports about peers outside the job or about the
+/// reporter itself. Leases are long here, so only the report can act.
+#[tokio::test]
+async fn a_peer_reported_unreachable_is_gone_at_once_only_if_its_port_refuses() {
+    let h = Harness::start_with(|c| c.lease_ttl = Duration::from_secs(120)).await;
+    let alice = h.login("alice", "alice-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
+    let alive_port = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead_addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let mut reporter = h.peer_login(login_body("reporter", 4, None)).await;
+    let alive = h
+        .peer_login(PeerLogin {
+            addr: alive_port.local_addr().unwrap().to_string(),
+            ..login_body("alive", 4, None)
+        })
+        .await;
+    let dead = h
+        .peer_login(PeerLogin {
+            addr: dead_addr,
+            ..login_body("dead", 4, None)
+        })
+        .await;
+    let _keep = [
+        h.keep_alive(&reporter),
+        h.keep_alive(&alive),
+        h.keep_alive(&dead),
+    ];
+    let job = h.submit(&alice, "ring", 12).await;
+    let first = start_job(&h.commands(&mut reporter).await);
+    let ids: Vec<i64> = first.peers.iter().map(|p| p.id).collect();
+    assert!(
+        ids.contains(&alive.id) && ids.contains(&dead.id),
+        "{:?}",
+        first.peers
+    );
+    let unreachable = |peer| PeerEvent::PeerUnreachable { job: job.id, peer };
+
+    // Not on the report's word: the alive peer's port is dialed (every dial
+    // of the check is accepted here) and nothing changes.
+    assert_eq!(
+        h.report(
+            &reporter,
+            vec![
+                unreachable(alive.id),
+                unreachable(reporter.id),
+                unreachable(987_654)
+            ]
+        )
+        .await,
+        StatusCode::NO_CONTENT
+    );
+    for _ in 0..4 {
+        tokio::time::timeout(Duration::from_secs(10), alive_port.accept())
+            .await
+            .expect("the supernode dials the suspect")
+            .unwrap();
+    }
+    // The check is over once its last dial was accepted and answered.
+    let info = h.job(&alice, job.id).await;
+    assert_eq!(info.state, JobState::Active);
+    assert_eq!(info.placement, hosts_by_pid(&first));
+
+    // The dead peer's port refuses: it is gone now, its processes restored.
+    let lost = hosts(&first, dead.id);
+    assert_eq!(
+        h.report(&reporter, vec![unreachable(dead.id)]).await,
+        StatusCode::NO_CONTENT
+    );
+    let next = h.assignment_at(&mut reporter, job.id, 1).await;
+    assert_eq!(next.restore, lost);
+    let ids: Vec<i64> = next.peers.iter().map(|p| p.id).collect();
+    assert!(
+        !ids.contains(&dead.id) && ids.contains(&alive.id),
+        "{ids:?}"
+    );
+    let (status, body) = h.renew(&dead).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(api_error(&body).code, "lease_expired");
+    let (status, _) = h.renew(&alive).await;
+    assert_eq!(status, StatusCode::OK);
+}
