@@ -569,9 +569,9 @@ fn read_inbox() -> Vec<Message> {
         .collect()
 }
 
-/// The future of [`Bsp::sync`]: suspends the program once (the host sees
-/// `STATUS_SYNC`), then clears the message cache so the new superstep's
-/// messages are read.
+/// The future of [`Bsp::sync`]: frees (zeroed) the superstep's messages,
+/// suspends the program once (the host sees `STATUS_SYNC`), then clears the
+/// message cache so the new superstep's messages are read.
 #[must_use = "`bsp.sync()` does nothing unless awaited: write `bsp.sync().await`"]
 #[derive(Debug)]
 pub struct SyncPoint<'a> {
@@ -590,6 +590,16 @@ impl Future for SyncPoint<'_> {
             Poll::Ready(())
         } else {
             self.suspended = true;
+            // This superstep's messages are gone after the sync: free them
+            // now, zeroed, so that the checkpoint taken at the sync does not
+            // carry them. Their pages then read the same at every sync (the
+            // next inbox reuses the same memory and is zeroed in turn), so
+            // they are not even part of a delta.
+            if let Some(mut inbox) = self.bsp.inbox.take() {
+                for m in &mut inbox {
+                    m.data.fill(0);
+                }
+            }
             rt::suspend(abi::STATUS_SYNC);
             Poll::Pending
         }
@@ -704,6 +714,20 @@ pub(crate) mod tests {
         assert!(e.to_string().contains("limit is 8388608 bytes"), "{e}");
         assert!(b.send_list_bytes(&[0, 1], &big).is_err());
         assert!(b.send_range_bytes(.., &big).is_err());
+    }
+
+    /// While the program waits at a sync (and its checkpoint is taken) the
+    /// superstep's messages are already freed, so the checkpoint does not
+    /// carry them.
+    #[test]
+    fn a_sync_frees_the_messages_before_it_suspends() {
+        let mut b = bsp(0, 2, vec![msg(1, b"old"), msg(1, &[7; 100])]);
+        assert_eq!(b.message_count(), 2);
+        let mut sync = b.sync();
+        let mut cx = Context::from_waker(core::task::Waker::noop());
+        assert_eq!(Pin::new(&mut sync).poll(&mut cx), Poll::Pending);
+        drop(sync);
+        assert!(b.inbox.get().is_none());
     }
 
     #[test]
