@@ -17,9 +17,10 @@
 //!    accumulator with an entry per vertex of the graph; sum the owned
 //!    dangling vertices' ranks;
 //! 2. send every other process `q` one dense block of little-endian `u64`s
-//!    (raw bytes, [`Bsp::send_bytes`]): this process's dangling sum, then
-//!    the accumulator entries of `q`'s vertices, split into messages of at
-//!    most 1 MiB (they arrive in sending order); sync;
+//!    ([`Bsp::send_numbers`], straight from the accumulator): this
+//!    process's dangling sum (a message of its own), then the accumulator
+//!    entries of `q`'s vertices, split into messages of at most 1 MiB (they
+//!    arrive in sending order); sync;
 //! 3. add the blocks received into the owned entries and the dangling sums
 //!    into the total, then update the owned ranks.
 //!
@@ -34,7 +35,7 @@
 //! checksum {16 hex digits}
 //! ```
 //!
-//! The buffers (accumulator, ranks, the block being sent) are allocated once.
+//! The buffers (accumulator, ranks) are allocated once.
 
 #[path = "pagerank/kernel.rs"]
 #[allow(dead_code)] // the native reference is for the test and the benchmark
@@ -85,25 +86,15 @@ async fn main(bsp: &mut Bsp, args: Args) -> Result<()> {
 
     let graph = kernel::Graph::generate(&params, owned);
     let mut pr = kernel::PageRank::new(&params, &graph);
-    let largest = blocks.iter().map(|b| b.len()).max().unwrap_or(0);
-    let mut out = Vec::with_capacity(8 * CHUNK_WORDS.min(largest + 1));
 
     for _ in 0..params.iters {
         let own_dangling = pr.scatter(&graph);
         for q in (0..nprocs).filter(|&q| q != pid) {
             // The stream to q: word 0 is the dangling sum, word 1 + i the
             // entry of q's vertex i.
-            let entries = pr.outgoing(blocks[q as usize].clone());
-            let mut start = 0;
-            while start == 0 || start < 1 + entries.len() {
-                let end = (start + CHUNK_WORDS).min(1 + entries.len());
-                out.clear();
-                if start == 0 {
-                    out.extend_from_slice(&own_dangling.to_le_bytes());
-                }
-                kernel::encode_words(&mut out, &entries[start.max(1) - 1..end - 1]);
-                bsp.send_bytes(q, &out)?;
-                start = end;
+            bsp.send_numbers(q, &[own_dangling])?;
+            for chunk in pr.outgoing(blocks[q as usize].clone()).chunks(CHUNK_WORDS) {
+                bsp.send_numbers(q, chunk)?;
             }
         }
         bsp.sync().await;

@@ -132,6 +132,29 @@ fn job_size(n: u32) -> String {
     }
 }
 
+/// The primitive numbers [`Bsp::send_numbers`] sends as they lie in
+/// memory: `u8`…`u64`, `i8`…`i64` and `f32`, `f64`. Sealed.
+pub trait Number: sealed::Number {}
+
+mod sealed {
+    pub trait Number: Copy {
+        /// Appends the little-endian bytes.
+        fn put_le(&self, out: &mut Vec<u8>);
+    }
+}
+
+macro_rules! numbers {
+    ($($t:ty),*) => {$(
+        impl sealed::Number for $t {
+            fn put_le(&self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+        }
+        impl Number for $t {}
+    )*};
+}
+numbers!(u8, u16, u32, u64, i8, i16, i32, i64, f32, f64);
+
 fn too_large(len: usize) -> Error {
     Error::msg(format!(
         "cannot send a message of {len} bytes: the limit is {} bytes (8 MiB); split it into several messages",
@@ -296,6 +319,44 @@ impl Bsp {
         }
         let rc = host::send_to(to, bytes);
         self.check_send(rc, bytes.len(), || format!("cannot send to pid {to}"))
+    }
+
+    /// Sends a slice of numbers to process `to` as their little-endian
+    /// bytes, straight from the slice: no encoding, no copy in the program
+    /// (the host copies the bytes once). The receiver reads them with
+    /// [`Message::bytes`] (`u64::from_le_bytes` on each 8 bytes, for
+    /// example). Prefer it to filling a buffer for [`send_bytes`]: besides
+    /// the copy, a buffer that holds the sent data at the sync is part of
+    /// the process's checkpoint.
+    ///
+    /// Fails like [`send_bytes`](Bsp::send_bytes) (at most 8 MiB).
+    ///
+    /// ```rust,no_run
+    /// # fn f(bsp: &mut bspweb::Bsp) -> bspweb::Result<()> {
+    /// let sums = vec![0u64; 1000];
+    /// bsp.send_numbers(0, &sums[100..200])?;
+    /// # Ok(()) }
+    /// ```
+    pub fn send_numbers<N: Number>(&self, to: u32, numbers: &[N]) -> Result<()> {
+        if cfg!(target_endian = "little") {
+            // SAFETY: `N` is a primitive number (sealed trait): no padding,
+            // every byte initialized, any alignment is valid for `u8`; the
+            // byte slice covers exactly the memory of `numbers` and borrows
+            // it for no longer.
+            let bytes = unsafe {
+                core::slice::from_raw_parts(
+                    numbers.as_ptr().cast::<u8>(),
+                    core::mem::size_of_val(numbers),
+                )
+            };
+            self.send_bytes(to, bytes)
+        } else {
+            let mut bytes = Vec::with_capacity(core::mem::size_of_val(numbers));
+            for n in numbers {
+                n.put_le(&mut bytes);
+            }
+            self.send_bytes(to, &bytes)
+        }
     }
 
     /// Sends `msg` to every pid in `range` (the PUB-Web broadcast to an
@@ -714,6 +775,9 @@ pub(crate) mod tests {
         assert!(e.to_string().contains("limit is 8388608 bytes"), "{e}");
         assert!(b.send_list_bytes(&[0, 1], &big).is_err());
         assert!(b.send_range_bytes(.., &big).is_err());
+        let words = vec![0u64; abi::MAX_MESSAGE_BYTES / 8 + 1];
+        let e = b.send_numbers(1, &words).unwrap_err();
+        assert!(e.to_string().contains("limit is 8388608 bytes"), "{e}");
     }
 
     /// While the program waits at a sync (and its checkpoint is taken) the

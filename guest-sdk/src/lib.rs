@@ -107,7 +107,7 @@ mod host;
 mod rng;
 mod rt;
 
-pub use bsp::{Bsp, MayMigrate, Message, SyncPoint};
+pub use bsp::{Bsp, MayMigrate, Message, Number, SyncPoint};
 pub use error::{Error, IntoOutcome, Result};
 pub use rng::Rng;
 
