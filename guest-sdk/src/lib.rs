@@ -38,8 +38,19 @@
 //! superstep *s* are delivered at the start of *s + 1*, ordered by source pid
 //! and then in sending order. Values are sent with [`Bsp::send`]
 //! (serialized with postcard, read back with [`Message::decode`]) or as raw
-//! bytes with [`Bsp::send_bytes`]. Output goes to the user who started the
+//! bytes with [`Bsp::send_bytes`], and slices of numbers straight from
+//! memory with [`Bsp::send_numbers`]. Output goes to the user who started the
 //! job: [`Bsp::println`], [`Bsp::eprintln`] and [`Bsp::write_raw`].
+//!
+//! # Cheap checkpoints
+//!
+//! At every sync the host checkpoints the process's linear memory: the
+//! 64 KiB pages that changed since the last checkpoint travel to two other
+//! peers. A superstep's messages are freed (zeroed) before the sync, so they
+//! cost nothing. What the program writes costs what it writes: prefer
+//! [`Bsp::send_numbers`] to filling a send buffer, reuse buffers rather
+//! than allocate new ones each superstep, and zero (or shrink) a large
+//! buffer that is dead at the sync if it is rewritten anyway.
 //!
 //! Returning `Err` from `main`, calling [`Bsp::abort`] or panicking ends the
 //! whole job, and the user sees the message (a panic as
