@@ -373,8 +373,11 @@ pub async fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
     }
     if !a.json {
         eprintln!(
-            "== job {} submitted: {} with {} processes",
-            job.id, job.program, job.nprocs
+            "== job {} submitted: {} with {} process{}",
+            job.id,
+            job.program,
+            job.nprocs,
+            if job.nprocs == 1 { "" } else { "es" }
         );
     }
     follow(
@@ -679,12 +682,14 @@ async fn follow(
                 );
             }
             JobEventKind::JobExited => eprintln!("== job {job} exited"),
-            JobEventKind::JobAborted { reason } => {
-                eprintln!("== job {job} aborted by pid {pid}: {reason}");
-            }
-            JobEventKind::JobFailed { reason } => {
-                eprintln!("== job {job} failed at pid {pid}: {reason}");
-            }
+            JobEventKind::JobAborted { reason } => match event.pid {
+                Some(pid) => eprintln!("== job {job} aborted by pid {pid}: {reason}"),
+                None => eprintln!("== job {job} aborted: {reason}"),
+            },
+            JobEventKind::JobFailed { reason } => match event.pid {
+                Some(pid) => eprintln!("== job {job} failed at pid {pid}: {reason}"),
+                None => eprintln!("== job {job} failed: {reason}"),
+            },
             JobEventKind::JobKilled => {
                 eprintln!("== job {job} was killed");
             }
@@ -908,9 +913,22 @@ pub async fn programs(a: ListArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn peers(a: ListArgs) -> anyhow::Result<ExitCode> {
+#[derive(Args)]
+pub struct PeersArgs {
+    /// Print a JSON array instead of a table
+    #[arg(long)]
+    json: bool,
+    /// Only the peers that are online now (not the gone ones)
+    #[arg(long)]
+    online: bool,
+}
+
+pub async fn peers(a: PeersArgs) -> anyhow::Result<ExitCode> {
     let client = connect().await?;
-    let peers = client.peers().await?;
+    let mut peers = client.peers().await?;
+    if a.online {
+        peers.retain(|p| p.state == "online");
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&peers)?);
         return Ok(ExitCode::SUCCESS);

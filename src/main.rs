@@ -31,6 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Start a supernode and N local peers in one command (embedded defaults)
+    #[command(long_about = UP_ABOUT)]
     Up(UpArgs),
     /// Run a supernode
     Supernode(SupernodeArgs),
@@ -62,10 +63,22 @@ enum Command {
     Programs(cli_client::ListArgs),
     /// List the peers of the supernode
     #[command(after_long_help = cli_client::EXIT_CODES)]
-    Peers(cli_client::ListArgs),
+    Peers(cli_client::PeersArgs),
     /// Simulate the load balancers of dissertation ch. 4 and write a report
     Sim(sim_cmd::SimArgs),
 }
+
+const UP_ABOUT: &str = "Start a supernode and N local peers in one command (embedded defaults).
+
+It serves the REST API and the web UI on --listen, registers the example \
+programs, and creates a first user: BSPWEB_USER (default `bspweb`) with the \
+password BSPWEB_PASSWORD, or one generated once and kept in the data \
+directory, printed at every start. It then logs the CLI in as that user, \
+replacing the saved CLI session (in $BSPWEB_CONFIG_DIR, else \
+$XDG_CONFIG_HOME/bspweb, else ~/.config/bspweb). Peers log to files in the \
+data directory; a local peer that stops is restarted within a second. \
+Ctrl-C stops everything; the database keeps users, programs and finished \
+jobs for the next start.";
 
 #[derive(Args)]
 pub struct UpArgs {
@@ -184,9 +197,12 @@ struct LoginArgs {
 fn init_tracing(default: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("BSPWEB_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    // Colours only on a terminal: a log redirected to a file stays plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .try_init();
 }
 

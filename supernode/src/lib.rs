@@ -386,6 +386,7 @@ impl Supernode {
             Some(url) => tracing::info!(%addr, public_url = %url, "supernode listening"),
             None => tracing::info!(%addr, "supernode listening"),
         }
+        suspect::check_at_start(&self).await;
         let scheduler = tokio::spawn(state::scheduler_task(self.clone()));
         let sweeper = tokio::spawn(state::lease_task(self.clone()));
         let inner = self.inner.clone();

@@ -466,16 +466,35 @@ pub(crate) fn pid_list(pids: &[Pid]) -> String {
 }
 
 /// What a report handler knows about a job the reporting peer may touch.
-/// A peer that another peer of `job` lost its data-plane link to (a
-/// [`PeerEvent::PeerUnreachable`] report), to be checked by dialing `addr`.
+/// A peer that may have died, to be checked by dialing `addr`.
 #[derive(Debug, Clone)]
 pub(crate) struct Suspect {
     pub(crate) peer: PeerId,
     /// Its data-plane address, as it logged in with.
     pub(crate) addr: String,
-    pub(crate) job: JobId,
-    /// The peer that reported it.
-    pub(crate) by: PeerId,
+    pub(crate) why: SuspectWhy,
+}
+
+/// Why a peer is suspected.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SuspectWhy {
+    /// Peer `by` of `job` lost its data-plane link to it (a
+    /// [`PeerEvent::PeerUnreachable`] report).
+    LinkLost { job: JobId, by: PeerId },
+    /// It was online when the supernode stopped: it may have stopped too
+    /// (e.g. with the `bspweb up` that started it).
+    Restart,
+}
+
+impl std::fmt::Display for SuspectWhy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SuspectWhy::LinkLost { job, by } => {
+                write!(f, "peer #{by} lost its data-plane link to it in job {job}")
+            }
+            SuspectWhy::Restart => write!(f, "it was online when the supernode last stopped"),
+        }
+    }
 }
 
 struct ReportJob {
@@ -488,6 +507,21 @@ struct ReportJob {
 }
 
 impl Core {
+    /// The peers recorded online, to be checked at start.
+    pub(crate) fn online_peers(&self) -> Result<Vec<Suspect>, Error> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, addr FROM peers WHERE state = 'online'")?;
+        let rows = stmt.query_map([], |r| {
+            Ok(Suspect {
+                peer: r.get(0)?,
+                addr: r.get(1)?,
+                why: SuspectWhy::Restart,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     /// Builds the in-memory state from the database at start. The leases of
     /// peers recorded online are extended to at least one TTL from now, so
     /// peers that kept running while the supernode was down can renew and
@@ -1575,8 +1609,7 @@ impl Core {
                         suspects.push(Suspect {
                             peer: suspect,
                             addr,
-                            job,
-                            by: peer,
+                            why: SuspectWhy::LinkLost { job, by: peer },
                         });
                     }
                 }
@@ -1773,8 +1806,8 @@ impl Core {
     }
 
     /// Declares `suspect.peer` gone now, because its data-plane address
-    /// refused a connection after a peer of `suspect.job` lost its link to
-    /// it, and restores its processes like an expired lease would. Does
+    /// refused a connection (see [`SuspectWhy`] for why it was dialed), and
+    /// restores its processes like an expired lease would. Does
     /// nothing if the peer is no longer online or holds a different lease
     /// than when it was suspected (it logged in again meanwhile).
     pub(crate) fn declare_unreachable(
@@ -1809,11 +1842,10 @@ impl Core {
         tracing::warn!(
             peer = suspect.peer,
             name = %name,
-            job = suspect.job,
-            by = suspect.by,
             addr = %suspect.addr,
-            "peer #{} lost its data-plane link to it and its address refuses connections; it is gone",
-            suspect.by
+            "peer #{} is gone: {} and its data port refuses connections",
+            suspect.peer,
+            suspect.why
         );
         let lost = BTreeMap::from([(suspect.peer, name)]);
         epoch::restore_lost(

@@ -1,5 +1,8 @@
 //! Fast loss detection (docs/fault-tolerance.md, "Failure and restore").
 //!
+//! The same check runs for every peer recorded online when the supernode
+//! starts ([`check_at_start`]).
+//!
 //! A peer whose data-plane connection to another peer of a job breaks
 //! without the notice a peer gives when the job ends there reports
 //! [`PeerUnreachable`](bsp_api::control::PeerEvent::PeerUnreachable). The
@@ -59,6 +62,17 @@ pub(crate) async fn dial(addr: &str) -> Dialed {
     }
 }
 
+/// Checks every peer recorded online when the supernode starts: one that
+/// died while it was down (say, with the `bspweb up` that started both) is
+/// declared gone at once, instead of a lease later and after new jobs were
+/// placed on it.
+pub(crate) async fn check_at_start(sn: &Supernode) {
+    match sn.with_core(|core, _, _| core.online_peers()).await {
+        Ok(peers) => check(sn, peers),
+        Err(e) => tracing::error!(error = %e, "cannot list the peers to check at start"),
+    }
+}
+
 /// Checks each suspect in a task of its own: dials it a few times in about
 /// a second ([`DIAL_AFTER`]) and declares it gone at the first refusal (at
 /// most one check per peer per [`MIN_PROBE_INTERVAL_MS`]).
@@ -102,21 +116,17 @@ pub(crate) fn check(sn: &Supernode, suspects: Vec<Suspect>) {
                 }
                 Dialed::Listening => tracing::info!(
                     peer = suspect.peer,
-                    by = suspect.by,
-                    job = suspect.job,
-                    "peer #{} lost its link to peer #{}, but its data port still accepts \
-                     connections: leaving it to its lease",
-                    suspect.by,
-                    suspect.peer
-                ),
-                Dialed::Unknown(why) => tracing::info!(
-                    peer = suspect.peer,
-                    by = suspect.by,
-                    job = suspect.job,
-                    "peer #{} lost its link to peer #{}, whose data port at {} neither accepts \
-                     nor refuses connections ({why}): leaving it to its lease",
-                    suspect.by,
+                    "peer #{} is suspected ({}), but its data port still accepts connections: \
+                     leaving it to its lease",
                     suspect.peer,
+                    suspect.why
+                ),
+                Dialed::Unknown(e) => tracing::info!(
+                    peer = suspect.peer,
+                    "peer #{} is suspected ({}), but its data port at {} neither accepts nor \
+                     refuses connections ({e}): leaving it to its lease",
+                    suspect.peer,
+                    suspect.why,
                     suspect.addr
                 ),
             }

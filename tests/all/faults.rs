@@ -1715,3 +1715,66 @@ async fn a_killed_peer_is_restored_before_its_lease_could_expire() {
     let params = kernel::Params::new(n, m, iters, 3).expect("valid parameters");
     assert_eq!(stdout, kernel::reference(&params));
 }
+
+/// A peer that died while the supernode was down is declared gone as soon
+/// as the supernode is back (it dials every peer recorded online and finds
+/// this one's data port closed), not a fresh lease later; the peers that
+/// kept running stay online (issue 19: restarting `bspweb up` on the same
+/// data directory left its dead peers "online" until their leases lapsed
+/// and new jobs were placed on them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_died_with_the_supernode_is_gone_when_it_restarts() {
+    let ttl = Duration::from_secs(15);
+    let mut cluster = Cluster::start(Options {
+        peers: 3,
+        lease_ttl_secs: ttl.as_secs(),
+        ..Default::default()
+    });
+    let client = cluster.admin().await;
+    let peers = client.peers().await.expect("peers");
+    let online: Vec<PeerId> = peers
+        .iter()
+        .filter(|p| p.state == "online")
+        .map(|p| p.id)
+        .collect();
+    assert_eq!(online.len(), 3, "{peers:?}");
+    let victim = online[1];
+    let index = cluster
+        .peer_index(&client, victim)
+        .await
+        .expect("the victim's index");
+    cluster.kill_supernode();
+    cluster.kill_peer(index);
+    cluster.restart_supernode();
+    let restarted = Instant::now();
+    let client = cluster.admin().await;
+    // The restarted supernode gives every lease a fresh TTL: only the check
+    // at start can declare the victim gone before that runs out.
+    let limit = ttl - ttl / 3;
+    loop {
+        let peers = client.peers().await.expect("peers");
+        let state = |id| {
+            peers
+                .iter()
+                .find(|p| p.id == id)
+                .map(|p| p.state.clone())
+                .unwrap_or_default()
+        };
+        if state(victim) == "gone" {
+            for &id in online.iter().filter(|&&id| id != victim) {
+                assert_eq!(state(id), "online", "peer {id} kept running: {peers:?}");
+            }
+            eprintln!(
+                "peer {victim} declared gone {:?} after the restart",
+                restarted.elapsed()
+            );
+            break;
+        }
+        assert!(
+            restarted.elapsed() < limit,
+            "peer {victim} died with the supernode but is still {} {limit:?} after the restart",
+            state(victim)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
