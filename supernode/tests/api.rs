@@ -323,10 +323,35 @@ struct FakePeer {
     seen: u64,
 }
 
+/// A port that accepts (and drops) connections for the whole test run: the
+/// fake peers' data-plane address, so that the supernode, which dials
+/// suspected peers and every peer recorded online when it starts, finds
+/// them alive.
+fn live_addr() -> String {
+    static PORT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PORT.get_or_init(|| {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                drop(conn);
+            }
+        });
+        addr
+    })
+    .clone()
+}
+
+/// An address where nothing listens: a dead peer's.
+fn dead_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
 fn login_body(name: &str, cores: u32, previous_id: Option<i64>) -> PeerLogin {
     PeerLogin {
         name: name.into(),
-        addr: "127.0.0.1:9000".into(),
+        addr: live_addr(),
         speed: 1.0,
         idle: 1.0,
         cores,
@@ -959,7 +984,7 @@ async fn a_waiting_job_is_placed_when_a_peer_logs_in_and_runs_to_its_end() {
     assert_eq!(a.program_hash, builtin.hash);
     assert_eq!(a.peers.len(), 1);
     assert_eq!(a.peers[0].id, peer.id);
-    assert_eq!(a.peers[0].addr, "127.0.0.1:9000");
+    assert_eq!(a.peers[0].addr, live_addr());
     assert_eq!(a.placement, vec![0, 0, 0]);
     assert_eq!(a.job_token.len(), 64);
     assert_eq!(
@@ -1933,6 +1958,13 @@ async fn malformed_requests_get_api_errors() {
 async fn state_survives_a_restart() {
     let (h, alice) = Harness::with_ring().await;
     let mut peer = h.peer_login(login_body("p1", 4, None)).await;
+    // A peer that dies while the supernode is down.
+    let dead = h
+        .peer_login(PeerLogin {
+            addr: dead_addr(),
+            ..login_body("dies", 1, None)
+        })
+        .await;
     let job = h.submit(&alice, "ring", 2).await;
     start_job(&h.commands(&mut peer).await);
     h.report(&peer, vec![out(job.id, 0, 0, "before the restart")])
@@ -1944,6 +1976,13 @@ async fn state_survives_a_restart() {
     assert_eq!(h.job(&alice, job.id).await.state, JobState::Active);
     let (status, _) = h.renew(&peer).await;
     assert_eq!(status, StatusCode::OK);
+    // The supernode dials every peer recorded online at start: the dead
+    // one's port refuses, so it is gone at once (no lease ran out here).
+    poll("the dead peer declared gone", || async {
+        (h.renew(&dead).await.0 == StatusCode::UNAUTHORIZED).then_some(())
+    })
+    .await;
+    assert_eq!(h.renew(&peer).await.0, StatusCode::OK);
     h.report(
         &peer,
         vec![
@@ -2342,10 +2381,6 @@ async fn a_peer_reported_unreachable_is_gone_at_once_only_if_its_port_refuses() 
         .await
         .unwrap();
     let alive_port = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let dead_addr = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().to_string()
-    };
     let mut reporter = h.peer_login(login_body("reporter", 4, None)).await;
     let alive = h
         .peer_login(PeerLogin {
@@ -2355,7 +2390,7 @@ async fn a_peer_reported_unreachable_is_gone_at_once_only_if_its_port_refuses() 
         .await;
     let dead = h
         .peer_login(PeerLogin {
-            addr: dead_addr,
+            addr: dead_addr(),
             ..login_body("dead", 4, None)
         })
         .await;
