@@ -140,8 +140,8 @@ pub(crate) struct LivePeer {
     /// The largest `after` whose commands were deleted from SQLite.
     pub(crate) pruned: u64,
     pub(crate) notify: Arc<Notify>,
-    /// When the supernode last dialed it because a peer reported it
-    /// unreachable (`suspect`).
+    /// When the supernode last checked it by dialing its data port
+    /// (`suspect`: a peer reported it unreachable, or at start).
     pub(crate) probed_at: Option<i64>,
 }
 

@@ -1485,6 +1485,39 @@ fn the_native_model_of_the_guest_is_deterministic_and_uses_every_stream() {
         .expect("the guest passes the bspweb_v1 validator");
 }
 
+/// Runs a tiny PageRank on 8 processes, so that every peer has compiled the
+/// program before what a test measures.
+async fn warm_up_pagerank(client: &Client) {
+    let warm = crate::harness::job(
+        "pagerank",
+        8,
+        serde_json::json!({"n": 1000, "m": 5000, "iters": 2}),
+    );
+    crate::harness::run(client, warm).await.assert_exited();
+}
+
+/// What `pid` printed on stdout, in order.
+fn stdout_of(events: &[JobEvent], pid: Pid) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e.pid == Some(pid))
+        .filter_map(|e| match &e.kind {
+            JobEventKind::Stdout { text } => Some(text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A peer hosting a process of the job, but not pid 0's host (whose output
+/// the tests read).
+fn not_pid0s_host(info: &JobInfo) -> PeerId {
+    *info
+        .placement
+        .iter()
+        .find(|p| **p != info.placement[0])
+        .expect("4 processes on 4 peers use more than one peer")
+}
+
 /// Issue 13: a peer SIGKILLed under a 200-superstep PageRank. The output
 /// equals the native reference's. While the job runs on after the restore,
 /// the bytes each peer holds for fault tolerance (messages retained since
@@ -1506,13 +1539,7 @@ async fn a_restore_under_a_long_job_keeps_memory_bounded() {
         ..Default::default()
     });
     let client = cluster.admin().await;
-    // Every peer compiles the program first, so that is not counted.
-    let warm = crate::harness::job(
-        "pagerank",
-        8,
-        serde_json::json!({"n": 1000, "m": 5000, "iters": 2}),
-    );
-    crate::harness::run(&client, warm).await.assert_exited();
+    warm_up_pagerank(&client).await;
     let rss_before: Vec<u64> = (0..4).map(|i| cluster.peer_rss(i).unwrap_or(0)).collect();
     let args = serde_json::json!({"n": n, "m": m, "iters": iters, "seed": 1});
     let job = client
@@ -1543,11 +1570,7 @@ async fn a_restore_under_a_long_job_keeps_memory_bounded() {
             break;
         }
         if victim.is_none() && s >= 80 && before.values().any(|&b| b > 0) {
-            let id = *info
-                .placement
-                .iter()
-                .find(|p| **p != info.placement[0])
-                .expect("4 processes on 4 peers use more than one peer");
+            let id = not_pid0s_host(&info);
             let index = cluster
                 .peer_index(&client, id)
                 .await
@@ -1568,14 +1591,7 @@ async fn a_restore_under_a_long_job_keeps_memory_bounded() {
         "no process was restored: {}",
         tail(&events)
     );
-    let stdout: Vec<String> = events
-        .iter()
-        .filter(|e| e.pid == Some(0))
-        .filter_map(|e| match &e.kind {
-            JobEventKind::Stdout { text } => Some(text.clone()),
-            _ => None,
-        })
-        .collect();
+    let stdout = stdout_of(&events, 0);
     let params = kernel::Params::new(n, m, iters, 1).expect("valid parameters");
     assert_eq!(
         stdout,
@@ -1644,12 +1660,7 @@ async fn a_killed_peer_is_restored_before_its_lease_could_expire() {
         ..Default::default()
     });
     let client = cluster.admin().await;
-    let warm = crate::harness::job(
-        "pagerank",
-        8,
-        serde_json::json!({"n": 1000, "m": 5000, "iters": 2}),
-    );
-    crate::harness::run(&client, warm).await.assert_exited();
+    warm_up_pagerank(&client).await;
     let (n, m, iters) = (50_000u64, 250_000u64, 300u32);
     let args = serde_json::json!({"n": n, "m": m, "iters": iters, "seed": 3});
     let job = client
@@ -1666,11 +1677,7 @@ async fn a_killed_peer_is_restored_before_its_lease_could_expire() {
             info.outcome
         );
         if info.supersteps.iter().copied().min().unwrap_or(0) >= 20 {
-            let id = *info
-                .placement
-                .iter()
-                .find(|p| **p != info.placement[0])
-                .expect("4 processes on 4 peers use more than one peer");
+            let id = not_pid0s_host(&info);
             let index = cluster
                 .peer_index(&client, id)
                 .await
@@ -1704,14 +1711,7 @@ async fn a_killed_peer_is_restored_before_its_lease_could_expire() {
         after < earliest_expiry,
         "restored {after:?} after the kill: its lease could have expired by then"
     );
-    let stdout: Vec<String> = events
-        .iter()
-        .filter(|e| e.pid == Some(0))
-        .filter_map(|e| match &e.kind {
-            JobEventKind::Stdout { text } => Some(text.clone()),
-            _ => None,
-        })
-        .collect();
+    let stdout = stdout_of(&events, 0);
     let params = kernel::Params::new(n, m, iters, 3).expect("valid parameters");
     assert_eq!(stdout, kernel::reference(&params));
 }
