@@ -18,7 +18,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use sha2::{Digest, Sha256};
 
 use crate::db::{self, u64_from_sql, u64_to_sql};
-use crate::state::{Ending, Place, finish_job, pid_list, queue};
+pub(crate) use crate::jobs::job_peers;
+use crate::jobs::{Ending, Place, finish_job, pid_list, queue};
 use crate::{Effects, Error, Inner};
 
 /// Why a process left its host.
@@ -102,14 +103,6 @@ pub(crate) fn placements(tx: &Connection, job: JobId) -> Result<Vec<Placed>, Err
             handed_over: r.get(6)?,
         })
     })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
-}
-
-/// The peers of `job` in assignment order: hosts and replica-only peers.
-pub(crate) fn job_peers(tx: &Connection, job: JobId) -> Result<Vec<PeerId>, Error> {
-    let mut stmt =
-        tx.prepare_cached("SELECT peer_id FROM job_peers WHERE job = ?1 ORDER BY ord")?;
-    let rows = stmt.query_map([job], |r| r.get::<_, PeerId>(0))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 

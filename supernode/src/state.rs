@@ -13,13 +13,14 @@ use bsp_api::rest::{
     RingPeer, RingProcess, UserInfo,
 };
 use bsp_api::{JobId, PeerId, Pid};
-use placement::{Dhht, IndexAllocator, golden_position};
+use placement::{Dhht, golden_position};
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
 use crate::db::{self, u64_from_sql, u64_to_sql};
 use crate::epoch::LossCause;
+use crate::jobs::{Ending, Place, finish_job, list_changed, queue};
 use crate::{Effects, Error, Inner, Live, LivePeer, Supernode, epoch, lease, now_ms};
 
 /// Largest number of processes of one job.
@@ -47,21 +48,8 @@ pub(crate) struct Core {
     place: Place,
 }
 
-/// The in-memory DHHT of the online peers that take work (not draining) and
-/// the golden-index allocators (dissertation §4.2.2, §4.2.4), mirrors of
-/// what SQLite records.
 /// Points sampled to measure each peer's share of the ring (`GET /api/v1/ring`).
 const RING_SAMPLES: u32 = 1 << 14;
-
-#[derive(Default)]
-pub(crate) struct Place {
-    pub(crate) dhht: Dhht,
-    peer_indices: IndexAllocator,
-    process_indices: IndexAllocator,
-    /// Some job's processes differ from their DHHT hosts and wait for the
-    /// migration interval (or a handover); the lease sweeper retries.
-    rebalance_pending: bool,
-}
 
 /// A peer's weight in the DHHT: speed × availability; 0 (no share) below
 /// [`MIN_AVAILABILITY`].
@@ -323,52 +311,6 @@ pub(crate) fn validate_renew(renew: &PeerRenew) -> Result<(), Error> {
 
 // ---------------------------------------------------------------- helpers
 
-/// Queues `command` for `peer` if it holds a valid lease; the command is
-/// stored in the `commands` table in the caller's transaction, so it
-/// survives a restart with its sequence number.
-pub(crate) fn queue(
-    tx: &Connection,
-    inner: &Inner,
-    fx: &mut Effects,
-    peer: PeerId,
-    command: Command,
-) -> Result<(), Error> {
-    let seq = {
-        let mut live = inner.live();
-        let Some(p) = live.peers.get_mut(&peer) else {
-            return Ok(());
-        };
-        if !lease::is_valid(now_ms(), p.expires_at) {
-            return Ok(());
-        }
-        p.last_seq += 1;
-        p.last_seq
-    };
-    tx.execute(
-        "UPDATE peers SET cmd_seq = max(cmd_seq, ?2) WHERE id = ?1",
-        params![peer, u64_to_sql(seq)],
-    )?;
-    let body = serde_json::to_string(&command)
-        .map_err(|e| Error::Internal(format!("cannot encode a command: {e}")))?;
-    tx.execute(
-        "INSERT OR REPLACE INTO commands (peer_id, seq, body) VALUES (?1, ?2, ?3)",
-        params![peer, u64_to_sql(seq), body],
-    )?;
-    fx.commands.push((peer, SeqCommand { seq, command }));
-    Ok(())
-}
-
-/// Tells the owner's `GET /api/v1/events` streams that `job` changed state.
-fn list_changed(tx: &Connection, fx: &mut Effects, job: JobId) -> Result<(), Error> {
-    let owner: Option<i64> = tx
-        .query_row("SELECT owner FROM jobs WHERE id = ?1", [job], |r| r.get(0))
-        .optional()?;
-    if let Some(owner) = owner {
-        fx.job_list.push((owner, job));
-    }
-    Ok(())
-}
-
 /// The state of `owner`'s job `job`, `None` when there is no such job.
 fn job_state(conn: &Connection, owner: i64, job: JobId) -> Result<Option<JobState>, Error> {
     let state: Option<String> = conn
@@ -381,91 +323,6 @@ fn job_state(conn: &Connection, owner: i64, job: JobId) -> Result<Option<JobStat
     Ok(state.as_deref().and_then(JobState::parse))
 }
 
-/// How a job ends.
-pub(crate) struct Ending {
-    pub(crate) outcome: JobOutcome,
-    pub(crate) error: Option<String>,
-    pub(crate) error_pid: Option<Pid>,
-    pub(crate) event: JobEventKind,
-    /// Send `KillJob` with this reason to the job's peers.
-    pub(crate) kill: Option<String>,
-    /// A peer not to send `KillJob` to (one that is gone).
-    pub(crate) skip_peer: Option<PeerId>,
-}
-
-/// Ends an unfinished job: state, terminal event, golden indices, commands.
-/// Returns false (changing nothing) if the job was finished already.
-pub(crate) fn finish_job(
-    tx: &Connection,
-    place: &mut Place,
-    inner: &Inner,
-    fx: &mut Effects,
-    job: JobId,
-    ending: Ending,
-    now: i64,
-) -> Result<bool, Error> {
-    let n = tx.execute(
-        "UPDATE jobs SET state = 'finished', outcome = ?2, error = ?3, error_pid = ?4, finished_at = ?5 \
-         WHERE id = ?1 AND state != 'finished'",
-        params![job, ending.outcome.as_str(), ending.error, ending.error_pid, now],
-    )?;
-    if n == 0 {
-        return Ok(false);
-    }
-    db::insert_event(tx, job, None, None, &ending.event, now)?;
-    list_changed(tx, fx, job)?;
-    {
-        let mut stmt = tx.prepare_cached("SELECT position FROM placements WHERE job = ?1")?;
-        for k in stmt.query_map([job], |r| r.get::<_, i64>(0))? {
-            place.process_indices.free(u64_from_sql(k?));
-        }
-    }
-    if let Some(reason) = ending.kill {
-        for peer in epoch::job_peers(tx, job)? {
-            if Some(peer) != ending.skip_peer {
-                queue(
-                    tx,
-                    inner,
-                    fx,
-                    peer,
-                    Command::KillJob {
-                        job,
-                        reason: reason.clone(),
-                    },
-                )?;
-            }
-        }
-    }
-    tracing::info!(
-        job,
-        outcome = ending.outcome.as_str(),
-        error = ending.error.as_deref().unwrap_or(""),
-        "job finished"
-    );
-    fx.jobs.insert(job);
-    fx.wake_scheduler = true;
-    Ok(true)
-}
-
-pub(crate) fn pid_list(pids: &[Pid]) -> String {
-    const SHOWN: usize = 20;
-    let mut text = pids
-        .iter()
-        .take(SHOWN)
-        .map(|p| p.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
-    if pids.len() > SHOWN {
-        text.push_str(&format!(" and {} more", pids.len() - SHOWN));
-    }
-    if pids.len() == 1 {
-        format!("pid {text}")
-    } else {
-        format!("pids {text}")
-    }
-}
-
-/// What a report handler knows about a job the reporting peer may touch.
 /// A peer that may have died, to be checked by dialing `addr`.
 #[derive(Debug, Clone)]
 pub(crate) struct Suspect {
@@ -497,6 +354,7 @@ impl std::fmt::Display for SuspectWhy {
     }
 }
 
+/// What a report handler knows about a job the reporting peer may touch.
 struct ReportJob {
     active: bool,
     nprocs: u32,
@@ -2309,14 +2167,6 @@ mod tests {
         assert!(dhht.is_empty(), "a busy peer is not in the DHHT");
         insert_peer(&mut dhht, 1, 1, weight(2.0, 0.5));
         assert_eq!(dhht.get(1).map(|p| p.weight), Some(1.0));
-    }
-
-    #[test]
-    fn lost_pids_are_listed_briefly() {
-        assert_eq!(pid_list(&[3]), "pid 3");
-        assert_eq!(pid_list(&[0, 2]), "pids 0, 2");
-        let many: Vec<Pid> = (0..25).collect();
-        assert!(pid_list(&many).ends_with("19 and 5 more"));
     }
 
     #[test]
