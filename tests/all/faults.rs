@@ -29,7 +29,7 @@ use bsp_api::client::Client;
 use bsp_api::rest::{JobEvent, JobEventKind, JobInfo, JobLimits, SubmitJob};
 use bsp_api::{PeerId, Pid};
 
-use crate::harness::{ADMIN, ADMIN_PASSWORD, Cluster, Options, bspweb, collect};
+use crate::harness::{ADMIN, ADMIN_PASSWORD, Cluster, Options, bspweb, collect, stdout_of};
 
 // ---------------------------------------------------------------------------
 // The guest program: many supersteps, all-to-all messages, all three output
@@ -1496,18 +1496,6 @@ async fn warm_up_pagerank(client: &Client) {
     crate::harness::run(client, warm).await.assert_exited();
 }
 
-/// What `pid` printed on stdout, in order.
-fn stdout_of(events: &[JobEvent], pid: Pid) -> Vec<String> {
-    events
-        .iter()
-        .filter(|e| e.pid == Some(pid))
-        .filter_map(|e| match &e.kind {
-            JobEventKind::Stdout { text } => Some(text.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
 /// A peer hosting a process of the job, but not pid 0's host (whose output
 /// the tests read).
 fn not_pid0s_host(info: &JobInfo) -> PeerId {
@@ -1653,12 +1641,11 @@ async fn a_restore_under_a_long_job_keeps_memory_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_peer_is_restored_before_its_lease_could_expire() {
     use crate::examples::pagerank_kernel as kernel;
-    let ttl = Duration::from_secs(15);
     let mut cluster = Cluster::start(Options {
         peers: 4,
-        lease_ttl_secs: ttl.as_secs(),
         ..Default::default()
     });
+    let ttl = Duration::from_secs(cluster.lease_ttl_secs());
     let client = cluster.admin().await;
     warm_up_pagerank(&client).await;
     let (n, m, iters) = (50_000u64, 250_000u64, 300u32);
@@ -1724,12 +1711,11 @@ async fn a_killed_peer_is_restored_before_its_lease_could_expire() {
 /// and new jobs were placed on them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_died_with_the_supernode_is_gone_when_it_restarts() {
-    let ttl = Duration::from_secs(15);
     let mut cluster = Cluster::start(Options {
         peers: 3,
-        lease_ttl_secs: ttl.as_secs(),
         ..Default::default()
     });
+    let ttl = Duration::from_secs(cluster.lease_ttl_secs());
     let client = cluster.admin().await;
     let peers = client.peers().await.expect("peers");
     let online: Vec<PeerId> = peers

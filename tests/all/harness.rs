@@ -153,6 +153,11 @@ impl Cluster {
         log_sink(&self.data_path, file, self.opts.log_files)
     }
 
+    /// The peers' lease TTL the supernode was started with.
+    pub fn lease_ttl_secs(&self) -> u64 {
+        self.opts.lease_ttl_secs
+    }
+
     /// Keep the data directory (database and, with `log_files`, every
     /// child's log) after the cluster is dropped; returns its path.
     pub fn keep_logs(&mut self) -> PathBuf {
@@ -317,6 +322,18 @@ pub fn job(program: &str, nprocs: u32, args: serde_json::Value) -> SubmitJob {
     }
 }
 
+/// The stdout lines of `pid` among `events`, in order.
+pub fn stdout_of(events: &[JobEvent], pid: u32) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e.pid == Some(pid))
+        .filter_map(|e| match &e.kind {
+            JobEventKind::Stdout { text } => Some(text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Everything a job printed, and how it ended.
 #[derive(Debug)]
 pub struct Run {
@@ -327,14 +344,7 @@ pub struct Run {
 impl Run {
     /// Stdout lines of one pid, in order.
     pub fn stdout(&self, pid: u32) -> Vec<String> {
-        self.events
-            .iter()
-            .filter(|e| e.pid == Some(pid))
-            .filter_map(|e| match &e.kind {
-                JobEventKind::Stdout { text } => Some(text.clone()),
-                _ => None,
-            })
-            .collect()
+        stdout_of(&self.events, pid)
     }
 
     /// Raw records of one pid, decoded.
