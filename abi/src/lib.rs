@@ -16,10 +16,16 @@
 //!   `abort` or a panic ends in the host function `abort`, which never returns.
 //!
 //! When `bspweb_resume` has returned, no WebAssembly frame is live: the
-//! program's whole state is its linear memory plus the single mutable global
-//! `__stack_pointer`, which is back at its initial value. That is what makes a
-//! copy of linear memory a complete checkpoint. The validator therefore refuses
-//! modules with any other mutable global.
+//! program's whole state is its linear memory plus its mutable globals (the
+//! stack pointer of Rust guests, Asyncify's state of C guests). A checkpoint
+//! captures exactly that: the host exports every mutable global under a
+//! reserved name ([`checkpointable`], [`GLOBAL_EXPORT_PREFIX`]) before it
+//! compiles a module, and records their values with memory. Everything else
+//! an instance holds must not change after instantiation, so the validator
+//! refuses what would change it: mutable globals of a type a checkpoint cannot
+//! record (`v128`, references) and the instructions that write tables or drop
+//! segments (`table.set`, `table.grow`, `table.fill`, `table.copy`,
+//! `table.init`, `elem.drop`, `data.drop`).
 //!
 //! Pointers are `i32` offsets into the guest's memory; a pointer range outside
 //! memory makes the host trap the process with a clear error. Host functions
@@ -65,6 +71,14 @@ pub const RESUME_EXPORT: &str = "bspweb_resume";
 
 /// The memory export.
 pub const MEMORY_EXPORT: &str = "memory";
+
+/// Exports whose names start with this are the host's: [`checkpointable`]
+/// adds `bspweb:global:N` for mutable global `N`; a guest may not use the
+/// prefix.
+pub const GLOBAL_EXPORT_PREFIX: &str = "bspweb:global:";
+
+/// The prefix of every export name reserved for the host.
+pub const RESERVED_EXPORT_PREFIX: &str = "bspweb:";
 
 /// `bspweb_resume` status: the process reached `sync`.
 pub const STATUS_SYNC: i32 = 0;
@@ -260,9 +274,21 @@ pub enum InvalidModule {
         expected: &'static str,
     },
     #[error(
-        "module has {count} mutable globals ({names}); bspweb allows only `__stack_pointer`, because a process's state must live in linear memory to be checkpointed; do not use thread-locals or `static mut` globals compiled to wasm globals"
+        "module has a mutable global of type {ty} ({name}); a checkpoint records mutable globals of type i32, i64, f32 and f64 only, so keep such state in linear memory"
     )]
-    MutableGlobals { count: usize, names: String },
+    UncheckpointableGlobal { name: String, ty: String },
+    #[error(
+        "module uses `{op}` in {function}; it changes {what}, which lives outside linear memory and globals and so would not survive a checkpoint; bspweb programs must leave tables and segments as instantiated"
+    )]
+    StateOutsideMemory {
+        op: &'static str,
+        what: &'static str,
+        function: String,
+    },
+    #[error(
+        "module exports `{0}`; export names starting with `{RESERVED_EXPORT_PREFIX}` are reserved for the host"
+    )]
+    ReservedExport(String),
     #[error("module has a start function; bspweb programs must not run code at instantiation")]
     StartFunction,
     #[error("module declares {0} memories; exactly one is supported")]
@@ -276,13 +302,15 @@ pub struct ModuleSummary {
     pub imports: Vec<String>,
     /// Initial memory size in 64 KiB pages.
     pub initial_pages: u64,
-    /// Index of the one mutable global (the stack pointer), if any.
-    pub stack_pointer_global: Option<u32>,
+    /// Indices of the mutable globals (all of type i32, i64, f32 or f64), in
+    /// index order: what a checkpoint records besides memory.
+    pub mutable_globals: Vec<u32>,
 }
 
 /// The wasm features a guest may use. Threads, relaxed SIMD, GC, exceptions,
 /// memory64 and multiple memories are off: they break determinism or the
-/// checkpoint model.
+/// checkpoint model. SIMD is on: the peer canonicalizes NaNs of vector
+/// operations as of scalar ones, so it is deterministic.
 pub fn features() -> WasmFeatures {
     let mut f = WasmFeatures::empty();
     for feat in [
@@ -318,8 +346,13 @@ pub fn validate(bytes: &[u8]) -> Result<ModuleSummary, InvalidModule> {
     let mut imports = Vec::new();
     let mut memories = 0usize;
     let mut initial_pages = 0u64;
-    let mut mutable_globals: Vec<u32> = Vec::new();
+    let mut mutable_globals: Vec<(u32, ValType)> = Vec::new();
     let mut global_index = 0u32;
+    let mut imported_funcs = 0u32;
+    let mut local_funcs = 0u32;
+    // The first instruction that changes state outside memory and globals.
+    let mut outside: Option<(&'static str, &'static str, u32)> = None;
+    let mut func_names: Vec<(u32, String)> = Vec::new();
     let mut exports: Vec<(String, ExternalKind, u32)> = Vec::new();
     let mut global_names: Vec<(u32, String)> = Vec::new();
 
@@ -361,6 +394,7 @@ pub fn validate(bytes: &[u8]) -> Result<ModuleSummary, InvalidModule> {
                             }
                             imports.push(imp.name.to_string());
                             func_types.push(t);
+                            imported_funcs += 1;
                             continue;
                         }
                         TypeRef::Memory(_) => "memory",
@@ -399,7 +433,7 @@ pub fn validate(bytes: &[u8]) -> Result<ModuleSummary, InvalidModule> {
                 for g in reader {
                     let g = g.map_err(|e| InvalidModule::Malformed(e.to_string()))?;
                     if g.ty.mutable {
-                        mutable_globals.push(global_index);
+                        mutable_globals.push((global_index, g.ty.content_type));
                     }
                     global_index += 1;
                 }
@@ -411,13 +445,40 @@ pub fn validate(bytes: &[u8]) -> Result<ModuleSummary, InvalidModule> {
                 }
             }
             Payload::StartSection { .. } => return Err(InvalidModule::StartFunction),
+            Payload::CodeSectionEntry(body) => {
+                let func = imported_funcs + local_funcs;
+                local_funcs += 1;
+                if outside.is_some() {
+                    continue;
+                }
+                let mut ops = body
+                    .get_operators_reader()
+                    .map_err(|e| InvalidModule::Malformed(e.to_string()))?;
+                while !ops.eof() {
+                    let op = ops
+                        .read()
+                        .map_err(|e| InvalidModule::Malformed(e.to_string()))?;
+                    if let Some((name, what)) = changes_state_outside_memory(&op) {
+                        outside = Some((name, what, func));
+                        break;
+                    }
+                }
+            }
             Payload::CustomSection(reader) => {
                 if let wasmparser::KnownCustom::Name(names) = reader.as_known() {
                     for n in names.into_iter().flatten() {
-                        if let wasmparser::Name::Global(map) = n {
-                            for naming in map.into_iter().flatten() {
-                                global_names.push((naming.index, naming.name.to_string()));
+                        match n {
+                            wasmparser::Name::Global(map) => {
+                                for naming in map.into_iter().flatten() {
+                                    global_names.push((naming.index, naming.name.to_string()));
+                                }
                             }
+                            wasmparser::Name::Function(map) => {
+                                for naming in map.into_iter().flatten() {
+                                    func_names.push((naming.index, naming.name.to_string()));
+                                }
+                            }
+                            _ => {}
                         }
                     }
                 }
@@ -463,34 +524,143 @@ pub fn validate(bytes: &[u8]) -> Result<ModuleSummary, InvalidModule> {
         }
     }
 
-    // The one mutable global allowed is the stack pointer: an i32 that is
-    // global 0 in every module rustc/LLVM emits. When the name section is
-    // present, it must also be called `__stack_pointer`.
+    if let Some((name, _, _)) = exports
+        .iter()
+        .find(|(n, _, _)| n.starts_with(RESERVED_EXPORT_PREFIX))
+    {
+        return Err(InvalidModule::ReservedExport(name.clone()));
+    }
+    if let Some((op, what, func)) = outside {
+        let function = match func_names.iter().find(|(i, _)| *i == func) {
+            Some((_, name)) => format!("function {func} (`{name}`)"),
+            None => format!("function {func}"),
+        };
+        return Err(InvalidModule::StateOutsideMemory { op, what, function });
+    }
     let name_of = |idx: u32| {
         global_names
             .iter()
             .find(|(i, _)| *i == idx)
-            .map(|(_, n)| n.clone())
+            .map_or_else(|| format!("global {idx}"), |(_, n)| format!("`{n}`"))
     };
-    let stack_pointer_global = match mutable_globals.as_slice() {
-        [] => None,
-        [one] if name_of(*one).is_none_or(|n| n == "__stack_pointer") => Some(*one),
-        many => {
-            let names = many
-                .iter()
-                .map(|i| name_of(*i).unwrap_or_else(|| format!("global {i}")))
-                .collect::<Vec<_>>()
-                .join(", ");
-            let count = many.len();
-            return Err(InvalidModule::MutableGlobals { count, names });
-        }
-    };
+    if let Some((idx, ty)) = mutable_globals.iter().find(|(_, ty)| {
+        !matches!(
+            ty,
+            ValType::I32 | ValType::I64 | ValType::F32 | ValType::F64
+        )
+    }) {
+        return Err(InvalidModule::UncheckpointableGlobal {
+            name: name_of(*idx),
+            ty: ty.to_string(),
+        });
+    }
 
     Ok(ModuleSummary {
         imports,
         initial_pages,
-        stack_pointer_global,
+        mutable_globals: mutable_globals.into_iter().map(|(i, _)| i).collect(),
     })
+}
+
+/// The instructions that change an instance's state outside linear memory
+/// and globals, with what they change.
+fn changes_state_outside_memory(
+    op: &wasmparser::Operator<'_>,
+) -> Option<(&'static str, &'static str)> {
+    use wasmparser::Operator as O;
+    Some(match op {
+        O::TableSet { .. } => ("table.set", "a table"),
+        O::TableGrow { .. } => ("table.grow", "a table"),
+        O::TableFill { .. } => ("table.fill", "a table"),
+        O::TableCopy { .. } => ("table.copy", "a table"),
+        O::TableInit { .. } => ("table.init", "a table"),
+        O::ElemDrop { .. } => ("elem.drop", "an element segment"),
+        O::DataDrop { .. } => ("data.drop", "a data segment"),
+        _ => return None,
+    })
+}
+
+/// The name under which [`checkpointable`] exports mutable global `index`.
+pub fn global_export_name(index: u32) -> String {
+    format!("{GLOBAL_EXPORT_PREFIX}{index}")
+}
+
+/// `bytes`, a module [`validate`] accepted with `summary`, with every mutable
+/// global exported as [`global_export_name`]`(index)`, appended to the
+/// export section in index order, so the host can read and set them: what a
+/// checkpoint records besides memory. Nothing else changes, so the module
+/// behaves exactly as `bytes` does. Returns `bytes` unchanged when there is
+/// no mutable global.
+pub fn checkpointable(bytes: &[u8], summary: &ModuleSummary) -> Result<Vec<u8>, InvalidModule> {
+    if summary.mutable_globals.is_empty() {
+        return Ok(bytes.to_vec());
+    }
+    let bad =
+        || InvalidModule::Malformed("cannot re-read the sections of a validated module".into());
+    let mut out = Vec::with_capacity(bytes.len() + 24 * summary.mutable_globals.len());
+    out.extend_from_slice(bytes.get(..8).ok_or_else(bad)?);
+    let mut pos = 8;
+    let mut found = false;
+    while pos < bytes.len() {
+        let id = bytes[pos];
+        let (size, n) = read_leb_u32(bytes.get(pos + 1..).ok_or_else(bad)?).ok_or_else(bad)?;
+        let start = pos + 1 + n;
+        let end = start.checked_add(size as usize).ok_or_else(bad)?;
+        let content = bytes.get(start..end).ok_or_else(bad)?;
+        if id == EXPORT_SECTION {
+            found = true;
+            let (count, m) = read_leb_u32(content).ok_or_else(bad)?;
+            let added = u32::try_from(summary.mutable_globals.len()).map_err(|_| bad())?;
+            let mut section = Vec::with_capacity(content.len() + 24 * added as usize);
+            write_leb_u32(&mut section, count.checked_add(added).ok_or_else(bad)?);
+            section.extend_from_slice(&content[m..]);
+            for &g in &summary.mutable_globals {
+                let name = global_export_name(g);
+                write_leb_u32(&mut section, name.len() as u32);
+                section.extend_from_slice(name.as_bytes());
+                section.push(EXTERNAL_GLOBAL);
+                write_leb_u32(&mut section, g);
+            }
+            out.push(EXPORT_SECTION);
+            write_leb_u32(&mut out, u32::try_from(section.len()).map_err(|_| bad())?);
+            out.extend_from_slice(&section);
+        } else {
+            out.extend_from_slice(&bytes[pos..end]);
+        }
+        pos = end;
+    }
+    if !found {
+        return Err(bad());
+    }
+    Ok(out)
+}
+
+/// The export section's id and a global export's kind in the binary format.
+const EXPORT_SECTION: u8 = 7;
+const EXTERNAL_GLOBAL: u8 = 3;
+
+/// An unsigned LEB128 `u32` at the start of `bytes`, with its length.
+fn read_leb_u32(bytes: &[u8]) -> Option<(u32, usize)> {
+    let mut value = 0u32;
+    for (i, &b) in bytes.iter().take(5).enumerate() {
+        value |= u32::from(b & 0x7f).checked_shl(7 * i as u32)?;
+        if b & 0x80 == 0 {
+            return Some((value, i + 1));
+        }
+    }
+    None
+}
+
+fn write_leb_u32(out: &mut Vec<u8>, mut value: u32) {
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
 }
 
 fn signature_matches(spec: &Import, ft: &FuncType) -> bool {
@@ -552,7 +722,7 @@ mod tests {
     fn accepts_a_minimal_guest() {
         let s = validate(&module(OK)).unwrap();
         assert_eq!(s.imports, vec!["pid", "send"]);
-        assert_eq!(s.stack_pointer_global, Some(0));
+        assert_eq!(s.mutable_globals, vec![0]);
         assert_eq!(s.initial_pages, 1);
     }
 
@@ -621,38 +791,165 @@ mod tests {
         ));
     }
 
+    /// The exports of a module, as (name, kind, index).
+    fn exports(bytes: &[u8]) -> Vec<(String, ExternalKind, u32)> {
+        let mut out = Vec::new();
+        for payload in Parser::new(0).parse_all(bytes) {
+            if let Payload::ExportSection(reader) = payload.unwrap() {
+                for e in reader {
+                    let e = e.unwrap();
+                    out.push((e.name.to_string(), e.kind, e.index));
+                }
+            }
+        }
+        out
+    }
+
     #[test]
-    fn refuses_an_extra_mutable_global() {
+    fn accepts_numeric_mutable_globals_and_exports_them_for_checkpoints() {
         let m = module(
             r#"(module
             (memory (export "memory") 1)
             (global $sp (mut i32) (i32.const 1024))
-            (global $tls (mut i32) (i32.const 0))
+            (global $fixed i64 (i64.const 7))
+            (global $tls (mut i64) (i64.const 0))
+            (global $x (export "x") (mut f64) (f64.const 0.5))
+            (func (export "bspweb_resume") (result i32) i32.const 1))"#,
+        );
+        let s = validate(&m).unwrap();
+        assert_eq!(s.mutable_globals, vec![0, 2, 3]);
+        let c = checkpointable(&m, &s).unwrap();
+        Validator::new_with_features(features())
+            .validate_all(&c)
+            .expect("the instrumented module is valid");
+        let names: Vec<(String, u32)> = exports(&c)
+            .into_iter()
+            .filter(|(_, k, _)| *k == ExternalKind::Global)
+            .map(|(n, _, i)| (n, i))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                ("x".to_string(), 3),
+                ("bspweb:global:0".to_string(), 0),
+                ("bspweb:global:2".to_string(), 2),
+                ("bspweb:global:3".to_string(), 3),
+            ]
+        );
+        // Only the export section changed.
+        assert!(c.len() > m.len() && c.len() < m.len() + 64);
+        // No mutable global: the module as it is.
+        let none = module(OK.replace("(mut i32)", "i32").as_str());
+        let s = validate(&none).unwrap();
+        assert!(s.mutable_globals.is_empty());
+        assert_eq!(checkpointable(&none, &s).unwrap(), none);
+    }
+
+    #[test]
+    fn refuses_mutable_globals_a_checkpoint_cannot_record() {
+        let m = module(
+            r#"(module
+            (memory (export "memory") 1)
+            (global $lanes (mut v128) (v128.const i64x2 0 0))
             (func (export "bspweb_resume") (result i32) i32.const 1))"#,
         );
         let err = validate(&m).unwrap_err();
         assert!(
-            matches!(err, InvalidModule::MutableGlobals { count: 2, .. }),
+            matches!(err, InvalidModule::UncheckpointableGlobal { .. }),
             "{err}"
         );
-        assert!(
-            err.to_string().contains("$tls") || err.to_string().contains("tls"),
-            "{err}"
+        assert!(err.to_string().contains("v128") && err.to_string().contains("lanes"));
+    }
+
+    #[test]
+    fn refuses_instructions_that_change_tables_or_segments() {
+        for (op, body) in [
+            ("table.set", "(table.set $t (i32.const 0) (ref.null func))"),
+            (
+                "table.grow",
+                "(drop (table.grow $t (ref.null func) (i32.const 1)))",
+            ),
+            (
+                "table.fill",
+                "(table.fill $t (i32.const 0) (ref.null func) (i32.const 1))",
+            ),
+            (
+                "table.copy",
+                "(table.copy $t $t (i32.const 0) (i32.const 1) (i32.const 1))",
+            ),
+            (
+                "table.init",
+                "(table.init $t $e (i32.const 0) (i32.const 0) (i32.const 1))",
+            ),
+            ("elem.drop", "(elem.drop $e)"),
+            ("data.drop", "(data.drop $d)"),
+        ] {
+            let m = module(&format!(
+                r#"(module
+                (memory (export "memory") 1)
+                (table $t 2 funcref)
+                (elem $e func $f)
+                (data $d "xyz")
+                (func $f)
+                (func $g (export "bspweb_resume") (result i32) {body} i32.const 1))"#
+            ));
+            let err = validate(&m).unwrap_err();
+            assert!(
+                matches!(&err, InvalidModule::StateOutsideMemory { op: o, .. } if *o == op),
+                "{op}: {err}"
+            );
+            assert!(err.to_string().contains("function 1 (`g`)"), "{err}");
+        }
+        // Reading them is fine: memory.init copies into memory.
+        let m = module(
+            r#"(module
+            (memory (export "memory") 1)
+            (table $t 2 funcref)
+            (data $d "xyz")
+            (func (export "bspweb_resume") (result i32)
+              (memory.init $d (i32.const 0) (i32.const 0) (i32.const 3))
+              (drop (table.get $t (i32.const 0)))
+              (drop (table.size $t))
+              i32.const 1))"#,
+        );
+        validate(&m).unwrap();
+    }
+
+    #[test]
+    fn refuses_the_hosts_export_names() {
+        let m = module(
+            r#"(module
+            (memory (export "memory") 1)
+            (global $g (export "bspweb:global:0") (mut i32) (i32.const 0))
+            (func (export "bspweb_resume") (result i32) i32.const 1))"#,
+        );
+        assert_eq!(
+            validate(&m),
+            Err(InvalidModule::ReservedExport("bspweb:global:0".into()))
         );
     }
 
     #[test]
-    fn refuses_a_lone_mutable_global_that_is_not_the_stack_pointer() {
+    fn accepts_simd() {
         let m = module(
             r#"(module
             (memory (export "memory") 1)
-            (global $counter (mut i32) (i32.const 0))
-            (func (export "bspweb_resume") (result i32) i32.const 1))"#,
+            (func (export "bspweb_resume") (result i32)
+              (v128.store (i32.const 0)
+                (f32x4.add (v128.load (i32.const 16)) (f32x4.splat (f32.const 1.5))))
+              i32.const 1))"#,
         );
-        assert!(matches!(
-            validate(&m),
-            Err(InvalidModule::MutableGlobals { count: 1, .. })
-        ));
+        validate(&m).unwrap();
+    }
+
+    #[test]
+    fn leb128_round_trips() {
+        for v in [0, 1, 127, 128, 300, 16_383, 16_384, u32::MAX / 3, u32::MAX] {
+            let mut b = Vec::new();
+            write_leb_u32(&mut b, v);
+            assert_eq!(read_leb_u32(&b), Some((v, b.len())));
+        }
+        assert_eq!(read_leb_u32(&[0x80, 0x80]), None);
     }
 
     #[test]

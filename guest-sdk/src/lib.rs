@@ -96,14 +96,17 @@
 //!   on `wasm32-unknown-unknown`; the host offers no time.
 //! - **No entropy.** Use [`Bsp::rng`] (seeded from the job's
 //!   [`seed`](Bsp::seed) and the pid) for all randomness.
-//! - **No threads**, and no `thread_local!`: the module must have no mutable
-//!   wasm global besides `__stack_pointer`, or the upload is refused. Plain
-//!   `static`s with interior mutability are fine; they live in linear memory.
+//! - **No threads.** State lives in linear memory and in mutable wasm
+//!   globals of numeric type (such as `__stack_pointer`); checkpoints record
+//!   both. Plain `static`s with interior mutability are fine. Modules that
+//!   change their tables or drop segments are refused, since a checkpoint
+//!   would not record that.
 //! - Prefer `BTreeMap` (or a fixed hasher) where iteration order reaches
 //!   messages or output.
 //!
-//! Floating point is deterministic (the peer canonicalizes NaNs and disables
-//! relaxed SIMD).
+//! Floating point is deterministic (the peer canonicalizes NaNs, SIMD ones
+//! too, and disables relaxed SIMD). Fixed-width SIMD is allowed: build with
+//! `RUSTFLAGS="-C target-feature=+simd128"` to use `core::arch::wasm32`.
 //!
 //! # Native builds
 //!

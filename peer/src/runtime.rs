@@ -173,8 +173,11 @@ impl Runtime {
                 actual,
             });
         }
-        bspweb_abi::validate(bytes)?;
-        let module = Module::new(&self.engine, bytes)
+        let summary = bspweb_abi::validate(bytes)?;
+        // Every mutable global exported under a reserved name, so that
+        // checkpoints can record and restore it (`bspweb_abi` module docs).
+        let checkpointable = bspweb_abi::checkpointable(bytes, &summary)?;
+        let module = Module::new(&self.engine, &checkpointable)
             .map_err(|e| CompileError::Compile(format!("{e:#}")))?;
         let mut cache = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if !cache.iter().any(|(h, _, _)| h.eq_ignore_ascii_case(hash)) {
@@ -217,7 +220,7 @@ impl Runtime {
             .get_typed_func::<(), i32>(&mut store, RESUME_EXPORT)
             .map_err(|e| format!("the module's `{RESUME_EXPORT}` export is unusable: {e:#}"))?;
         store.data_mut().memory = Some(memory);
-        let globals = exported_mutable_globals(&instance, &mut store);
+        let globals = checkpointed_globals(&instance, &mut store);
         Ok(Process {
             store,
             resume,
@@ -228,17 +231,14 @@ impl Runtime {
 
     /// Re-create a process from `snapshot` (docs/fault-tolerance.md,
     /// "Failure and restore"): a fresh instance of `module` whose memory,
-    /// exported mutable globals and host state (superstep, output counters)
-    /// are the snapshot's. Then `begin_superstep(snapshot.superstep + 1,
-    /// inbox)` and `resume` go on exactly as the original would have. A
-    /// snapshot of an exited process gives a process that has ended.
+    /// mutable globals and host state (superstep, output counters) are the
+    /// snapshot's. Then `begin_superstep(snapshot.superstep + 1, inbox)` and
+    /// `resume` go on exactly as the original would have. A snapshot of an
+    /// exited process gives a process that has ended.
     ///
-    /// The stack pointer of Rust guests (`__stack_pointer`, the one mutable
-    /// global `bspweb_abi` allows) is not exported, so wasmtime cannot set
-    /// it; it needs no restoring because a snapshot is taken only when no
-    /// wasm frame is live, when it is back at its initial value, which the
-    /// fresh instance has (`bspweb_abi` module docs). Exported mutable
-    /// globals are restored.
+    /// Memory and mutable globals are the whole state of an instance between
+    /// two resumes: the validator refuses anything that changes tables or
+    /// segments (`bspweb_abi` module docs).
     pub fn restore(
         &self,
         module: &Module,
@@ -299,7 +299,7 @@ impl Runtime {
             memory.data_mut(&mut *st).copy_from_slice(&snapshot.memory);
             if snapshot.globals.len() != process.globals.len() {
                 return Err(format!(
-                    "{}: it has {} globals, the program exports {} mutable globals; is it a checkpoint of another program?",
+                    "{}: it has {} globals, the program has {} mutable globals; is it a checkpoint of another program?",
                     what(),
                     snapshot.globals.len(),
                     process.globals.len()
@@ -321,24 +321,23 @@ impl Runtime {
     }
 }
 
-/// The exported mutable globals of an instance with a type that fits in 64
-/// bits, in export order: what a checkpoint records besides memory.
-fn exported_mutable_globals(instance: &Instance, store: &mut Store<ProcState>) -> Vec<Global> {
-    let exports: Vec<Extern> = instance
+/// The mutable globals of an instance of a module made
+/// [`bspweb_abi::checkpointable`], in index order (the order of their
+/// reserved exports): what a checkpoint records besides memory. The
+/// validator let through only types that fit in 64 bits.
+fn checkpointed_globals(instance: &Instance, store: &mut Store<ProcState>) -> Vec<Global> {
+    let exports: Vec<(bool, Extern)> = instance
         .exports(&mut *store)
-        .map(|e| e.into_extern())
+        .map(|e| {
+            let reserved = e.name().starts_with(bspweb_abi::GLOBAL_EXPORT_PREFIX);
+            (reserved, e.into_extern())
+        })
         .collect();
     exports
         .into_iter()
-        .filter_map(|e| e.into_global())
-        .filter(|g| {
-            let ty = g.ty(&*store);
-            ty.mutability() == Mutability::Var
-                && matches!(
-                    ty.content(),
-                    ValType::I32 | ValType::I64 | ValType::F32 | ValType::F64
-                )
-        })
+        .filter(|(reserved, _)| *reserved)
+        .filter_map(|(_, e)| e.into_global())
+        .filter(|g| g.ty(&*store).mutability() == Mutability::Var)
         .collect()
 }
 
@@ -507,6 +506,10 @@ pub struct ProcState {
 
 impl ProcState {
     fn new(job: Arc<JobInfo>, pid: Pid) -> Self {
+        // Instantiation may run wasm (constant expressions of globals and
+        // segments) and so meet an epoch check: it gets a superstep's budget
+        // too, not a deadline already past.
+        let deadline = Instant::now() + job.superstep_budget;
         ProcState {
             host: HostState {
                 pid,
@@ -518,7 +521,7 @@ impl ProcState {
             outbox_bytes: 0,
             send_seq: 0,
             used: Duration::ZERO,
-            deadline: Instant::now(),
+            deadline,
             stop: None,
             output_mark: 0,
         }
@@ -587,7 +590,7 @@ impl ResourceLimiter for ProcState {
 pub struct Process {
     store: Store<ProcState>,
     resume: TypedFunc<(), i32>,
-    /// Exported mutable globals, checkpointed with memory.
+    /// Mutable globals, checkpointed with memory.
     globals: Vec<Global>,
     ended: bool,
 }
@@ -626,7 +629,7 @@ impl Process {
 
     /// Snapshot this process at the end of superstep [`Process::superstep`]
     /// through `tracker`: memory (copied once, in the same pass as change
-    /// detection; nothing when `exited`), exported mutable globals, output
+    /// detection; nothing when `exited`), mutable globals, output
     /// counters, `exited` and `outbox` (the messages sent in the superstep,
     /// from [`Process::take_outbox`]). The snapshot's hash is set.
     ///

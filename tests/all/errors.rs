@@ -46,19 +46,33 @@ async fn a_module_importing_wasi_is_refused_naming_the_import() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_module_with_an_extra_mutable_global_is_refused() {
+async fn a_module_with_state_a_checkpoint_cannot_record_is_refused() {
     let wasm = wat::parse_str(
         r#"(module
           (memory (export "memory") 1)
           (global $__stack_pointer (mut i32) (i32.const 65536))
-          (global $hidden_state (mut i32) (i32.const 0))
+          (global $hidden_lanes (mut v128) (v128.const i64x2 0 0))
           (func (export "bspweb_resume") (result i32) i32.const 1))"#,
     )
     .unwrap();
     let (status, msg) = upload_err(wasm).await;
     assert_eq!(status, 422);
-    assert!(msg.contains("mutable global"), "{msg}");
-    assert!(msg.contains("hidden_state"), "{msg}");
+    assert!(msg.contains("mutable global of type v128"), "{msg}");
+    assert!(msg.contains("hidden_lanes"), "{msg}");
+    let wasm = wat::parse_str(
+        r#"(module
+          (memory (export "memory") 1)
+          (data $d "abc")
+          (func $forget (data.drop $d))
+          (func (export "bspweb_resume") (result i32) i32.const 1))"#,
+    )
+    .unwrap();
+    let (status, msg) = upload_err(wasm).await;
+    assert_eq!(status, 422);
+    assert!(
+        msg.contains("`data.drop` in function 0 (`forget`)"),
+        "{msg}"
+    );
 }
 
 /// Run the misbehaving program in `mode` on 3 processes (only pid 1

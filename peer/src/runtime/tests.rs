@@ -112,6 +112,8 @@ fn words(bytes: &[u8]) -> Vec<i32> {
         .collect()
 }
 
+mod generated;
+
 fn failure(outcome: Outcome) -> String {
     match outcome {
         Outcome::Failed(reason) => reason,
