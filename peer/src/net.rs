@@ -28,6 +28,20 @@ use tokio_util::sync::CancellationToken;
 /// get its answer.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The largest first frame a connection may send: its `Hello` (a version,
+/// two ids, a job token and an epoch take well under 200 bytes). Nothing
+/// larger is buffered from a connection that has not been admitted.
+pub const MAX_HELLO_BYTES: usize = 1024;
+
+/// How long a new connection may take to send its `Hello`. Dialers send it
+/// right after connecting.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connections not admitted yet, at most: from everywhere, and from one
+/// address. Further ones are closed at once (dialers retry with backoff).
+pub const MAX_PENDING: usize = 256;
+pub const MAX_PENDING_PER_ADDRESS: usize = 16;
+
 /// Frames queued from the listener to a job before the connection is paused.
 const INBOUND_QUEUE: usize = 256;
 
@@ -285,17 +299,76 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Connections accepted but not admitted yet, counted from everywhere and
+/// per remote address (issue 20, finding 2).
+#[derive(Debug, Default)]
+struct Pending {
+    counts: Mutex<(usize, HashMap<std::net::IpAddr, usize>)>,
+}
+
+/// One pending connection; counted until dropped.
+struct PendingSlot {
+    pending: Arc<Pending>,
+    ip: std::net::IpAddr,
+}
+
+impl Pending {
+    fn enter(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<PendingSlot> {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let here = c.1.get(&ip).copied().unwrap_or(0);
+        if c.0 >= MAX_PENDING || here >= MAX_PENDING_PER_ADDRESS {
+            return None;
+        }
+        c.0 += 1;
+        c.1.insert(ip, here + 1);
+        Some(PendingSlot {
+            pending: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PendingSlot {
+    fn drop(&mut self) {
+        let mut c = self
+            .pending
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        c.0 = c.0.saturating_sub(1);
+        if let Some(n) = c.1.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                c.1.remove(&self.ip);
+            }
+        }
+    }
+}
+
 /// Accept data-plane connections until `shutdown` is cancelled.
 pub async fn serve(listener: TcpListener, registry: Arc<Registry>, shutdown: CancellationToken) {
+    let pending = Arc::new(Pending::default());
+    let mut refused_logged = false;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, addr)) => {
+                    let Some(slot) = pending.enter(addr.ip()) else {
+                        // Dropping the stream closes it before anything is read.
+                        if !refused_logged {
+                            tracing::warn!(
+                                "data-plane listener: too many connections that have not said hello (from {addr} and others); closing new ones until they do"
+                            );
+                            refused_logged = true;
+                        }
+                        continue;
+                    };
+                    refused_logged = false;
                     let registry = registry.clone();
                     let shutdown = shutdown.clone();
                     tokio::spawn(async move {
-                        handle_connection(stream, addr, registry, shutdown).await;
+                        handle_connection(stream, addr, slot, registry, shutdown).await;
                     });
                 }
                 Err(e) => {
@@ -322,12 +395,20 @@ async fn reject(mut conn: FramedConn, reason: RejectReason, message: String) {
 async fn handle_connection(
     stream: TcpStream,
     addr: SocketAddr,
+    slot: PendingSlot,
     registry: Arc<Registry>,
     shutdown: CancellationToken,
 ) {
     let _ = stream.set_nodelay(true);
-    let mut conn = Framed::new(stream, codec());
-    let first = match timeout(HANDSHAKE_TIMEOUT, conn.next()).await {
+    // Until the Hello is admitted, frames are at most MAX_HELLO_BYTES: a
+    // longer length prefix ends the connection before its body is read.
+    let mut conn = Framed::new(
+        stream,
+        LengthDelimitedCodec::builder()
+            .max_frame_length(MAX_HELLO_BYTES)
+            .new_codec(),
+    );
+    let first = match timeout(HELLO_TIMEOUT, conn.next()).await {
         Ok(Some(Ok(bytes))) => decode(bytes),
         Ok(Some(Err(e))) => {
             tracing::debug!("data plane: connection from {addr} sent a bad first frame: {e}");
@@ -360,6 +441,8 @@ async fn handle_connection(
         Ok(x) => x,
         Err((reason, msg)) => return reject(conn, reason, msg).await,
     };
+    drop(slot);
+    conn.codec_mut().set_max_frame_length(MAX_FRAME_BYTES);
     let welcomed = match encode(&Frame::Welcome) {
         Ok(b) => conn.send(b).await,
         Err(e) => Err(std::io::Error::other(e)),
@@ -669,6 +752,87 @@ mod tests {
         b.push(0);
         assert!(decode(b.clone()).is_err());
         assert!(decode(Bytes::from_static(&[0xff, 0xff, 0xff])).is_err());
+    }
+
+    /// Issue 20, finding 2: a stranger cannot make the listener hold a
+    /// large frame. The first frame's length prefix is checked against
+    /// MAX_HELLO_BYTES and the connection ends before its body is read, so
+    /// writing a 16 MiB body fails (before, the listener read all of it).
+    #[tokio::test]
+    async fn a_stranger_cannot_make_the_listener_buffer_a_large_first_frame() {
+        use tokio::io::AsyncWriteExt;
+        let (addr, reg, _stop) = listener().await;
+        let (_tx, mut rx) = reg.register(7, "secret", 1, [1, 2]);
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let len = (MAX_FRAME_BYTES - 1) as u32;
+        let body = vec![0x55u8; MAX_FRAME_BYTES - 1];
+        let sent = async {
+            s.write_all(&len.to_be_bytes()).await?;
+            s.write_all(&body).await
+        };
+        let sent = timeout(Duration::from_secs(30), sent).await.unwrap();
+        assert!(
+            sent.is_err(),
+            "the listener read a 16 MiB frame from a connection that never said hello"
+        );
+        // A Hello that is just too long is refused the same way.
+        let mut c = raw(addr).await;
+        let long = encode(&Frame::Hello {
+            version: WIRE_VERSION,
+            job: 7,
+            from: 2,
+            token: "x".repeat(MAX_HELLO_BYTES),
+            epoch: 0,
+        })
+        .unwrap();
+        c.send(long).await.unwrap();
+        assert_eq!(answer(&mut c).await, None);
+        // The listener still serves the real peer, whose frames after the
+        // hello may be large.
+        let mut c = raw(addr).await;
+        c.send(hello(7, 2, "secret")).await.unwrap();
+        assert_eq!(answer(&mut c).await, Some(Frame::Welcome));
+        let big = Frame::Data {
+            messages: vec![bsp_api::wire::WireMessage {
+                src: 1,
+                dst: 1,
+                superstep: 0,
+                seq: 0,
+                payload: Bytes::from(vec![7u8; 4 << 20]),
+            }],
+        };
+        c.send(encode(&big).unwrap()).await.unwrap();
+        assert_eq!(rx.recv().await, Some(Inbound::Connected { from: 2 }));
+        assert_eq!(
+            rx.recv().await,
+            Some(Inbound::Frame {
+                from: 2,
+                frame: big
+            })
+        );
+    }
+
+    /// Issue 20, finding 2: connections that have not said hello are
+    /// capped per address. The one over the cap is closed at once, while
+    /// the earlier silent ones are still waiting and are admitted when they
+    /// do say hello.
+    #[tokio::test]
+    async fn silent_connections_are_capped_per_address() {
+        let (addr, reg, _stop) = listener().await;
+        let (_tx, _rx) = reg.register(7, "secret", 1, [1, 2]);
+        let mut silent = Vec::new();
+        for _ in 0..MAX_PENDING_PER_ADDRESS {
+            silent.push(raw(addr).await);
+        }
+        let mut extra = raw(addr).await;
+        assert_eq!(answer(&mut extra).await, None, "closed at once");
+        let mut first = silent.remove(0);
+        first.send(hello(7, 2, "secret")).await.unwrap();
+        assert_eq!(answer(&mut first).await, Some(Frame::Welcome));
+        // An admitted connection no longer counts: one more may wait.
+        let mut another = raw(addr).await;
+        another.send(hello(7, 2, "secret")).await.unwrap();
+        assert_eq!(answer(&mut another).await, Some(Frame::Welcome));
     }
 
     #[tokio::test]
