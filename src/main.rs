@@ -125,6 +125,17 @@ pub struct SupernodeArgs {
     /// Shortest time between two migrations of one job, in milliseconds
     #[arg(long, default_value_t = 5000)]
     migration_interval_ms: u64,
+    /// Open HTTP connections at most; at the limit, new clients wait to be
+    /// accepted
+    #[arg(long, default_value_t = 2048)]
+    max_connections: usize,
+    /// Open HTTP connections from one IP address at most; more are closed
+    #[arg(long, default_value_t = 256)]
+    max_connections_per_address: usize,
+    /// Seconds for a request's headers to arrive (and for an idle
+    /// keep-alive connection to send its next request)
+    #[arg(long, default_value_t = 20)]
+    header_timeout_secs: u64,
     /// Stop when standard input closes (for supervisors and tests)
     #[arg(long, hide = true)]
     exit_on_stdin_eof: bool,

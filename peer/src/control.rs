@@ -90,8 +90,11 @@ impl Client {
                 "the supernode URL `{base}` must start with http:// or https://"
             ));
         }
+        // Idle connections are let go before the supernode closes them
+        // (after 20 s without a request).
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
+            .pool_idle_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         Ok(Arc::new(Client {

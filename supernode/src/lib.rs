@@ -35,6 +35,7 @@ mod error;
 mod http;
 mod jobs;
 pub mod lease;
+mod listen;
 mod openapi;
 mod rest;
 mod sse;
@@ -58,6 +59,7 @@ const JOB_LIST_CAPACITY: usize = 1024;
 
 pub use error::Error;
 pub use http::openapi;
+pub use listen::HttpLimits;
 
 /// How a supernode is set up.
 #[derive(Debug, Clone)]
@@ -78,6 +80,8 @@ pub struct Config {
     /// The shortest time between two migration epochs of one job, so noisy
     /// availability cannot thrash it. Losses and drains are not limited.
     pub migration_interval: Duration,
+    /// Timeouts and connection limits of the HTTP listener.
+    pub http: HttpLimits,
 }
 
 impl Default for Config {
@@ -89,6 +93,7 @@ impl Default for Config {
             public_url: None,
             power_hysteresis: 0.25,
             migration_interval: Duration::from_secs(5),
+            http: HttpLimits::default(),
         }
     }
 }
@@ -395,13 +400,10 @@ impl Supernode {
             shutdown.await;
             inner.shutdown.send_replace(true);
         });
-        let mut stop = self.inner.shutdown_signal();
         let app = self.router();
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await;
+        let limits = self.inner.config.http;
+        let stop = self.inner.shutdown_signal();
+        let result = listen::serve(listener, app, limits, stop).await;
         scheduler.abort();
         sweeper.abort();
         result?;

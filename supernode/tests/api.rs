@@ -2453,3 +2453,110 @@ async fn a_peer_reported_unreachable_is_gone_at_once_only_if_its_port_refuses() 
     let (status, _) = h.renew(&alive).await;
     assert_eq!(status, StatusCode::OK);
 }
+
+/// A raw connection from `ip` (any 127.x address is loopback on Linux).
+async fn raw_from(ip: &str, base: &str) -> tokio::net::TcpStream {
+    let addr: std::net::SocketAddr = base.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// What the server sends on `s` until it closes, within `limit`; `None` if
+/// it keeps the connection open that long.
+async fn read_to_close(s: &mut tokio::net::TcpStream, limit: Duration) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    match tokio::time::timeout(limit, s.read_to_end(&mut got)).await {
+        Ok(_) => Some(String::from_utf8_lossy(&got).into_owned()),
+        Err(_) => None,
+    }
+}
+
+/// One GET on a fresh connection from `ip`: the status line.
+async fn get_from(ip: &str, base: &str, path: &str) -> String {
+    use tokio::io::AsyncWriteExt;
+    let mut s = raw_from(ip, base).await;
+    let req = format!("GET /api/v1{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let answer = read_to_close(&mut s, Duration::from_secs(10))
+        .await
+        .expect("answered");
+    answer.lines().next().unwrap_or_default().to_string()
+}
+
+/// Issue 20, finding 3 (slowloris): requests whose headers never finish are
+/// closed after the header timeout, and one address cannot hold more than
+/// its share of connections, so others are still served.
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_headers_are_cut_off_and_one_address_cannot_take_every_connection() {
+    use tokio::io::AsyncWriteExt;
+    let h = Harness::start_with(|c| {
+        c.http.header_timeout = Duration::from_secs(1);
+        c.http.max_connections_per_address = 8;
+    })
+    .await;
+    let mut slow = Vec::new();
+    for _ in 0..8 {
+        let mut s = raw_from("127.0.0.3", &h.base).await;
+        s.write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        slow.push(s);
+    }
+    // The ninth from that address is closed at once, unanswered.
+    let mut ninth = raw_from("127.0.0.3", &h.base).await;
+    assert_eq!(
+        read_to_close(&mut ninth, Duration::from_secs(10)).await,
+        Some(String::new())
+    );
+    // Another address is served meanwhile.
+    assert_eq!(
+        get_from("127.0.0.4", &h.base, "/health").await,
+        "HTTP/1.1 200 OK"
+    );
+    // The slow ones are closed once their headers are late...
+    for s in &mut slow {
+        assert!(
+            read_to_close(s, Duration::from_secs(30)).await.is_some(),
+            "a request whose headers never finish is still open"
+        );
+    }
+    // ... and no longer count against their address.
+    assert_eq!(
+        get_from("127.0.0.3", &h.base, "/health").await,
+        "HTTP/1.1 200 OK"
+    );
+    h.stop().await;
+}
+
+/// At the connection limit the supernode stops accepting: a new client
+/// waits (in the kernel's backlog) and is served as soon as a connection
+/// closes, instead of the supernode running out of file descriptors.
+#[tokio::test(flavor = "multi_thread")]
+async fn at_the_connection_limit_new_clients_wait_for_a_free_slot() {
+    use tokio::io::AsyncWriteExt;
+    let h = Harness::start_with(|c| c.http.max_connections = 4).await;
+    let mut idle = Vec::new();
+    for i in 0..4 {
+        idle.push(raw_from(&format!("127.0.1.{i}"), &h.base).await);
+    }
+    let base = h.base.clone();
+    let waiting = tokio::spawn(async move { get_from("127.0.2.1", &base, "/health").await });
+    let mut waiting = std::pin::pin!(waiting);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), waiting.as_mut())
+            .await
+            .is_err(),
+        "served beyond the connection limit"
+    );
+    idle.pop().unwrap().shutdown().await.unwrap();
+    drop(idle.pop());
+    let status = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("served once a slot is free")
+        .unwrap();
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    drop(idle);
+    h.stop().await;
+}

@@ -284,7 +284,10 @@ impl Cluster {
     /// Create a user and log in as it.
     pub async fn user(&self, name: &str) -> Client {
         let admin = self.admin().await;
-        let http = reqwest::Client::new();
+        let http = reqwest::Client::builder()
+            .pool_idle_timeout(Duration::from_secs(10))
+            .build()
+            .unwrap();
         let resp = http
             .post(format!("{}/api/v1/users", self.url))
             .bearer_auth(admin.token())

@@ -114,7 +114,11 @@ impl std::fmt::Debug for Client {
 }
 
 fn http(read_timeout: Option<Duration>) -> reqwest::Client {
-    let builder = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);
+    // Idle connections are let go before the supernode closes them (after
+    // 20 s without a request), so a request never meets one closing.
+    let builder = reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .pool_idle_timeout(Duration::from_secs(10));
     match read_timeout {
         Some(t) => builder.read_timeout(t),
         None => builder,
