@@ -115,7 +115,10 @@ async fn ensure_user(
     Ok((user, password))
 }
 
-/// The command that starts local peer `i` of `bspweb up`.
+/// The command that starts local peer `i` of `bspweb up`. Its stdin is a
+/// pipe that `up` holds and never writes: when `up` ends in any way (even
+/// SIGKILL), the pipe closes and the peer stops (`--exit-on-stdin-eof`;
+/// its drain request fails at once without a supernode).
 fn local_peer(
     exe: &Path,
     url: &str,
@@ -125,7 +128,8 @@ fn local_peer(
     let mut cmd = tokio::process::Command::new(exe);
     cmd.args(["peer", "--supernode", url, "--listen", "127.0.0.1:0"])
         .args(["--name", &format!("local-{i}")])
-        .stdin(std::process::Stdio::null())
+        .arg("--exit-on-stdin-eof")
+        .stdin(std::process::Stdio::piped())
         .kill_on_drop(true);
     if let Some(f) = idle_file {
         cmd.arg("--idle-file").arg(f);
@@ -220,9 +224,12 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     }
 
     let mut server = server;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
             r = &mut server => {
                 match r {
                     Ok(Ok(())) => bail!("the supernode stopped unexpectedly"),

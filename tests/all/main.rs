@@ -14,3 +14,4 @@ mod faults;
 mod security;
 mod testbed;
 mod testbed_jobs;
+mod up;
