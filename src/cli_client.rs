@@ -281,7 +281,7 @@ pub struct SubmitArgs {
     /// Seed of the processes' deterministic random number generators
     #[arg(long)]
     seed: Option<u64>,
-    /// Wall-clock limit of one superstep, in seconds
+    /// Wall-clock limit of one superstep, in seconds [default: 120]
     #[arg(long)]
     superstep_secs: Option<f64>,
     /// Memory cap per process, in MiB

@@ -119,7 +119,10 @@ fn default_replicas() -> u32 {
 impl Default for JobLimits {
     fn default() -> Self {
         JobLimits {
-            superstep_ms: 10 * 60 * 1000,
+            // Two minutes: enough for any sensible superstep, short enough
+            // that a runaway process ends soon. Peers share their slots
+            // between jobs meanwhile, so a long superstep starves nobody.
+            superstep_ms: 2 * 60 * 1000,
             memory_mib: 512,
             output_mib: 64,
             checkpoint_every: default_checkpoint_every(),

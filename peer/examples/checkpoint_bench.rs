@@ -28,7 +28,6 @@ use bspweb_peer::runtime::{JobInfo, Outcome, Runtime, module_hash};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -220,7 +219,7 @@ async fn start_peers(runtime: &Arc<Runtime>, n: usize) -> Vec<Peer> {
             runtime: runtime.clone(),
             registry,
             reporter: reporter.clone(),
-            slots: Arc::new(Semaphore::new(2)),
+            slots: bspweb_peer::slots::Slots::new(2),
             max_memory_mib: MEMORY_LIMIT_MIB,
             max_superstep_ms: 60_000,
             connect_timeout: Duration::from_secs(5),

@@ -31,7 +31,7 @@ use base64::Engine as _;
 use bsp_api::control::{JobAssignment, PeerEvent};
 use bsp_api::wire::{Frame, ProcDone, RelayHead, WireMessage, message_groups};
 use bsp_api::{JobId, PeerId, Pid};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -91,7 +91,7 @@ pub struct JobEnv {
     /// Where events for the supernode go.
     pub reporter: Reporter,
     /// Processes resumed at once, across all jobs.
-    pub slots: Arc<Semaphore>,
+    pub slots: Arc<crate::slots::Slots>,
     /// Cap of the per-process memory limit, MiB.
     pub max_memory_mib: u32,
     /// Cap of the per-superstep time limit, ms.
@@ -1379,16 +1379,17 @@ impl Driver {
             };
             let info = self.info.clone();
             let slots = self.env.slots.clone();
+            let job = self.job;
             self.tasks.spawn(async move {
-                let permit = slots.acquire_owned().await;
+                let slot = slots.acquire(job).await.map_err(|e| e.to_string());
                 let joined = tokio::task::spawn_blocking(move || {
-                    let _permit = permit;
+                    let slot = slot?;
                     let mut p = Proc {
                         process: runtime.instantiate(&module, info, pid)?,
                         tracker: PageTracker::new(),
                         recent: VecDeque::new(),
                     };
-                    let outcome = p.process.resume();
+                    let outcome = p.process.resume_in(slot);
                     Ok((p, outcome))
                 })
                 .await;
@@ -1402,14 +1403,14 @@ impl Driver {
             l.state = State::Busy;
         }
         let slots = self.env.slots.clone();
+        let job = self.job;
         self.tasks.spawn(async move {
-            let permit = match slots.acquire_owned().await {
-                Ok(p) => p,
-                Err(_) => return Task::Resumed(pid, Err("the peer is shutting down".into())),
+            let slot = match slots.acquire(job).await {
+                Ok(s) => s,
+                Err(e) => return Task::Resumed(pid, Err(e.to_string())),
             };
             let joined = tokio::task::spawn_blocking(move || {
-                let outcome = p.process.resume();
-                drop(permit);
+                let outcome = p.process.resume_in(slot);
                 (p, outcome)
             })
             .await;

@@ -22,6 +22,7 @@ pub mod program;
 pub mod relay;
 pub mod report;
 pub mod runtime;
+pub mod slots;
 pub mod sysinfo;
 
 use std::future::Future;
@@ -34,7 +35,6 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bsp_api::control::{Command, PeerLogin, PeerRenew};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::control::Client;
@@ -202,7 +202,7 @@ pub async fn run(
         runtime: runtime.clone(),
         registry,
         reporter: reporter.clone(),
-        slots: Arc::new(Semaphore::new(config.slots)),
+        slots: slots::Slots::new(config.slots),
         max_memory_mib: config.max_memory_mib,
         max_superstep_ms: config.max_superstep_ms,
         connect_timeout: CONNECT_TIMEOUT,

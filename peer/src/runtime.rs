@@ -443,7 +443,9 @@ pub struct HostState {
 pub enum Stop {
     #[error("killed")]
     Killed,
-    #[error("time limit exceeded: superstep {superstep} ran longer than {secs} s")]
+    #[error(
+        "time limit exceeded: superstep {superstep} ran longer than {secs} s; sync more often, or submit with a larger --superstep-secs (peers allow up to their --max-superstep-secs, 3600 s by default)"
+    )]
     TimeLimit { superstep: u32, secs: f64 },
     #[error(
         "memory limit exceeded: the process tried to grow its memory to {wanted_mib} MiB; the limit is {limit_mib} MiB"
@@ -493,6 +495,11 @@ pub struct ProcState {
     send_seq: u32,
     /// Running time spent in the current superstep.
     used: Duration,
+    /// The peer slot this process runs in during a `resume`, shared with
+    /// other jobs' processes at epoch ticks ([`crate::slots`]).
+    slot: Option<crate::slots::Slot>,
+    /// Time spent parked, waiting for the slot, in the current `resume`.
+    parked: Duration,
     /// When the current `resume` must stop.
     deadline: Instant,
     /// Why the host is trapping the process, if it is.
@@ -521,6 +528,8 @@ impl ProcState {
             outbox_bytes: 0,
             send_seq: 0,
             used: Duration::ZERO,
+            slot: None,
+            parked: Duration::ZERO,
             deadline,
             stop: None,
             output_mark: 0,
@@ -711,6 +720,15 @@ impl Process {
         s.used = Duration::ZERO;
     }
 
+    /// [`Process::resume`] in `slot`, which it shares with other jobs'
+    /// processes while it runs ([`crate::slots`]) and gives back at the end.
+    pub fn resume_in(&mut self, slot: crate::slots::Slot) -> Outcome {
+        self.store.data_mut().slot = Some(slot);
+        let outcome = self.resume();
+        self.store.data_mut().slot = None;
+        outcome
+    }
+
     /// Run the program until it syncs, returns, yields or is stopped.
     /// Blocks the calling thread: call it from a blocking thread.
     pub fn resume(&mut self) -> Outcome {
@@ -728,10 +746,12 @@ impl Process {
             let s = self.store.data_mut();
             s.deadline = start + job.superstep_budget.saturating_sub(s.used);
             s.stop = None;
+            s.parked = Duration::ZERO;
         }
         self.store.set_epoch_deadline(1);
         let result = self.resume.call(&mut self.store, ());
-        self.store.data_mut().used += start.elapsed();
+        let s = self.store.data_mut();
+        s.used += start.elapsed().saturating_sub(s.parked);
         let outcome = match result {
             Ok(STATUS_SYNC) => Outcome::Sync,
             Ok(STATUS_DONE) => Outcome::Done,
@@ -843,6 +863,17 @@ fn on_epoch(mut ctx: StoreContextMut<'_, ProcState>) -> wasmtime::Result<UpdateD
     let s = ctx.data_mut();
     if s.job.kill.load(Ordering::Relaxed) {
         return Err(s.stop_with(Stop::Killed));
+    }
+    if let Some(slot) = s.slot.as_mut() {
+        // Time parked while other jobs ran is not this superstep's time.
+        let parked = slot.share();
+        if !parked.is_zero() {
+            s.deadline += parked;
+            s.parked += parked;
+            if s.job.kill.load(Ordering::Relaxed) {
+                return Err(s.stop_with(Stop::Killed));
+            }
+        }
     }
     if Instant::now() >= s.deadline {
         let stop = Stop::TimeLimit {

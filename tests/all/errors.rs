@@ -157,3 +157,49 @@ async fn an_output_flood_hits_the_output_limit() {
     assert_eq!(r.info.outcome, Some(JobOutcome::Failed), "{why}");
     assert!(why.contains("output limit"), "{why}");
 }
+
+/// Issue 20, finding 5: a job whose processes compute for their whole
+/// superstep does not hold up another job on the same peer. One peer with
+/// two slots; both of a `loop` job's processes spin (with a 60 s superstep
+/// limit) when a `ring` job arrives. The ring job ends while the spinning
+/// job still runs: the peer shares its slots between the jobs (before,
+/// the ring waited for the spinners to hit their limit).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spinning_job_does_not_hold_up_another_job() {
+    use crate::harness::{Cluster, Options};
+    use bsp_api::rest::JobState;
+    let cluster = Cluster::start(Options {
+        peers: 1,
+        ..Options::default()
+    });
+    let client = cluster.admin().await;
+    let hash = misbehave_hash(&client).await;
+    let mut spin = job(&hash, 2, json!({"mode": "loop"}));
+    spin.limits = Some(JobLimits {
+        superstep_ms: 60_000,
+        ..JobLimits::default()
+    });
+    let spin = client.submit(&spin).await.unwrap();
+    // Both processes are past superstep 0, spinning in superstep 1.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let info = client.job(spin.id).await.unwrap();
+        if info.supersteps.len() == 2 && info.supersteps.iter().all(|&s| s >= 1) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the spinning job did not start: {info:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let ring = run(&client, job("ring", 2, json!(null))).await;
+    ring.assert_exited();
+    let spinning = client.job(spin.id).await.unwrap();
+    assert_eq!(
+        spinning.state,
+        JobState::Active,
+        "the ring job ended only after the spinning job: {spinning:?}"
+    );
+    client.kill(spin.id).await.unwrap();
+}
