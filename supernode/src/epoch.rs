@@ -625,11 +625,13 @@ pub(crate) fn restore_lost(
 /// Moves the processes of active jobs whose DHHT host differs from their
 /// recorded host (after a power change or a drain). Jobs that migrated less
 /// than the migration interval ago wait, unless a process sits on a draining
-/// peer; a process still being handed over does not move again. Returns
-/// whether some job has moves left for later.
+/// peer; a process still being handed over does not move again; a process
+/// that moved for a load change recently backs off and does not go
+/// straight back ([`crate::hysteresis`]). Returns whether some job has
+/// moves left for later.
 pub(crate) fn rebalance(
     tx: &Connection,
-    place: &Place,
+    place: &mut Place,
     inner: &Inner,
     fx: &mut Effects,
     now: i64,
@@ -644,10 +646,14 @@ pub(crate) fn rebalance(
         stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<rusqlite::Result<_>>()?
     };
+    place
+        .moves
+        .retain_jobs(|j| jobs.iter().any(|&(active, _)| active == j));
     let mut pending = false;
     for (job, migrated_at) in jobs {
         let rows = placements(tx, job)?;
         let mut moves = Vec::new();
+        let mut load_moves = Vec::new();
         let mut forced = false;
         for row in &rows {
             let Some(target) = place
@@ -661,7 +667,14 @@ pub(crate) fn rebalance(
                 pending = true;
                 continue;
             }
-            forced |= draining.contains(&row.peer);
+            if draining.contains(&row.peer) {
+                forced = true;
+            } else if place.moves.allows(job, row.pid, target, now, interval) {
+                load_moves.push((row.pid, row.peer));
+            } else {
+                pending = true;
+                continue;
+            }
             moves.push((row.pid, target));
         }
         if moves.is_empty() {
@@ -694,6 +707,9 @@ pub(crate) fn rebalance(
             "UPDATE jobs SET migrated_at = ?2 WHERE id = ?1",
             params![job, now],
         )?;
+        for (pid, from) in load_moves {
+            place.moves.record(job, pid, from, now, interval);
+        }
         let why = if forced { "draining" } else { "load change" };
         let text = format!(
             "migrating {} from {} to {} ({why}, epoch {epoch})",

@@ -23,6 +23,10 @@ pub(crate) struct Place {
     /// Some job's processes differ from their DHHT hosts and wait for the
     /// migration interval (or a handover); the lease sweeper retries.
     pub(crate) rebalance_pending: bool,
+    /// The last load-change move of each process, so none moves back and
+    /// forth (not persisted: after a restart, processes may move once
+    /// more).
+    pub(crate) moves: crate::hysteresis::Moves,
 }
 
 /// Queues `command` for `peer` if it holds a valid lease; the command is

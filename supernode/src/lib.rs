@@ -33,6 +33,7 @@ mod db;
 mod epoch;
 mod error;
 mod http;
+mod hysteresis;
 mod jobs;
 pub mod lease;
 mod listen;

@@ -1234,7 +1234,7 @@ impl Core {
                         );
                     }
                     self.place.rebalance_pending =
-                        epoch::rebalance(&tx, &self.place, inner, fx, now)?;
+                        epoch::rebalance(&tx, &mut self.place, inner, fx, now)?;
                     epoch::settle_drains(&tx, inner, fx, now)?;
                     fx.wake_scheduler = true;
                 }
@@ -1264,7 +1264,7 @@ impl Core {
         let tx = self.conn.transaction()?;
         let expired = expire_overdue(&tx, &mut self.place, inner, fx, now)?;
         if self.place.rebalance_pending {
-            self.place.rebalance_pending = epoch::rebalance(&tx, &self.place, inner, fx, now)?;
+            self.place.rebalance_pending = epoch::rebalance(&tx, &mut self.place, inner, fx, now)?;
             epoch::settle_drains(&tx, inner, fx, now)?;
         }
         let acked: Vec<(PeerId, u64)> = inner

@@ -2560,3 +2560,70 @@ async fn at_the_connection_limit_new_clients_wait_for_a_free_slot() {
     drop(idle);
     h.stop().await;
 }
+
+/// Issue 20, finding 9: a process that moved for a load change does not
+/// move straight back when the load swings back, even when the job's
+/// migration interval has long passed (1 ms here).
+#[tokio::test]
+async fn a_process_does_not_move_back_and_forth_when_the_load_swings() {
+    let h = Harness::start_with(|c| c.migration_interval = Duration::from_millis(1)).await;
+    let alice = h.login("alice", "alice-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
+    let mut p1 = h.peer_login(login_body("p1", 8, None)).await;
+    let mut p2 = h.peer_login(login_body("p2", 8, None)).await;
+    let job = h.submit(&alice, "ring", 16).await;
+    let first = start_job(&h.commands(&mut p1).await);
+    start_job(&h.commands(&mut p2).await);
+
+    // p1 gets busy: some of its processes move to p2, and are handed over.
+    assert_eq!(h.renew_with(&p1, 0.1, false).await, StatusCode::OK);
+    let next = h.assignment_at(&mut p2, job.id, 1).await;
+    let moved = next.migrate.clone();
+    assert!(!moved.is_empty());
+    for &pid in &moved {
+        assert_eq!((host_of(&first, pid), host_of(&next, pid)), (p1.id, p2.id));
+        let handed = PeerEvent::ProcessHandedOver {
+            job: job.id,
+            pid,
+            superstep: 3,
+            epoch: 1,
+        };
+        h.report(&p1, vec![handed]).await;
+        let restored = PeerEvent::ProcessRestored {
+            job: job.id,
+            pid,
+            superstep: 3,
+            epoch: 1,
+        };
+        h.report(&p2, vec![restored]).await;
+    }
+    let placed = h.job(&alice, job.id).await.placement;
+    assert_eq!(placed, hosts_by_pid(&next));
+
+    // p1 is idle again, and busy, and idle: nothing moves back.
+    for idle in [1.0, 0.1, 1.0] {
+        assert_eq!(h.renew_with(&p1, idle, false).await, StatusCode::OK);
+        assert_eq!(
+            h.job(&alice, job.id).await.placement,
+            placed,
+            "moved again at idle {idle}"
+        );
+    }
+    for peer in [&p1, &p2] {
+        let events = hosts(&next, peer.id)
+            .into_iter()
+            .map(|pid| exited(job.id, pid))
+            .collect();
+        h.report(peer, events).await;
+    }
+    let events = h.events(&alice, job.id, None).await;
+    let migrations = events
+        .iter()
+        .filter(|(_, _, e)| {
+            matches!(&e.kind, JobEventKind::Status { text } if text.starts_with("migrating"))
+        })
+        .count();
+    assert_eq!(migrations, 1);
+}
