@@ -2114,6 +2114,9 @@ async function loadHealth() {
     if (!res.ok) return;
     const hl = await res.json();
     $('#health').textContent = `Supernode ${hl.version}, API v${hl.api_version}, ${hl.peers_online} peer${hl.peers_online === 1 ? '' : 's'} online.`;
+    // A disk that takes no writes is shown until it does again.
+    if (hl.storage_problem) showError(`Storage problem: ${hl.storage_problem}`, 'storage');
+    else clearError('storage');
   } catch {
     $('#health').textContent = 'The supernode is not reachable.';
   }

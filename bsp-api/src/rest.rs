@@ -421,4 +421,9 @@ pub struct Health {
     pub version: String,
     pub api_version: u32,
     pub peers_online: u32,
+    /// Absent while the supernode can write to its disk; else what is
+    /// wrong (the disk is full or failing) and what it means. Running jobs
+    /// go on meanwhile; nothing new is stored until space returns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_problem: Option<String>,
 }

@@ -64,7 +64,27 @@ pub enum Error {
     Internal(String),
 }
 
+/// Whether a SQLite error means the disk cannot take writes (full, or
+/// failing), as opposed to a bug or a bad request: the supernode degrades
+/// (issue 20, finding 4) instead of failing what depends on the write.
+pub(crate) fn is_storage_error(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode as C;
+    matches!(
+        e,
+        rusqlite::Error::SqliteFailure(f, _)
+            if matches!(f.code, C::DiskFull | C::SystemIoFailure | C::CannotOpen)
+    )
+}
+
+/// The message of a 503 while the disk takes no writes.
+pub(crate) const STORAGE_MESSAGE: &str = "the supernode cannot write to its disk (it is full, or failing): nothing new is stored until space returns, but running jobs go on and their output waits on the peers; try again later";
+
 impl Error {
+    /// Whether this is a SQLite error of a disk that takes no writes.
+    pub fn is_storage(&self) -> bool {
+        matches!(self, Error::Database(e) if is_storage_error(e))
+    }
+
     /// A 400 with code `bad_request`.
     pub fn bad_request(message: impl Into<String>) -> Error {
         Error::BadRequest {
@@ -92,6 +112,7 @@ impl Error {
             Error::Conflict(_) => StatusCode::CONFLICT,
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Error::Database(e) if is_storage_error(e) => StatusCode::SERVICE_UNAVAILABLE,
             Error::Database(_) | Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -108,6 +129,9 @@ impl Error {
             Error::NotFound(m) => ("not_found", m.clone()),
             Error::Conflict(m) => ("conflict", m.clone()),
             Error::TooLarge(m) => ("too_large", m.clone()),
+            Error::Database(e) if is_storage_error(e) => {
+                ("storage_unavailable", STORAGE_MESSAGE.to_string())
+            }
             Error::Database(_) | Error::Internal(_) => (
                 "internal",
                 "internal error in the supernode; its log has the details".to_string(),
@@ -134,7 +158,7 @@ pub(crate) fn api_error(status: StatusCode, code: &str, message: impl Into<Strin
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        if matches!(self, Error::Database(_) | Error::Internal(_)) {
+        if matches!(self, Error::Database(_) | Error::Internal(_)) && !self.is_storage() {
             tracing::error!(error = %self, "request failed");
         }
         let status = self.status();

@@ -126,6 +126,8 @@ pub(crate) struct Inner {
     job_list: broadcast::Sender<(i64, JobId)>,
     /// Becomes `true` when the server shuts down.
     shutdown: watch::Sender<bool>,
+    /// Since when (ms) and why SQLite takes no writes, while it does not.
+    storage_trouble: Mutex<Option<(i64, String)>>,
 }
 
 /// In-memory state of the online peers: leases and command queues.
@@ -172,6 +174,44 @@ pub(crate) fn now_ms() -> i64 {
 impl Inner {
     pub(crate) fn live(&self) -> MutexGuard<'_, Live> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Note that a write failed because the disk takes none (logged once,
+    /// shown by `/health`).
+    pub(crate) fn storage_failed(&self, e: &rusqlite::Error) {
+        let mut t = self
+            .storage_trouble
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if t.is_none() {
+            tracing::error!(
+                error = %e,
+                "the database's disk takes no writes (full, or failing): storing nothing new until it does; leases are kept in memory, jobs go on, peers keep their output until it can be stored"
+            );
+            *t = Some((now_ms(), e.to_string()));
+        }
+    }
+
+    /// Note that a write succeeded: the disk takes writes (again).
+    pub(crate) fn storage_ok(&self) {
+        let mut t = self
+            .storage_trouble
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some((since, _)) = t.take() {
+            tracing::info!(
+                after_ms = now_ms().saturating_sub(since),
+                "the database's disk takes writes again"
+            );
+        }
+    }
+
+    /// Since when and why the disk takes no writes, if it does not.
+    pub(crate) fn storage_trouble(&self) -> Option<(i64, String)> {
+        self.storage_trouble
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn lock_core(&self) -> MutexGuard<'_, state::Core> {
@@ -274,6 +314,7 @@ impl Supernode {
                 job_watch: Mutex::new(HashMap::new()),
                 job_list: broadcast::channel(JOB_LIST_CAPACITY).0,
                 shutdown: watch::channel(false).0,
+                storage_trouble: Mutex::new(None),
             }),
         })
     }
@@ -296,7 +337,11 @@ impl Supernode {
                 // The transaction rolled back; the in-memory placement tables
                 // may have moved ahead of it, so rebuild them from SQLite.
                 Err(Error::Database(e)) => {
-                    tracing::error!(error = %e, "database operation failed; rebuilding the placement tables");
+                    if error::is_storage_error(e) {
+                        inner.storage_failed(e);
+                    } else {
+                        tracing::error!(error = %e, "database operation failed; rebuilding the placement tables");
+                    }
                     if let Err(e) = core.rebuild_placement() {
                         tracing::error!(error = %e, "cannot rebuild the placement tables");
                     }

@@ -398,6 +398,12 @@ pub(crate) async fn health(State(sn): State<Supernode>) -> Json<Health> {
         version: env!("CARGO_PKG_VERSION").to_string(),
         api_version: bsp_api::API_VERSION,
         peers_online: peers_online(&sn),
+        storage_problem: sn.inner.storage_trouble().map(|(since, detail)| {
+            let secs = crate::now_ms().saturating_sub(since) / 1000;
+            format!(
+                "for {secs} s the supernode has not been able to write to its disk ({detail}); running jobs go on and their output waits on the peers, but nothing new is stored until space returns"
+            )
+        }),
     })
 }
 

@@ -1154,6 +1154,43 @@ impl Core {
             }
         };
         let expires_at = lease::expiry(now, ttl);
+        match self.renew_in_db(inner, fx, peer, renew, now, expires_at) {
+            Ok(()) => inner.storage_ok(),
+            // The disk takes no writes: the lease goes on in memory (the
+            // sweeper honours it), so a full disk does not make every peer
+            // look gone; what else the renewal would have recorded waits
+            // for the next one.
+            Err(Error::Database(e)) if crate::error::is_storage_error(&e) => {
+                inner.storage_failed(&e);
+                if let Err(e) = self.rebuild_placement() {
+                    tracing::error!(error = %e, "cannot rebuild the placement tables");
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        if let Some(p) = inner.live().peers.get_mut(&peer) {
+            p.expires_at = expires_at;
+        }
+        Ok(Lease {
+            peer_id: peer,
+            token: inner.keys.peer_token(peer, &lease_id, expires_at)?,
+            ttl_ms: ttl.as_millis() as u64,
+            renew_every_ms: lease::renew_every(ttl).as_millis() as u64,
+        })
+    }
+
+    /// What a renewal records: the peer's speed, idle fraction, memory and
+    /// lease expiry; jobs it should not run are killed; a power change
+    /// beyond the hysteresis re-weights it in the DHHT.
+    fn renew_in_db(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        peer: PeerId,
+        renew: &PeerRenew,
+        now: i64,
+        expires_at: i64,
+    ) -> Result<(), Error> {
         let tx = self.conn.transaction()?;
         let draining: bool = tx.query_row(
             "UPDATE peers SET speed = ?2, idle = ?3, lease_expires_at = ?4, last_seen = ?5, \
@@ -1241,15 +1278,7 @@ impl Core {
             }
         }
         tx.commit()?;
-        if let Some(p) = inner.live().peers.get_mut(&peer) {
-            p.expires_at = expires_at;
-        }
-        Ok(Lease {
-            peer_id: peer,
-            token: inner.keys.peer_token(peer, &lease_id, expires_at)?,
-            ttl_ms: ttl.as_millis() as u64,
-            renew_every_ms: lease::renew_every(ttl).as_millis() as u64,
-        })
+        Ok(())
     }
 
     /// The lease sweep: declares the peers whose lease ended by `now` gone
@@ -1956,7 +1985,7 @@ fn expire_overdue(
     fx: &mut Effects,
     now: i64,
 ) -> Result<Vec<PeerId>, Error> {
-    let table: Vec<lease::PeerLease> = {
+    let mut table: Vec<lease::PeerLease> = {
         let mut stmt =
             tx.prepare_cached("SELECT id, lease_expires_at FROM peers WHERE state = 'online'")?;
         stmt.query_map([], |r| {
@@ -1968,6 +1997,16 @@ fn expire_overdue(
         })?
         .collect::<rusqlite::Result<_>>()?
     };
+    // A renewal whose write failed (the disk took none) extended the lease
+    // in memory only: the later expiry counts.
+    {
+        let live = inner.live();
+        for l in &mut table {
+            if let Some(p) = live.peers.get(&l.id) {
+                l.expires_at = l.expires_at.max(p.expires_at);
+            }
+        }
+    }
     let expired = lease::expired(now, table);
     let mut lost = BTreeMap::new();
     for &peer in &expired {

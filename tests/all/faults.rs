@@ -471,6 +471,7 @@ fn reference_cluster() -> &'static Mutex<Cluster> {
             lease_ttl_secs: 15,
             peer_args: vec![],
             supernode_args: vec![],
+            supernode_data: None,
             idle_files: true,
             log_files: true,
         }))
@@ -641,6 +642,7 @@ fn fault_cluster(peers: usize) -> Cluster {
         lease_ttl_secs: 3,
         peer_args: vec![],
         supernode_args: vec!["--migration-interval-ms".into(), "500".into()],
+        supernode_data: None,
         idle_files: true,
         log_files: true,
     })

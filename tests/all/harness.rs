@@ -73,6 +73,8 @@ pub struct Options {
     pub peer_args: Vec<String>,
     /// Extra arguments of `bspweb supernode` (also when it restarts).
     pub supernode_args: Vec<String>,
+    /// The supernode's `--data` directory, when not the cluster's own.
+    pub supernode_data: Option<PathBuf>,
     /// Start every peer with `--idle-file`, reporting an idle fraction of 1
     /// until [`Cluster::set_idle`] changes it (the default: no availability
     /// noise from the machine the tests run on, whose cores the tests keep
@@ -90,6 +92,7 @@ impl Default for Options {
             lease_ttl_secs: 15,
             peer_args: vec![],
             supernode_args: vec![],
+            supernode_data: None,
             idle_files: true,
             log_files: false,
         }
@@ -443,7 +446,7 @@ fn spawn_supernode(listen: &str, data: &Path, opts: &Options) -> Result<(Child, 
     let mut supernode = bspweb()
         .args(["supernode", "--listen", listen, "--exit-on-stdin-eof"])
         .arg("--data")
-        .arg(data)
+        .arg(opts.supernode_data.as_deref().unwrap_or(data))
         .args(["--lease-ttl-secs", &opts.lease_ttl_secs.to_string()])
         .args(&opts.supernode_args)
         .env("BSPWEB_USER", ADMIN)

@@ -1,9 +1,10 @@
 //! Issue 20's red-team findings, replayed against real clusters: each test
 //! attacks a running supernode or peer the way the finding did, bounded in
 //! time and traffic and on loopback only, and asserts the invariant that
-//! keeps everybody else safe (memory as numbers, not timings). Findings 1
-//! (memory amplification) and 4 (full disk) are not replayed yet: their
-//! fixes are still to come.
+//! keeps everybody else safe (memory as numbers, not timings). Finding 1
+//! (memory amplification) is not replayed yet: its fix is still to come.
+//! The full-disk test mounts a small tmpfs, so it needs root (as the
+//! testbed does).
 
 use std::time::{Duration, Instant};
 
@@ -252,4 +253,129 @@ async fn finding_6_state_in_a_global_survives_a_peer_kill() {
             "{differ} of pid {pid}'s {steps} records differ from the failure-free run"
         );
     }
+}
+
+/// A tmpfs of `mib` MiB mounted at a fresh directory, unmounted on drop:
+/// a disk that really fills up.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(mib: u32) -> SmallDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("run mount(8)");
+        assert!(
+            status.success(),
+            "cannot mount a tmpfs (the full-disk test needs root, like the testbed): {status}"
+        );
+        SmallDisk { dir }
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Write a file of zeros until the disk is full.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let path = self.path().join("filler");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let block = vec![0u8; 64 << 10];
+        while f.write_all(&block).is_ok() {}
+        let _ = f.flush();
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// Finding 4: the supernode's disk fills up while a job runs. Leases live
+/// on in memory, so no peer is declared gone and no job fails; `/health`
+/// and writes say what is wrong (503 `storage_unavailable`); once space
+/// returns, the job ends with its correct output (before: every renewal
+/// failed, the supernode declared its peers gone and failed the job).
+#[tokio::test(flavor = "multi_thread")]
+async fn finding_4_a_full_disk_fails_no_job() {
+    use crate::examples::pagerank_kernel as kernel;
+    let disk = SmallDisk::mount(48);
+    let cluster = Cluster::start(Options {
+        peers: 3,
+        lease_ttl_secs: 3,
+        supernode_data: Some(disk.path().join("supernode")),
+        ..Options::default()
+    });
+    let client = cluster.admin().await;
+    let (n, m, iters) = (20_000u64, 100_000u64, 300u32);
+    let args = json!({"n": n, "m": m, "iters": iters, "seed": 5});
+    let id = client.submit(&job("pagerank", 3, args)).await.unwrap().id;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while client
+        .job(id)
+        .await
+        .unwrap()
+        .supersteps
+        .iter()
+        .all(|&s| s < 2)
+    {
+        assert!(Instant::now() < deadline, "the job did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let filler = disk.fill();
+    let full_at = Instant::now();
+    // The supernode notices at the next write (a renewal, within a second).
+    let problem = loop {
+        let health = client.health().await.expect("reads work on a full disk");
+        if let Some(p) = health.storage_problem {
+            break p;
+        }
+        assert!(
+            full_at.elapsed() < Duration::from_secs(30),
+            "no storage problem reported"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(problem.contains("write to its disk"), "{problem}");
+    // Writes say so.
+    let err = client
+        .submit(&job("ring", 2, json!(null)))
+        .await
+        .expect_err("nothing new is stored");
+    assert_eq!(err.status(), Some(503), "{err}");
+    assert!(
+        err.to_string().contains("cannot write to its disk"),
+        "{err}"
+    );
+    // Three lease lifetimes on a full disk: every peer still online, the
+    // job not failed.
+    while full_at.elapsed() < Duration::from_secs(9) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let peers = client.peers().await.unwrap();
+    assert_eq!(
+        peers.iter().filter(|p| p.state == "online").count(),
+        3,
+        "{peers:?}"
+    );
+    assert_eq!(client.job(id).await.unwrap().outcome, None);
+
+    // Space returns: the supernode writes again and the job ends well.
+    std::fs::remove_file(filler).unwrap();
+    let r = crate::harness::collect(&client, id).await;
+    r.assert_exited();
+    let params = kernel::Params::new(n, m, iters, 5).expect("valid parameters");
+    assert_eq!(r.stdout(0), kernel::reference(&params));
+    assert_eq!(client.health().await.unwrap().storage_problem, None);
 }
