@@ -136,6 +136,10 @@ pub struct SupernodeArgs {
     /// keep-alive connection to send its next request)
     #[arg(long, default_value_t = 20)]
     header_timeout_secs: u64,
+    /// Output the jobs of one user may store, in MiB (finished jobs count
+    /// until they are disposed of); a job that would exceed it fails
+    #[arg(long, default_value_t = 4096)]
+    user_storage_mib: u64,
     /// Stop when standard input closes (for supervisors and tests)
     #[arg(long, hide = true)]
     exit_on_stdin_eof: bool,

@@ -31,6 +31,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0005_peer_memory.sql",
         include_str!("../../migrations/0005_peer_memory.sql"),
     ),
+    (
+        "0006_compact_output.sql",
+        include_str!("../../migrations/0006_compact_output.sql"),
+    ),
 ];
 
 /// Opens (creating if needed) the database and brings its schema up to date.
@@ -182,14 +186,53 @@ pub(crate) fn insert_event(
     kind: &JobEventKind,
     at: i64,
 ) -> Result<Option<i64>, Error> {
-    let payload =
-        serde_json::to_string(kind).map_err(|e| Error::Internal(format!("event payload: {e}")))?;
+    // Output is stored as its bytes (see migrations/0006_compact_output.sql).
+    let (payload, data) = match output_bytes(kind) {
+        Some(bytes) => (String::new(), Some(bytes)),
+        None => (
+            serde_json::to_string(kind)
+                .map_err(|e| Error::Internal(format!("event payload: {e}")))?,
+            None,
+        ),
+    };
     let mut stmt = conn.prepare_cached(
-        "INSERT OR IGNORE INTO events (job, pid, kind, seq, payload, at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT OR IGNORE INTO events (job, pid, kind, seq, payload, at, data) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?;
-    let n = stmt.execute(params![job, pid, kind.name(), seq, payload, at])?;
+    let n = stmt.execute(params![job, pid, kind.name(), seq, payload, at, data])?;
     Ok((n == 1).then(|| conn.last_insert_rowid()))
+}
+
+/// The bytes of an output event (stdout and stderr text, decoded raw
+/// data), `None` for other events and for raw data that is not base64.
+pub(crate) fn output_bytes(kind: &JobEventKind) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    match kind {
+        JobEventKind::Stdout { text } | JobEventKind::Stderr { text } => {
+            Some(text.as_bytes().to_vec())
+        }
+        JobEventKind::Raw { data } => base64::engine::general_purpose::STANDARD
+            .decode(data.as_bytes())
+            .ok(),
+        _ => None,
+    }
+}
+
+/// The output event of kind `name` with these stored bytes.
+fn output_event(name: &str, data: Vec<u8>) -> Option<JobEventKind> {
+    use base64::Engine as _;
+    let text = || {
+        String::from_utf8(data.clone())
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    };
+    Some(match name {
+        "stdout" => JobEventKind::Stdout { text: text() },
+        "stderr" => JobEventKind::Stderr { text: text() },
+        "raw" => JobEventKind::Raw {
+            data: base64::engine::general_purpose::STANDARD.encode(&data),
+        },
+        _ => return None,
+    })
 }
 
 /// Up to `limit` events of `job` with an id greater than `after`, in order.
@@ -209,7 +252,8 @@ pub(crate) fn events_after(
     limit: u32,
 ) -> Result<Vec<JobEvent>, Error> {
     let mut stmt = conn.prepare_cached(
-        "SELECT id, pid, payload, at FROM events WHERE job = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
+        "SELECT id, pid, payload, at, kind, data FROM events \
+         WHERE job = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
     )?;
     let rows = stmt.query_map(params![job, after, limit], |r| {
         Ok((
@@ -217,12 +261,19 @@ pub(crate) fn events_after(
             r.get::<_, Option<Pid>>(1)?,
             r.get::<_, String>(2)?,
             r.get::<_, i64>(3)?,
+            r.get::<_, String>(4)?,
+            r.get::<_, Option<Vec<u8>>>(5)?,
         ))
     })?;
     let mut events = Vec::new();
     for row in rows {
-        let (id, pid, payload, at) = row?;
-        match serde_json::from_str::<JobEventKind>(&payload) {
+        let (id, pid, payload, at, name, data) = row?;
+        let kind = match data {
+            Some(data) => output_event(&name, data)
+                .ok_or_else(|| format!("stored bytes for a `{name}` event")),
+            None => serde_json::from_str::<JobEventKind>(&payload).map_err(|e| e.to_string()),
+        };
+        match kind {
             Ok(kind) => events.push(JobEvent {
                 id,
                 job,
@@ -314,5 +365,57 @@ mod tests {
         assert_eq!(events.len(), 4);
         assert!(events.windows(2).all(|w| w[0].id < w[1].id));
         assert_eq!(events_after(&conn, 1, a.unwrap(), 100).unwrap().len(), 3);
+    }
+
+    /// Issue 20, finding 4: output is stored as its bytes, not as escaped
+    /// JSON or base64, and reads back as it was sent.
+    #[test]
+    fn output_is_stored_compactly_and_reads_back_unchanged() {
+        use base64::Engine as _;
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open(&dir.path().join("db.sqlite3")).unwrap();
+        conn.execute_batch(
+            "INSERT INTO users (id, name, password_hash, created_at) VALUES (1, 'a', 'x', 0);
+             INSERT INTO programs (hash, bytes, size, created_at)
+                VALUES ('0000000000000000000000000000000000000000000000000000000000000000', x'00', 1, 0);
+             INSERT INTO jobs (id, owner, program, program_hash, nprocs, args, seed, superstep_ms,
+                memory_mib, output_mib, state, submitted_at)
+                VALUES (1, 1, 'p', '0000000000000000000000000000000000000000000000000000000000000000',
+                        2, 'null', 0, 1, 1, 1, 'active', 0);",
+        )
+        .unwrap();
+        let nuls = "\0".repeat(10_000);
+        let raw: Vec<u8> = (0..=255u8).cycle().take(30_000).collect();
+        let kinds = [
+            JobEventKind::Stdout { text: nuls.clone() },
+            JobEventKind::Stderr {
+                text: "grüße \u{1F600} \"quoted\" \\ back".into(),
+            },
+            JobEventKind::Raw {
+                data: base64::engine::general_purpose::STANDARD.encode(&raw),
+            },
+            JobEventKind::Status { text: "s".into() },
+        ];
+        for (i, k) in kinds.iter().enumerate() {
+            insert_event(&conn, 1, Some(0), Some(i as i64), k, 1).unwrap();
+        }
+        let back: Vec<JobEventKind> = events_after(&conn, 1, 0, 100)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(back, kinds);
+        let stored: i64 = conn
+            .query_row(
+                "SELECT sum(length(payload) + coalesce(length(data), 0)) FROM events",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let sent = (nuls.len() + raw.len()) as i64;
+        assert!(
+            stored < sent + 1_000,
+            "{stored} bytes stored for {sent} bytes of output"
+        );
     }
 }

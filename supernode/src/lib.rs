@@ -83,6 +83,9 @@ pub struct Config {
     pub migration_interval: Duration,
     /// Timeouts and connection limits of the HTTP listener.
     pub http: HttpLimits,
+    /// Output the jobs of one user may store, in MiB; a job whose output
+    /// would exceed it fails, saying so.
+    pub user_storage_mib: u64,
 }
 
 impl Default for Config {
@@ -95,6 +98,7 @@ impl Default for Config {
             power_hysteresis: 0.25,
             migration_interval: Duration::from_secs(5),
             http: HttpLimits::default(),
+            user_storage_mib: 4096,
         }
     }
 }

@@ -357,6 +357,9 @@ impl std::fmt::Display for SuspectWhy {
 /// What a report handler knows about a job the reporting peer may touch.
 struct ReportJob {
     active: bool,
+    owner: i64,
+    /// Output bytes the owner's jobs store, once a report needed it.
+    owner_stored: Option<i64>,
     nprocs: u32,
     /// The job's current epoch.
     epoch: u64,
@@ -1459,8 +1462,46 @@ impl Core {
                             JobEventKind::Raw { data }
                         }
                     };
+                    // The owner's storage quota (issue 20, finding 4).
+                    let bytes = db::output_bytes(&kind).map_or(0, |b| b.len() as i64);
+                    let stored = match ctx.owner_stored {
+                        Some(s) => s,
+                        None => tx.query_row(
+                            "SELECT coalesce(sum(output_bytes), 0) FROM jobs WHERE owner = ?1",
+                            [ctx.owner],
+                            |r| r.get(0),
+                        )?,
+                    };
+                    let quota = i64::try_from(inner.config.user_storage_mib)
+                        .unwrap_or(i64::MAX)
+                        .saturating_mul(1 << 20);
+                    if stored.saturating_add(bytes) > quota {
+                        let reason = format!(
+                            "out of storage: the output of your jobs takes {:.1} MiB and the supernode stores at most {} MiB per user; dispose of finished jobs you no longer need (`bspweb dispose JOB`, or in the web UI) and run this one again",
+                            stored as f64 / f64::from(1 << 20),
+                            quota >> 20
+                        );
+                        let ending = Ending {
+                            outcome: JobOutcome::Failed,
+                            error: Some(reason.clone()),
+                            error_pid: None,
+                            event: JobEventKind::JobFailed { reason },
+                            kill: Some("the job's owner is out of storage".into()),
+                            skip_peer: None,
+                        };
+                        finish_job(&tx, &mut self.place, inner, fx, job, ending, now)?;
+                        ctx.active = false;
+                        continue;
+                    }
                     if db::insert_event(&tx, job, Some(pid), Some(seq), &kind, now)?.is_some() {
                         fx.jobs.insert(job);
+                        tx.prepare_cached(
+                            "UPDATE jobs SET output_bytes = output_bytes + ?2 WHERE id = ?1",
+                        )?
+                        .execute(params![job, bytes])?;
+                        ctx.owner_stored = Some(stored + bytes);
+                    } else {
+                        ctx.owner_stored = Some(stored);
                     }
                 }
                 PeerEvent::Progress { pid, superstep, .. } => {
@@ -1858,14 +1899,14 @@ fn insert_peer(dhht: &mut Dhht, id: PeerId, k: u64, power: f64) {
 }
 
 fn load_report_job(tx: &Connection, job: JobId, peer: PeerId) -> Result<Option<ReportJob>, Error> {
-    let row: Option<(String, u32, i64)> = tx
+    let row: Option<(String, u32, i64, i64)> = tx
         .query_row(
-            "SELECT state, nprocs, epoch FROM jobs WHERE id = ?1",
+            "SELECT state, nprocs, epoch, owner FROM jobs WHERE id = ?1",
             [job],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
         )
         .optional()?;
-    let Some((state, nprocs, epoch)) = row else {
+    let Some((state, nprocs, epoch, owner)) = row else {
         return Ok(None);
     };
     let placement = epoch::placements(tx, job)?;
@@ -1876,6 +1917,8 @@ fn load_report_job(tx: &Connection, job: JobId, peer: PeerId) -> Result<Option<R
     }
     Ok(Some(ReportJob {
         active: state == "active",
+        owner,
+        owner_stored: None,
         nprocs,
         epoch: u64_from_sql(epoch),
         placement,

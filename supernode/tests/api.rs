@@ -2627,3 +2627,90 @@ async fn a_process_does_not_move_back_and_forth_when_the_load_swings() {
         .count();
     assert_eq!(migrations, 1);
 }
+
+/// The next `StartJob` command for `peer` (after any others).
+async fn next_start(h: &Harness, peer: &mut FakePeer) -> JobAssignment {
+    loop {
+        let cmds = h.commands(peer).await;
+        if cmds
+            .iter()
+            .any(|c| matches!(c.command, Command::StartJob(_)))
+        {
+            return start_job(&cmds);
+        }
+    }
+}
+
+/// Issue 20, finding 4: one user cannot fill the supernode's disk. Output
+/// counts against a per-user quota (1 MiB here); the job whose output
+/// would exceed it fails, saying what to do; other users are unaffected,
+/// and disposing of a finished job frees its share.
+#[tokio::test]
+async fn a_user_over_the_storage_quota_fails_only_their_job() {
+    let h = Harness::start_with(|c| c.user_storage_mib = 1).await;
+    let alice = h.login("alice", "alice-password").await;
+    let bob = h.login("bob", "bob-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
+    let mut p1 = h.peer_login(login_body("p1", 8, None)).await;
+    let big = "x".repeat(400 << 10);
+
+    // Alice's first job stores 800 KiB and exits.
+    let first = h.submit(&alice, "ring", 1).await;
+    next_start(&h, &mut p1).await;
+    h.report(
+        &p1,
+        vec![
+            out(first.id, 0, 0, &big),
+            out(first.id, 0, 1, &big),
+            exited(first.id, 0),
+        ],
+    )
+    .await;
+    assert_eq!(
+        h.job(&alice, first.id).await.outcome,
+        Some(JobOutcome::Exited)
+    );
+
+    // Her second job's first 400 KiB would pass 1 MiB: it fails.
+    let second = h.submit(&alice, "ring", 1).await;
+    next_start(&h, &mut p1).await;
+    h.report(&p1, vec![out(second.id, 0, 0, &big)]).await;
+    let failed = h.job(&alice, second.id).await;
+    assert_eq!(failed.outcome, Some(JobOutcome::Failed));
+    let error = failed.error.unwrap();
+    assert!(
+        error.starts_with(
+            "out of storage: the output of your jobs takes 0.8 MiB and the supernode stores at most 1 MiB per user"
+        ),
+        "{error}"
+    );
+    assert!(error.contains("bspweb dispose"), "{error}");
+
+    // Bob is not affected.
+    let bobs = h.submit(&bob, "ring", 1).await;
+    next_start(&h, &mut p1).await;
+    h.report(&p1, vec![out(bobs.id, 0, 0, &big), exited(bobs.id, 0)])
+        .await;
+    assert_eq!(h.job(&bob, bobs.id).await.outcome, Some(JobOutcome::Exited));
+
+    // Disposing of her first job frees its share.
+    let (status, _) = h
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/jobs/{}", first.id),
+            Some(&alice),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let third = h.submit(&alice, "ring", 1).await;
+    next_start(&h, &mut p1).await;
+    h.report(&p1, vec![out(third.id, 0, 0, &big), exited(third.id, 0)])
+        .await;
+    assert_eq!(
+        h.job(&alice, third.id).await.outcome,
+        Some(JobOutcome::Exited)
+    );
+}

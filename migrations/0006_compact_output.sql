@@ -1,0 +1,8 @@
+-- bspweb supernode schema, version 6: output stored as bytes, and counted.
+-- Output events (stdout, stderr, raw) keep their bytes in `data` and an
+-- empty `payload` (JSON escaping made NUL-heavy output ~6x larger, base64
+-- raw output 4/3x); other events keep their JSON payload and no `data`.
+-- `jobs.output_bytes` counts the output bytes a job stored, for the
+-- per-user storage quota.
+ALTER TABLE events ADD COLUMN data BLOB;
+ALTER TABLE jobs ADD COLUMN output_bytes INTEGER NOT NULL DEFAULT 0;
