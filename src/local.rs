@@ -316,6 +316,7 @@ pub async fn peer(a: PeerArgs) -> anyhow::Result<ExitCode> {
         advertise: a.advertise,
         name,
         max_memory_mib: a.max_memory_mib,
+        memory_budget_mib: a.memory_budget_mib,
         max_superstep_ms: a.max_superstep_secs.saturating_mul(1000),
         slots: a.slots.unwrap_or_else(|| {
             std::thread::available_parallelism()

@@ -162,6 +162,12 @@ pub struct PeerArgs {
     /// Memory cap per process, in MiB
     #[arg(long, default_value_t = 1024)]
     max_memory_mib: u32,
+    /// The most memory this peer may use for bspweb, all jobs together, in
+    /// MiB; a job that would take it further fails, saying so, instead of
+    /// the machine running out [default: half the machine's memory; 0: no
+    /// budget]
+    #[arg(long)]
+    memory_budget_mib: Option<u64>,
     /// Cap of the wall-clock limit of one superstep, in seconds
     #[arg(long, default_value_t = 3600)]
     max_superstep_secs: u64,

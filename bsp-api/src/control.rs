@@ -73,6 +73,10 @@ pub struct PeerMemory {
     /// and the checkpoints it keeps of other peers' processes. Bounded by a
     /// few supersteps' worth while jobs run, 0 when none does.
     pub held_bytes: u64,
+    /// The most memory the peer may use for bspweb (its
+    /// `--memory-budget-mib`), in bytes; 0: no budget.
+    #[serde(default)]
+    pub budget_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -439,6 +439,7 @@ impl Drop for Driver {
     fn drop(&mut self) {
         // The job's memory goes with it.
         self.env.stats.held.fetch_sub(self.held, Ordering::Relaxed);
+        self.env.runtime.budget().set_held(self.job, 0);
     }
 }
 
@@ -1743,6 +1744,17 @@ impl Driver {
         if self.failed {
             return;
         }
+        // Over the peer's memory budget: the job holding the most here
+        // fails, rather than the peer (issue 20, finding 1).
+        let budget = self.env.runtime.budget();
+        if budget.exceeded() && budget.largest_holder() == Some(self.job) {
+            let why = format!(
+                "{}; this job holds {} MiB of messages and checkpoints on it, the most of its jobs; use fewer processes per peer or send less per superstep",
+                budget.state(),
+                self.held >> 20
+            );
+            return self.fail(None, why);
+        }
         let waiting: Vec<(Pid, u32, bool)> = self
             .local
             .iter()
@@ -1803,6 +1815,7 @@ impl Driver {
             held.fetch_sub(self.held - now, Ordering::Relaxed);
         }
         self.held = now;
+        self.env.runtime.budget().set_held(self.job, now);
     }
 
     /// A leaving process at a sync: take a whole snapshot for its new host.

@@ -14,6 +14,7 @@
 //! [`run`] puts them together: `bspweb peer` and `bspweb up` call it.
 
 pub mod barrier;
+pub mod budget;
 pub mod checkpoint;
 pub mod control;
 pub mod job;
@@ -61,6 +62,9 @@ pub struct PeerConfig {
     pub name: String,
     /// Cap of a process's memory, MiB (jobs ask for less).
     pub max_memory_mib: u32,
+    /// The most memory the peer may hold, MiB, all jobs together
+    /// ([`budget`]); `None`: half the machine's memory; `Some(0)`: no budget.
+    pub memory_budget_mib: Option<u64>,
     /// Cap of the per-superstep wall-clock limit, ms.
     pub max_superstep_ms: u64,
     /// Processes run at once.
@@ -92,6 +96,7 @@ impl PeerConfig {
             advertise: None,
             name: host_name(),
             max_memory_mib: 1024,
+            memory_budget_mib: None,
             max_superstep_ms: 60 * 60 * 1000,
             slots: std::thread::available_parallelism()
                 .map(|n| n.get())
@@ -169,6 +174,11 @@ pub async fn run(
     let bound = listener.local_addr()?;
     let addr = advertised_addr(config.advertise.as_deref(), config.listen, bound);
     let runtime = Runtime::new().map_err(|e| anyhow::anyhow!("cannot start wasmtime: {e}"))?;
+    let budget = match config.memory_budget_mib {
+        Some(mib) => mib.saturating_mul(1 << 20),
+        None => budget::default_limit(),
+    };
+    runtime.budget().set_limit(budget);
     let registry = Arc::new(Registry::new());
     let reporter = Reporter::new();
     let cancel = CancellationToken::new();
@@ -193,9 +203,14 @@ pub async fn run(
     )
     .map_err(anyhow::Error::msg)?;
     tracing::info!(
-        "peer `{}` listening on {bound} (advertised as {addr}), speed {speed:.2}, {} slots",
+        "peer `{}` listening on {bound} (advertised as {addr}), speed {speed:.2}, {} slots, memory budget {}",
         config.name,
-        config.slots
+        config.slots,
+        if budget == 0 {
+            "none".to_string()
+        } else {
+            format!("{} MiB", budget >> 20)
+        }
     );
 
     let env = JobEnv {
@@ -234,11 +249,15 @@ pub async fn run(
                 "logged in to the supernode at {}",
                 config.supernode
             );
+            let machine = Machine {
+                speed,
+                idle,
+                budget_bytes: runtime.budget().limit(),
+            };
             tokio::spawn(renew_loop(
                 client.clone(),
                 jobs.clone(),
-                speed,
-                idle,
+                machine,
                 draining,
                 stats,
                 cancel.clone(),
@@ -321,15 +340,27 @@ async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) -> bool {
     }
 }
 
+/// What a renewal reports about the peer's machine besides its jobs.
+struct Machine {
+    speed: f64,
+    idle: sysinfo::IdleSource,
+    /// The memory budget, bytes (0: none).
+    budget_bytes: u64,
+}
+
 async fn renew_loop(
     client: Arc<Client>,
     jobs: Arc<Jobs>,
-    speed: f64,
-    mut idle: sysinfo::IdleSource,
+    machine: Machine,
     draining: Arc<AtomicBool>,
     stats: Arc<relay::DataStats>,
     cancel: CancellationToken,
 ) {
+    let Machine {
+        speed,
+        mut idle,
+        budget_bytes,
+    } = machine;
     loop {
         let every = client
             .lease()
@@ -348,6 +379,7 @@ async fn renew_loop(
             memory: bsp_api::control::PeerMemory {
                 rss_bytes: sysinfo::rss_bytes().unwrap_or(0),
                 held_bytes: stats.held.load(Ordering::Relaxed),
+                budget_bytes,
             },
         };
         // A refused lease fences the peer (see `control`); an unreachable

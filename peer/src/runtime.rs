@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use bsp_api::control::{PeerEvent, Stream};
 use bsp_api::wire::WireMessage;
+
+use crate::budget::MemoryBudget;
 use bsp_api::{JobId, Pid};
 use bspweb_abi::{
     ERR_BAD_PID, ERR_BAD_RANGE, ERR_NOT_FOUND, ERR_TOO_LARGE, HOST_MODULE, MAX_MESSAGE_BYTES,
@@ -45,8 +47,11 @@ pub const MAX_OUTPUT_RECORD: usize = 1 << 20;
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Host-side cost counted per queued message on top of its payload, so that
-/// floods of empty messages hit the outbox cap too.
-pub const MESSAGE_OVERHEAD: usize = 64;
+/// floods of empty messages hit the outbox cap and the peer's memory budget
+/// too: a message's metadata lives in several host copies (the outbox and
+/// the checkpoint, replicas on other peers, the receiver's inbox), about
+/// 400 bytes in all for an empty one (issue 20, finding 1).
+pub const MESSAGE_OVERHEAD: usize = 256;
 
 /// Longest abort reason kept.
 const MAX_ABORT_REASON: usize = 64 << 10;
@@ -84,6 +89,9 @@ pub struct Runtime {
     modules: Mutex<Vec<(String, Module, Bytes)>>,
     stop_ticker: Arc<AtomicBool>,
     ticker: Mutex<Option<JoinHandle<()>>>,
+    /// The peer's memory budget, which every process asks before it holds
+    /// more ([`crate::budget`]).
+    budget: Arc<MemoryBudget>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -119,15 +127,22 @@ impl Runtime {
         let engine = Engine::new(&config)?;
         let linker = build_linker(&engine)?;
         let stop_ticker = Arc::new(AtomicBool::new(false));
+        let budget = Arc::new(MemoryBudget::new(0));
         let ticker = {
             let engine = engine.clone();
             let stop = stop_ticker.clone();
+            let budget = budget.clone();
             std::thread::Builder::new()
                 .name("bspweb-epoch".into())
                 .spawn(move || {
+                    let mut tick = 0u32;
                     while !stop.load(Ordering::Relaxed) {
                         std::thread::sleep(EPOCH_TICK);
                         engine.increment_epoch();
+                        tick = tick.wrapping_add(1);
+                        if tick.is_multiple_of(crate::budget::REFRESH_TICKS) {
+                            budget.refresh();
+                        }
                     }
                 })
                 .map_err(|e| wasmtime::Error::msg(format!("cannot start the epoch ticker: {e}")))?
@@ -138,7 +153,13 @@ impl Runtime {
             modules: Mutex::new(Vec::new()),
             stop_ticker,
             ticker: Mutex::new(Some(ticker)),
+            budget,
         }))
+    }
+
+    /// The peer's memory budget (none until set).
+    pub fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.budget
     }
 
     /// A compiled module from the cache.
@@ -197,7 +218,7 @@ impl Runtime {
         job: Arc<JobInfo>,
         pid: Pid,
     ) -> Result<Process, String> {
-        let state = ProcState::new(job, pid);
+        let state = ProcState::new(job, pid, self.budget.clone());
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| s);
         store.epoch_deadline_callback(on_epoch);
@@ -465,6 +486,9 @@ pub enum Stop {
     OutboxLimit { superstep: u32, limit_mib: u64 },
     #[error("bad host call: {0}")]
     BadHostCall(String),
+    /// The peer's memory budget would be exceeded ([`MemoryBudget::refusal`]).
+    #[error("{0}")]
+    PeerMemory(String),
     /// The program ended itself.
     #[error("{0}")]
     Abort(String),
@@ -495,6 +519,8 @@ pub struct ProcState {
     send_seq: u32,
     /// Running time spent in the current superstep.
     used: Duration,
+    /// The peer's memory budget.
+    budget: Arc<MemoryBudget>,
     /// The peer slot this process runs in during a `resume`, shared with
     /// other jobs' processes at epoch ticks ([`crate::slots`]).
     slot: Option<crate::slots::Slot>,
@@ -512,7 +538,7 @@ pub struct ProcState {
 }
 
 impl ProcState {
-    fn new(job: Arc<JobInfo>, pid: Pid) -> Self {
+    fn new(job: Arc<JobInfo>, pid: Pid, budget: Arc<MemoryBudget>) -> Self {
         // Instantiation may run wasm (constant expressions of globals and
         // segments) and so meet an epoch check: it gets a superstep's budget
         // too, not a deadline already past.
@@ -528,6 +554,7 @@ impl ProcState {
             outbox_bytes: 0,
             send_seq: 0,
             used: Duration::ZERO,
+            budget,
             slot: None,
             parked: Duration::ZERO,
             deadline,
@@ -546,7 +573,7 @@ impl ProcState {
 impl ResourceLimiter for ProcState {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
@@ -555,6 +582,11 @@ impl ResourceLimiter for ProcState {
                 wanted_mib: (desired as u64).div_ceil(MIB),
                 limit_mib: self.job.memory_limit as u64 / MIB,
             }));
+        }
+        let more = desired.saturating_sub(current) as u64;
+        if !self.budget.fits(more) {
+            let why = self.budget.refusal("this process asked for", more);
+            return Err(self.stop_with(Stop::PeerMemory(why)));
         }
         Ok(true)
     }
@@ -1062,6 +1094,15 @@ fn queue_messages(
             limit_mib: s.job.outbox_limit as u64 / MIB,
         };
         return Err(s.stop_with(stop));
+    }
+    // The resident size is read every few ticks: count what this process
+    // queued in this superstep on top of it.
+    let queued = s.outbox_bytes.saturating_add(cost) as u64;
+    if !s.budget.fits(queued) {
+        let why = s
+            .budget
+            .refusal("this process's messages of this superstep take", queued);
+        return Err(s.stop_with(Stop::PeerMemory(why)));
     }
     s.outbox_bytes += cost;
     for dst in dsts {

@@ -35,6 +35,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0006_compact_output.sql",
         include_str!("../../migrations/0006_compact_output.sql"),
     ),
+    (
+        "0007_memory_admission.sql",
+        include_str!("../../migrations/0007_memory_admission.sql"),
+    ),
 ];
 
 /// Opens (creating if needed) the database and brings its schema up to date.

@@ -56,6 +56,10 @@ pub enum Error {
     /// request. Not a 503: the supernode itself is fine.
     #[error("{0}")]
     NotEnoughPeers(String),
+    /// The job needs more memory than the online peers may use together
+    /// (409, code `not_enough_memory`).
+    #[error("{0}")]
+    NotEnoughMemory(String),
     /// SQLite failed.
     #[error("database error: {0}")]
     Database(#[from] rusqlite::Error),
@@ -108,7 +112,7 @@ impl Error {
             Error::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             Error::Forbidden(_) => StatusCode::FORBIDDEN,
             Error::NotFound(_) | Error::ProgramNotFound(_) => StatusCode::NOT_FOUND,
-            Error::NotEnoughPeers(_) => StatusCode::CONFLICT,
+            Error::NotEnoughPeers(_) | Error::NotEnoughMemory(_) => StatusCode::CONFLICT,
             Error::Conflict(_) => StatusCode::CONFLICT,
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
@@ -124,6 +128,7 @@ impl Error {
             | Error::Unauthorized { code, message }
             | Error::Unprocessable { code, message } => (*code, message.clone()),
             Error::NotEnoughPeers(m) => ("not_enough_peers", m.clone()),
+            Error::NotEnoughMemory(m) => ("not_enough_memory", m.clone()),
             Error::ProgramNotFound(m) => ("program_not_found", m.clone()),
             Error::Forbidden(m) => ("forbidden", m.clone()),
             Error::NotFound(m) => ("not_found", m.clone()),

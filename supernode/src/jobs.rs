@@ -27,6 +27,9 @@ pub(crate) struct Place {
     /// forth (not persisted: after a restart, processes may move once
     /// more).
     pub(crate) moves: crate::hysteresis::Moves,
+    /// Jobs that wait because a peer lacks the memory for its share (told
+    /// so once).
+    pub(crate) memory_waits: std::collections::HashSet<JobId>,
 }
 
 /// Queues `command` for `peer` if it holds a valid lease; the command is

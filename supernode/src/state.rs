@@ -823,10 +823,12 @@ impl Core {
         let now = now_ms();
         let tx = self.conn.transaction()?;
         let hash = Self::resolve_program(&tx, owner, &job.program)?;
+        let proc_bytes = admit_memory(&tx, &hash, job.nprocs, job.limits.replicas)?;
         tx.execute(
             "INSERT INTO jobs (owner, program, program_hash, nprocs, args, description, seed, \
-                 superstep_ms, memory_mib, output_mib, state, submitted_at, checkpoint_every, replicas) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'waiting', ?11, ?12, ?13)",
+                 superstep_ms, memory_mib, output_mib, state, submitted_at, checkpoint_every, replicas, \
+                 proc_bytes) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'waiting', ?11, ?12, ?13, ?14)",
             params![
                 owner,
                 job.program,
@@ -840,7 +842,8 @@ impl Core {
                 job.limits.output_mib,
                 now,
                 job.limits.checkpoint_every,
-                job.limits.replicas
+                job.limits.replicas,
+                u64_to_sql(proc_bytes)
             ],
         )?;
         let id = tx.last_insert_rowid();
@@ -1015,6 +1018,16 @@ impl Core {
         if online.is_empty() || self.place.dhht.is_empty() {
             return Ok(0);
         }
+        // What each peer may still take under its memory budget (none: no
+        // budget), from its last renewal.
+        let mut room: HashMap<PeerId, u64> = {
+            let mut stmt = tx.prepare(
+                "SELECT id, budget_bytes - rss_bytes FROM peers \
+                 WHERE state = 'online' AND budget_bytes > 0",
+            )?;
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)?.max(0) as u64)))?
+                .collect::<rusqlite::Result<_>>()?
+        };
         let cores: f64 = online.values().map(|(_, c)| f64::from(*c)).sum();
         let capacity = inner.config.overload_factor * cores;
         let (mut running, mut active): (i64, i64) = tx.query_row(
@@ -1034,7 +1047,17 @@ impl Core {
                 tracing::debug!(job, running, capacity, "job waits: the peers are loaded");
                 break;
             }
-            if !place_job(&tx, &mut self.place, inner, fx, &online, job, nprocs, now)? {
+            if !place_job(
+                &tx,
+                &mut self.place,
+                inner,
+                fx,
+                &online,
+                &mut room,
+                job,
+                nprocs,
+                now,
+            )? {
                 break;
             }
             running += i64::from(nprocs);
@@ -1157,6 +1180,10 @@ impl Core {
             }
         };
         let expires_at = lease::expiry(now, ttl);
+        // A job waiting for a peer's memory may fit now.
+        if !self.place.memory_waits.is_empty() {
+            fx.wake_scheduler = true;
+        }
         match self.renew_in_db(inner, fx, peer, renew, now, expires_at) {
             Ok(()) => inner.storage_ok(),
             // The disk takes no writes: the lease goes on in memory (the
@@ -1197,7 +1224,7 @@ impl Core {
         let tx = self.conn.transaction()?;
         let draining: bool = tx.query_row(
             "UPDATE peers SET speed = ?2, idle = ?3, lease_expires_at = ?4, last_seen = ?5, \
-                 rss_bytes = ?6, held_bytes = ?7 \
+                 rss_bytes = ?6, held_bytes = ?7, budget_bytes = ?8 \
              WHERE id = ?1 AND state = 'online' RETURNING draining",
             params![
                 peer,
@@ -1206,7 +1233,8 @@ impl Core {
                 expires_at,
                 now,
                 renew.memory.rss_bytes as i64,
-                renew.memory.held_bytes as i64
+                renew.memory.held_bytes as i64,
+                i64::try_from(renew.memory.budget_bytes).unwrap_or(i64::MAX)
             ],
             |r| r.get(0),
         )?;
@@ -1850,7 +1878,7 @@ impl Core {
                  (SELECT count(*) FROM placements pl JOIN jobs j ON j.id = pl.job \
                   WHERE j.state = 'active' AND (pl.peer_id = peers.id OR (pl.moved_from = peers.id \
                       AND pl.moved_kind = 'migrate' AND pl.handed_over = 0))), \
-                 cluster, rss_bytes, held_bytes \
+                 cluster, rss_bytes, held_bytes, budget_bytes \
              FROM peers ORDER BY state != 'online', id",
         )?;
         let rows = stmt.query_map([], |r| {
@@ -1868,6 +1896,7 @@ impl Core {
                 memory: bsp_api::control::PeerMemory {
                     rss_bytes: r.get::<_, i64>(10)?.max(0) as u64,
                     held_bytes: r.get::<_, i64>(11)?.max(0) as u64,
+                    budget_bytes: r.get::<_, i64>(12)?.max(0) as u64,
                 },
             })
         })?;
@@ -1925,6 +1954,50 @@ fn load_report_job(tx: &Connection, job: JobId, peer: PeerId) -> Result<Option<R
     }))
 }
 
+/// What one process of a job takes on a peer, estimated from its program's
+/// initial memory: once in the instance, once in its own checkpoint, once
+/// in each of `replicas` copies other peers keep (and it keeps theirs),
+/// plus the instance, stack and buffers.
+pub(crate) fn process_footprint(initial_pages: u64, replicas: u32) -> u64 {
+    const OVERHEAD: u64 = 1 << 20;
+    initial_pages
+        .saturating_mul(64 << 10)
+        .saturating_mul(2 + u64::from(replicas))
+        .saturating_add(OVERHEAD)
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Memory admission at submission (issue 20, finding 1): the estimated
+/// footprint of one process of a job of program `hash`, refusing a job
+/// that could not fit in the budgets of all online peers together (when
+/// every one of them has a budget).
+fn admit_memory(tx: &Connection, hash: &str, nprocs: u32, replicas: u32) -> Result<u64, Error> {
+    let bytes: Vec<u8> =
+        tx.query_row("SELECT bytes FROM programs WHERE hash = ?1", [hash], |r| {
+            r.get(0)
+        })?;
+    let pages = bspweb_abi::validate(&bytes).map_or(0, |s| s.initial_pages);
+    let per_process = process_footprint(pages, replicas);
+    let (budgets, unlimited, peers): (i64, i64, i64) = tx.query_row(
+        "SELECT coalesce(sum(budget_bytes), 0), coalesce(sum(budget_bytes = 0), 0), count(*) \
+         FROM peers WHERE state = 'online' AND draining = 0",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
+    let need = per_process.saturating_mul(u64::from(nprocs));
+    let budgets = u64::try_from(budgets).unwrap_or(0);
+    if peers > 0 && unlimited == 0 && need > budgets {
+        return Err(Error::NotEnoughMemory(format!(
+            "the job needs about {} MiB ({nprocs} processes of about {:.1} MiB each, with their checkpoints and {replicas} replicas), but the {peers} online peers may use {} MiB together; run fewer processes, or wait for more peers",
+            need.div_ceil(MIB),
+            per_process as f64 / MIB as f64,
+            budgets / MIB
+        )));
+    }
+    Ok(per_process)
+}
+
 /// Places one job: a golden index per process, its peer by DHHT lookup,
 /// placements stored, the job active, `StartJob` queued for each of its
 /// peers. Returns false if no peer could take it.
@@ -1935,6 +2008,7 @@ fn place_job(
     inner: &Inner,
     fx: &mut Effects,
     online: &HashMap<PeerId, (String, u32)>,
+    room: &mut HashMap<PeerId, u64>,
     job: JobId,
     nprocs: u32,
     now: i64,
@@ -1959,6 +2033,46 @@ fn place_job(
             }
         }
     }
+    // Every peer must have the memory for its share (issue 20, finding 1).
+    let proc_bytes: i64 =
+        tx.query_row("SELECT proc_bytes FROM jobs WHERE id = ?1", [job], |r| {
+            r.get(0)
+        })?;
+    let proc_bytes = u64::try_from(proc_bytes).unwrap_or(0);
+    let mut shares: BTreeMap<PeerId, u64> = BTreeMap::new();
+    for &peer in &owners {
+        *shares.entry(peer).or_default() += 1;
+    }
+    let short = shares.iter().find_map(|(&peer, &n)| {
+        let need = n.saturating_mul(proc_bytes);
+        room.get(&peer)
+            .filter(|&&free| need > free)
+            .map(|&free| (peer, n, need, free))
+    });
+    if let Some((peer, n, need, free)) = short {
+        for k in indices {
+            place.process_indices.free(k);
+        }
+        if place.memory_waits.insert(job) {
+            let name = online.get(&peer).map_or("", |(addr, _)| addr.as_str());
+            let text = format!(
+                "waiting for memory: peer #{peer} ({name}) would take {n} process{} of about {} MiB in all, and has {} MiB left of the memory its volunteer allows",
+                if n == 1 { "" } else { "es" },
+                need.div_ceil(MIB),
+                free / MIB
+            );
+            tracing::info!(job, "{text}");
+            db::insert_event(tx, job, None, None, &JobEventKind::Status { text }, now)?;
+            fx.jobs.insert(job);
+        }
+        return Ok(false);
+    }
+    for (peer, n) in &shares {
+        if let Some(free) = room.get_mut(peer) {
+            *free = free.saturating_sub(n.saturating_mul(proc_bytes));
+        }
+    }
+    place.memory_waits.remove(&job);
     // The job's peers in order of their first pid, then replica-only peers.
     let mut peers: Vec<PeerId> = Vec::new();
     for &peer in &owners {

@@ -228,6 +228,37 @@ impl Harness {
         .await
     }
 
+    /// Reads job `id`'s event stream (of a job that may still run) until
+    /// an event satisfies `found`; fails after 10 s.
+    async fn wait_event(
+        &self,
+        token: &str,
+        id: i64,
+        found: impl Fn(&JobEvent) -> bool,
+    ) -> JobEvent {
+        let mut resp = self
+            .http
+            .get(self.url(&format!("/jobs/{id}/events")))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let mut text = String::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some((_, _, e)) = parse_sse(&text).into_iter().find(|(_, _, e)| found(e)) {
+                return e;
+            }
+            let chunk = tokio::time::timeout_at(deadline, resp.chunk())
+                .await
+                .unwrap_or_else(|_| panic!("no such event of job {id}: {text}"))
+                .unwrap()
+                .unwrap_or_else(|| panic!("the stream of job {id} ended: {text}"));
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+
     /// The whole event stream of a finished job after `after`, read until the
     /// server ends it.
     async fn events(
@@ -2053,6 +2084,7 @@ async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_o
             memory: PeerMemory {
                 rss_bytes: 30 << 20,
                 held_bytes: 1234,
+                budget_bytes: 0,
             },
         })
         .send()
@@ -2075,7 +2107,8 @@ async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_o
         peers[0].memory,
         PeerMemory {
             rss_bytes: 30 << 20,
-            held_bytes: 1234
+            held_bytes: 1234,
+            budget_bytes: 0
         }
     );
     // Sizes SQLite cannot hold are refused, and change nothing.
@@ -2091,6 +2124,7 @@ async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_o
             memory: PeerMemory {
                 rss_bytes: u64::MAX,
                 held_bytes: 0,
+                budget_bytes: 0,
             },
         })
         .send()
@@ -2713,4 +2747,79 @@ async fn a_user_over_the_storage_quota_fails_only_their_job() {
         h.job(&alice, third.id).await.outcome,
         Some(JobOutcome::Exited)
     );
+}
+
+/// Issue 20, finding 1: admission respects the peers' memory. Each process
+/// of `ring` (one page of memory, two replicas) is estimated at 1.25 MiB;
+/// two peers may use 10 MiB each. A job that cannot fit in 20 MiB is
+/// refused at once; one that fits in total but not in what the peers have
+/// left waits, saying so, and is placed once they report room.
+#[tokio::test]
+async fn admission_respects_the_peers_memory_budgets() {
+    let (h, alice) = Harness::with_ring().await;
+    let mut p1 = h.peer_login(login_body("p1", 4, None)).await;
+    let p2 = h.peer_login(login_body("p2", 4, None)).await;
+    let renew_mem = |peer: &FakePeer, rss_kib: u64| {
+        let req = h
+            .http
+            .post(h.url("/peer/renew"))
+            .bearer_auth(&peer.token)
+            .json(&PeerRenew {
+                speed: 1.0,
+                idle: 1.0,
+                jobs: vec![],
+                draining: false,
+                memory: bsp_api::control::PeerMemory {
+                    rss_bytes: rss_kib << 10,
+                    held_bytes: 0,
+                    budget_bytes: 10 << 20,
+                },
+            });
+        async move { req.send().await.unwrap().status() }
+    };
+    for p in [&p1, &p2] {
+        assert_eq!(renew_mem(p, 9 * 1024 + 512).await, StatusCode::OK);
+    }
+
+    // 20 processes need 25 MiB: more than both peers may use.
+    let (status, body) = h
+        .post(
+            "/jobs",
+            &alice,
+            json!({"program": "ring", "nprocs": 20, "args": null}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(api_error(&body).code, "not_enough_memory");
+    assert!(
+        api_error(&body).message.starts_with(
+            "the job needs about 25 MiB (20 processes of about 1.2 MiB each, with their checkpoints and 2 replicas), but the 2 online peers may use 20 MiB together"
+        ),
+        "{body}"
+    );
+
+    // 8 need 10 MiB: they fit in total, but each peer has 0.5 MiB left.
+    let job = h.submit(&alice, "ring", 8).await;
+    // The scheduler ran: the job says why it waits.
+    let said = h
+        .wait_event(&alice, job.id, |e| {
+            matches!(&e.kind, JobEventKind::Status { text } if text.starts_with("waiting for memory"))
+        })
+        .await;
+    let JobEventKind::Status { text } = said.kind else {
+        unreachable!()
+    };
+    assert!(
+        text.starts_with("waiting for memory: peer #")
+            && text.contains("MiB in all, and has 0 MiB left of the memory its volunteer allows"),
+        "{text}"
+    );
+    assert_eq!(h.job(&alice, job.id).await.state, JobState::Waiting);
+
+    // The peers report room: it is placed.
+    for p in [&p1, &p2] {
+        assert_eq!(renew_mem(p, 100).await, StatusCode::OK);
+    }
+    let placed = start_job(&h.commands(&mut p1).await);
+    assert_eq!(placed.job, job.id);
 }

@@ -1,10 +1,9 @@
 //! Issue 20's red-team findings, replayed against real clusters: each test
 //! attacks a running supernode or peer the way the finding did, bounded in
 //! time and traffic and on loopback only, and asserts the invariant that
-//! keeps everybody else safe (memory as numbers, not timings). Finding 1
-//! (memory amplification) is not replayed yet: its fix is still to come.
-//! The full-disk test mounts a small tmpfs, so it needs root (as the
-//! testbed does).
+//! keeps everybody else safe (memory as numbers, not timings). The
+//! full-disk test mounts a small tmpfs, so it needs root (as the testbed
+//! does).
 
 use std::time::{Duration, Instant};
 
@@ -378,4 +377,124 @@ async fn finding_4_a_full_disk_fails_no_job() {
     let params = kernel::Params::new(n, m, iters, 5).expect("valid parameters");
     assert_eq!(r.stdout(0), kernel::reference(&params));
     assert_eq!(client.health().await.unwrap().storage_problem, None);
+}
+
+/// A guest whose pid 0 sends `count` messages of `size` bytes to pid 1 in
+/// superstep 0 (from its own memory, grown to hold one message).
+fn flood_guest(count: u32, size: u32) -> Vec<u8> {
+    let pages = size.div_ceil(65536) + 1;
+    wat::parse_str(format!(
+        r#"(module
+          (import "bspweb_v1" "pid" (func $pid (result i32)))
+          (import "bspweb_v1" "send" (func $send (param i32 i32 i32) (result i32)))
+          (memory (export "memory") {pages})
+          (func (export "bspweb_resume") (result i32)
+            (local $i i32)
+            (if (i32.eqz (call $pid))
+              (then
+                (loop $l
+                  (drop (call $send (i32.const 1) (i32.const 0) (i32.const {size})))
+                  (local.set $i (i32.add (local.get $i) (i32.const 1)))
+                  (br_if $l (i32.lt_u (local.get $i) (i32.const {count}))))))
+            (i32.const 1)))"#
+    ))
+    .expect("the guest parses")
+}
+
+/// Finding 1 (memory amplification): peers with a 400 MiB budget each.
+/// `ring -n 4096` is refused at submission instead of driving the peers
+/// out of memory; a guest sending 120 messages of 8 MiB, and one sending
+/// 4 Mi empty messages, fail with a message that says why, while every
+/// peer stays online and within its budget, and other jobs run.
+#[tokio::test(flavor = "multi_thread")]
+async fn finding_1_a_job_cannot_make_peers_run_out_of_memory() {
+    let budget_mib = 400u64;
+    let cluster = Cluster::start(Options {
+        peers: 3,
+        lease_ttl_secs: 3,
+        peer_args: vec!["--memory-budget-mib".into(), budget_mib.to_string()],
+        ..Options::default()
+    });
+    let client = cluster.admin().await;
+    // Every peer has reported its budget.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !client
+        .peers()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|p| p.state == "online")
+        .all(|p| p.memory.budget_bytes == budget_mib << 20)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the peers did not report their budgets"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let baseline: Vec<u64> = (0..3).map(|i| cluster.peer_rss(i).unwrap()).collect();
+    let err = client
+        .submit(&job("ring", 4096, json!(null)))
+        .await
+        .expect_err("4096 processes do not fit in 1200 MiB");
+    assert_eq!(err.status(), Some(409), "{err}");
+    assert!(
+        err.to_string()
+            .contains("the 3 online peers may use 1200 MiB together"),
+        "{err}"
+    );
+
+    for (what, count, size) in [
+        ("8 MiB messages", 120, 8 << 20),
+        ("empty messages", 4 << 20, 0),
+    ] {
+        let hash = client
+            .upload_program(flood_guest(count, size), Some("flood"))
+            .await
+            .unwrap()
+            .hash;
+        let r = run(&client, job(&hash, 2, json!(null))).await;
+        let failure = r.failure();
+        assert!(
+            failure.contains("the peer is out of memory for bspweb")
+                && failure.contains(&format!("of the {budget_mib} MiB its volunteer allows")),
+            "{what}: {failure}"
+        );
+        let peers = client.peers().await.unwrap();
+        assert_eq!(
+            peers.iter().filter(|p| p.state == "online").count(),
+            3,
+            "{what}: {peers:?}"
+        );
+        for i in 0..3 {
+            let rss = cluster.peer_rss(i).expect("the peer runs");
+            assert!(
+                rss < (budget_mib + 64) << 20,
+                "{what}: peer {i} holds {} MiB",
+                rss >> 20
+            );
+        }
+    }
+    run(&client, job("ring", 6, json!(null)))
+        .await
+        .assert_exited();
+    // Memory returns to about where it was once the jobs are over (peers
+    // trim their heap when a job ends, which follows its end shortly).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (i, base) in baseline.iter().enumerate() {
+        loop {
+            let rss = cluster.peer_rss(i).unwrap();
+            if rss < base + (64 << 20) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "peer {i} holds {} MiB after the jobs, {} MiB before",
+                rss >> 20,
+                base >> 20
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }

@@ -971,3 +971,49 @@ fn a_spinning_process_shares_its_slot_with_another_job() {
     );
     assert_eq!(slots.load(), (1, 0), "the slot came back");
 }
+
+/// Issue 20, finding 1: the peer's memory budget bounds what a guest makes
+/// the peer hold, both memory it grows and messages it queues; the process
+/// ends with a message that says why, and the peer is fine.
+#[test]
+fn the_peers_memory_budget_stops_growth_and_floods() {
+    // A runtime of its own: the budget is the runtime's.
+    let rt = Runtime::new().expect("engine");
+    let budget = rt.budget().clone();
+    budget.refresh();
+    budget.set_limit(budget.resident() + (8 << 20));
+    let run = |body: &str| {
+        let wasm = guest(1, "", body);
+        let module = rt.compile(&module_hash(&wasm), &wasm).unwrap();
+        let mut p = rt.instantiate(&module, job_for(4, "{}", 256), 0).unwrap();
+        p.resume()
+    };
+    // 64 MiB of memory: within the job's 256 MiB, beyond the budget.
+    let grow = run("(drop (memory.grow (i32.const 1024))) (i32.const 0)");
+    let why = failure(grow);
+    assert!(
+        why.starts_with("the peer is out of memory for bspweb")
+            && why.contains("this process asked for 64 MiB more"),
+        "{why}"
+    );
+    // 64 Ki messages of 256 bytes each: 32 MiB counted with their
+    // overhead, within the job's outbox cap, beyond the budget.
+    let flood = run(r#"(local $i i32)
+           (loop $l
+             (drop (call $send (i32.const 1) (i32.const 0) (i32.const 256)))
+             (local.set $i (i32.add (local.get $i) (i32.const 1)))
+             (br_if $l (i32.lt_u (local.get $i) (i32.const 65536))))
+           (i32.const 0)"#);
+    let why = failure(flood);
+    assert!(
+        why.starts_with("the peer is out of memory for bspweb")
+            && why.contains("this process's messages of this superstep take"),
+        "{why}"
+    );
+    // Without a budget both run.
+    budget.set_limit(0);
+    assert_eq!(
+        run("(drop (memory.grow (i32.const 1024))) (i32.const 0)"),
+        Outcome::Sync
+    );
+}
