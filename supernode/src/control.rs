@@ -27,7 +27,8 @@ const MAX_WAIT: Duration = Duration::from_secs(30);
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
         (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
         (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn login(
@@ -54,7 +55,8 @@ pub(crate) async fn login(
         (status = 401, description = "No lease token, a bad one, or an expired lease (`unauthorized`, `lease_expired`): log in again", body = bsp_api::rest::ApiError),
         (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
         (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn renew(
@@ -96,7 +98,8 @@ fn lease_gone(peer: bsp_api::PeerId) -> Error {
         (status = 200, description = "Commands after `after`, possibly none", body = Commands),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
         (status = 401, description = "No lease token, a bad one, or an expired lease (`unauthorized`, `lease_expired`): log in again", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn commands(
@@ -164,7 +167,8 @@ pub(crate) async fn commands(
         (status = 401, description = "No lease token, a bad one, or an expired lease (`unauthorized`, `lease_expired`): log in again", body = bsp_api::rest::ApiError),
         (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
         (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn report(
@@ -193,7 +197,8 @@ pub(crate) async fn report(
     responses(
         (status = 204, description = "Draining"),
         (status = 401, description = "No lease token, a bad one, or an expired lease (`unauthorized`, `lease_expired`): log in again", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn drain(State(sn): State<Supernode>, peer: AuthPeer) -> Result<Response, Error> {
@@ -214,7 +219,8 @@ pub(crate) async fn drain(State(sn): State<Supernode>, peer: AuthPeer) -> Result
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
         (status = 401, description = "No lease token, a bad one, or an expired lease (`unauthorized`, `lease_expired`): log in again", body = bsp_api::rest::ApiError),
         (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn module(
@@ -241,7 +247,8 @@ pub(crate) async fn module(
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
         (status = 401, description = "No lease token, a bad one, or an expired lease (`unauthorized`, `lease_expired`): log in again", body = bsp_api::rest::ApiError),
         (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn resources(

@@ -26,7 +26,8 @@ use crate::{Error, Supernode, lease, now_ms, state};
         (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
         (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
         (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn login(
@@ -68,7 +69,8 @@ async fn current_user(sn: &Supernode, auth: &AuthUser) -> Result<UserInfo, Error
         (status = 409, description = "The thing is in the wrong state or exists already (`conflict`)", body = bsp_api::rest::ApiError),
         (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
         (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn create_user(
@@ -95,7 +97,8 @@ pub(crate) async fn create_user(
     responses(
         (status = 200, description = "The caller", body = UserInfo),
         (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn me(
@@ -126,7 +129,8 @@ pub(crate) struct UploadQuery {
         (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
         (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
         (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn upload_program(
@@ -174,7 +178,8 @@ pub(crate) async fn upload_program(
     responses(
         (status = 200, description = "Own programs and the bundled examples", body = Vec<ProgramInfo>),
         (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn programs(
@@ -203,7 +208,8 @@ pub(crate) async fn programs(
         (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
         (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
         (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
-        (status = 409, description = "Fewer peers online than `min_peers` (`not_enough_peers`)", body = bsp_api::rest::ApiError)
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError),
+        (status = 409, description = "Fewer peers online than `min_peers` (`not_enough_peers`), or the job needs more memory than the online peers may use together (`not_enough_memory`)", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn submit(
@@ -246,7 +252,8 @@ pub(crate) struct JobsQuery {
         (status = 200, description = "Oldest first", body = Vec<JobInfo>),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
         (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn jobs(
@@ -282,7 +289,8 @@ pub(crate) async fn jobs(
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
         (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
         (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn job(
@@ -309,7 +317,8 @@ pub(crate) async fn job(
         (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
         (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
         (status = 409, description = "The thing is in the wrong state or exists already (`conflict`)", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn kill(
@@ -338,7 +347,8 @@ pub(crate) async fn kill(
         (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
         (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
         (status = 409, description = "The thing is in the wrong state or exists already (`conflict`)", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn dispose(
@@ -361,7 +371,8 @@ pub(crate) async fn dispose(
     responses(
         (status = 200, description = "Online peers first", body = Vec<PeerInfo>),
         (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn peers(
@@ -416,7 +427,8 @@ pub(crate) async fn health(State(sn): State<Supernode>) -> Json<Health> {
     responses(
         (status = 200, description = "The ring", body = RingInfo),
         (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn ring(
@@ -442,7 +454,8 @@ pub(crate) async fn ring(
         (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
         (status = 403, description = "Authenticated but not allowed (`forbidden`)", body = bsp_api::rest::ApiError),
         (status = 404, description = "No such program for the caller (`program_not_found`)", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn delete_program(

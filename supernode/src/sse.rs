@@ -75,7 +75,8 @@ fn to_sse(event: &JobEvent) -> Event {
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
         (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
         (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
-        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError)
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn events(
