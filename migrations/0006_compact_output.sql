@@ -6,3 +6,7 @@
 -- per-user storage quota.
 ALTER TABLE events ADD COLUMN data BLOB;
 ALTER TABLE jobs ADD COLUMN output_bytes INTEGER NOT NULL DEFAULT 0;
+-- What the jobs stored before count as well (their JSON payload's size).
+UPDATE jobs SET output_bytes = (
+    SELECT coalesce(sum(length(payload)), 0) FROM events
+    WHERE events.job = jobs.id AND kind IN ('stdout', 'stderr', 'raw'));

@@ -5,3 +5,9 @@
 -- peer (memory, checkpoints, replicas), computed at submission.
 ALTER TABLE peers ADD COLUMN budget_bytes INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN proc_bytes INTEGER NOT NULL DEFAULT 0;
+-- `programs.initial_pages` caches the initial memory of a module (NULL:
+-- not known yet, computed at the next submission).
+ALTER TABLE programs ADD COLUMN initial_pages INTEGER;
+-- A row the supernode writes to find out whether its disk takes writes
+-- again after it took none.
+CREATE TABLE storage_probe (id INTEGER PRIMARY KEY, at INTEGER NOT NULL);

@@ -137,7 +137,8 @@ pub struct SupernodeArgs {
     #[arg(long, default_value_t = 20)]
     header_timeout_secs: u64,
     /// Output the jobs of one user may store, in MiB (finished jobs count
-    /// until they are disposed of); a job that would exceed it fails
+    /// until they are disposed of; 0: no quota); a job that would exceed it
+    /// fails
     #[arg(long, default_value_t = 4096)]
     user_storage_mib: u64,
     /// Stop when standard input closes (for supervisors and tests)

@@ -48,8 +48,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{JobId, PeerId, Pid};
 
-/// Version of the data-plane protocol carried in [`Frame::Hello`].
-pub const WIRE_VERSION: u32 = 4;
+/// Version of the data-plane protocol carried in [`Frame::Hello`]. 5:
+/// checkpoints carry every mutable global in index order (was: the
+/// exported ones in export order).
+pub const WIRE_VERSION: u32 = 5;
 
 /// Largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;

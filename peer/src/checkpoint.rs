@@ -82,7 +82,8 @@ pub struct Snapshot {
     pub superstep: u32,
     /// Linear memory (a multiple of [`PAGE_SIZE`]); empty when `exited`.
     pub memory: Vec<u8>,
-    /// Values of the module's exported mutable globals as raw bits (see
+    /// Values of all the module's mutable globals, in index order, as raw
+    /// bits (see
     /// [`Process::checkpoint`](crate::runtime::Process::checkpoint)).
     pub globals: Vec<u64>,
     /// Sequence number of the process's next output record.

@@ -354,7 +354,7 @@ pub async fn serve(listener: TcpListener, registry: Arc<Registry>, shutdown: Can
             _ = shutdown.cancelled() => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, addr)) => {
-                    let Some(slot) = pending.enter(addr.ip()) else {
+                    let Some(slot) = pending.enter(bsp_api::connection_key(addr.ip())) else {
                         // Dropping the stream closes it before anything is read.
                         if !refused_logged {
                             tracing::warn!(

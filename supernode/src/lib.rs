@@ -175,6 +175,16 @@ pub(crate) fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+impl Effects {
+    /// Add `other`'s effects to these.
+    pub(crate) fn merge(&mut self, other: Effects) {
+        self.commands.extend(other.commands);
+        self.jobs.extend(other.jobs);
+        self.job_list.extend(other.job_list);
+        self.wake_scheduler |= other.wake_scheduler;
+    }
+}
+
 impl Inner {
     pub(crate) fn live(&self) -> MutexGuard<'_, Live> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())

@@ -192,14 +192,15 @@ pub(crate) async fn serve(
         if slots.available_permits() > limits.max_connections / 2 {
             warned_full = false;
         }
-        let Some(counted) = per_address.enter(addr.ip(), limits.max_connections_per_address) else {
-            if warned_address != Some(addr.ip()) {
+        let key = bsp_api::connection_key(addr.ip());
+        let Some(counted) = per_address.enter(key, limits.max_connections_per_address) else {
+            if warned_address != Some(key) {
                 tracing::warn!(
-                    address = %addr.ip(),
+                    address = %key,
                     limit = limits.max_connections_per_address,
                     "HTTP: too many connections from one address; closing new ones"
                 );
-                warned_address = Some(addr.ip());
+                warned_address = Some(key);
             }
             continue;
         };

@@ -358,8 +358,6 @@ impl std::fmt::Display for SuspectWhy {
 struct ReportJob {
     active: bool,
     owner: i64,
-    /// Output bytes the owner's jobs store, once a report needed it.
-    owner_stored: Option<i64>,
     nprocs: u32,
     /// The job's current epoch.
     epoch: u64,
@@ -1020,13 +1018,21 @@ impl Core {
         }
         // What each peer may still take under its memory budget (none: no
         // budget), from its last renewal.
-        let mut room: HashMap<PeerId, u64> = {
+        let mut room: HashMap<PeerId, Room> = {
             let mut stmt = tx.prepare(
-                "SELECT id, budget_bytes - rss_bytes FROM peers \
+                "SELECT id, budget_bytes - rss_bytes, budget_bytes FROM peers \
                  WHERE state = 'online' AND budget_bytes > 0",
             )?;
-            stmt.query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)?.max(0) as u64)))?
-                .collect::<rusqlite::Result<_>>()?
+            stmt.query_map([], |r| {
+                Ok((
+                    r.get(0)?,
+                    Room {
+                        free: r.get::<_, i64>(1)?.max(0) as u64,
+                        budget: r.get::<_, i64>(2)?.max(0) as u64,
+                    },
+                ))
+            })?
+            .collect::<rusqlite::Result<_>>()?
         };
         let cores: f64 = online.values().map(|(_, c)| f64::from(*c)).sum();
         let capacity = inner.config.overload_factor * cores;
@@ -1047,7 +1053,7 @@ impl Core {
                 tracing::debug!(job, running, capacity, "job waits: the peers are loaded");
                 break;
             }
-            if !place_job(
+            match place_job(
                 &tx,
                 &mut self.place,
                 inner,
@@ -1058,7 +1064,10 @@ impl Core {
                 nprocs,
                 now,
             )? {
-                break;
+                Placing::Placed => {}
+                // Later jobs may fit where this one does not (yet).
+                Placing::NoMemory => continue,
+                Placing::NoPeer => break,
             }
             running += i64::from(nprocs);
             active += 1;
@@ -1184,8 +1193,17 @@ impl Core {
         if !self.place.memory_waits.is_empty() {
             fx.wake_scheduler = true;
         }
-        match self.renew_in_db(inner, fx, peer, renew, now, expires_at) {
-            Ok(()) => inner.storage_ok(),
+        // The renewal's own effects (commands, events) apply only if its
+        // transaction committed.
+        let mut own = Effects::default();
+        match self.renew_in_db(inner, &mut own, peer, renew, now, expires_at) {
+            Ok(()) => {
+                fx.merge(own);
+                if inner.storage_trouble().is_some() {
+                    self.store_live_leases(inner, now)?;
+                }
+                inner.storage_ok();
+            }
             // The disk takes no writes: the lease goes on in memory (the
             // sweeper honours it), so a full disk does not make every peer
             // look gone; what else the renewal would have recorded waits
@@ -1207,6 +1225,35 @@ impl Core {
             ttl_ms: ttl.as_millis() as u64,
             renew_every_ms: lease::renew_every(ttl).as_millis() as u64,
         })
+    }
+
+    /// After the disk took no writes: record the leases that were renewed
+    /// in memory only, so every query of who is online sees them again
+    /// (only the sweeper reads the in-memory ones), and note that the disk
+    /// takes writes (a probe row when no peer is online).
+    pub(crate) fn store_live_leases(&mut self, inner: &Inner, now: i64) -> Result<(), Error> {
+        let leases: Vec<(PeerId, i64)> = inner
+            .live()
+            .peers
+            .iter()
+            .map(|(&id, p)| (id, p.expires_at))
+            .collect();
+        let tx = self.conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached(
+                "UPDATE peers SET lease_expires_at = max(lease_expires_at, ?2) \
+                 WHERE id = ?1 AND state = 'online'",
+            )?;
+            for (id, at) in leases {
+                stmt.execute(params![id, at])?;
+            }
+        }
+        tx.execute(
+            "INSERT OR REPLACE INTO storage_probe (id, at) VALUES (1, ?1)",
+            [now],
+        )?;
+        tx.commit()?;
+        Ok(())
     }
 
     /// What a renewal records: the peer's speed, idle fraction, memory and
@@ -1407,6 +1454,8 @@ impl Core {
         let mut jobs: HashMap<JobId, Option<ReportJob>> = HashMap::new();
         let mut handed_over = false;
         let mut suspects = Vec::new();
+        // Output bytes each owner's jobs store, once a record needed it.
+        let mut owner_stored: HashMap<i64, i64> = HashMap::new();
         for event in events {
             let job = match &event {
                 PeerEvent::Output { job, .. }
@@ -1490,19 +1539,32 @@ impl Core {
                             JobEventKind::Raw { data }
                         }
                     };
-                    // The owner's storage quota (issue 20, finding 4).
+                    // A record stored before (a retried report) is not
+                    // stored or counted again.
+                    let known = tx
+                        .prepare_cached(
+                            "SELECT 1 FROM events WHERE job = ?1 AND pid = ?2 AND seq = ?3",
+                        )?
+                        .exists(params![job, pid, seq])?;
+                    if known {
+                        continue;
+                    }
+                    // The owner's storage quota (issue 20, finding 4; 0: none).
                     let bytes = db::output_bytes(&kind).map_or(0, |b| b.len() as i64);
-                    let stored = match ctx.owner_stored {
-                        Some(s) => s,
+                    let stored = match owner_stored.get(&ctx.owner) {
+                        Some(&s) => s,
                         None => tx.query_row(
                             "SELECT coalesce(sum(output_bytes), 0) FROM jobs WHERE owner = ?1",
                             [ctx.owner],
                             |r| r.get(0),
                         )?,
                     };
-                    let quota = i64::try_from(inner.config.user_storage_mib)
-                        .unwrap_or(i64::MAX)
-                        .saturating_mul(1 << 20);
+                    let quota = match inner.config.user_storage_mib {
+                        0 => i64::MAX,
+                        mib => i64::try_from(mib)
+                            .unwrap_or(i64::MAX)
+                            .saturating_mul(1 << 20),
+                    };
                     if stored.saturating_add(bytes) > quota {
                         let reason = format!(
                             "out of storage: the output of your jobs takes {:.1} MiB and the supernode stores at most {} MiB per user; dispose of finished jobs you no longer need (`bspweb dispose JOB`, or in the web UI) and run this one again",
@@ -1527,9 +1589,9 @@ impl Core {
                             "UPDATE jobs SET output_bytes = output_bytes + ?2 WHERE id = ?1",
                         )?
                         .execute(params![job, bytes])?;
-                        ctx.owner_stored = Some(stored + bytes);
+                        owner_stored.insert(ctx.owner, stored + bytes);
                     } else {
-                        ctx.owner_stored = Some(stored);
+                        owner_stored.insert(ctx.owner, stored);
                     }
                 }
                 PeerEvent::Progress { pid, superstep, .. } => {
@@ -1947,11 +2009,27 @@ fn load_report_job(tx: &Connection, job: JobId, peer: PeerId) -> Result<Option<R
     Ok(Some(ReportJob {
         active: state == "active",
         owner,
-        owner_stored: None,
         nprocs,
         epoch: u64_from_sql(epoch),
         placement,
     }))
+}
+
+/// What a peer may still take under its memory budget, and the budget.
+#[derive(Debug, Clone, Copy)]
+struct Room {
+    free: u64,
+    budget: u64,
+}
+
+/// What became of a job the scheduler tried to place.
+enum Placing {
+    Placed,
+    /// No usable peer: neither this job nor a later one can be placed now.
+    NoPeer,
+    /// A peer lacks the memory for its share: the job waits (or failed,
+    /// when it would not fit even on an idle peer); later ones may fit.
+    NoMemory,
 }
 
 /// What one process of a job takes on a peer, estimated from its program's
@@ -1973,11 +2051,27 @@ const MIB: u64 = 1 << 20;
 /// that could not fit in the budgets of all online peers together (when
 /// every one of them has a budget).
 fn admit_memory(tx: &Connection, hash: &str, nprocs: u32, replicas: u32) -> Result<u64, Error> {
-    let bytes: Vec<u8> =
-        tx.query_row("SELECT bytes FROM programs WHERE hash = ?1", [hash], |r| {
-            r.get(0)
-        })?;
-    let pages = bspweb_abi::validate(&bytes).map_or(0, |s| s.initial_pages);
+    let known: Option<i64> = tx.query_row(
+        "SELECT initial_pages FROM programs WHERE hash = ?1",
+        [hash],
+        |r| r.get(0),
+    )?;
+    let pages = match known {
+        Some(p) => u64::try_from(p).unwrap_or(0),
+        None => {
+            // Read once per program; the validator's summary knows it.
+            let bytes: Vec<u8> =
+                tx.query_row("SELECT bytes FROM programs WHERE hash = ?1", [hash], |r| {
+                    r.get(0)
+                })?;
+            let pages = bspweb_abi::validate(&bytes).map_or(0, |s| s.initial_pages);
+            tx.execute(
+                "UPDATE programs SET initial_pages = ?2 WHERE hash = ?1",
+                params![hash, u64_to_sql(pages)],
+            )?;
+            pages
+        }
+    };
     let per_process = process_footprint(pages, replicas);
     let (budgets, unlimited, peers): (i64, i64, i64) = tx.query_row(
         "SELECT coalesce(sum(budget_bytes), 0), coalesce(sum(budget_bytes = 0), 0), count(*) \
@@ -2008,11 +2102,11 @@ fn place_job(
     inner: &Inner,
     fx: &mut Effects,
     online: &HashMap<PeerId, (String, u32)>,
-    room: &mut HashMap<PeerId, u64>,
+    room: &mut HashMap<PeerId, Room>,
     job: JobId,
     nprocs: u32,
     now: i64,
-) -> Result<bool, Error> {
+) -> Result<Placing, Error> {
     let mut indices = Vec::with_capacity(nprocs as usize);
     let mut owners = Vec::with_capacity(nprocs as usize);
     for _ in 0..nprocs {
@@ -2029,7 +2123,7 @@ fn place_job(
                     place.process_indices.free(k);
                 }
                 tracing::warn!(job, "the placement table has no usable peer; the job waits");
-                return Ok(false);
+                return Ok(Placing::NoPeer);
             }
         }
     }
@@ -2046,30 +2140,51 @@ fn place_job(
     let short = shares.iter().find_map(|(&peer, &n)| {
         let need = n.saturating_mul(proc_bytes);
         room.get(&peer)
-            .filter(|&&free| need > free)
-            .map(|&free| (peer, n, need, free))
+            .filter(|r| need > r.free)
+            .map(|r| (peer, n, need, *r))
     });
-    if let Some((peer, n, need, free)) = short {
+    if let Some((peer, n, need, r)) = short {
         for k in indices {
             place.process_indices.free(k);
         }
+        let name = online.get(&peer).map_or("", |(addr, _)| addr.as_str());
+        let share = format!(
+            "peer #{peer} ({name}) would take {n} process{} of about {} MiB in all",
+            if n == 1 { "" } else { "es" },
+            need.div_ceil(MIB),
+        );
+        if need > r.budget {
+            // It would not fit on that peer even with nothing else running.
+            place.memory_waits.remove(&job);
+            let reason = format!(
+                "not enough memory: {share}, and may use only {} MiB for bspweb; run fewer processes, or wait for more peers and submit it again",
+                r.budget / MIB
+            );
+            let ending = Ending {
+                outcome: JobOutcome::Failed,
+                error: Some(reason.clone()),
+                error_pid: None,
+                event: JobEventKind::JobFailed { reason },
+                kill: None,
+                skip_peer: None,
+            };
+            finish_job(tx, place, inner, fx, job, ending, now)?;
+            return Ok(Placing::NoMemory);
+        }
         if place.memory_waits.insert(job) {
-            let name = online.get(&peer).map_or("", |(addr, _)| addr.as_str());
             let text = format!(
-                "waiting for memory: peer #{peer} ({name}) would take {n} process{} of about {} MiB in all, and has {} MiB left of the memory its volunteer allows",
-                if n == 1 { "" } else { "es" },
-                need.div_ceil(MIB),
-                free / MIB
+                "waiting for memory: {share}, and has {} MiB left of the memory its volunteer allows",
+                r.free / MIB
             );
             tracing::info!(job, "{text}");
             db::insert_event(tx, job, None, None, &JobEventKind::Status { text }, now)?;
             fx.jobs.insert(job);
         }
-        return Ok(false);
+        return Ok(Placing::NoMemory);
     }
     for (peer, n) in &shares {
-        if let Some(free) = room.get_mut(peer) {
-            *free = free.saturating_sub(n.saturating_mul(proc_bytes));
+        if let Some(r) = room.get_mut(peer) {
+            r.free = r.free.saturating_sub(n.saturating_mul(proc_bytes));
         }
     }
     place.memory_waits.remove(&job);
@@ -2127,7 +2242,7 @@ fn place_job(
     });
     tracing::info!(job, nprocs, peers = ?per_peer, "job placed");
     fx.jobs.insert(job);
-    Ok(true)
+    Ok(Placing::Placed)
 }
 
 /// Marks the online peers whose lease ended by `now` as gone: frees their
@@ -2249,12 +2364,27 @@ pub(crate) async fn lease_task(sn: Supernode) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        // While the disk takes no writes, try one each sweep (so that the
+        // trouble ends even when no peer renews).
+        if sn.inner.storage_trouble().is_some() {
+            let stored = sn
+                .with_core(|core, inner, _| core.store_live_leases(inner, now_ms()))
+                .await;
+            if stored.is_ok() {
+                sn.inner.storage_ok();
+            }
+        }
         let result = sn
             .with_core(|core, inner, fx| core.sweep(inner, fx, now_ms()))
             .await;
-        if let Err(e) = result {
-            tracing::error!(error = %e, "lease sweep failed");
-            let _ = sn.with_core(|core, _, _| core.rebuild_placement()).await;
+        match result {
+            Ok(_) => {}
+            // Said once by `storage_failed`; nothing was changed.
+            Err(e) if e.is_storage() => {}
+            Err(e) => {
+                tracing::error!(error = %e, "lease sweep failed");
+                let _ = sn.with_core(|core, _, _| core.rebuild_placement()).await;
+            }
         }
     }
 }

@@ -2823,3 +2823,47 @@ async fn admission_respects_the_peers_memory_budgets() {
     let placed = start_job(&h.commands(&mut p1).await);
     assert_eq!(placed.job, job.id);
 }
+
+/// A job whose share on some peer would exceed that peer's whole budget
+/// cannot wait for room that will never come: it fails, saying so.
+#[tokio::test]
+async fn a_job_too_big_for_a_peers_budget_fails_at_once() {
+    let (h, alice) = Harness::with_ring().await;
+    let p1 = h.peer_login(login_body("p1", 4, None)).await;
+    let p2 = h.peer_login(login_body("p2", 4, None)).await;
+    for (p, budget) in [(&p1, 64u64 << 20), (&p2, 1 << 20)] {
+        let status = h
+            .http
+            .post(h.url("/peer/renew"))
+            .bearer_auth(&p.token)
+            .json(&PeerRenew {
+                speed: 1.0,
+                idle: 1.0,
+                jobs: vec![],
+                draining: false,
+                memory: bsp_api::control::PeerMemory {
+                    rss_bytes: 0,
+                    held_bytes: 0,
+                    budget_bytes: budget,
+                },
+            })
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, StatusCode::OK);
+    }
+    // 8 processes of 1.25 MiB fit in 65 MiB, but p2's share does not fit
+    // in its 1 MiB.
+    let big = h.submit(&alice, "ring", 8).await;
+    let failed = h
+        .wait_job(&alice, big.id, "the big job's end", |j| j.outcome.is_some())
+        .await;
+    assert_eq!(failed.outcome, Some(JobOutcome::Failed));
+    let error = failed.error.unwrap();
+    assert!(
+        error.starts_with(&format!("not enough memory: peer #{} (", p2.id))
+            && error.contains("and may use only 1 MiB for bspweb"),
+        "{error}"
+    );
+}

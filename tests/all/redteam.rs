@@ -86,6 +86,25 @@ async fn finding_3_slow_requests_do_not_starve_the_supernode() {
             .await;
         slow.push(s);
     }
+    // The 44 beyond the cap are closed at once; the 256 it holds stay open
+    // until their header timeout (3 s).
+    let reads = slow.iter_mut().map(|s| async move {
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(Duration::from_millis(1500), s.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    });
+    let closed_at_once = futures_util::future::join_all(reads)
+        .await
+        .into_iter()
+        .filter(|&c| c)
+        .count();
+    assert_eq!(
+        closed_at_once,
+        300 - 256,
+        "connections over the per-address cap"
+    );
     // Others are served, and jobs run.
     client.health().await.expect("the supernode answers");
     run(&client, job("ring", 2, json!(null)))
