@@ -1,0 +1,586 @@
+//! Peers: login, lease renewal and expiry, drains, loss by an unreachable
+//! data port, what peers fetch, the peer list.
+
+use super::*;
+
+impl Core {
+    // ------------------------------------------------------------ peers
+
+    /// A peer logs in and gets a lease.
+    pub(crate) fn peer_login(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        login: &PeerLogin,
+    ) -> Result<Lease, Error> {
+        let now = now_ms();
+        let ttl = inner.config.lease_ttl;
+        let tx = self.conn.transaction()?;
+        // Settle overdue leases first, so a returning peer whose lease ran
+        // out is seen as gone (and its lost jobs are failed) before it is back.
+        let expired = expire_overdue(&tx, &mut self.place, inner, fx, now)?;
+        let reuse = match login.previous_id {
+            Some(id) => tx
+                .query_row("SELECT state FROM peers WHERE id = ?1", [id], |r| {
+                    r.get::<_, String>(0)
+                })
+                .optional()?
+                .filter(|state| state == "gone")
+                .map(|_| id),
+            None => None,
+        };
+        let lease_id = hex::encode(rand::random::<[u8; 16]>());
+        let expires_at = lease::expiry(now, ttl);
+        let k = self.place.peer_indices.alloc();
+        let id = match reuse {
+            Some(id) => {
+                tx.execute(
+                    "UPDATE peers SET name = ?2, addr = ?3, speed = ?4, idle = ?5, cores = ?6, golden = ?7, \
+                         lease_id = ?8, lease_expires_at = ?9, state = 'online', last_seen = ?10, \
+                         draining = 0, power = ?11, cluster = ?12 WHERE id = ?1",
+                    params![id, login.name, login.addr, login.speed, login.idle, login.cores,
+                        u64_to_sql(k), lease_id, expires_at, now, weight(login.speed, login.idle),
+                        login.cluster],
+                )?;
+                id
+            }
+            None => {
+                tx.execute(
+                    "INSERT INTO peers (name, addr, speed, idle, cores, golden, lease_id, lease_expires_at, \
+                         state, first_seen, last_seen, power, cluster) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'online', ?9, ?9, ?10, ?11)",
+                    params![login.name, login.addr, login.speed, login.idle, login.cores,
+                        u64_to_sql(k), lease_id, expires_at, now, weight(login.speed, login.idle),
+                        login.cluster],
+                )?;
+                tx.last_insert_rowid()
+            }
+        };
+        let seq: i64 = tx.query_row("SELECT cmd_seq FROM peers WHERE id = ?1", [id], |r| {
+            r.get(0)
+        })?;
+        tx.commit()?;
+        insert_peer(&mut self.place.dhht, id, k, weight(login.speed, login.idle));
+        {
+            let mut live = inner.live();
+            for gone in expired {
+                if let Some(p) = live.peers.remove(&gone) {
+                    p.notify.notify_waiters();
+                }
+            }
+            live.peers.insert(
+                id,
+                LivePeer {
+                    lease_id: lease_id.clone(),
+                    expires_at,
+                    last_seq: u64_from_sql(seq),
+                    queue: VecDeque::new(),
+                    acked: u64_from_sql(seq),
+                    pruned: u64_from_sql(seq),
+                    notify: Arc::new(Notify::new()),
+                    probed_at: None,
+                },
+            );
+        }
+        tracing::info!(peer = id, name = %login.name, addr = %login.addr, speed = login.speed,
+            idle = login.idle, cores = login.cores, reused = reuse.is_some(), "peer logged in");
+        fx.wake_scheduler = true;
+        Ok(Lease {
+            peer_id: id,
+            token: inner.keys.peer_token(id, &lease_id, expires_at)?,
+            ttl_ms: ttl.as_millis() as u64,
+            renew_every_ms: lease::renew_every(ttl).as_millis() as u64,
+        })
+    }
+
+    /// A peer renews its lease and reports its availability.
+    pub(crate) fn peer_renew(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        peer: PeerId,
+        renew: &PeerRenew,
+    ) -> Result<Lease, Error> {
+        let now = now_ms();
+        let ttl = inner.config.lease_ttl;
+        let lease_id = {
+            let live = inner.live();
+            match live.peers.get(&peer) {
+                Some(p) if lease::is_valid(now, p.expires_at) => p.lease_id.clone(),
+                _ => {
+                    return Err(Error::Unauthorized {
+                        code: "lease_expired",
+                        message: format!("the lease of peer {peer} has expired; log in again"),
+                    });
+                }
+            }
+        };
+        let expires_at = lease::expiry(now, ttl);
+        // A job waiting for a peer's memory may fit now.
+        if !self.place.memory_waits.is_empty() {
+            fx.wake_scheduler = true;
+        }
+        // The renewal's own effects (commands, events) apply only if its
+        // transaction committed.
+        let mut own = Effects::default();
+        match self.renew_in_db(inner, &mut own, peer, renew, now, expires_at) {
+            Ok(()) => {
+                fx.merge(own);
+                if inner.storage_trouble().is_some() {
+                    self.store_live_leases(inner, now)?;
+                }
+                inner.storage_ok();
+            }
+            // The disk takes no writes: the lease goes on in memory (the
+            // sweeper honours it), so a full disk does not make every peer
+            // look gone; what else the renewal would have recorded waits
+            // for the next one.
+            Err(Error::Database(e)) if crate::error::is_storage_error(&e) => {
+                inner.storage_failed(&e);
+                if let Err(e) = self.rebuild_placement() {
+                    tracing::error!(error = %e, "cannot rebuild the placement tables");
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        if let Some(p) = inner.live().peers.get_mut(&peer) {
+            p.expires_at = expires_at;
+        }
+        Ok(Lease {
+            peer_id: peer,
+            token: inner.keys.peer_token(peer, &lease_id, expires_at)?,
+            ttl_ms: ttl.as_millis() as u64,
+            renew_every_ms: lease::renew_every(ttl).as_millis() as u64,
+        })
+    }
+
+    /// After the disk took no writes: record the leases that were renewed
+    /// in memory only, so every query of who is online sees them again
+    /// (only the sweeper reads the in-memory ones), and note that the disk
+    /// takes writes (a probe row when no peer is online).
+    pub(crate) fn store_live_leases(&mut self, inner: &Inner, now: i64) -> Result<(), Error> {
+        let leases: Vec<(PeerId, i64)> = inner
+            .live()
+            .peers
+            .iter()
+            .map(|(&id, p)| (id, p.expires_at))
+            .collect();
+        let tx = self.conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached(
+                "UPDATE peers SET lease_expires_at = max(lease_expires_at, ?2) \
+                 WHERE id = ?1 AND state = 'online'",
+            )?;
+            for (id, at) in leases {
+                stmt.execute(params![id, at])?;
+            }
+        }
+        tx.execute(
+            "INSERT OR REPLACE INTO storage_probe (id, at) VALUES (1, ?1)",
+            [now],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// What a renewal records: the peer's speed, idle fraction, memory and
+    /// lease expiry; jobs it should not run are killed; a power change
+    /// beyond the hysteresis re-weights it in the DHHT.
+    pub(super) fn renew_in_db(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        peer: PeerId,
+        renew: &PeerRenew,
+        now: i64,
+        expires_at: i64,
+    ) -> Result<(), Error> {
+        let tx = self.conn.transaction()?;
+        let draining: bool = tx.query_row(
+            "UPDATE peers SET speed = ?2, idle = ?3, lease_expires_at = ?4, last_seen = ?5, \
+                 rss_bytes = ?6, held_bytes = ?7, budget_bytes = ?8 \
+             WHERE id = ?1 AND state = 'online' RETURNING draining",
+            params![
+                peer,
+                renew.speed,
+                renew.idle,
+                expires_at,
+                now,
+                renew.memory.rss_bytes as i64,
+                renew.memory.held_bytes as i64,
+                i64::try_from(renew.memory.budget_bytes).unwrap_or(i64::MAX)
+            ],
+            |r| r.get(0),
+        )?;
+        // Jobs the peer runs but should not: finished, unknown, or not among its peers.
+        let mut stale = Vec::new();
+        {
+            let mut stmt = tx.prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM job_peers p JOIN jobs j ON j.id = p.job \
+                 WHERE p.job = ?1 AND p.peer_id = ?2 AND j.state = 'active')",
+            )?;
+            let mut seen = HashSet::new();
+            for &job in &renew.jobs {
+                if seen.insert(job)
+                    && !stmt.query_row(params![job, peer], |r| r.get::<_, bool>(0))?
+                {
+                    stale.push(job);
+                }
+            }
+        }
+        for job in stale {
+            tracing::info!(
+                peer,
+                job,
+                "peer runs a job that is not active there; telling it to stop"
+            );
+            queue(
+                &tx,
+                inner,
+                fx,
+                peer,
+                Command::KillJob {
+                    job,
+                    reason: "the job is not running on this peer any more".into(),
+                },
+            )?;
+        }
+        if renew.draining && !draining {
+            drain_in(&tx, &mut self.place, inner, fx, peer, now)?;
+        } else if !draining {
+            let w = weight(renew.speed, renew.idle);
+            // Out of the DHHT (and not draining): busy, power 0.
+            let old = self.place.dhht.get(peer).map_or(0.0, |p| p.weight);
+            if power_moved(old, w, inner.config.power_hysteresis) {
+                let golden: Option<i64> =
+                    tx.query_row("SELECT golden FROM peers WHERE id = ?1", [peer], |r| {
+                        r.get(0)
+                    })?;
+                if let Some(k) = golden {
+                    insert_peer(&mut self.place.dhht, peer, u64_from_sql(k), w);
+                    tx.execute(
+                        "UPDATE peers SET power = ?2 WHERE id = ?1",
+                        params![peer, w],
+                    )?;
+                    if w <= 0.0 {
+                        tracing::info!(
+                            peer,
+                            "peer is busy (its owner uses it): moving its processes away"
+                        );
+                    } else {
+                        tracing::info!(
+                            peer,
+                            from = old,
+                            to = w,
+                            "peer's power changed beyond the hysteresis"
+                        );
+                    }
+                    self.place.rebalance_pending =
+                        epoch::rebalance(&tx, &mut self.place, inner, fx, now)?;
+                    epoch::settle_drains(&tx, inner, fx, now)?;
+                    fx.wake_scheduler = true;
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The lease sweep: declares the peers whose lease ended by `now` gone
+    /// and restores their processes elsewhere, retries migrations that were
+    /// waiting, and deletes acknowledged commands from SQLite.
+    pub(crate) fn sweep(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        now: i64,
+    ) -> Result<Vec<PeerId>, Error> {
+        let tx = self.conn.transaction()?;
+        let expired = expire_overdue(&tx, &mut self.place, inner, fx, now)?;
+        if self.place.rebalance_pending {
+            self.place.rebalance_pending = epoch::rebalance(&tx, &mut self.place, inner, fx, now)?;
+            epoch::settle_drains(&tx, inner, fx, now)?;
+        }
+        let acked: Vec<(PeerId, u64)> = inner
+            .live()
+            .peers
+            .iter()
+            .filter(|(_, p)| p.acked > p.pruned)
+            .map(|(&id, p)| (id, p.acked))
+            .collect();
+        for &(peer, upto) in &acked {
+            tx.execute(
+                "DELETE FROM commands WHERE peer_id = ?1 AND seq <= ?2",
+                params![peer, u64_to_sql(upto)],
+            )?;
+        }
+        tx.commit()?;
+        let mut live = inner.live();
+        for (peer, upto) in acked {
+            if let Some(p) = live.peers.get_mut(&peer) {
+                p.pruned = p.pruned.max(upto);
+            }
+        }
+        for id in &expired {
+            if let Some(p) = live.peers.remove(id) {
+                p.notify.notify_waiters();
+            }
+        }
+        Ok(expired)
+    }
+
+    /// `POST /api/v1/peer/drain`: the peer takes no new processes and its
+    /// processes migrate away at once; it leaves each job once it hosts
+    /// nothing there.
+    pub(crate) fn drain(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        peer: PeerId,
+    ) -> Result<(), Error> {
+        let now = now_ms();
+        let tx = self.conn.transaction()?;
+        let draining: Option<bool> = tx
+            .query_row(
+                "SELECT draining FROM peers WHERE id = ?1 AND state = 'online'",
+                [peer],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if draining == Some(false) {
+            drain_in(&tx, &mut self.place, inner, fx, peer, now)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Declares `suspect.peer` gone now, because its data-plane address
+    /// refused a connection (see [`SuspectWhy`] for why it was dialed), and
+    /// restores its processes like an expired lease would. Does
+    /// nothing if the peer is no longer online or holds a different lease
+    /// than when it was suspected (it logged in again meanwhile).
+    pub(crate) fn declare_unreachable(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        suspect: &Suspect,
+        lease_id: &str,
+        now: i64,
+    ) -> Result<bool, Error> {
+        let same_lease = inner
+            .live()
+            .peers
+            .get(&suspect.peer)
+            .is_some_and(|p| p.lease_id == lease_id);
+        if !same_lease {
+            return Ok(false);
+        }
+        let tx = self.conn.transaction()?;
+        let online: bool = tx
+            .query_row(
+                "SELECT state = 'online' FROM peers WHERE id = ?1",
+                [suspect.peer],
+                |r| r.get(0),
+            )
+            .optional()?
+            .unwrap_or(false);
+        if !online {
+            return Ok(false);
+        }
+        let name = mark_gone(&tx, &mut self.place, suspect.peer)?;
+        tracing::warn!(
+            peer = suspect.peer,
+            name = %name,
+            addr = %suspect.addr,
+            "peer #{} is gone: {} and its data port refuses connections",
+            suspect.peer,
+            suspect.why
+        );
+        let lost = BTreeMap::from([(suspect.peer, name)]);
+        epoch::restore_lost(
+            &tx,
+            &mut self.place,
+            inner,
+            fx,
+            &lost,
+            LossCause::Unreachable,
+            now,
+        )?;
+        fx.wake_scheduler = true;
+        tx.commit()?;
+        if let Some(p) = inner.live().peers.remove(&suspect.peer) {
+            p.notify.notify_waiters();
+        }
+        Ok(true)
+    }
+
+    /// The bytes of module `hash`, if `peer` runs (or ran) a job of it.
+    pub(crate) fn module_for_peer(&self, peer: PeerId, hash: &str) -> Result<Vec<u8>, Error> {
+        let hash = hash.to_ascii_lowercase();
+        let bytes: Option<Vec<u8>> = if is_hash(&hash) {
+            self.conn
+                .query_row(
+                    "SELECT p.bytes FROM programs p WHERE p.hash = ?1 AND EXISTS ( \
+                         SELECT 1 FROM jobs j JOIN job_peers jp ON jp.job = j.id \
+                         WHERE j.program_hash = ?1 AND jp.peer_id = ?2)",
+                    params![hash, peer],
+                    |r| r.get(0),
+                )
+                .optional()?
+        } else {
+            None
+        };
+        bytes.ok_or_else(|| {
+            Error::NotFound(format!(
+                "no module `{}` for peer {peer}: peers fetch only the modules of jobs placed on them",
+                truncate(&hash, 80)
+            ))
+        })
+    }
+
+    /// The resources of `job` in [`bsp_api::control::encode_resources`]
+    /// form, for a peer the job runs on.
+    pub(crate) fn resources_for_peer(&self, peer: PeerId, job: JobId) -> Result<Vec<u8>, Error> {
+        let member: bool = self.conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM job_peers WHERE job = ?1 AND peer_id = ?2)",
+            params![job, peer],
+            |r| r.get(0),
+        )?;
+        if !member {
+            return Err(Error::NotFound(format!(
+                "no job {job} for peer {peer}: peers fetch only the resources of jobs placed on them"
+            )));
+        }
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT name, data FROM job_resources WHERE job = ?1 ORDER BY name")?;
+        let resources: Vec<(String, Vec<u8>)> = stmt
+            .query_map([job], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(bsp_api::control::encode_resources(&resources))
+    }
+
+    /// Every peer the supernode knows, online (and draining) first. A
+    /// peer's `processes` counts those placed on it and those it still hands
+    /// over to their new host.
+    pub(crate) fn peers(&self) -> Result<Vec<PeerInfo>, Error> {
+        let mut stmt = self.conn.prepare(
+            "SELECT id, name, addr, speed, idle, cores, \
+                 CASE WHEN state = 'online' AND draining = 1 THEN 'draining' ELSE state END, \
+                 lease_expires_at, \
+                 (SELECT count(*) FROM placements pl JOIN jobs j ON j.id = pl.job \
+                  WHERE j.state = 'active' AND (pl.peer_id = peers.id OR (pl.moved_from = peers.id \
+                      AND pl.moved_kind = 'migrate' AND pl.handed_over = 0))), \
+                 cluster, rss_bytes, held_bytes, budget_bytes \
+             FROM peers ORDER BY state != 'online', id",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(PeerInfo {
+                id: r.get(0)?,
+                name: r.get(1)?,
+                addr: r.get(2)?,
+                speed: r.get(3)?,
+                idle: r.get(4)?,
+                cores: r.get(5)?,
+                state: r.get(6)?,
+                lease_expires_at: r.get(7)?,
+                processes: r.get(8)?,
+                cluster: r.get(9)?,
+                memory: bsp_api::control::PeerMemory {
+                    rss_bytes: r.get::<_, i64>(10)?.max(0) as u64,
+                    held_bytes: r.get::<_, i64>(11)?.max(0) as u64,
+                    budget_bytes: r.get::<_, i64>(12)?.max(0) as u64,
+                },
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+}
+
+/// Marks the online peers whose lease ended by `now` as gone: frees their
+/// golden index, removes them from the DHHT, drops their queued commands,
+/// and restores their processes on the remaining peers of each job
+/// ([`epoch::restore_lost`]). Returns their ids; the caller removes them
+/// from [`Live`] after the commit.
+pub(super) fn expire_overdue(
+    tx: &Transaction<'_>,
+    place: &mut Place,
+    inner: &Inner,
+    fx: &mut Effects,
+    now: i64,
+) -> Result<Vec<PeerId>, Error> {
+    let mut table: Vec<lease::PeerLease> = {
+        let mut stmt =
+            tx.prepare_cached("SELECT id, lease_expires_at FROM peers WHERE state = 'online'")?;
+        stmt.query_map([], |r| {
+            Ok(lease::PeerLease {
+                id: r.get(0)?,
+                online: true,
+                expires_at: r.get(1)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?
+    };
+    // A renewal whose write failed (the disk took none) extended the lease
+    // in memory only: the later expiry counts.
+    {
+        let live = inner.live();
+        for l in &mut table {
+            if let Some(p) = live.peers.get(&l.id) {
+                l.expires_at = l.expires_at.max(p.expires_at);
+            }
+        }
+    }
+    let expired = lease::expired(now, table);
+    let mut lost = BTreeMap::new();
+    for &peer in &expired {
+        let name = mark_gone(tx, place, peer)?;
+        tracing::warn!(peer, name = %name, "peer stopped renewing its lease; it is gone");
+        lost.insert(peer, name);
+    }
+    if !lost.is_empty() {
+        epoch::restore_lost(tx, place, inner, fx, &lost, LossCause::LeaseExpired, now)?;
+        fx.wake_scheduler = true;
+    }
+    Ok(expired)
+}
+
+/// Marks `peer` gone: frees its golden index, removes it from the DHHT and
+/// drops its queued commands. Returns its name.
+pub(super) fn mark_gone(tx: &Connection, place: &mut Place, peer: PeerId) -> Result<String, Error> {
+    let (name, golden): (String, Option<i64>) = tx.query_row(
+        "SELECT name, golden FROM peers WHERE id = ?1",
+        [peer],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    tx.execute(
+        "UPDATE peers SET state = 'gone', golden = NULL, draining = 0, power = NULL WHERE id = ?1",
+        [peer],
+    )?;
+    tx.execute("DELETE FROM commands WHERE peer_id = ?1", [peer])?;
+    if let Some(k) = golden {
+        place.peer_indices.free(u64_from_sql(k));
+    }
+    place.dhht.remove(peer);
+    Ok(name)
+}
+
+/// Marks `peer` draining: out of the DHHT (power 0 for placement), its
+/// processes migrate away at once, and it leaves the jobs where it hosts
+/// nothing.
+pub(super) fn drain_in(
+    tx: &Connection,
+    place: &mut Place,
+    inner: &Inner,
+    fx: &mut Effects,
+    peer: PeerId,
+    now: i64,
+) -> Result<(), Error> {
+    tx.execute("UPDATE peers SET draining = 1 WHERE id = ?1", [peer])?;
+    place.dhht.remove(peer);
+    tracing::info!(peer, "peer is draining: moving its processes away");
+    place.rebalance_pending = epoch::rebalance(tx, place, inner, fx, now)?;
+    epoch::settle_drains(tx, inner, fx, now)?;
+    fx.wake_scheduler = true;
+    Ok(())
+}

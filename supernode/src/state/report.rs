@@ -1,0 +1,443 @@
+//! A peer's report: output, progress, exits, aborts, failures, handovers
+//! and suspected peers, applied in order in one transaction.
+
+use super::*;
+
+/// What a report handler knows about a job the reporting peer may touch.
+pub(super) struct ReportJob {
+    active: bool,
+    owner: i64,
+    nprocs: u32,
+    /// The job's current epoch.
+    epoch: u64,
+    /// The processes, indexed by pid.
+    placement: Vec<epoch::Placed>,
+}
+
+impl Core {
+    /// Applies a peer's report, in order. A peer whose lease has ended is
+    /// refused (401) even if its request passed the check at the door: the
+    /// lease sweep may have declared it gone and restored its processes
+    /// elsewhere meanwhile, and a zombie must not write output or events.
+    pub(crate) fn report(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        peer: PeerId,
+        events: Vec<PeerEvent>,
+    ) -> Result<Vec<Suspect>, Error> {
+        let now = now_ms();
+        let holds_lease = inner
+            .live()
+            .peers
+            .get(&peer)
+            .is_some_and(|p| lease::is_valid(now, p.expires_at));
+        if !holds_lease {
+            return Err(Error::Unauthorized {
+                code: "lease_expired",
+                message: format!("the lease of peer {peer} has expired; log in again"),
+            });
+        }
+        let tx = self.conn.transaction()?;
+        let mut jobs: HashMap<JobId, Option<ReportJob>> = HashMap::new();
+        let mut handed_over = false;
+        let mut suspects = Vec::new();
+        // Output bytes each owner's jobs store, once a record needed it.
+        let mut owner_stored: HashMap<i64, i64> = HashMap::new();
+        for event in events {
+            let job = match &event {
+                PeerEvent::Output { job, .. }
+                | PeerEvent::ProcessExited { job, .. }
+                | PeerEvent::ProcessAborted { job, .. }
+                | PeerEvent::ProcessFailed { job, .. }
+                | PeerEvent::ProcessRestored { job, .. }
+                | PeerEvent::ProcessHandedOver { job, .. }
+                | PeerEvent::Progress { job, .. }
+                | PeerEvent::Status { job, .. }
+                | PeerEvent::PeerUnreachable { job, .. } => *job,
+            };
+            let entry = match jobs.entry(job) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let info = load_report_job(&tx, job, peer)?;
+                    if info.is_none() {
+                        tracing::warn!(
+                            peer,
+                            job,
+                            "ignoring a report about a job this peer is not part of"
+                        );
+                    }
+                    e.insert(info)
+                }
+            };
+            let Some(ctx) = entry else {
+                continue;
+            };
+            if !ctx.active {
+                tracing::debug!(peer, job, "ignoring a report about a finished job");
+                continue;
+            }
+            // The host of `pid`, or its old host while it hands it over.
+            let own = |pid: Pid| {
+                ctx.placement
+                    .get(pid as usize)
+                    .is_some_and(|p| p.is_run_by(peer))
+            };
+            match event {
+                PeerEvent::Output {
+                    pid,
+                    seq,
+                    stream,
+                    data,
+                    ..
+                } => {
+                    if !own(pid) {
+                        tracing::warn!(
+                            peer,
+                            job,
+                            pid,
+                            "ignoring output of a process not placed on this peer"
+                        );
+                        continue;
+                    }
+                    let Ok(seq) = i64::try_from(seq) else {
+                        tracing::warn!(
+                            peer,
+                            job,
+                            pid,
+                            seq,
+                            "ignoring output with an impossible sequence number"
+                        );
+                        continue;
+                    };
+                    let kind = match stream {
+                        Stream::Stdout => JobEventKind::Stdout { text: data },
+                        Stream::Stderr => JobEventKind::Stderr { text: data },
+                        Stream::Raw => {
+                            if BASE64.decode(data.as_bytes()).is_err() {
+                                tracing::warn!(
+                                    peer,
+                                    job,
+                                    pid,
+                                    seq,
+                                    "ignoring raw output that is not base64"
+                                );
+                                continue;
+                            }
+                            JobEventKind::Raw { data }
+                        }
+                    };
+                    // A record stored before (a retried report) is not
+                    // stored or counted again.
+                    let known = tx
+                        .prepare_cached(
+                            "SELECT 1 FROM events WHERE job = ?1 AND pid = ?2 AND seq = ?3",
+                        )?
+                        .exists(params![job, pid, seq])?;
+                    if known {
+                        continue;
+                    }
+                    // The owner's storage quota (issue 20, finding 4; 0: none).
+                    let bytes = db::output_bytes(&kind).map_or(0, |b| b.len() as i64);
+                    let stored = match owner_stored.get(&ctx.owner) {
+                        Some(&s) => s,
+                        None => tx.query_row(
+                            "SELECT coalesce(sum(output_bytes), 0) FROM jobs WHERE owner = ?1",
+                            [ctx.owner],
+                            |r| r.get(0),
+                        )?,
+                    };
+                    let quota = match inner.config.user_storage_mib {
+                        0 => i64::MAX,
+                        mib => i64::try_from(mib)
+                            .unwrap_or(i64::MAX)
+                            .saturating_mul(1 << 20),
+                    };
+                    if stored.saturating_add(bytes) > quota {
+                        let reason = format!(
+                            "out of storage: the output of your jobs takes {:.1} MiB and the supernode stores at most {} MiB per user; dispose of finished jobs you no longer need (`bspweb dispose JOB`, or in the web UI) and run this one again",
+                            stored as f64 / f64::from(1 << 20),
+                            quota >> 20
+                        );
+                        let ending = Ending {
+                            outcome: JobOutcome::Failed,
+                            error: Some(reason.clone()),
+                            error_pid: None,
+                            event: JobEventKind::JobFailed { reason },
+                            kill: Some("the job's owner is out of storage".into()),
+                            skip_peer: None,
+                        };
+                        finish_job(&tx, &mut self.place, inner, fx, job, ending, now)?;
+                        ctx.active = false;
+                        continue;
+                    }
+                    if db::insert_event(&tx, job, Some(pid), Some(seq), &kind, now)?.is_some() {
+                        fx.jobs.insert(job);
+                        tx.prepare_cached(
+                            "UPDATE jobs SET output_bytes = output_bytes + ?2 WHERE id = ?1",
+                        )?
+                        .execute(params![job, bytes])?;
+                        owner_stored.insert(ctx.owner, stored + bytes);
+                    } else {
+                        owner_stored.insert(ctx.owner, stored);
+                    }
+                }
+                PeerEvent::Progress { pid, superstep, .. } => {
+                    // Only the process's current host speaks for it: a
+                    // migrating process's old host may still report.
+                    tx.prepare_cached(
+                        "UPDATE placements SET superstep = ?3 \
+                         WHERE job = ?1 AND pid = ?2 AND peer_id = ?4",
+                    )?
+                    .execute(params![job, pid, superstep, peer])?;
+                }
+                PeerEvent::PeerUnreachable { peer: suspect, .. } => {
+                    if suspect == peer || suspects.iter().any(|s: &Suspect| s.peer == suspect) {
+                        continue;
+                    }
+                    if !epoch::job_peers(&tx, job)?.contains(&suspect) {
+                        tracing::debug!(
+                            peer,
+                            job,
+                            suspect,
+                            "ignoring a suspicion of a peer not in the job"
+                        );
+                        continue;
+                    }
+                    let addr: Option<String> = tx
+                        .query_row(
+                            "SELECT addr FROM peers WHERE id = ?1 AND state = 'online'",
+                            [suspect],
+                            |r| r.get(0),
+                        )
+                        .optional()?;
+                    if let Some(addr) = addr {
+                        suspects.push(Suspect {
+                            peer: suspect,
+                            addr,
+                            why: SuspectWhy::LinkLost { job, by: peer },
+                        });
+                    }
+                }
+                PeerEvent::Status { pid, text, .. } => {
+                    if pid.is_some_and(|p| p >= ctx.nprocs) {
+                        continue;
+                    }
+                    let kind = JobEventKind::Status {
+                        text: truncate(&text, MAX_REASON_CHARS),
+                    };
+                    db::insert_event(&tx, job, pid, None, &kind, now)?;
+                    fx.jobs.insert(job);
+                }
+                PeerEvent::ProcessRestored {
+                    pid,
+                    superstep,
+                    epoch: at,
+                    ..
+                } => {
+                    let Some(p) = ctx.placement.get(pid as usize) else {
+                        continue;
+                    };
+                    let (Some(moved), Some(kind)) = (p.moved_epoch, p.moved_kind) else {
+                        tracing::warn!(
+                            peer,
+                            job,
+                            pid,
+                            "ignoring the restore of a process that never moved"
+                        );
+                        continue;
+                    };
+                    if p.peer != peer || at < moved || at > ctx.epoch {
+                        tracing::info!(
+                            peer,
+                            job,
+                            pid,
+                            epoch = at,
+                            moved,
+                            "ignoring the restore report of a stale epoch or host"
+                        );
+                        continue;
+                    }
+                    let kind = match kind {
+                        epoch::MoveKind::Lost => JobEventKind::ProcessRolledBack { superstep },
+                        epoch::MoveKind::Migrate => JobEventKind::ProcessMigrated {
+                            from: p.moved_from.unwrap_or_default(),
+                            to: peer,
+                            superstep,
+                        },
+                    };
+                    // One event per move, however often it is reported.
+                    let seq = -2 - u64_to_sql(moved);
+                    if db::insert_event(&tx, job, Some(pid), Some(seq), &kind, now)?.is_some() {
+                        fx.jobs.insert(job);
+                    }
+                }
+                PeerEvent::ProcessHandedOver { pid, epoch: at, .. } => {
+                    let Some(p) = ctx.placement.get_mut(pid as usize) else {
+                        continue;
+                    };
+                    if p.handing_over_from() != Some(peer) || p.moved_epoch.is_none_or(|m| at < m) {
+                        tracing::info!(
+                            peer,
+                            job,
+                            pid,
+                            epoch = at,
+                            "ignoring a handover report of a stale epoch or host"
+                        );
+                        continue;
+                    }
+                    tx.execute(
+                        "UPDATE placements SET handed_over = 1 WHERE job = ?1 AND pid = ?2",
+                        params![job, pid],
+                    )?;
+                    p.handed_over = true;
+                    handed_over = true;
+                    fx.jobs.insert(job);
+                }
+                PeerEvent::ProcessExited { pid, superstep, .. } => {
+                    if !own(pid) {
+                        tracing::warn!(
+                            peer,
+                            job,
+                            pid,
+                            "ignoring the exit of a process not placed on this peer"
+                        );
+                        continue;
+                    }
+                    tx.prepare_cached(
+                        "UPDATE placements SET superstep = ?3 WHERE job = ?1 AND pid = ?2",
+                    )?
+                    .execute(params![job, pid, superstep])?;
+                    let kind = JobEventKind::ProcessExited { superstep };
+                    // seq -1: a process exits once, however often it is
+                    // reported (a restored process re-executes and exits again).
+                    if db::insert_event(&tx, job, Some(pid), Some(-1), &kind, now)?.is_none() {
+                        continue;
+                    }
+                    fx.jobs.insert(job);
+                    let exited: u32 = tx.query_row(
+                        "UPDATE jobs SET exited = exited + 1 WHERE id = ?1 RETURNING exited",
+                        [job],
+                        |r| r.get(0),
+                    )?;
+                    if exited >= ctx.nprocs {
+                        let ending = Ending {
+                            outcome: JobOutcome::Exited,
+                            error: None,
+                            error_pid: None,
+                            event: JobEventKind::JobExited,
+                            // Peers keep checkpoint replicas until the job ends.
+                            kill: Some("the job finished".into()),
+                            skip_peer: None,
+                        };
+                        finish_job(&tx, &mut self.place, inner, fx, job, ending, now)?;
+                        ctx.active = false;
+                    }
+                }
+                PeerEvent::ProcessAborted {
+                    pid,
+                    superstep,
+                    reason,
+                    ..
+                } => {
+                    if !own(pid) {
+                        tracing::warn!(
+                            peer,
+                            job,
+                            pid,
+                            "ignoring the abort of a process not placed on this peer"
+                        );
+                        continue;
+                    }
+                    let reason = format!(
+                        "process {pid} aborted in superstep {superstep}: {}",
+                        truncate(&reason, MAX_REASON_CHARS)
+                    );
+                    let ending = Ending {
+                        outcome: JobOutcome::Aborted,
+                        error: Some(reason.clone()),
+                        error_pid: Some(pid),
+                        event: JobEventKind::JobAborted { reason },
+                        kill: Some("another process of the job aborted".into()),
+                        skip_peer: None,
+                    };
+                    finish_job(&tx, &mut self.place, inner, fx, job, ending, now)?;
+                    ctx.active = false;
+                }
+                PeerEvent::ProcessFailed {
+                    pid,
+                    superstep,
+                    reason,
+                    ..
+                } => {
+                    if pid.is_some_and(|p| !own(p)) {
+                        tracing::warn!(
+                            peer,
+                            job,
+                            ?pid,
+                            "ignoring the failure of a process not placed on this peer"
+                        );
+                        continue;
+                    }
+                    let reason = truncate(&reason, MAX_REASON_CHARS);
+                    let reason = match pid {
+                        Some(pid) => {
+                            format!("process {pid} failed in superstep {superstep}: {reason}")
+                        }
+                        None => format!(
+                            "peer #{peer} failed the job in superstep {superstep}: {reason}"
+                        ),
+                    };
+                    let ending = Ending {
+                        outcome: JobOutcome::Failed,
+                        error: Some(reason.clone()),
+                        error_pid: pid,
+                        event: JobEventKind::JobFailed { reason },
+                        kill: Some("another process of the job failed".into()),
+                        skip_peer: None,
+                    };
+                    finish_job(&tx, &mut self.place, inner, fx, job, ending, now)?;
+                    ctx.active = false;
+                }
+            }
+        }
+        if handed_over {
+            // A draining peer that handed over its last process leaves the job;
+            // processes that waited for their handover may move now.
+            epoch::settle_drains(&tx, inner, fx, now)?;
+            self.place.rebalance_pending = true;
+        }
+        tx.commit()?;
+        Ok(suspects)
+    }
+}
+
+pub(super) fn load_report_job(
+    tx: &Connection,
+    job: JobId,
+    peer: PeerId,
+) -> Result<Option<ReportJob>, Error> {
+    let row: Option<(String, u32, i64, i64)> = tx
+        .query_row(
+            "SELECT state, nprocs, epoch, owner FROM jobs WHERE id = ?1",
+            [job],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .optional()?;
+    let Some((state, nprocs, epoch, owner)) = row else {
+        return Ok(None);
+    };
+    let placement = epoch::placements(tx, job)?;
+    let member =
+        epoch::job_peers(tx, job)?.contains(&peer) || placement.iter().any(|p| p.is_run_by(peer));
+    if !member {
+        return Ok(None);
+    }
+    Ok(Some(ReportJob {
+        active: state == "active",
+        owner,
+        nprocs,
+        epoch: u64_from_sql(epoch),
+        placement,
+    }))
+}

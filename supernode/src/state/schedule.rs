@@ -1,0 +1,320 @@
+//! The scheduler: placing waiting jobs on peers by DHHT lookup, within
+//! the peers' load and memory (dissertation §4.4; issue 20, finding 1).
+
+use super::*;
+
+impl Core {
+    // ------------------------------------------------------------ scheduling
+
+    /// Places waiting jobs, oldest first, while the overload limit allows
+    /// (§4.4). Returns how many were placed.
+    pub(crate) fn schedule(&mut self, inner: &Inner, fx: &mut Effects) -> Result<usize, Error> {
+        let now = now_ms();
+        let tx = self.conn.transaction()?;
+        let online: HashMap<PeerId, (String, u32)> = {
+            let mut stmt = tx.prepare(
+                "SELECT id, addr, cores FROM peers \
+                 WHERE state = 'online' AND lease_expires_at >= ?1 AND draining = 0",
+            )?;
+            stmt.query_map([now], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))?
+                .collect::<rusqlite::Result<_>>()?
+        };
+        if online.is_empty() || self.place.dhht.is_empty() {
+            return Ok(0);
+        }
+        // What each peer may still take under its memory budget (none: no
+        // budget), from its last renewal.
+        let mut room: HashMap<PeerId, Room> = {
+            let mut stmt = tx.prepare(
+                "SELECT id, budget_bytes - rss_bytes, budget_bytes FROM peers \
+                 WHERE state = 'online' AND budget_bytes > 0",
+            )?;
+            stmt.query_map([], |r| {
+                Ok((
+                    r.get(0)?,
+                    Room {
+                        free: r.get::<_, i64>(1)?.max(0) as u64,
+                        budget: r.get::<_, i64>(2)?.max(0) as u64,
+                    },
+                ))
+            })?
+            .collect::<rusqlite::Result<_>>()?
+        };
+        let cores: f64 = online.values().map(|(_, c)| f64::from(*c)).sum();
+        let capacity = inner.config.overload_factor * cores;
+        let (mut running, mut active): (i64, i64) = tx.query_row(
+            "SELECT coalesce(sum(nprocs - exited), 0), count(*) FROM jobs WHERE state = 'active'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let waiting: Vec<(JobId, u32)> = {
+            let mut stmt =
+                tx.prepare("SELECT id, nprocs FROM jobs WHERE state = 'waiting' ORDER BY id")?;
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<_>>()?
+        };
+        let mut placed = 0;
+        for (job, nprocs) in waiting {
+            if active > 0 && (running + i64::from(nprocs)) as f64 > capacity {
+                tracing::debug!(job, running, capacity, "job waits: the peers are loaded");
+                break;
+            }
+            match place_job(
+                &tx,
+                &mut self.place,
+                inner,
+                fx,
+                &online,
+                &mut room,
+                job,
+                nprocs,
+                now,
+            )? {
+                Placing::Placed => {}
+                // Later jobs may fit where this one does not (yet).
+                Placing::NoMemory => continue,
+                Placing::NoPeer => break,
+            }
+            running += i64::from(nprocs);
+            active += 1;
+            placed += 1;
+        }
+        tx.commit()?;
+        Ok(placed)
+    }
+}
+
+/// What a peer may still take under its memory budget, and the budget.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Room {
+    free: u64,
+    budget: u64,
+}
+
+/// What became of a job the scheduler tried to place.
+pub(super) enum Placing {
+    Placed,
+    /// No usable peer: neither this job nor a later one can be placed now.
+    NoPeer,
+    /// A peer lacks the memory for its share: the job waits (or failed,
+    /// when it would not fit even on an idle peer); later ones may fit.
+    NoMemory,
+}
+
+/// What one process of a job takes on a peer, estimated from its program's
+/// initial memory: once in the instance, once in its own checkpoint, once
+/// in each of `replicas` copies other peers keep (and it keeps theirs),
+/// plus the instance, stack and buffers.
+pub(crate) fn process_footprint(initial_pages: u64, replicas: u32) -> u64 {
+    const OVERHEAD: u64 = 1 << 20;
+    initial_pages
+        .saturating_mul(64 << 10)
+        .saturating_mul(2 + u64::from(replicas))
+        .saturating_add(OVERHEAD)
+}
+
+pub(super) const MIB: u64 = 1 << 20;
+
+/// Memory admission at submission (issue 20, finding 1): the estimated
+/// footprint of one process of a job of program `hash`, refusing a job
+/// that could not fit in the budgets of all online peers together (when
+/// every one of them has a budget).
+pub(super) fn admit_memory(
+    tx: &Connection,
+    hash: &str,
+    nprocs: u32,
+    replicas: u32,
+) -> Result<u64, Error> {
+    let known: Option<i64> = tx.query_row(
+        "SELECT initial_pages FROM programs WHERE hash = ?1",
+        [hash],
+        |r| r.get(0),
+    )?;
+    let pages = match known {
+        Some(p) => u64::try_from(p).unwrap_or(0),
+        None => {
+            // Read once per program; the validator's summary knows it.
+            let bytes: Vec<u8> =
+                tx.query_row("SELECT bytes FROM programs WHERE hash = ?1", [hash], |r| {
+                    r.get(0)
+                })?;
+            let pages = bspweb_abi::validate(&bytes).map_or(0, |s| s.initial_pages);
+            tx.execute(
+                "UPDATE programs SET initial_pages = ?2 WHERE hash = ?1",
+                params![hash, u64_to_sql(pages)],
+            )?;
+            pages
+        }
+    };
+    let per_process = process_footprint(pages, replicas);
+    let (budgets, unlimited, peers): (i64, i64, i64) = tx.query_row(
+        "SELECT coalesce(sum(budget_bytes), 0), coalesce(sum(budget_bytes = 0), 0), count(*) \
+         FROM peers WHERE state = 'online' AND draining = 0",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
+    let need = per_process.saturating_mul(u64::from(nprocs));
+    let budgets = u64::try_from(budgets).unwrap_or(0);
+    if peers > 0 && unlimited == 0 && need > budgets {
+        return Err(Error::NotEnoughMemory(format!(
+            "the job needs about {} MiB ({nprocs} processes of about {:.1} MiB each, with their checkpoints and {replicas} replicas), but the {peers} online peers may use {} MiB together; run fewer processes, or wait for more peers",
+            need.div_ceil(MIB),
+            per_process as f64 / MIB as f64,
+            budgets / MIB
+        )));
+    }
+    Ok(per_process)
+}
+
+/// Places one job: a golden index per process, its peer by DHHT lookup,
+/// placements stored, the job active, `StartJob` queued for each of its
+/// peers. Returns false if no peer could take it.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn place_job(
+    tx: &Transaction<'_>,
+    place: &mut Place,
+    inner: &Inner,
+    fx: &mut Effects,
+    online: &HashMap<PeerId, (String, u32)>,
+    room: &mut HashMap<PeerId, Room>,
+    job: JobId,
+    nprocs: u32,
+    now: i64,
+) -> Result<Placing, Error> {
+    let mut indices = Vec::with_capacity(nprocs as usize);
+    let mut owners = Vec::with_capacity(nprocs as usize);
+    for _ in 0..nprocs {
+        let k = place.process_indices.alloc();
+        indices.push(k);
+        match place
+            .dhht
+            .lookup(golden_position(k))
+            .filter(|p| online.contains_key(p))
+        {
+            Some(peer) => owners.push(peer),
+            None => {
+                for k in indices {
+                    place.process_indices.free(k);
+                }
+                tracing::warn!(job, "the placement table has no usable peer; the job waits");
+                return Ok(Placing::NoPeer);
+            }
+        }
+    }
+    // Every peer must have the memory for its share (issue 20, finding 1).
+    let proc_bytes: i64 =
+        tx.query_row("SELECT proc_bytes FROM jobs WHERE id = ?1", [job], |r| {
+            r.get(0)
+        })?;
+    let proc_bytes = u64::try_from(proc_bytes).unwrap_or(0);
+    let mut shares: BTreeMap<PeerId, u64> = BTreeMap::new();
+    for &peer in &owners {
+        *shares.entry(peer).or_default() += 1;
+    }
+    let short = shares.iter().find_map(|(&peer, &n)| {
+        let need = n.saturating_mul(proc_bytes);
+        room.get(&peer)
+            .filter(|r| need > r.free)
+            .map(|r| (peer, n, need, *r))
+    });
+    if let Some((peer, n, need, r)) = short {
+        for k in indices {
+            place.process_indices.free(k);
+        }
+        let name = online.get(&peer).map_or("", |(addr, _)| addr.as_str());
+        let share = format!(
+            "peer #{peer} ({name}) would take {n} process{} of about {} MiB in all",
+            if n == 1 { "" } else { "es" },
+            need.div_ceil(MIB),
+        );
+        if need > r.budget {
+            // It would not fit on that peer even with nothing else running.
+            place.memory_waits.remove(&job);
+            let reason = format!(
+                "not enough memory: {share}, and may use only {} MiB for bspweb; run fewer processes, or wait for more peers and submit it again",
+                r.budget / MIB
+            );
+            let ending = Ending {
+                outcome: JobOutcome::Failed,
+                error: Some(reason.clone()),
+                error_pid: None,
+                event: JobEventKind::JobFailed { reason },
+                kill: None,
+                skip_peer: None,
+            };
+            finish_job(tx, place, inner, fx, job, ending, now)?;
+            return Ok(Placing::NoMemory);
+        }
+        if place.memory_waits.insert(job) {
+            let text = format!(
+                "waiting for memory: {share}, and has {} MiB left of the memory its volunteer allows",
+                r.free / MIB
+            );
+            tracing::info!(job, "{text}");
+            db::insert_event(tx, job, None, None, &JobEventKind::Status { text }, now)?;
+            fx.jobs.insert(job);
+        }
+        return Ok(Placing::NoMemory);
+    }
+    for (peer, n) in &shares {
+        if let Some(r) = room.get_mut(peer) {
+            r.free = r.free.saturating_sub(n.saturating_mul(proc_bytes));
+        }
+    }
+    place.memory_waits.remove(&job);
+    // The job's peers in order of their first pid, then replica-only peers.
+    let mut peers: Vec<PeerId> = Vec::new();
+    for &peer in &owners {
+        if !peers.contains(&peer) {
+            peers.push(peer);
+        }
+    }
+    let hosts = peers.len();
+    let replicas: u32 = tx.query_row("SELECT replicas FROM jobs WHERE id = ?1", [job], |r| {
+        r.get(0)
+    })?;
+    let candidates = online.keys().copied().collect();
+    epoch::top_up_replicas(job, &mut peers, replicas, &candidates);
+    epoch::set_job_peers(tx, job, &peers)?;
+    {
+        let mut stmt = tx.prepare_cached(
+            "INSERT INTO placements (job, pid, peer_id, position) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        for (pid, (&peer, &k)) in owners.iter().zip(&indices).enumerate() {
+            stmt.execute(params![job, pid as i64, peer, u64_to_sql(k)])?;
+        }
+    }
+    let job_token = hex::encode(rand::random::<[u8; 32]>());
+    tx.execute(
+        "UPDATE jobs SET state = 'active', started_at = ?2, job_token = ?3, epoch = 0 WHERE id = ?1",
+        params![job, now, job_token],
+    )?;
+    list_changed(tx, fx, job)?;
+    let mut text = format!(
+        "placed {nprocs} process{} on {hosts} peer{}",
+        if nprocs == 1 { "" } else { "es" },
+        if hosts == 1 { "" } else { "s" }
+    );
+    if peers.len() > hosts {
+        let extra = peers.len() - hosts;
+        text.push_str(&format!(
+            " and {extra} more peer{} for checkpoints",
+            if extra == 1 { "" } else { "s" }
+        ));
+    }
+    db::insert_event(tx, job, None, None, &JobEventKind::Status { text }, now)?;
+    if replicas > 0 && peers.len() == 1 {
+        let text =
+            "there is no other peer to keep checkpoints on: if this peer is lost, the job is lost"
+                .to_string();
+        db::insert_event(tx, job, None, None, &JobEventKind::Status { text }, now)?;
+    }
+    epoch::send_assignment(tx, inner, fx, job, Vec::new(), Vec::new(), now)?;
+    let per_peer: BTreeMap<PeerId, usize> = owners.iter().fold(BTreeMap::new(), |mut m, p| {
+        *m.entry(*p).or_default() += 1;
+        m
+    });
+    tracing::info!(job, nprocs, peers = ?per_peer, "job placed");
+    fx.jobs.insert(job);
+    Ok(Placing::Placed)
+}
