@@ -334,7 +334,8 @@ pub async fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
     }
     let limits = limits(&a)?;
     let client = connect().await?;
-    let program = if a.program.ends_with(".wasm") || Path::new(&a.program).is_file() {
+    let from_file = a.program.ends_with(".wasm") || Path::new(&a.program).is_file();
+    let program = if from_file {
         let bytes = std::fs::read(&a.program)
             .with_context(|| format!("cannot read program {}", a.program))?;
         let info = client
@@ -345,12 +346,24 @@ pub async fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
     } else {
         a.program.clone()
     };
+    // A job from a file is known by its hash; the file's name says more to
+    // people, so it is the description unless one is given.
+    let file_name = from_file.then(|| {
+        Path::new(&a.program)
+            .file_name()
+            .map_or_else(|| a.program.clone(), |n| n.to_string_lossy().into_owned())
+    });
+    let description = a.description.clone().or_else(|| file_name.clone());
+    let shown = match &file_name {
+        Some(f) => format!("{f} ({})", &program[..program.len().min(12)]),
+        None => program.clone(),
+    };
     let job = client
         .submit(&SubmitJob {
             program,
             nprocs: a.nprocs,
             args,
-            description: a.description.clone(),
+            description,
             resources,
             seed: a.seed,
             limits,
@@ -367,7 +380,7 @@ pub async fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
         println!("{}", job.id);
         eprintln!(
             "submitted job {} ({} × {}); follow it with `bspweb logs {} --follow`",
-            job.id, job.program, job.nprocs, job.id
+            job.id, shown, job.nprocs, job.id
         );
         return Ok(ExitCode::SUCCESS);
     }
@@ -375,7 +388,7 @@ pub async fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
         eprintln!(
             "== job {} submitted: {} with {} process{}",
             job.id,
-            job.program,
+            shown,
             job.nprocs,
             if job.nprocs == 1 { "" } else { "es" }
         );
