@@ -680,7 +680,12 @@ async fn follow(
             }
             JobEventKind::Status { text } => eprintln!("== {text}"),
             JobEventKind::ProcessExited { .. } => {}
-            JobEventKind::ProcessRolledBack { superstep } => eprintln!(
+            JobEventKind::ProcessRolledBack {
+                from_start: true, ..
+            } => eprintln!(
+                "== process {pid} was lost with its peer and no checkpoint of it survived; it re-runs from the start (its repeated output is not shown again)"
+            ),
+            JobEventKind::ProcessRolledBack { superstep, .. } => eprintln!(
                 "== process {pid} was lost with its peer; restored from its checkpoint of superstep {superstep}, it re-executes from there (its repeated output is not shown again)"
             ),
             JobEventKind::ProcessMigrated {

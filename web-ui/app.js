@@ -1479,8 +1479,13 @@ function jobPage(main, ctx, _params, idText) {
         renderProgress();
         break;
       case 'process_rolled_back':
-        procState.set(pid, `rolled back to superstep ${e.superstep}`);
-        addTimeline(`e${eid}`, at, `pid ${pid} was lost with its peer and rolled back to its checkpoint of superstep ${e.superstep}.`, 'warn');
+        if (e.from_start) {
+          procState.set(pid, 're-running from the start');
+          addTimeline(`e${eid}`, at, `pid ${pid} was lost with its peer and no checkpoint of it survived; it re-runs from the start.`, 'warn');
+        } else {
+          procState.set(pid, `rolled back to superstep ${e.superstep}`);
+          addTimeline(`e${eid}`, at, `pid ${pid} was lost with its peer and rolled back to its checkpoint of superstep ${e.superstep}.`, 'warn');
+        }
         renderProgress();
         break;
       case 'process_migrated': {

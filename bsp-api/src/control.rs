@@ -329,6 +329,9 @@ pub enum PeerEvent {
         pid: Pid,
         superstep: u32,
         epoch: u64,
+        /// No checkpoint survived: it was started again from the beginning.
+        #[serde(default)]
+        from_start: bool,
     },
     /// The process left this peer for another one at the end of `superstep`
     /// (migration or drain, in assignment `epoch`).

@@ -292,7 +292,13 @@ pub enum JobEventKind {
     ProcessExited { superstep: u32 },
     /// The process was lost with its peer and restored from its checkpoint
     /// of `superstep`; it re-executes from there (repeated output is dropped).
-    ProcessRolledBack { superstep: u32 },
+    ProcessRolledBack {
+        superstep: u32,
+        /// No checkpoint of the process survived: it re-runs from the start
+        /// (`superstep` is 0).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        from_start: bool,
+    },
     /// The process moved from one peer to another at the end of `superstep`.
     ProcessMigrated {
         from: PeerId,
@@ -426,4 +432,31 @@ pub struct Health {
     /// go on meanwhile; nothing new is stored until space returns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_problem: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process re-run from the start says so; a rollback to a checkpoint
+    /// reads as it always did (`from_start` absent means false).
+    #[test]
+    fn a_rollback_says_whether_it_restarts_from_the_start() {
+        let back = JobEventKind::ProcessRolledBack {
+            superstep: 4,
+            from_start: false,
+        };
+        let json = serde_json::to_string(&back).unwrap();
+        assert!(!json.contains("from_start"), "{json}");
+        assert_eq!(json, r#"{"kind":"process_rolled_back","superstep":4}"#);
+        let old: JobEventKind = serde_json::from_str(&json).unwrap();
+        assert_eq!(old, back);
+        let fresh = JobEventKind::ProcessRolledBack {
+            superstep: 0,
+            from_start: true,
+        };
+        let json = serde_json::to_string(&fresh).unwrap();
+        assert!(json.contains(r#""from_start":true"#), "{json}");
+        assert_eq!(serde_json::from_str::<JobEventKind>(&json).unwrap(), fresh);
+    }
 }

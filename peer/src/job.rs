@@ -1939,18 +1939,12 @@ impl Driver {
                     pid,
                     "no snapshot of the process survived; starting it from the beginning"
                 );
-                self.emit(PeerEvent::Status {
-                    job: self.job,
-                    pid: Some(pid),
-                    text: format!(
-                        "no checkpoint of pid {pid} survived; re-running it from the start"
-                    ),
-                });
                 self.emit(PeerEvent::ProcessRestored {
                     job: self.job,
                     pid,
                     superstep: 0,
                     epoch: self.epoch,
+                    from_start: true,
                 });
                 self.local.remove(&pid);
                 self.start_fresh(vec![pid]);
@@ -2014,6 +2008,7 @@ impl Driver {
             pid,
             superstep: c,
             epoch: self.epoch,
+            from_start: false,
         });
         // Re-send what it sent since the safe point; receivers drop repeats.
         for m in snapshot.outbox.clone() {

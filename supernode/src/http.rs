@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::de::DeserializeOwned;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnFailure, TraceLayer};
 use utoipa::OpenApi;
 use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
 use utoipa_axum::routes;
@@ -168,7 +168,13 @@ pub(crate) fn router(sn: Supernode) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(SMALL_BODY))
         .with_state(sn)
-        .layer(TraceLayer::new_for_http())
+        // Failed requests are logged where they fail (`Error::into_response`
+        // for internal errors, once for a disk that takes no writes), not
+        // again for every 5xx answer.
+        .layer(
+            TraceLayer::new_for_http()
+                .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG)),
+        )
         .layer(CatchPanicLayer::custom(on_panic))
 }
 

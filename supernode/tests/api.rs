@@ -1438,6 +1438,7 @@ async fn a_lost_peer_s_processes_are_restored_on_the_others_in_a_new_epoch() {
         pid,
         superstep,
         epoch,
+        from_start: false,
     };
     assert_eq!(
         h.report(other, vec![restored(7, 1)]).await,
@@ -1478,7 +1479,13 @@ async fn a_lost_peer_s_processes_are_restored_on_the_others_in_a_new_epoch() {
         .collect();
     assert_eq!(
         rolled,
-        vec![(Some(pid), &JobEventKind::ProcessRolledBack { superstep: 3 })]
+        vec![(
+            Some(pid),
+            &JobEventKind::ProcessRolledBack {
+                superstep: 3,
+                from_start: false
+            }
+        )]
     );
     assert_eq!(
         events.iter().filter(|e| e.1 == "process_exited").count(),
@@ -1604,6 +1611,7 @@ async fn a_big_availability_drop_migrates_processes_and_small_ones_do_not() {
             pid: m,
             superstep: 4,
             epoch: 1,
+            from_start: false,
         }],
     )
     .await;
@@ -2630,6 +2638,7 @@ async fn a_process_does_not_move_back_and_forth_when_the_load_swings() {
             pid,
             superstep: 3,
             epoch: 1,
+            from_start: false,
         };
         h.report(&p2, vec![restored]).await;
     }

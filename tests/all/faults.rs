@@ -925,7 +925,7 @@ fn rollbacks(events: &[JobEvent]) -> Vec<(Pid, u32)> {
     events
         .iter()
         .filter_map(|e| match e.kind {
-            JobEventKind::ProcessRolledBack { superstep } => Some((e.pid?, superstep)),
+            JobEventKind::ProcessRolledBack { superstep, .. } => Some((e.pid?, superstep)),
             _ => None,
         })
         .collect()

@@ -91,6 +91,8 @@ pub enum ConsumerEvent {
         job: JobId,
         pid: Pid,
         superstep: u32,
+        /// No checkpoint of it survived: it re-runs from the start.
+        from_start: bool,
     },
     /// The process moved from peer `from` to peer `to` at the end of `superstep`.
     ProcessMigrated {
@@ -201,10 +203,14 @@ impl TryFrom<JobEvent> for ConsumerEvent {
                 pid: pid()?,
                 superstep: *superstep,
             },
-            JobEventKind::ProcessRolledBack { superstep } => ConsumerEvent::ProcessRolledBack {
+            JobEventKind::ProcessRolledBack {
+                superstep,
+                from_start,
+            } => ConsumerEvent::ProcessRolledBack {
                 job,
                 pid: pid()?,
                 superstep: *superstep,
+                from_start: *from_start,
             },
             JobEventKind::ProcessMigrated {
                 from,
@@ -1095,7 +1101,10 @@ mod tests {
             },
             JobEventKind::Status { text: "s".into() },
             JobEventKind::ProcessExited { superstep: 1 },
-            JobEventKind::ProcessRolledBack { superstep: 1 },
+            JobEventKind::ProcessRolledBack {
+                superstep: 1,
+                from_start: false,
+            },
             JobEventKind::ProcessMigrated {
                 from: 1,
                 to: 2,
@@ -1152,7 +1161,10 @@ mod tests {
                 data: "AAE=".into(),
             },
             JobEventKind::ProcessExited { superstep: 1 },
-            JobEventKind::ProcessRolledBack { superstep: 1 },
+            JobEventKind::ProcessRolledBack {
+                superstep: 1,
+                from_start: false,
+            },
             JobEventKind::ProcessMigrated {
                 from: 1,
                 to: 2,

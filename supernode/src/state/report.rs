@@ -233,6 +233,7 @@ impl Core {
                     pid,
                     superstep,
                     epoch: at,
+                    from_start,
                     ..
                 } => {
                     let Some(p) = ctx.placement.get(pid as usize) else {
@@ -259,7 +260,10 @@ impl Core {
                         continue;
                     }
                     let kind = match kind {
-                        epoch::MoveKind::Lost => JobEventKind::ProcessRolledBack { superstep },
+                        epoch::MoveKind::Lost => JobEventKind::ProcessRolledBack {
+                            superstep,
+                            from_start,
+                        },
                         epoch::MoveKind::Migrate => JobEventKind::ProcessMigrated {
                             from: p.moved_from.unwrap_or_default(),
                             to: peer,
