@@ -327,8 +327,8 @@ mod tests {
         assert!(format!("{err:#}").contains("newer bspweb"), "{err:#}");
     }
 
-    #[test]
-    fn repeated_output_records_are_stored_once() {
+    /// A fresh database with user 1 and its active job 1.
+    fn one_job() -> (tempfile::TempDir, Connection) {
         let dir = tempfile::tempdir().unwrap();
         let conn = open(&dir.path().join("db.sqlite3")).unwrap();
         conn.execute_batch(
@@ -341,6 +341,12 @@ mod tests {
                         2, 'null', 0, 1, 1, 1, 'active', 0);",
         )
         .unwrap();
+        (dir, conn)
+    }
+
+    #[test]
+    fn repeated_output_records_are_stored_once() {
+        let (_dir, conn) = one_job();
         let line = |t: &str| JobEventKind::Stdout { text: t.into() };
         let a = insert_event(&conn, 1, Some(0), Some(0), &line("a"), 1).unwrap();
         let again = insert_event(&conn, 1, Some(0), Some(0), &line("a"), 2).unwrap();
@@ -376,18 +382,7 @@ mod tests {
     #[test]
     fn output_is_stored_compactly_and_reads_back_unchanged() {
         use base64::Engine as _;
-        let dir = tempfile::tempdir().unwrap();
-        let conn = open(&dir.path().join("db.sqlite3")).unwrap();
-        conn.execute_batch(
-            "INSERT INTO users (id, name, password_hash, created_at) VALUES (1, 'a', 'x', 0);
-             INSERT INTO programs (hash, bytes, size, created_at)
-                VALUES ('0000000000000000000000000000000000000000000000000000000000000000', x'00', 1, 0);
-             INSERT INTO jobs (id, owner, program, program_hash, nprocs, args, seed, superstep_ms,
-                memory_mib, output_mib, state, submitted_at)
-                VALUES (1, 1, 'p', '0000000000000000000000000000000000000000000000000000000000000000',
-                        2, 'null', 0, 1, 1, 1, 'active', 0);",
-        )
-        .unwrap();
+        let (_dir, conn) = one_job();
         let nuls = "\0".repeat(10_000);
         let raw: Vec<u8> = (0..=255u8).cycle().take(30_000).collect();
         let kinds = [

@@ -1533,14 +1533,13 @@ async fn a_job_fails_only_when_no_live_peer_is_left() {
     assert_eq!(events.last().unwrap().1, "job_failed");
 }
 
-/// docs/fault-tolerance.md, "Migration and drain": availability changes
-/// within the hysteresis move nothing; a big drop migrates the peer's
-/// processes whose DHHT host changed (epoch + 1, `migrate` = `restore`); the
-/// old host's output counts until its handover; the new host's restore
-/// becomes a migrated event; a second migration waits for the interval.
-#[tokio::test]
-async fn a_big_availability_drop_migrates_processes_and_small_ones_do_not() {
-    let h = Harness::start_with(|c| c.migration_interval = Duration::from_secs(3600)).await;
+/// A supernode with `migration_interval`, alice's `ring` of 16 processes
+/// started on two fake peers of 8 cores: the harness, alice's token, the
+/// peers, the job and p1's assignment.
+async fn ring16_on_two_peers(
+    migration_interval: Duration,
+) -> (Harness, String, FakePeer, FakePeer, JobInfo, JobAssignment) {
+    let h = Harness::start_with(|c| c.migration_interval = migration_interval).await;
     let alice = h.login("alice", "alice-password").await;
     h.sn.register_builtin("ring", "", &wasm(GUEST))
         .await
@@ -1550,6 +1549,18 @@ async fn a_big_availability_drop_migrates_processes_and_small_ones_do_not() {
     let job = h.submit(&alice, "ring", 16).await;
     let first = start_job(&h.commands(&mut p1).await);
     start_job(&h.commands(&mut p2).await);
+    (h, alice, p1, p2, job, first)
+}
+
+/// docs/fault-tolerance.md, "Migration and drain": availability changes
+/// within the hysteresis move nothing; a big drop migrates the peer's
+/// processes whose DHHT host changed (epoch + 1, `migrate` = `restore`); the
+/// old host's output counts until its handover; the new host's restore
+/// becomes a migrated event; a second migration waits for the interval.
+#[tokio::test]
+async fn a_big_availability_drop_migrates_processes_and_small_ones_do_not() {
+    let (h, alice, mut p1, mut p2, job, first) =
+        ring16_on_two_peers(Duration::from_secs(3600)).await;
     let on_p1 = hosts(&first, p1.id);
     assert!(
         !on_p1.is_empty() && on_p1.len() < 16,
@@ -2608,16 +2619,7 @@ async fn at_the_connection_limit_new_clients_wait_for_a_free_slot() {
 /// migration interval has long passed (1 ms here).
 #[tokio::test]
 async fn a_process_does_not_move_back_and_forth_when_the_load_swings() {
-    let h = Harness::start_with(|c| c.migration_interval = Duration::from_millis(1)).await;
-    let alice = h.login("alice", "alice-password").await;
-    h.sn.register_builtin("ring", "", &wasm(GUEST))
-        .await
-        .unwrap();
-    let mut p1 = h.peer_login(login_body("p1", 8, None)).await;
-    let mut p2 = h.peer_login(login_body("p2", 8, None)).await;
-    let job = h.submit(&alice, "ring", 16).await;
-    let first = start_job(&h.commands(&mut p1).await);
-    start_job(&h.commands(&mut p2).await);
+    let (h, alice, p1, mut p2, job, first) = ring16_on_two_peers(Duration::from_millis(1)).await;
 
     // p1 gets busy: some of its processes move to p2, and are handed over.
     assert_eq!(h.renew_with(&p1, 0.1, false).await, StatusCode::OK);

@@ -112,12 +112,7 @@ fn a_failing_job_makes_submit_follow_exit_non_zero() {
     // A job from a file is shown by the file's name (issue 19), there and
     // as its description in job lists.
     assert!(stderr.contains("submitted: misbehave.wasm ("), "{stderr}");
-    let list = bspweb()
-        .args(["jobs", "--json"])
-        .env("BSPWEB_URL", &c.url)
-        .env("BSPWEB_USER", ADMIN)
-        .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
-        .env("BSPWEB_CONFIG_DIR", config.path())
+    let list = as_admin(&["jobs", "--json"], config.path())
         .output()
         .unwrap();
     let jobs: Vec<JobInfo> = serde_json::from_slice(&list.stdout).unwrap();
