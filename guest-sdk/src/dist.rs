@@ -4,6 +4,8 @@
 //! use bspweb::dist;
 //! // 10 items over 3 processes: [0, 3), [3, 6), [6, 10).
 //! assert_eq!(dist::block(10, 3, 2), 6..10);
+//! // ... and who owns item 5: process 1.
+//! assert_eq!(dist::owner(10, 3, 5), 1);
 //! // 10 bytes over 4 parts: 3, 3, 2, 2.
 //! assert_eq!((0..4).map(|i| dist::share(10, 4, i)).collect::<Vec<_>>(), [3, 3, 2, 2]);
 //! ```
@@ -26,6 +28,21 @@ pub fn block(n: u64, nprocs: u32, pid: u32) -> Range<u64> {
     );
     let bound = |p: u32| (u128::from(p) * u128::from(n) / u128::from(nprocs)) as u64;
     bound(pid)..bound(pid + 1)
+}
+
+/// The process whose [`block`] of `0..n` holds `index`: the inverse of
+/// [`block`], for sending an item to its owner. Constant time.
+///
+/// # Panics
+///
+/// If `nprocs` is 0 or `index >= n`.
+pub fn owner(n: u64, nprocs: u32, index: u64) -> u32 {
+    assert!(index < n, "dist::owner: index {index} is not below n {n}");
+    assert!(nprocs > 0, "dist::owner: nprocs is 0");
+    // The largest p with p * n / nprocs <= index, that is
+    // ceil((index + 1) * nprocs / n) - 1.
+    let (i, p, n) = (u128::from(index), u128::from(nprocs), u128::from(n));
+    ((i + 1) * p).div_ceil(n) as u32 - 1
 }
 
 /// Part `index` of `total` split as evenly as possible into `parts` parts:
@@ -81,6 +98,38 @@ mod tests {
         }
         assert_eq!(share(10, 4, 0), 3);
         assert_eq!(share(10, 4, 3), 2);
+    }
+
+    #[test]
+    fn the_owner_of_an_index_is_the_process_whose_block_holds_it() {
+        // Every index of every small split, against the blocks themselves.
+        for n in 1..=120u64 {
+            for p in 1..=17u32 {
+                for pid in 0..p {
+                    for i in block(n, p, pid) {
+                        assert_eq!(owner(n, p, i), pid, "n={n} p={p} i={i}");
+                    }
+                }
+            }
+        }
+        // Large ranges: the ends of every block.
+        for n in [1_000_000_007u64, u64::MAX] {
+            for p in [1u32, 3, 4096, u32::MAX] {
+                for pid in [0, 1, p / 2, p - 1].into_iter().filter(|&q| q < p) {
+                    let b = block(n, p, pid);
+                    if !b.is_empty() {
+                        assert_eq!(owner(n, p, b.start), pid, "n={n} p={p}");
+                        assert_eq!(owner(n, p, b.end - 1), pid, "n={n} p={p}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "index 10 is not below n 10")]
+    fn owner_refuses_an_index_outside_the_range() {
+        owner(10, 3, 10);
     }
 
     #[test]
