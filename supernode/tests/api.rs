@@ -466,6 +466,29 @@ impl Harness {
             .status()
     }
 
+    /// Renews `peer`'s lease reporting `rss` resident bytes and a memory
+    /// budget of `budget` bytes.
+    async fn renew_memory(&self, peer: &FakePeer, rss: u64, budget: u64) -> StatusCode {
+        self.http
+            .post(self.url("/peer/renew"))
+            .bearer_auth(&peer.token)
+            .json(&PeerRenew {
+                speed: 1.0,
+                idle: 1.0,
+                jobs: vec![],
+                draining: false,
+                memory: bsp_api::control::PeerMemory {
+                    rss_bytes: rss,
+                    held_bytes: 0,
+                    budget_bytes: budget,
+                },
+            })
+            .send()
+            .await
+            .unwrap()
+            .status()
+    }
+
     /// Renews `peer`'s lease every 100 ms in the background (abort to stop).
     fn keep_alive(&self, peer: &FakePeer) -> tokio::task::JoinHandle<()> {
         let (http, url, token) = (
@@ -2770,26 +2793,11 @@ async fn admission_respects_the_peers_memory_budgets() {
     let (h, alice) = Harness::with_ring().await;
     let mut p1 = h.peer_login(login_body("p1", 4, None)).await;
     let p2 = h.peer_login(login_body("p2", 4, None)).await;
-    let renew_mem = |peer: &FakePeer, rss_kib: u64| {
-        let req = h
-            .http
-            .post(h.url("/peer/renew"))
-            .bearer_auth(&peer.token)
-            .json(&PeerRenew {
-                speed: 1.0,
-                idle: 1.0,
-                jobs: vec![],
-                draining: false,
-                memory: bsp_api::control::PeerMemory {
-                    rss_bytes: rss_kib << 10,
-                    held_bytes: 0,
-                    budget_bytes: 10 << 20,
-                },
-            });
-        async move { req.send().await.unwrap().status() }
-    };
     for p in [&p1, &p2] {
-        assert_eq!(renew_mem(p, 9 * 1024 + 512).await, StatusCode::OK);
+        assert_eq!(
+            h.renew_memory(p, (9 * 1024 + 512) << 10, 10 << 20).await,
+            StatusCode::OK
+        );
     }
 
     // 20 processes need 25 MiB: more than both peers may use.
@@ -2829,7 +2837,7 @@ async fn admission_respects_the_peers_memory_budgets() {
 
     // The peers report room: it is placed.
     for p in [&p1, &p2] {
-        assert_eq!(renew_mem(p, 100).await, StatusCode::OK);
+        assert_eq!(h.renew_memory(p, 100 << 10, 10 << 20).await, StatusCode::OK);
     }
     let placed = start_job(&h.commands(&mut p1).await);
     assert_eq!(placed.job, job.id);
@@ -2843,26 +2851,7 @@ async fn a_job_too_big_for_a_peers_budget_fails_at_once() {
     let p1 = h.peer_login(login_body("p1", 4, None)).await;
     let p2 = h.peer_login(login_body("p2", 4, None)).await;
     for (p, budget) in [(&p1, 64u64 << 20), (&p2, 1 << 20)] {
-        let status = h
-            .http
-            .post(h.url("/peer/renew"))
-            .bearer_auth(&p.token)
-            .json(&PeerRenew {
-                speed: 1.0,
-                idle: 1.0,
-                jobs: vec![],
-                draining: false,
-                memory: bsp_api::control::PeerMemory {
-                    rss_bytes: 0,
-                    held_bytes: 0,
-                    budget_bytes: budget,
-                },
-            })
-            .send()
-            .await
-            .unwrap()
-            .status();
-        assert_eq!(status, StatusCode::OK);
+        assert_eq!(h.renew_memory(p, 0, budget).await, StatusCode::OK);
     }
     // 8 processes of 1.25 MiB fit in 65 MiB, but p2's share does not fit
     // in its 1 MiB.
