@@ -287,6 +287,10 @@ pub struct SubmitArgs {
     /// Memory cap per process, in MiB
     #[arg(long)]
     memory_mib: Option<u32>,
+    /// Output cap per process (stdout, stderr and raw records together), in
+    /// MiB, from 1 to 1024 [default: 64]; a process that writes more ends the job
+    #[arg(long, value_name = "MIB")]
+    output_mib: Option<u32>,
     /// Peers that keep a copy of each checkpoint [default: 2]; the job
     /// survives losing up to this many peers at once
     #[arg(long, value_name = "N")]
@@ -299,9 +303,8 @@ pub struct SubmitArgs {
     /// Stream the job's output until it ends; exit non-zero if it did not exit normally
     #[arg(long, short = 'f')]
     follow: bool,
-    /// With --follow: write raw output of each process to DIR/pid-N.bin
-    #[arg(long, value_name = "DIR")]
-    raw_dir: Option<PathBuf>,
+    #[command(flatten)]
+    raw: RawArgs,
     /// Refuse the job (exit status 9) instead of queueing it when fewer
     /// than N peers are online
     #[arg(long, value_name = "N")]
@@ -320,6 +323,11 @@ pub async fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
     };
     if a.nprocs == 0 {
         return Err(usage("-n must be at least 1"));
+    }
+    if a.raw.raw_dir.is_some() && !a.follow {
+        return Err(usage(
+            "--raw-dir saves raw output while following the job: add --follow (or run `bspweb logs JOB --raw-dir DIR` later)",
+        ));
     }
     let mut resources = BTreeMap::new();
     for r in &a.resources {
@@ -393,20 +401,14 @@ pub async fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
             if job.nprocs == 1 { "" } else { "es" }
         );
     }
-    follow(
-        &client,
-        client.events(job.id, None),
-        a.raw_dir.as_deref(),
-        out,
-        true,
-    )
-    .await
+    follow(&client, client.events(job.id, None), &a.raw, out, true).await
 }
 
 /// The job limits the flags ask for, or `None` to take the supernode's defaults.
 fn limits(a: &SubmitArgs) -> anyhow::Result<Option<JobLimits>> {
     if a.superstep_secs.is_none()
         && a.memory_mib.is_none()
+        && a.output_mib.is_none()
         && a.replicas.is_none()
         && a.checkpoint_every.is_none()
     {
@@ -421,6 +423,12 @@ fn limits(a: &SubmitArgs) -> anyhow::Result<Option<JobLimits>> {
     }
     if let Some(m) = a.memory_mib {
         l.memory_mib = m;
+    }
+    if let Some(m) = a.output_mib {
+        if !(1..=1024).contains(&m) {
+            return Err(usage("--output-mib must be between 1 and 1024"));
+        }
+        l.output_mib = m;
     }
     if let Some(r) = a.replicas {
         l.replicas = r;
@@ -572,16 +580,13 @@ pub fn progress_text(info: &JobInfo) -> Option<String> {
 async fn follow(
     client: &Client,
     mut events: EventStream,
-    raw_dir: Option<&Path>,
+    raw: &RawArgs,
     out: Output,
     live: bool,
 ) -> anyhow::Result<ExitCode> {
     let job = events.job();
     let stdout = std::io::stdout();
-    let mut raw_files: BTreeMap<u32, std::fs::File> = BTreeMap::new();
-    if let Some(dir) = raw_dir {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
+    let mut raw = RawSink::new(raw)?;
     let mut code = ExitCode::SUCCESS;
     let mut peer_names = PeerNames {
         names: BTreeMap::new(),
@@ -635,13 +640,10 @@ async fn follow(
             _ => code,
         };
         if out.json {
-            if let (Some(dir), JobEventKind::Raw { data }, Some(p)) =
-                (raw_dir, &event.kind, event.pid)
+            if let (Some(sink), JobEventKind::Raw { data }, Some(p)) =
+                (raw.as_mut(), &event.kind, event.pid)
             {
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(data.as_bytes())
-                    .unwrap_or_default();
-                raw_file(&mut raw_files, dir, p)?.write_all(&bytes)?;
+                sink.write(p, &decode_raw(data)?)?;
             }
             let mut o = stdout.lock();
             writeln!(o, "{}", serde_json::to_string(&event)?)?;
@@ -666,11 +668,9 @@ async fn follow(
                 }
             }
             JobEventKind::Raw { data } => {
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(data.as_bytes())
-                    .unwrap_or_default();
-                match (raw_dir, event.pid) {
-                    (Some(dir), Some(p)) => raw_file(&mut raw_files, dir, p)?.write_all(&bytes)?,
+                let bytes = decode_raw(&data)?;
+                match (raw.as_mut(), event.pid) {
+                    (Some(sink), Some(p)) => sink.write(p, &bytes)?,
                     // Standard output carries only the program's standard output.
                     _ => eprintln!(
                         "[{pid}] <raw data: {} bytes; --raw-dir DIR saves it>",
@@ -719,22 +719,86 @@ async fn follow(
     Ok(code)
 }
 
-/// The file raw records of `pid` go to, created at its first record.
-fn raw_file<'a>(
-    files: &'a mut BTreeMap<u32, std::fs::File>,
-    dir: &Path,
-    pid: u32,
-) -> anyhow::Result<&'a mut std::fs::File> {
-    Ok(match files.entry(pid) {
-        std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
-        std::collections::btree_map::Entry::Vacant(v) => {
-            let path = dir.join(format!("pid-{pid}.bin"));
-            v.insert(
-                std::fs::File::create(&path)
-                    .with_context(|| format!("cannot create {}", path.display()))?,
-            )
+/// Where `--follow` saves raw output records.
+#[derive(Args, Debug, Clone)]
+pub struct RawArgs {
+    /// Write raw output of each process to DIR/pid-N.bin (only with --follow
+    /// for `submit`)
+    #[arg(long, value_name = "DIR")]
+    raw_dir: Option<PathBuf>,
+    /// How records follow each other in DIR/pid-N.bin: `none` concatenates
+    /// them (right for fixed-size records); `length` puts each record's
+    /// length before it as a 4-byte little-endian unsigned integer, so
+    /// records of any size can be told apart. A record is at most 1 MiB.
+    #[arg(long, value_enum, default_value_t = RawFraming::None, requires = "raw_dir")]
+    raw_framing: RawFraming,
+}
+
+/// How raw records are laid out in a process's file (`--raw-framing`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawFraming {
+    /// Records back to back, as the guest wrote them.
+    None,
+    /// Each record as its length (u32, little-endian) and then its bytes.
+    Length,
+}
+
+/// The raw bytes of a `raw` event; a malformed one is an error, never lost
+/// silently.
+fn decode_raw(data: &str) -> anyhow::Result<Vec<u8>> {
+    base64::engine::general_purpose::STANDARD
+        .decode(data.as_bytes())
+        .context(
+            "the supernode sent a raw record that is not valid base64; nothing was written for it",
+        )
+}
+
+/// The per-process files of `--raw-dir`, each created at its process's first
+/// record.
+struct RawSink {
+    dir: PathBuf,
+    framing: RawFraming,
+    files: BTreeMap<u32, std::io::BufWriter<std::fs::File>>,
+}
+
+impl RawSink {
+    /// `None` without `--raw-dir`; otherwise creates the directory.
+    fn new(args: &RawArgs) -> anyhow::Result<Option<Self>> {
+        let Some(dir) = &args.raw_dir else {
+            return Ok(None);
+        };
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        Ok(Some(RawSink {
+            dir: dir.clone(),
+            framing: args.raw_framing,
+            files: BTreeMap::new(),
+        }))
+    }
+
+    /// Appends one record of process `pid`, framed as asked, and flushes it,
+    /// so the files are complete whenever the command stops.
+    fn write(&mut self, pid: u32, record: &[u8]) -> anyhow::Result<()> {
+        let file = match self.files.entry(pid) {
+            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                let path = self.dir.join(format!("pid-{pid}.bin"));
+                v.insert(std::io::BufWriter::new(
+                    std::fs::File::create(&path)
+                        .with_context(|| format!("cannot create {}", path.display()))?,
+                ))
+            }
+        };
+        let path = || self.dir.join(format!("pid-{pid}.bin"));
+        if self.framing == RawFraming::Length {
+            let len = u32::try_from(record.len())
+                .context("a raw record longer than 4 GiB cannot be framed")?;
+            file.write_all(&len.to_le_bytes())
+                .with_context(|| format!("cannot write {}", path().display()))?;
         }
-    })
+        file.write_all(record)
+            .and_then(|()| file.flush())
+            .with_context(|| format!("cannot write {}", path().display()))
+    }
 }
 
 #[derive(Args)]
@@ -797,9 +861,8 @@ pub struct LogsArgs {
     /// Keep streaming until the job ends (otherwise print what is there now)
     #[arg(long, short = 'f')]
     follow: bool,
-    /// Write raw output of each process to DIR/pid-N.bin
-    #[arg(long, value_name = "DIR")]
-    raw_dir: Option<PathBuf>,
+    #[command(flatten)]
+    raw: RawArgs,
     /// Print the events as JSON lines (one `JobEvent` object per line)
     #[arg(long)]
     json: bool,
@@ -811,11 +874,11 @@ pub async fn logs(a: LogsArgs) -> anyhow::Result<ExitCode> {
     let out = Output::new(a.json);
     if a.follow || job.state == JobState::Finished {
         let events = client.events(a.job, None);
-        return follow(&client, events, a.raw_dir.as_deref(), out, a.follow).await;
+        return follow(&client, events, &a.raw, out, a.follow).await;
     }
     // Not following a job that has not ended: print what is stored, then stop.
     let events = client.stored_events(a.job, None);
-    let code = follow(&client, events, a.raw_dir.as_deref(), out, false).await?;
+    let code = follow(&client, events, &a.raw, out, false).await?;
     let now = client
         .job(a.job)
         .await

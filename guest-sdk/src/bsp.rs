@@ -510,6 +510,16 @@ impl Bsp {
 
     /// Writes one record of raw bytes to the user (PUB-Web's
     /// `writeRawData`), for results that are not text.
+    ///
+    /// Limits: one record is at most 1 MiB (a larger one is an error, and
+    /// nothing of it is written); all of a process's output (stdout, stderr
+    /// and raw records together) is at most the job's output limit, 64 MiB
+    /// by default (`bspweb submit --output-mib`, or `limits.output_mib` in the
+    /// REST API, sets it from 1 to 1024 MiB),
+    /// and going over it ends the job. Records keep their boundaries in the
+    /// event stream (one `raw` event each); `bspweb submit --raw-dir DIR`
+    /// concatenates a process's records into `DIR/pid-N.bin`, or prefixes
+    /// each with its length (`--raw-framing length`) when they differ in size.
     pub fn write_raw(&self, bytes: &[u8]) -> Result<()> {
         match host::raw(bytes) {
             0.. => Ok(()),
@@ -541,6 +551,11 @@ impl Bsp {
 
     /// The contents of the job resource `name`, a file the user attached
     /// when submitting the job.
+    ///
+    /// Limits: a job's resources add up to at most 64 MiB (the supernode
+    /// refuses a larger submission); a name is 1 to 256 printable
+    /// characters. Each process reads the whole resource into its own
+    /// memory, so it counts against the job's memory cap per process.
     ///
     /// ```rust,no_run
     /// # fn f(bsp: &mut bspweb::Bsp) -> bspweb::Result<()> {

@@ -180,7 +180,14 @@ fn submit_sets_replicas_and_checkpoint_interval_and_documents_them() {
             .output()
             .unwrap()
     };
-    let out = submit(&["--replicas", "1", "--checkpoint-every", "3"]);
+    let out = submit(&[
+        "--replicas",
+        "1",
+        "--checkpoint-every",
+        "3",
+        "--output-mib",
+        "5",
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let id: i64 = String::from_utf8_lossy(&out.stdout)
@@ -197,7 +204,10 @@ fn submit_sets_replicas_and_checkpoint_interval_and_documents_them() {
         crate::harness::collect(&client, id).await.assert_exited();
         info.limits
     });
-    assert_eq!((limits.replicas, limits.checkpoint_every), (1, 3));
+    assert_eq!(
+        (limits.replicas, limits.checkpoint_every, limits.output_mib),
+        (1, 3, 5)
+    );
 
     let out = submit(&["--checkpoint-every", "0"]);
     assert!(!out.status.success());
@@ -206,6 +216,9 @@ fn submit_sets_replicas_and_checkpoint_interval_and_documents_them() {
         stderr.contains("--checkpoint-every must be at least 1"),
         "{stderr}"
     );
+    let out = submit(&["--output-mib", "2000"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("between 1 and 1024"), "{stderr}");
 }
 
 /// `bspweb sim` writes a report folder whose README names the command that
@@ -586,4 +599,78 @@ fn exit_status(child: &mut std::process::Child) -> Option<i32> {
             }
         }
     })
+}
+
+/// Issue 19: `--raw-dir` used to concatenate records, so records of
+/// different sizes could not be told apart. With `--raw-framing length`
+/// each record comes with its length; `sample-sort` writes its sorted keys
+/// as records of at most 1 MiB, the last one of each process shorter.
+#[test]
+fn raw_framing_length_keeps_variable_size_records_apart() {
+    let config = tempfile::tempdir().unwrap();
+    let dir = config.path().join("out");
+    let n = 300_000u64;
+    let out = as_admin(
+        &[
+            "submit",
+            "sample-sort",
+            "-n",
+            "2",
+            "--args",
+            &format!(r#"{{"n": {n}, "emit": true}}"#),
+            "--follow",
+            "--raw-dir",
+            dir.to_str().unwrap(),
+            "--raw-framing",
+            "length",
+        ],
+        config.path(),
+    )
+    .output()
+    .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let mut keys = Vec::new();
+    let mut sizes = Vec::new();
+    for pid in 0..2 {
+        let bytes = std::fs::read(dir.join(format!("pid-{pid}.bin"))).unwrap();
+        let mut rest = &bytes[..];
+        while !rest.is_empty() {
+            let (len, tail) = rest.split_at(4);
+            let len = u32::from_le_bytes(len.try_into().unwrap()) as usize;
+            assert!(len <= 1 << 20 && len % 8 == 0 && len <= tail.len(), "{len}");
+            let (record, tail) = tail.split_at(len);
+            sizes.push(len);
+            keys.extend(
+                record
+                    .chunks_exact(8)
+                    .map(|k| u64::from_le_bytes(k.try_into().unwrap())),
+            );
+            rest = tail;
+        }
+    }
+    assert_eq!(keys.len() as u64, n, "{sizes:?}");
+    assert!(
+        keys.is_sorted(),
+        "the framed records are not the sorted keys"
+    );
+    assert!(
+        sizes.iter().any(|&s| s != sizes[0]),
+        "expected records of different sizes: {sizes:?}"
+    );
+
+    // Saving raw output needs --follow; without it the flag would be ignored.
+    let out = as_admin(
+        &["submit", "ring", "-n", "1", "--raw-dir", "x"],
+        config.path(),
+    )
+    .output()
+    .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(documented_code("usage")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("add --follow"), "{stderr}");
 }
