@@ -638,7 +638,10 @@ fn raw_framing_length_keeps_variable_size_records_apart() {
         while !rest.is_empty() {
             let (len, tail) = rest.split_at(4);
             let len = u32::from_le_bytes(len.try_into().unwrap()) as usize;
-            assert!(len <= 1 << 20 && len % 8 == 0 && len <= tail.len(), "{len}");
+            assert!(
+                len <= 1 << 20 && len.is_multiple_of(8) && len <= tail.len(),
+                "{len}"
+            );
             let (record, tail) = tail.split_at(len);
             sizes.push(len);
             keys.extend(
