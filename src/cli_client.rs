@@ -14,7 +14,7 @@ use anyhow::Context;
 use base64::Engine;
 use bsp_api::PeerId;
 use bsp_api::client::{Client, ClientError, EventStream};
-use bsp_api::rest::{JobEventKind, JobInfo, JobLimits, JobOutcome, JobState, SubmitJob};
+use bsp_api::rest::{JobEventKind, JobInfo, JobLimits, JobOutcome, JobState, PeerInfo, SubmitJob};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
@@ -1018,7 +1018,14 @@ pub async fn peers(a: PeersArgs) -> anyhow::Result<ExitCode> {
         "{:>4}  {:<20} {:<22} {:>6} {:>5} {:>5} {:>6} {:>8} {:>8}  {:<9} CLUSTER",
         "ID", "NAME", "ADDRESS", "SPEED", "IDLE", "CORES", "PROCS", "RSS", "HELD", "STATE"
     );
-    let mib = |b: u64| format!("{:.0}M", b as f64 / (1 << 20) as f64);
+    // A gone peer's memory is unknown: `-`, not a stale figure.
+    let mib = |p: &PeerInfo, b: u64| {
+        if p.state == "gone" {
+            "-".to_string()
+        } else {
+            format!("{:.0}M", b as f64 / (1 << 20) as f64)
+        }
+    };
     for p in peers {
         println!(
             "{:>4}  {:<20} {:<22} {:>6.2} {:>5.2} {:>5} {:>6} {:>8} {:>8}  {:<9} {}",
@@ -1029,8 +1036,8 @@ pub async fn peers(a: PeersArgs) -> anyhow::Result<ExitCode> {
             p.idle,
             p.cores,
             p.processes,
-            mib(p.memory.rss_bytes),
-            mib(p.memory.held_bytes),
+            mib(&p, p.memory.rss_bytes),
+            mib(&p, p.memory.held_bytes),
             p.state,
             p.cluster.as_deref().unwrap_or("-")
         );

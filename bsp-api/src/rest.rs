@@ -368,7 +368,7 @@ pub struct PeerInfo {
     /// The network cluster it said it is in (`bspweb peer --cluster`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
-    /// Its memory at its last renewal.
+    /// Its memory at its last renewal; all zero once it is `gone`.
     #[serde(default)]
     pub memory: crate::control::PeerMemory,
 }

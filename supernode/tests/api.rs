@@ -1556,6 +1556,30 @@ async fn a_job_fails_only_when_no_live_peer_is_left() {
     assert_eq!(events.last().unwrap().1, "job_failed");
 }
 
+/// Issue 19: a gone peer used to keep showing the memory of its last
+/// renewal, as if it still held it.
+#[tokio::test]
+async fn a_gone_peer_shows_no_stale_memory() {
+    let h = Harness::start_with(|c| c.lease_ttl = Duration::from_millis(500)).await;
+    let admin = h.login("admin", "admin-password").await;
+    let p = h.peer_login(login_body("forgetful", 2, None)).await;
+    assert_eq!(h.renew_memory(&p, 300 << 20, 1 << 30).await, StatusCode::OK);
+    let listed = h.peer_list(&admin).await;
+    let me = listed.iter().find(|x| x.id == p.id).unwrap();
+    assert_eq!(
+        (me.state.as_str(), me.memory.rss_bytes),
+        ("online", 300 << 20)
+    );
+    let gone = poll("the peer's lease to lapse", || async {
+        let peers = h.peer_list(&admin).await;
+        peers
+            .into_iter()
+            .find(|x| x.id == p.id && x.state == "gone")
+    })
+    .await;
+    assert_eq!(gone.memory, bsp_api::control::PeerMemory::default());
+}
+
 /// A supernode with `migration_interval`, alice's `ring` of 16 processes
 /// started on two fake peers of 8 cores: the harness, alice's token, the
 /// peers, the job and p1's assignment.

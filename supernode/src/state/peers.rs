@@ -475,6 +475,17 @@ impl Core {
              FROM peers ORDER BY state != 'online', id",
         )?;
         let rows = stmt.query_map([], |r| {
+            let state: String = r.get(6)?;
+            // A gone peer's last report says nothing about it now.
+            let memory = if state == "gone" {
+                bsp_api::control::PeerMemory::default()
+            } else {
+                bsp_api::control::PeerMemory {
+                    rss_bytes: r.get::<_, i64>(10)?.max(0) as u64,
+                    held_bytes: r.get::<_, i64>(11)?.max(0) as u64,
+                    budget_bytes: r.get::<_, i64>(12)?.max(0) as u64,
+                }
+            };
             Ok(PeerInfo {
                 id: r.get(0)?,
                 name: r.get(1)?,
@@ -482,15 +493,11 @@ impl Core {
                 speed: r.get(3)?,
                 idle: r.get(4)?,
                 cores: r.get(5)?,
-                state: r.get(6)?,
+                state,
                 lease_expires_at: r.get(7)?,
                 processes: r.get(8)?,
                 cluster: r.get(9)?,
-                memory: bsp_api::control::PeerMemory {
-                    rss_bytes: r.get::<_, i64>(10)?.max(0) as u64,
-                    held_bytes: r.get::<_, i64>(11)?.max(0) as u64,
-                    budget_bytes: r.get::<_, i64>(12)?.max(0) as u64,
-                },
+                memory,
             })
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
