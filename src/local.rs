@@ -282,6 +282,7 @@ pub async fn supernode(a: SupernodeArgs) -> anyhow::Result<ExitCode> {
             c.http.max_connections_per_address = a.max_connections_per_address.max(1);
             c.http.header_timeout = Duration::from_secs(a.header_timeout_secs.max(1));
             c.user_storage_mib = a.user_storage_mib;
+            c.metrics = !a.no_metrics;
         },
     )?;
     if !a.no_examples {

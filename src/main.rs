@@ -141,6 +141,11 @@ pub struct SupernodeArgs {
     /// fails
     #[arg(long, default_value_t = 4096)]
     user_storage_mib: u64,
+    /// Do not serve GET /metrics (Prometheus text format: job, peer,
+    /// superstep, checkpoint, restore and migration counts, no names; open
+    /// like /api/v1/health)
+    #[arg(long)]
+    no_metrics: bool,
     /// Stop when standard input closes (for supervisors and tests)
     #[arg(long, hide = true)]
     exit_on_stdin_eof: bool,

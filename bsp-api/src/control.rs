@@ -59,6 +59,25 @@ pub struct PeerRenew {
     /// What the peer's memory holds now.
     #[serde(default)]
     pub memory: PeerMemory,
+    /// Running totals since the peer started, for the supernode's `/metrics`.
+    #[serde(default)]
+    pub counters: PeerCounters,
+}
+
+/// What a peer did since it started, reported with each renewal; the
+/// supernode adds the increase since the previous renewal to its
+/// `/metrics` counters.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PeerCounters {
+    /// Checkpoints of its processes it took.
+    pub checkpoints: u64,
+    /// Checkpoint bytes it sent to replicas (whole pages and deltas).
+    pub checkpoint_bytes: u64,
+    /// BSP message payload bytes it sent directly to other peers.
+    pub message_bytes: u64,
+    /// Payload bytes it relayed for broadcasts.
+    pub relayed_bytes: u64,
 }
 
 /// What a peer's memory holds, reported with each renewal and shown in

@@ -1568,17 +1568,27 @@ impl Driver {
             .copied()
             .filter(|t| !encoded.iter().any(|(r, _)| r == t))
             .collect();
+        let mut bytes: usize = encoded
+            .iter()
+            .flat_map(|(_, frames)| frames.iter().map(|b| b.len()))
+            .sum();
         let mut unsent: Vec<(PeerId, Outgoing)> = encoded
             .into_iter()
             .flat_map(|(r, frames)| frames.into_iter().map(move |b| (r, Outgoing::Encoded(b))))
             .collect();
         for r in late {
             let plan = p.tracker.plan(r, &snapshot);
+            bytes += plan.pages.len() * checkpoint::PAGE_SIZE;
             for f in checkpoint::to_frames(&snapshot, &plan.pages, plan.base) {
                 unsent.push((r, f.into()));
             }
             p.tracker.sent(r, snapshot.superstep);
         }
+        self.env.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        self.env
+            .stats
+            .checkpoint_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
         let l = self.local.get_mut(&pid).expect("checked above");
         let output_mark = p.process.output_mark().max(l.exit_mark);
         if l.capturing_exit == Some(s) {

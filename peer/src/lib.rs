@@ -381,6 +381,7 @@ async fn renew_loop(
                 held_bytes: stats.held.load(Ordering::Relaxed),
                 budget_bytes,
             },
+            counters: stats.counters(),
         };
         // A refused lease fences the peer (see `control`); an unreachable
         // supernode is retried at the next tick, the jobs carry on.

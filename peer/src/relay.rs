@@ -53,9 +53,24 @@ pub struct DataStats {
     /// Bytes the jobs hold for fault tolerance (retained messages, replica
     /// checkpoints): [`bsp_api::control::PeerMemory::held_bytes`].
     pub held: std::sync::atomic::AtomicU64,
+    /// Checkpoints of this peer's processes taken.
+    pub checkpoints: std::sync::atomic::AtomicU64,
+    /// Checkpoint bytes (whole pages and deltas) planned for replicas.
+    pub checkpoint_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl DataStats {
+    /// The running totals a renewal reports.
+    pub fn counters(&self) -> bsp_api::control::PeerCounters {
+        use std::sync::atomic::Ordering::Relaxed;
+        bsp_api::control::PeerCounters {
+            checkpoints: self.checkpoints.load(Relaxed),
+            checkpoint_bytes: self.checkpoint_bytes.load(Relaxed),
+            message_bytes: self.direct.load(Relaxed),
+            relayed_bytes: self.relayed.load(Relaxed),
+        }
+    }
+
     /// Count the payload bytes of `frame`.
     pub fn count(&self, frame: &Frame) {
         use std::sync::atomic::Ordering::Relaxed;

@@ -162,7 +162,11 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 pub(crate) fn router(sn: Supernode) -> Router {
     let api = Router::from(api_router());
-    ui_routes(Router::new())
+    let mut router = ui_routes(Router::new());
+    if sn.inner.config.metrics {
+        router = router.route("/metrics", axum::routing::get(rest::metrics));
+    }
+    router
         .merge(api)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

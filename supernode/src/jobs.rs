@@ -10,6 +10,7 @@ use placement::{Dhht, IndexAllocator};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::db::{self, u64_from_sql, u64_to_sql};
+use crate::metrics::Counter;
 use crate::{Effects, Error, Inner, lease, now_ms};
 
 /// The in-memory DHHT of the online peers that take work (not draining) and
@@ -109,6 +110,15 @@ pub(crate) fn finish_job(
     if n == 0 {
         return Ok(false);
     }
+    fx.counts.add(
+        match ending.outcome {
+            JobOutcome::Exited => Counter::JobsExited,
+            JobOutcome::Aborted => Counter::JobsAborted,
+            JobOutcome::Failed => Counter::JobsFailed,
+            JobOutcome::Killed => Counter::JobsKilled,
+        },
+        1,
+    );
     db::insert_event(tx, job, None, None, &ending.event, now)?;
     list_changed(tx, fx, job)?;
     {

@@ -37,6 +37,7 @@ mod hysteresis;
 mod jobs;
 pub mod lease;
 mod listen;
+mod metrics;
 mod openapi;
 mod rest;
 mod sse;
@@ -86,6 +87,8 @@ pub struct Config {
     /// Output the jobs of one user may store, in MiB; a job whose output
     /// would exceed it fails, saying so.
     pub user_storage_mib: u64,
+    /// Serve `GET /metrics` (Prometheus text format).
+    pub metrics: bool,
 }
 
 impl Default for Config {
@@ -99,6 +102,7 @@ impl Default for Config {
             migration_interval: Duration::from_secs(5),
             http: HttpLimits::default(),
             user_storage_mib: 4096,
+            metrics: true,
         }
     }
 }
@@ -132,6 +136,8 @@ pub(crate) struct Inner {
     shutdown: watch::Sender<bool>,
     /// Since when (ms) and why SQLite takes no writes, while it does not.
     storage_trouble: Mutex<Option<(i64, String)>>,
+    /// The `/metrics` counters.
+    pub(crate) metrics: metrics::Metrics,
 }
 
 /// In-memory state of the online peers: leases and command queues.
@@ -156,6 +162,10 @@ pub(crate) struct LivePeer {
     /// When the supernode last checked it by dialing its data port
     /// (`suspect`: a peer reported it unreachable, or at start).
     pub(crate) probed_at: Option<i64>,
+    /// The peer's running totals at its last renewal; `None` until the
+    /// first renewal after a login or a supernode start, which only sets
+    /// this baseline (the totals count since the peer started).
+    pub(crate) counters: Option<bsp_api::control::PeerCounters>,
 }
 
 /// What a state change asks for once it is committed.
@@ -166,6 +176,8 @@ pub(crate) struct Effects {
     /// `(owner, job)`: the job was submitted, started, finished or disposed.
     pub(crate) job_list: Vec<(i64, JobId)>,
     pub(crate) wake_scheduler: bool,
+    /// What to add to the `/metrics` counters.
+    pub(crate) counts: metrics::Counts,
 }
 
 /// Unix time in milliseconds.
@@ -182,6 +194,7 @@ impl Effects {
         self.jobs.extend(other.jobs);
         self.job_list.extend(other.job_list);
         self.wake_scheduler |= other.wake_scheduler;
+        self.counts.merge(&other.counts);
     }
 }
 
@@ -235,6 +248,7 @@ impl Inner {
     /// Applies committed effects: queues commands, wakes pollers, SSE readers
     /// and the scheduler.
     pub(crate) fn apply(&self, fx: Effects) {
+        self.metrics.add(&fx.counts);
         if !fx.commands.is_empty() {
             let mut live = self.live();
             for (peer, cmd) in fx.commands {
@@ -329,6 +343,7 @@ impl Supernode {
                 job_list: broadcast::channel(JOB_LIST_CAPACITY).0,
                 shutdown: watch::channel(false).0,
                 storage_trouble: Mutex::new(None),
+                metrics: metrics::Metrics::default(),
             }),
         })
     }

@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use bsp_api::JobId;
 use bsp_api::rest::{
     CreateUserRequest, Health, JobInfo, JobState, LoginRequest, LoginResponse, PeerInfo,
@@ -416,6 +416,28 @@ pub(crate) async fn health(State(sn): State<Supernode>) -> Json<Health> {
             )
         }),
     })
+}
+
+/// `GET /metrics` (outside `/api/v1`, where Prometheus looks by default):
+/// the counters and gauges of [`crate::metrics`] in the Prometheus text
+/// format. Open like `/api/v1/health`: aggregates only, no names.
+pub(crate) async fn metrics(State(sn): State<Supernode>) -> Result<Response, Error> {
+    let gauges = sn.with_core(|core, _, _| core.metrics_gauges()).await;
+    let mut gauges = gauges?;
+    gauges.storage_ok = sn.inner.storage_trouble().is_none();
+    let text = crate::metrics::render(
+        &sn.inner.metrics.snapshot(),
+        &gauges,
+        env!("CARGO_PKG_VERSION"),
+    );
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
 }
 
 #[utoipa::path(

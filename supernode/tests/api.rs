@@ -459,6 +459,7 @@ impl Harness {
                 jobs: vec![],
                 draining,
                 memory: Default::default(),
+                counters: Default::default(),
             })
             .send()
             .await
@@ -482,6 +483,7 @@ impl Harness {
                     held_bytes: 0,
                     budget_bytes: budget,
                 },
+                counters: Default::default(),
             })
             .send()
             .await
@@ -504,6 +506,7 @@ impl Harness {
                     jobs: vec![],
                     draining: false,
                     memory: Default::default(),
+                    counters: Default::default(),
                 };
                 match http
                     .post(&url)
@@ -552,6 +555,7 @@ impl Harness {
             jobs: vec![],
             draining: false,
             memory: Default::default(),
+            counters: Default::default(),
         };
         let resp = self
             .http
@@ -2152,6 +2156,7 @@ async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_o
                 held_bytes: 1234,
                 budget_bytes: 0,
             },
+            counters: Default::default(),
         })
         .send()
         .await
@@ -2192,6 +2197,7 @@ async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_o
                 held_bytes: 0,
                 budget_bytes: 0,
             },
+            counters: Default::default(),
         })
         .send()
         .await
@@ -2890,4 +2896,42 @@ async fn a_job_too_big_for_a_peers_budget_fails_at_once() {
             && error.contains("and may use only 1 MiB for bspweb"),
         "{error}"
     );
+}
+
+/// `/metrics` is served unless turned off; it names no user, program or peer.
+#[tokio::test]
+async fn metrics_are_served_unless_turned_off_and_name_nobody() {
+    let h = Harness::start().await;
+    let alice = h.login("alice", "alice-password").await;
+    h.upload(&alice, Some("secret-program-name"), wasm(GUEST))
+        .await;
+    let p = h.peer_login(login_body("secret-peer-name", 2, None)).await;
+    assert_eq!(h.renew_memory(&p, 1 << 20, 0).await, StatusCode::OK);
+    let resp = h
+        .http
+        .get(format!("{}/metrics", h.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains("bspweb_peers{state=\"online\"} 1\n"),
+        "{text}"
+    );
+    assert!(text.contains("bspweb_peer_logins_total 1\n"), "{text}");
+    assert!(text.contains("bspweb_lease_renewals_total 1\n"), "{text}");
+    for secret in ["alice", "secret-program-name", "secret-peer-name"] {
+        assert!(!text.contains(secret), "{secret} in\n{text}");
+    }
+    h.stop().await;
+
+    let h = Harness::start_with(|c| c.metrics = false).await;
+    let resp = h
+        .http
+        .get(format!("{}/metrics", h.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
 }

@@ -11,6 +11,7 @@ mod consumer;
 mod errors;
 mod examples;
 mod faults;
+mod metrics;
 mod redteam;
 mod security;
 mod testbed;

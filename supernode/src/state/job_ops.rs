@@ -101,6 +101,7 @@ impl Core {
         tracing::info!(job = id, owner, program = %job.program, nprocs = job.nprocs, "job submitted");
         fx.wake_scheduler = true;
         fx.job_list.push((owner, id));
+        fx.counts.add(Counter::JobsSubmitted, 1);
         Ok(info)
     }
 

@@ -24,6 +24,7 @@ use tokio::sync::Notify;
 use crate::db::{self, u64_from_sql, u64_to_sql};
 use crate::epoch::LossCause;
 use crate::jobs::{Ending, Place, finish_job, list_changed, queue};
+use crate::metrics::Counter;
 use crate::{Effects, Error, Inner, Live, LivePeer, Supernode, epoch, lease, now_ms};
 
 mod job_ops;
@@ -211,6 +212,7 @@ impl Core {
                         pruned: acked,
                         notify: Arc::new(Notify::new()),
                         probed_at: None,
+                        counters: None,
                     },
                 );
             }

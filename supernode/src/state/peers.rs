@@ -79,12 +79,14 @@ impl Core {
                     pruned: u64_from_sql(seq),
                     notify: Arc::new(Notify::new()),
                     probed_at: None,
+                    counters: None,
                 },
             );
         }
         tracing::info!(peer = id, name = %login.name, addr = %login.addr, speed = login.speed,
             idle = login.idle, cores = login.cores, reused = reuse.is_some(), "peer logged in");
         fx.wake_scheduler = true;
+        fx.counts.add(Counter::PeerLogins, 1);
         Ok(Lease {
             peer_id: id,
             token: inner.keys.peer_token(id, &lease_id, expires_at)?,
@@ -143,8 +145,32 @@ impl Core {
             }
             Err(e) => return Err(e),
         }
+        fx.counts.add(Counter::LeaseRenewals, 1);
         if let Some(p) = inner.live().peers.get_mut(&peer) {
             p.expires_at = expires_at;
+            let now = renew.counters;
+            if let Some(before) = p.counters.replace(now) {
+                for (counter, now, before) in [
+                    (Counter::Checkpoints, now.checkpoints, before.checkpoints),
+                    (
+                        Counter::CheckpointBytes,
+                        now.checkpoint_bytes,
+                        before.checkpoint_bytes,
+                    ),
+                    (
+                        Counter::MessageBytes,
+                        now.message_bytes,
+                        before.message_bytes,
+                    ),
+                    (
+                        Counter::RelayedBytes,
+                        now.relayed_bytes,
+                        before.relayed_bytes,
+                    ),
+                ] {
+                    fx.counts.add(counter, now.saturating_sub(before));
+                }
+            }
         }
         Ok(Lease {
             peer_id: peer,
@@ -388,6 +414,7 @@ impl Core {
             return Ok(false);
         }
         let name = mark_gone(&tx, &mut self.place, suspect.peer)?;
+        fx.counts.add(Counter::PeersLost, 1);
         tracing::warn!(
             peer = suspect.peer,
             name = %name,
@@ -542,6 +569,7 @@ pub(super) fn expire_overdue(
     let mut lost = BTreeMap::new();
     for &peer in &expired {
         let name = mark_gone(tx, place, peer)?;
+        fx.counts.add(Counter::PeersLost, 1);
         tracing::warn!(peer, name = %name, "peer stopped renewing its lease; it is gone");
         lost.insert(peer, name);
     }
@@ -590,4 +618,57 @@ pub(super) fn drain_in(
     epoch::settle_drains(tx, inner, fx, now)?;
     fx.wake_scheduler = true;
     Ok(())
+}
+
+impl Core {
+    /// The `/metrics` gauges, as the database has them now.
+    pub(crate) fn metrics_gauges(&self) -> Result<crate::metrics::Gauges, Error> {
+        let count = |sql: &str| -> Result<u64, Error> {
+            Ok(self.conn.query_row(sql, [], |r| r.get::<_, i64>(0))?.max(0) as u64)
+        };
+        let mut g = crate::metrics::Gauges {
+            jobs_waiting: count("SELECT count(*) FROM jobs WHERE state = 'waiting'")?,
+            jobs_active: count("SELECT count(*) FROM jobs WHERE state = 'active'")?,
+            jobs_finished: count("SELECT count(*) FROM jobs WHERE state = 'finished'")?,
+            processes: count(
+                "SELECT count(*) FROM placements pl JOIN jobs j ON j.id = pl.job \
+                 WHERE j.state = 'active'",
+            )?,
+            users: count("SELECT count(*) FROM users")?,
+            programs: count("SELECT count(*) FROM programs")?,
+            stored_output_bytes: count("SELECT coalesce(sum(output_bytes), 0) FROM jobs")?,
+            ..Default::default()
+        };
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT state, draining, count(*), coalesce(sum(cores), 0), \
+                 coalesce(sum(rss_bytes), 0), coalesce(sum(held_bytes), 0) \
+             FROM peers GROUP BY state, draining",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, bool>(1)?,
+                r.get::<_, i64>(2)?.max(0) as u64,
+                r.get::<_, i64>(3)?.max(0) as u64,
+                r.get::<_, i64>(4)?.max(0) as u64,
+                r.get::<_, i64>(5)?.max(0) as u64,
+            ))
+        })?;
+        for row in rows {
+            let (state, draining, n, cores, rss, held) = row?;
+            if state != "online" {
+                g.peers_gone += n;
+                continue;
+            }
+            if draining {
+                g.peers_draining += n;
+            } else {
+                g.peers_online += n;
+            }
+            g.cores_online += cores;
+            g.rss_bytes += rss;
+            g.held_bytes += held;
+        }
+        Ok(g)
+    }
 }

@@ -173,6 +173,7 @@ impl Core {
                     }
                     if db::insert_event(&tx, job, Some(pid), Some(seq), &kind, now)?.is_some() {
                         fx.jobs.insert(job);
+                        fx.counts.add(Counter::OutputBytes, bytes.max(0) as u64);
                         tx.prepare_cached(
                             "UPDATE jobs SET output_bytes = output_bytes + ?2 WHERE id = ?1",
                         )?
@@ -185,11 +186,25 @@ impl Core {
                 PeerEvent::Progress { pid, superstep, .. } => {
                     // Only the process's current host speaks for it: a
                     // migrating process's old host may still report.
+                    let before: Option<u32> = tx
+                        .prepare_cached(
+                            "SELECT superstep FROM placements \
+                             WHERE job = ?1 AND pid = ?2 AND peer_id = ?3",
+                        )?
+                        .query_row(params![job, pid, peer], |r| r.get(0))
+                        .optional()?;
+                    let Some(before) = before else { continue };
                     tx.prepare_cached(
                         "UPDATE placements SET superstep = ?3 \
                          WHERE job = ?1 AND pid = ?2 AND peer_id = ?4",
                     )?
                     .execute(params![job, pid, superstep, peer])?;
+                    // Supersteps re-executed after a restore count again:
+                    // they were computed again.
+                    fx.counts.add(
+                        Counter::Supersteps,
+                        u64::from(superstep.saturating_sub(before)),
+                    );
                 }
                 PeerEvent::PeerUnreachable { peer: suspect, .. } => {
                     if suspect == peer || suspects.iter().any(|s: &Suspect| s.peer == suspect) {
@@ -259,6 +274,11 @@ impl Core {
                         );
                         continue;
                     }
+                    let counter = match (kind, from_start) {
+                        (epoch::MoveKind::Lost, true) => Counter::RestoresFromStart,
+                        (epoch::MoveKind::Lost, false) => Counter::RestoresFromCheckpoint,
+                        (epoch::MoveKind::Migrate, _) => Counter::Migrations,
+                    };
                     let kind = match kind {
                         epoch::MoveKind::Lost => JobEventKind::ProcessRolledBack {
                             superstep,
@@ -274,6 +294,7 @@ impl Core {
                     let seq = -2 - u64_to_sql(moved);
                     if db::insert_event(&tx, job, Some(pid), Some(seq), &kind, now)?.is_some() {
                         fx.jobs.insert(job);
+                        fx.counts.add(counter, 1);
                     }
                 }
                 PeerEvent::ProcessHandedOver { pid, epoch: at, .. } => {
