@@ -99,7 +99,10 @@ async fn ensure_user(
     if node.check_password(&user, &password).await?.is_some() {
         return Ok((user, password));
     }
-    match node.create_user(&user, &password, true).await {
+    match node
+        .create_user(&user, &password, bsp_api::rest::Role::Admin)
+        .await
+    {
         Ok(_) => {}
         Err(e) => bail!(
             "user {user} exists with a different password ({e}); set BSPWEB_PASSWORD to its password, or choose another BSPWEB_USER"

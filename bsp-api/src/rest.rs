@@ -56,13 +56,131 @@ pub struct LoginResponse {
     pub user: UserInfo,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// `POST /api/v1/users` (administrators): a new account.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateUserRequest {
     pub name: String,
     pub password: String,
+    /// The account's role [default: `user`, or `admin` when `admin` is true].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+    /// Older form of `role: admin`; contradicting `role` is an error.
     #[serde(default)]
     pub admin: bool,
+    /// Quotas differing from the supernode's defaults.
+    #[serde(default)]
+    pub quotas: QuotaChange,
+}
+
+/// What an account may do.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Everything a user may, and managing accounts.
+    Admin,
+    /// Uploads programs and runs jobs.
+    #[default]
+    User,
+    /// Donates computers: runs peers, sees the peers, runs no jobs.
+    Volunteer,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::User => "user",
+            Role::Volunteer => "volunteer",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "admin" => Some(Role::Admin),
+            "user" => Some(Role::User),
+            "volunteer" => Some(Role::Volunteer),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An account's limits in force (its own, or the supernode's defaults);
+/// 0 means no limit.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Quotas {
+    /// Processes of the account's active jobs at once; a job that would go
+    /// beyond waits until enough of them end (one larger than this fails).
+    pub max_processes: u32,
+    /// Programs stored (uploads, not counting the shared examples).
+    pub max_programs: u32,
+    /// Output of all its jobs stored, in MiB (finished jobs count until
+    /// disposed of); a job that would go beyond fails.
+    pub max_output_mib: u64,
+}
+
+/// Quotas to set; an absent one stays as it is (0: no limit).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct QuotaChange {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_processes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_programs: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_mib: Option<u64>,
+}
+
+/// What an account uses now, against its [`Quotas`].
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Usage {
+    /// Processes of its active jobs.
+    pub processes: u32,
+    /// Programs it stores.
+    pub programs: u32,
+    /// Output of its jobs stored, in bytes.
+    pub output_bytes: u64,
+}
+
+/// `PATCH /api/v1/users/{user}` (administrators): what to change; absent
+/// fields stay as they are.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct UpdateUserRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+    /// A disabled account cannot log in, its tokens stop working at once,
+    /// and its waiting jobs wait; its running jobs go on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disabled: Option<bool>,
+    #[serde(default)]
+    pub quotas: QuotaChange,
+}
+
+/// `POST /api/v1/users/{user}/password` (administrators): a new password.
+/// The account's tokens stop working.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SetPasswordRequest {
+    pub password: String,
+}
+
+/// `POST /api/v1/me/password`: change one's own password. Every other
+/// token of the account stops working; the answer is a fresh login.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ChangePasswordRequest {
+    pub current_password: String,
+    pub new_password: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -70,7 +188,21 @@ pub struct CreateUserRequest {
 pub struct UserInfo {
     pub id: i64,
     pub name: String,
+    /// `role == admin` (kept for older clients).
     pub admin: bool,
+    #[serde(default)]
+    pub role: Role,
+    #[serde(default)]
+    pub disabled: bool,
+    /// Limits in force (0: none).
+    #[serde(default)]
+    pub quotas: Quotas,
+    /// What it uses now (in `GET /me` and `GET /users`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// Unix milliseconds.
+    #[serde(default)]
+    pub created_at: i64,
 }
 
 /// A stored program: a validated module, addressed by the SHA-256 of its bytes.

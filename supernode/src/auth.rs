@@ -21,7 +21,9 @@ use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
+use crate::state::Account;
 use crate::{Error, Supernode, lease, now_ms};
+use bsp_api::rest::Role;
 
 /// The `iss` of every token.
 pub const ISSUER: &str = "bspweb";
@@ -220,11 +222,39 @@ fn bearer(parts: &Parts) -> Result<&str, Error> {
     }
 }
 
-/// A request made by a logged-in user.
+/// A request made by a logged-in user whose account exists, is enabled,
+/// and issued the token after its last password change.
 #[derive(Debug, Clone)]
 pub(crate) struct AuthUser {
     pub id: i64,
     pub name: String,
+    pub role: Role,
+}
+
+impl AuthUser {
+    /// A 403 unless the caller is an administrator.
+    pub(crate) fn require_admin(&self, what: &str) -> Result<(), Error> {
+        if self.role == Role::Admin {
+            Ok(())
+        } else {
+            Err(Error::Forbidden(format!(
+                "only administrators can {what}; you are logged in as `{}`, a {} account",
+                self.name, self.role
+            )))
+        }
+    }
+
+    /// A 403 for volunteer accounts, which donate computers and run no jobs.
+    pub(crate) fn require_runner(&self, what: &str) -> Result<(), Error> {
+        if self.role == Role::Volunteer {
+            Err(Error::Forbidden(format!(
+                "`{}` is a volunteer account: it donates computers and cannot {what}; ask an administrator for the user role (`bspweb user set {} --role user`)",
+                self.name, self.name
+            )))
+        } else {
+            Ok(())
+        }
+    }
 }
 
 impl FromRequestParts<Supernode> for AuthUser {
@@ -237,10 +267,33 @@ impl FromRequestParts<Supernode> for AuthUser {
             .sub
             .parse()
             .map_err(|_| Error::unauthorized("the token is not valid here; log in again"))?;
+        let account = state.inner.accounts().get(&id).copied();
+        let role = check_account(account, claims.iat)?;
         Ok(AuthUser {
             id,
             name: claims.name,
+            role,
         })
+    }
+}
+
+/// Whether a user token issued at `iat` (Unix seconds) is good for
+/// `account`; its role if so.
+fn check_account(account: Option<Account>, iat: i64) -> Result<Role, Error> {
+    match account {
+        None => Err(Error::unauthorized(
+            "your user account no longer exists; ask an administrator",
+        )),
+        Some(a) if a.disabled => Err(Error::Unauthorized {
+            code: "account_disabled",
+            message: "your account is disabled; ask an administrator to enable it".into(),
+        }),
+        Some(a) if iat < a.tokens_after => Err(Error::Unauthorized {
+            code: "token_expired",
+            message: "your password was changed since this login; log in again with the new one"
+                .into(),
+        }),
+        Some(a) => Ok(a.role),
     }
 }
 

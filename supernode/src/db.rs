@@ -39,6 +39,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0007_memory_admission.sql",
         include_str!("../../migrations/0007_memory_admission.sql"),
     ),
+    (
+        "0008_accounts.sql",
+        include_str!("../../migrations/0008_accounts.sql"),
+    ),
 ];
 
 /// Opens (creating if needed) the database and brings its schema up to date.

@@ -60,6 +60,9 @@ pub enum Error {
     /// (409, code `not_enough_memory`).
     #[error("{0}")]
     NotEnoughMemory(String),
+    /// The caller's quota does not allow it (409, code `quota_exceeded`).
+    #[error("{0}")]
+    QuotaExceeded(String),
     /// SQLite failed.
     #[error("database error: {0}")]
     Database(#[from] rusqlite::Error),
@@ -113,7 +116,7 @@ impl Error {
             Error::Forbidden(_) => StatusCode::FORBIDDEN,
             Error::NotFound(_) | Error::ProgramNotFound(_) => StatusCode::NOT_FOUND,
             Error::NotEnoughPeers(_) | Error::NotEnoughMemory(_) => StatusCode::CONFLICT,
-            Error::Conflict(_) => StatusCode::CONFLICT,
+            Error::Conflict(_) | Error::QuotaExceeded(_) => StatusCode::CONFLICT,
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Error::Database(e) if is_storage_error(e) => StatusCode::SERVICE_UNAVAILABLE,
@@ -133,6 +136,7 @@ impl Error {
             Error::Forbidden(m) => ("forbidden", m.clone()),
             Error::NotFound(m) => ("not_found", m.clone()),
             Error::Conflict(m) => ("conflict", m.clone()),
+            Error::QuotaExceeded(m) => ("quota_exceeded", m.clone()),
             Error::TooLarge(m) => ("too_large", m.clone()),
             Error::Database(e) if is_storage_error(e) => {
                 ("storage_unavailable", STORAGE_MESSAGE.to_string())

@@ -31,6 +31,9 @@ pub(crate) struct Place {
     /// Jobs that wait because a peer lacks the memory for its share (told
     /// so once).
     pub(crate) memory_waits: std::collections::HashSet<JobId>,
+    /// Jobs that wait because their owner's process quota is in use (told
+    /// so once).
+    pub(crate) quota_waits: std::collections::HashSet<JobId>,
 }
 
 /// Queues `command` for `peer` if it holds a valid lease; the command is

@@ -51,7 +51,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bsp_api::control::SeqCommand;
-use bsp_api::rest::{ProgramInfo, UserInfo};
+use bsp_api::rest::{ProgramInfo, QuotaChange, Role, UserInfo};
 use bsp_api::{JobId, PeerId};
 use tokio::sync::{Notify, broadcast, watch};
 
@@ -84,9 +84,16 @@ pub struct Config {
     pub migration_interval: Duration,
     /// Timeouts and connection limits of the HTTP listener.
     pub http: HttpLimits,
-    /// Output the jobs of one user may store, in MiB; a job whose output
-    /// would exceed it fails, saying so.
+    /// Output the jobs of one user may store, in MiB, unless the account
+    /// has its own quota (0: no limit); a job whose output would exceed it
+    /// fails, saying so.
     pub user_storage_mib: u64,
+    /// Processes of one user's active jobs at once, unless the account has
+    /// its own quota (0: no limit); a job that would exceed it waits.
+    pub user_max_processes: u32,
+    /// Programs one user may store, unless the account has its own quota
+    /// (0: no limit).
+    pub user_max_programs: u32,
     /// Serve `GET /metrics` (Prometheus text format).
     pub metrics: bool,
 }
@@ -102,6 +109,8 @@ impl Default for Config {
             migration_interval: Duration::from_secs(5),
             http: HttpLimits::default(),
             user_storage_mib: 4096,
+            user_max_processes: 0,
+            user_max_programs: 1000,
             metrics: true,
         }
     }
@@ -138,6 +147,8 @@ pub(crate) struct Inner {
     storage_trouble: Mutex<Option<(i64, String)>>,
     /// The `/metrics` counters.
     pub(crate) metrics: metrics::Metrics,
+    /// Every account's role and standing, for the token checks.
+    accounts: Mutex<HashMap<i64, state::Account>>,
 }
 
 /// In-memory state of the online peers: leases and command queues.
@@ -241,6 +252,12 @@ impl Inner {
             .clone()
     }
 
+    /// The accounts the token checks consult (kept in step with SQLite by
+    /// every change of an account, after its commit).
+    pub(crate) fn accounts(&self) -> MutexGuard<'_, HashMap<i64, state::Account>> {
+        self.accounts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn lock_core(&self) -> MutexGuard<'_, state::Core> {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -332,6 +349,7 @@ impl Supernode {
         let secret = auth::load_or_create_secret(&config.data_dir.join("jwt-secret"))?;
         let conn = db::open(&config.data_dir.join("bspweb.sqlite3"))?;
         let (core, live) = state::Core::load(conn, config.lease_ttl)?;
+        let accounts = core.accounts()?;
         Ok(Supernode {
             inner: Arc::new(Inner {
                 config,
@@ -344,6 +362,7 @@ impl Supernode {
                 shutdown: watch::channel(false).0,
                 storage_trouble: Mutex::new(None),
                 metrics: metrics::Metrics::default(),
+                accounts: Mutex::new(accounts),
             }),
         })
     }
@@ -382,20 +401,42 @@ impl Supernode {
         .await?
     }
 
-    /// Creates a user. Fails with [`Error::Conflict`] if the name is taken and
-    /// [`Error::BadRequest`] for a bad name or password.
+    /// Creates an account with the supernode's default quotas. Fails with
+    /// [`Error::Conflict`] if the name is taken and [`Error::BadRequest`]
+    /// for a bad name or password.
     pub async fn create_user(
         &self,
         name: &str,
         password: &str,
-        admin: bool,
+        role: Role,
+    ) -> Result<UserInfo, Error> {
+        self.create_user_with(name, password, role, QuotaChange::default())
+            .await
+    }
+
+    /// [`Supernode::create_user`] with quotas of its own.
+    pub async fn create_user_with(
+        &self,
+        name: &str,
+        password: &str,
+        role: Role,
+        quotas: QuotaChange,
     ) -> Result<UserInfo, Error> {
         state::check_user_name(name)?;
         state::check_password(password)?;
-        let password = password.to_string();
-        let hash = tokio::task::spawn_blocking(move || auth::hash_password(&password)).await??;
+        let hash = hash_password(password).await?;
         let name = name.to_string();
-        self.with_core(move |core, _, _| core.create_user(&name, &hash, admin))
+        self.with_core(move |core, inner, _| core.create_user(inner, &name, &hash, role, &quotas))
+            .await
+    }
+
+    /// Sets the password of the account `name`; its earlier tokens stop
+    /// working.
+    pub async fn set_password(&self, name: &str, password: &str) -> Result<UserInfo, Error> {
+        state::check_password(password)?;
+        let hash = hash_password(password).await?;
+        let name = name.to_string();
+        self.with_core(move |core, inner, _| core.set_password(inner, &name, &hash))
             .await
     }
 
@@ -408,7 +449,7 @@ impl Supernode {
     ) -> Result<Option<UserInfo>, Error> {
         let lookup = name.to_string();
         let found = self
-            .with_core(move |core, _, _| core.user_with_hash(&lookup))
+            .with_core(move |core, inner, _| core.user_with_hash(inner, &lookup))
             .await?;
         let Some((user, hash)) = found else {
             // Spend the same effort as for a real user, so timing does not
@@ -442,8 +483,15 @@ impl Supernode {
                 .await??;
         let name = name.to_string();
         let description = description.to_string();
-        self.with_core(move |core, _, _| {
-            core.store_program(None, Some(&name), Some(&description), &hash, &wasm)
+        self.with_core(move |core, inner, _| {
+            core.store_program(
+                &inner.config,
+                None,
+                Some(&name),
+                Some(&description),
+                &hash,
+                &wasm,
+            )
         })
         .await
     }
@@ -493,3 +541,9 @@ static DUMMY_HASH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let password: [u8; 16] = rand::random();
     auth::hash_password(&hex::encode(password)).unwrap_or_default()
 });
+
+/// Hashes a password on a blocking thread (Argon2id is slow by design).
+async fn hash_password(password: &str) -> Result<String, Error> {
+    let password = password.to_string();
+    tokio::task::spawn_blocking(move || auth::hash_password(&password)).await?
+}

@@ -5,8 +5,9 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use bsp_api::JobId;
 use bsp_api::rest::{
-    CreateUserRequest, Health, JobInfo, JobState, LoginRequest, LoginResponse, PeerInfo,
-    ProgramInfo, RingInfo, SubmitJob, UserInfo,
+    ChangePasswordRequest, CreateUserRequest, Health, JobInfo, JobState, LoginRequest,
+    LoginResponse, PeerInfo, ProgramInfo, RingInfo, Role, SetPasswordRequest, SubmitJob,
+    UpdateUserRequest, UserInfo,
 };
 use serde::Deserialize;
 
@@ -38,6 +39,15 @@ pub(crate) async fn login(
         tracing::info!(user = %req.name.chars().take(64).collect::<String>(), "failed login");
         return Err(Error::unauthorized("wrong user name or password"));
     };
+    if user.disabled {
+        return Err(Error::Unauthorized {
+            code: "account_disabled",
+            message: format!(
+                "the account `{}` is disabled; ask an administrator to enable it",
+                user.name
+            ),
+        });
+    }
     let (token, expires_at) = sn.inner.keys.user_token(user.id, &user.name)?;
     tracing::debug!(user = %user.name, "user logged in");
     Ok(Json(LoginResponse {
@@ -49,7 +59,7 @@ pub(crate) async fn login(
 
 async fn current_user(sn: &Supernode, auth: &AuthUser) -> Result<UserInfo, Error> {
     let id = auth.id;
-    sn.with_core(move |core, _, _| core.user(id))
+    sn.with_core(move |core, inner, _| core.user(inner, id))
         .await?
         .ok_or_else(|| Error::unauthorized("your user account no longer exists"))
 }
@@ -58,13 +68,13 @@ async fn current_user(sn: &Supernode, auth: &AuthUser) -> Result<UserInfo, Error
     post,
     path = "/users",
     tag = "users",
-    summary = "Create a user (administrators only)",
+    summary = "Create an account (administrators only)",
     request_body = CreateUserRequest,
     security(("user" = [])),
     responses(
-        (status = 200, description = "The new user", body = UserInfo),
+        (status = 200, description = "The new account", body = UserInfo),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
-        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
         (status = 403, description = "Authenticated but not allowed (`forbidden`)", body = bsp_api::rest::ApiError),
         (status = 409, description = "The thing is in the wrong state or exists already (`conflict`)", body = bsp_api::rest::ApiError),
         (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
@@ -78,25 +88,165 @@ pub(crate) async fn create_user(
     auth: AuthUser,
     ApiJson(req): ApiJson<CreateUserRequest>,
 ) -> Result<Json<UserInfo>, Error> {
-    let me = current_user(&sn, &auth).await?;
-    if !me.admin {
-        return Err(Error::Forbidden(
-            "only administrators can create users".into(),
-        ));
-    }
-    let user = sn.create_user(&req.name, &req.password, req.admin).await?;
+    auth.require_admin("create accounts")?;
+    let role = match (req.role, req.admin) {
+        (Some(role), true) if role != Role::Admin => {
+            return Err(Error::bad_request(format!(
+                "`admin: true` contradicts `role: {role}`; give only `role`"
+            )));
+        }
+        (Some(role), _) => role,
+        (None, true) => Role::Admin,
+        (None, false) => Role::User,
+    };
+    let user = sn
+        .create_user_with(&req.name, &req.password, role, req.quotas)
+        .await?;
+    tracing::info!(by = %auth.name, user = %user.name, %role, "account created");
     Ok(Json(user))
+}
+
+#[utoipa::path(
+    get,
+    path = "/users",
+    tag = "users",
+    summary = "Every account, with its quotas and usage (administrators only)",
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "The accounts, by name", body = Vec<UserInfo>),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
+        (status = 403, description = "Authenticated but not allowed (`forbidden`)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
+    )
+)]
+pub(crate) async fn users(
+    State(sn): State<Supernode>,
+    auth: AuthUser,
+) -> Result<Json<Vec<UserInfo>>, Error> {
+    auth.require_admin("list accounts")?;
+    Ok(Json(
+        sn.with_core(|core, inner, _| core.users(inner)).await?,
+    ))
+}
+
+#[utoipa::path(
+    patch,
+    path = "/users/{user}",
+    tag = "users",
+    summary = "Change an account's role, standing or quotas (administrators only)",
+    params(("user" = String, Path, description = "The account's name")),
+    request_body = UpdateUserRequest,
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "The account as changed", body = UserInfo),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
+        (status = 403, description = "Authenticated but not allowed (`forbidden`)", body = bsp_api::rest::ApiError),
+        (status = 404, description = "No such user (`not_found`)", body = bsp_api::rest::ApiError),
+        (status = 409, description = "Administrators cannot change their own role or disable themselves (`conflict`)", body = bsp_api::rest::ApiError),
+        (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
+        (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
+    )
+)]
+pub(crate) async fn update_user(
+    State(sn): State<Supernode>,
+    auth: AuthUser,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(change): ApiJson<UpdateUserRequest>,
+) -> Result<Json<UserInfo>, Error> {
+    auth.require_admin("change accounts")?;
+    let actor = auth.id;
+    Ok(Json(
+        sn.with_core(move |core, inner, fx| core.update_user(inner, fx, actor, &name, &change))
+            .await?,
+    ))
+}
+
+#[utoipa::path(
+    post,
+    path = "/users/{user}/password",
+    tag = "users",
+    summary = "Set an account's password (administrators only); its logins end",
+    params(("user" = String, Path, description = "The account's name")),
+    request_body = SetPasswordRequest,
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "The account", body = UserInfo),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
+        (status = 403, description = "Authenticated but not allowed (`forbidden`)", body = bsp_api::rest::ApiError),
+        (status = 404, description = "No such user (`not_found`)", body = bsp_api::rest::ApiError),
+        (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
+        (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
+    )
+)]
+pub(crate) async fn set_password(
+    State(sn): State<Supernode>,
+    auth: AuthUser,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(req): ApiJson<SetPasswordRequest>,
+) -> Result<Json<UserInfo>, Error> {
+    auth.require_admin("set other accounts' passwords")?;
+    let user = sn.set_password(&name, &req.password).await?;
+    tracing::info!(by = %auth.name, user = %user.name, "password set by an administrator");
+    Ok(Json(user))
+}
+
+#[utoipa::path(
+    post,
+    path = "/me/password",
+    tag = "users",
+    summary = "Change your own password; your other logins end, this answer is a new one",
+    request_body = ChangePasswordRequest,
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "A fresh login with the new password", body = LoginResponse),
+        (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`), a disabled account (`account_disabled`), or a wrong current password (`wrong_password`)", body = bsp_api::rest::ApiError),
+        (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
+        (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
+    )
+)]
+pub(crate) async fn change_password(
+    State(sn): State<Supernode>,
+    auth: AuthUser,
+    ApiJson(req): ApiJson<ChangePasswordRequest>,
+) -> Result<Json<LoginResponse>, Error> {
+    if sn
+        .check_password(&auth.name, &req.current_password)
+        .await?
+        .is_none_or(|u| u.id != auth.id)
+    {
+        return Err(Error::Unauthorized {
+            code: "wrong_password",
+            message: "the current password is wrong; nothing was changed".into(),
+        });
+    }
+    let user = sn.set_password(&auth.name, &req.new_password).await?;
+    let (token, expires_at) = sn.inner.keys.user_token(user.id, &user.name)?;
+    Ok(Json(LoginResponse {
+        token,
+        expires_at,
+        user,
+    }))
 }
 
 #[utoipa::path(
     get,
     path = "/me",
     tag = "users",
-    summary = "The logged-in user",
+    summary = "The logged-in account, with its quotas and usage",
     security(("user" = [])),
     responses(
         (status = 200, description = "The caller", body = UserInfo),
-        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
         (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
         (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
@@ -139,6 +289,7 @@ pub(crate) async fn upload_program(
     ApiQuery(q): ApiQuery<UploadQuery>,
     ApiBytes(wasm): ApiBytes,
 ) -> Result<Json<ProgramInfo>, Error> {
+    auth.require_runner("upload programs")?;
     let name = q.name.filter(|n| !n.is_empty());
     if let Some(name) = &name {
         state::check_program_name(name)?;
@@ -155,8 +306,9 @@ pub(crate) async fn upload_program(
             .await??;
     let owner = auth.id;
     let info = sn
-        .with_core(move |core, _, _| {
+        .with_core(move |core, inner, _| {
             core.store_program(
+                &inner.config,
                 Some(owner),
                 name.as_deref(),
                 q.description.as_deref(),
@@ -217,6 +369,7 @@ pub(crate) async fn submit(
     auth: AuthUser,
     ApiJson(job): ApiJson<SubmitJob>,
 ) -> Result<Json<JobInfo>, Error> {
+    auth.require_runner("run jobs")?;
     if let Some(min) = job.min_peers {
         let online = peers_online(&sn);
         if online < min {
@@ -230,7 +383,7 @@ pub(crate) async fn submit(
     let job = tokio::task::spawn_blocking(move || state::validate_submit(job)).await??;
     let owner = auth.id;
     Ok(Json(
-        sn.with_core(move |core, _, fx| core.submit(owner, job, fx))
+        sn.with_core(move |core, inner, fx| core.submit(inner, owner, job, fx))
             .await?,
     ))
 }

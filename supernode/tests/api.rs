@@ -10,7 +10,7 @@ use bsp_api::control::{
 };
 use bsp_api::rest::{
     ApiError, JobEvent, JobEventKind, JobInfo, JobOutcome, JobState, LoginResponse, PeerInfo,
-    ProgramInfo,
+    ProgramInfo, Role,
 };
 use bspweb_supernode::{Config, Supernode};
 use futures_util::StreamExt;
@@ -79,13 +79,15 @@ impl Harness {
         adjust(&mut config);
         let sn = Supernode::open(config).unwrap();
         if create_users {
-            sn.create_user("admin", "admin-password", true)
+            sn.create_user("admin", "admin-password", Role::Admin)
                 .await
                 .unwrap();
-            sn.create_user("alice", "alice-password", false)
+            sn.create_user("alice", "alice-password", Role::User)
                 .await
                 .unwrap();
-            sn.create_user("bob", "bob-password", false).await.unwrap();
+            sn.create_user("bob", "bob-password", Role::User)
+                .await
+                .unwrap();
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -2780,7 +2782,7 @@ async fn a_user_over_the_storage_quota_fails_only_their_job() {
     let error = failed.error.unwrap();
     assert!(
         error.starts_with(
-            "out of storage: the output of your jobs takes 0.8 MiB and the supernode stores at most 1 MiB per user"
+            "out of storage: the output of your jobs takes 0.8 MiB and your quota is 1 MiB"
         ),
         "{error}"
     );

@@ -57,12 +57,20 @@ impl Core {
 
     pub(crate) fn submit(
         &mut self,
+        inner: &Inner,
         owner: i64,
         job: NewJob,
         fx: &mut Effects,
     ) -> Result<JobInfo, Error> {
         let now = now_ms();
         let tx = self.conn.transaction()?;
+        let quota = users::quotas_of(&tx, &inner.config, owner)?.max_processes;
+        if quota > 0 && job.nprocs > quota {
+            return Err(Error::QuotaExceeded(format!(
+                "the job has {} processes and your quota allows {quota} at once; run it with fewer, or ask an administrator for a larger quota",
+                job.nprocs
+            )));
+        }
         let hash = Self::resolve_program(&tx, owner, &job.program)?;
         let proc_bytes = admit_memory(&tx, &hash, job.nprocs, job.limits.replicas)?;
         tx.execute(

@@ -12,8 +12,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bsp_api::control::{Command, Lease, PeerEvent, PeerLogin, PeerRenew, SeqCommand, Stream};
 use bsp_api::rest::{
-    JobEventKind, JobInfo, JobLimits, JobOutcome, JobState, PeerInfo, ProgramInfo, RingInfo,
-    RingPeer, RingProcess, UserInfo,
+    JobEventKind, JobInfo, JobLimits, JobOutcome, JobState, PeerInfo, ProgramInfo, QuotaChange,
+    Quotas, RingInfo, RingPeer, RingProcess, Role, UpdateUserRequest, Usage, UserInfo,
 };
 use bsp_api::{JobId, PeerId, Pid};
 use placement::{Dhht, golden_position};
@@ -35,6 +35,7 @@ mod users;
 mod validate;
 
 use schedule::admit_memory;
+pub(crate) use users::Account;
 pub(crate) use validate::*;
 
 /// Largest number of processes of one job.

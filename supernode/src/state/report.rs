@@ -44,6 +44,8 @@ impl Core {
         let mut suspects = Vec::new();
         // Output bytes each owner's jobs store, once a record needed it.
         let mut owner_stored: HashMap<i64, i64> = HashMap::new();
+        // Each owner's output quota in MiB (0: none), once needed.
+        let mut owner_quota: HashMap<i64, u64> = HashMap::new();
         for event in events {
             let job = match &event {
                 PeerEvent::Output { job, .. }
@@ -147,7 +149,15 @@ impl Core {
                             |r| r.get(0),
                         )?,
                     };
-                    let quota = match inner.config.user_storage_mib {
+                    let quota_mib = match owner_quota.get(&ctx.owner) {
+                        Some(&q) => q,
+                        None => {
+                            let q = users::quotas_of(&tx, &inner.config, ctx.owner)?.max_output_mib;
+                            owner_quota.insert(ctx.owner, q);
+                            q
+                        }
+                    };
+                    let quota = match quota_mib {
                         0 => i64::MAX,
                         mib => i64::try_from(mib)
                             .unwrap_or(i64::MAX)
@@ -155,7 +165,7 @@ impl Core {
                     };
                     if stored.saturating_add(bytes) > quota {
                         let reason = format!(
-                            "out of storage: the output of your jobs takes {:.1} MiB and the supernode stores at most {} MiB per user; dispose of finished jobs you no longer need (`bspweb dispose JOB`, or in the web UI) and run this one again",
+                            "out of storage: the output of your jobs takes {:.1} MiB and your quota is {} MiB; dispose of finished jobs you no longer need (`bspweb dispose JOB`, or in the web UI) and run this one again, or ask an administrator for a larger quota",
                             stored as f64 / f64::from(1 << 20),
                             quota >> 20
                         );

@@ -47,14 +47,46 @@ impl Core {
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
-        let waiting: Vec<(JobId, u32)> = {
-            let mut stmt =
-                tx.prepare("SELECT id, nprocs FROM jobs WHERE state = 'waiting' ORDER BY id")?;
-            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        let waiting: Vec<(JobId, u32, i64)> = {
+            let mut stmt = tx.prepare(
+                "SELECT id, nprocs, owner FROM jobs WHERE state = 'waiting' ORDER BY id",
+            )?;
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
                 .collect::<rusqlite::Result<_>>()?
         };
+        // Each owner's standing: disabled, process quota (0: none), and
+        // processes of its active jobs.
+        let mut owners: HashMap<i64, (bool, u32, u64)> = HashMap::new();
         let mut placed = 0;
-        for (job, nprocs) in waiting {
+        for (job, nprocs, owner) in waiting {
+            let (disabled, quota, used) = match owners.entry(owner) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let quota = users::quotas_of(&tx, &inner.config, owner)?.max_processes;
+                    let disabled: bool = tx
+                        .query_row("SELECT disabled FROM users WHERE id = ?1", [owner], |r| {
+                            r.get(0)
+                        })
+                        .optional()?
+                        .unwrap_or(true);
+                    let used = u64::from(users::usage_of(&tx, owner)?.processes);
+                    e.insert((disabled, quota, used))
+                }
+            };
+            if *disabled {
+                continue;
+            }
+            if *quota > 0 && *used + u64::from(nprocs) > u64::from(*quota) {
+                if self.place.quota_waits.insert(job) {
+                    let text = format!(
+                        "waiting: your jobs run {used} processes and your quota allows {quota} at once; this job starts when enough of them end"
+                    );
+                    tracing::info!(job, "{text}");
+                    db::insert_event(&tx, job, None, None, &JobEventKind::Status { text }, now)?;
+                    fx.jobs.insert(job);
+                }
+                continue;
+            }
             if active > 0 && (running + i64::from(nprocs)) as f64 > capacity {
                 tracing::debug!(job, running, capacity, "job waits: the peers are loaded");
                 break;
@@ -75,6 +107,8 @@ impl Core {
                 Placing::NoMemory => continue,
                 Placing::NoPeer => break,
             }
+            self.place.quota_waits.remove(&job);
+            *used += u64::from(nprocs);
             running += i64::from(nprocs);
             active += 1;
             placed += 1;

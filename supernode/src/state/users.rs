@@ -2,14 +2,104 @@
 
 use super::*;
 
+/// What a token check needs to know of an account, cached in memory
+/// ([`Inner::accounts`]) so a request costs no SQL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Account {
+    pub(crate) role: Role,
+    pub(crate) disabled: bool,
+    /// Tokens issued (`iat`) before this Unix second are refused.
+    pub(crate) tokens_after: i64,
+}
+
+impl Account {
+    fn of(user: &UserInfo, tokens_after: i64) -> Account {
+        Account {
+            role: user.role,
+            disabled: user.disabled,
+            tokens_after,
+        }
+    }
+}
+
+/// The columns [`user_row`] reads, in its order.
+const USER_COLUMNS: &str =
+    "id, name, role, disabled, created_at, max_processes, max_programs, max_output_mib";
+const USER_COLUMN_COUNT: usize = 8;
+
+/// A stored role; the schema's CHECK admits only the three.
+fn role_of(s: &str) -> Role {
+    Role::parse(s).unwrap_or(Role::User)
+}
+
+/// An account from a row of [`USER_COLUMNS`], its quotas resolved against
+/// the supernode's defaults.
+fn user_row(r: &rusqlite::Row<'_>, config: &crate::Config) -> rusqlite::Result<UserInfo> {
+    let role = role_of(&r.get::<_, String>(2)?);
+    let max_processes: Option<u32> = r.get(5)?;
+    let max_programs: Option<u32> = r.get(6)?;
+    let max_output_mib: Option<i64> = r.get(7)?;
+    Ok(UserInfo {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        admin: role == Role::Admin,
+        role,
+        disabled: r.get(3)?,
+        created_at: r.get(4)?,
+        quotas: Quotas {
+            max_processes: max_processes.unwrap_or(config.user_max_processes),
+            max_programs: max_programs.unwrap_or(config.user_max_programs),
+            max_output_mib: max_output_mib.map_or(config.user_storage_mib, u64_from_sql),
+        },
+        usage: None,
+    })
+}
+
+/// What account `id` uses now.
+pub(super) fn usage_of(conn: &Connection, id: i64) -> Result<Usage, Error> {
+    Ok(conn.query_row(
+        "SELECT \
+             (SELECT coalesce(sum(nprocs - exited), 0) FROM jobs WHERE owner = ?1 AND state = 'active'), \
+             (SELECT count(*) FROM program_uploads WHERE owner = ?1), \
+             (SELECT coalesce(sum(output_bytes), 0) FROM jobs WHERE owner = ?1)",
+        [id],
+        |r| {
+            Ok(Usage {
+                processes: r.get::<_, i64>(0)?.clamp(0, i64::from(u32::MAX)) as u32,
+                programs: r.get::<_, i64>(1)?.clamp(0, i64::from(u32::MAX)) as u32,
+                output_bytes: r.get::<_, i64>(2)?.max(0) as u64,
+            })
+        },
+    )?)
+}
+
+/// The quotas in force for account `id`.
+pub(super) fn quotas_of(
+    conn: &Connection,
+    config: &crate::Config,
+    id: i64,
+) -> Result<Quotas, Error> {
+    Ok(conn
+        .query_row(
+            &format!("SELECT {USER_COLUMNS} FROM users WHERE id = ?1"),
+            [id],
+            |r| user_row(r, config),
+        )
+        .optional()?
+        .map(|u| u.quotas)
+        .unwrap_or_default())
+}
+
 impl Core {
     // ------------------------------------------------------------ users
 
     pub(crate) fn create_user(
         &mut self,
+        inner: &Inner,
         name: &str,
         hash: &str,
-        admin: bool,
+        role: Role,
+        quotas: &QuotaChange,
     ) -> Result<UserInfo, Error> {
         let exists: bool = self.conn.query_row(
             "SELECT EXISTS (SELECT 1 FROM users WHERE name = ?1)",
@@ -22,52 +112,212 @@ impl Core {
             )));
         }
         self.conn.execute(
-            "INSERT INTO users (name, password_hash, admin, created_at) VALUES (?1, ?2, ?3, ?4)",
-            params![name, hash, admin, now_ms()],
+            "INSERT INTO users (name, password_hash, role, created_at, max_processes, max_programs, \
+                 max_output_mib) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                name,
+                hash,
+                role.as_str(),
+                now_ms(),
+                quotas.max_processes,
+                quotas.max_programs,
+                quotas.max_output_mib.map(u64_to_sql)
+            ],
         )?;
-        tracing::info!(user = name, admin, "created user");
-        Ok(UserInfo {
-            id: self.conn.last_insert_rowid(),
-            name: name.to_string(),
-            admin,
-        })
+        let id = self.conn.last_insert_rowid();
+        tracing::info!(user = name, %role, "created user");
+        let user = self.account(inner, id)?;
+        inner.accounts().insert(id, Account::of(&user, 0));
+        Ok(user)
     }
 
-    pub(crate) fn user_with_hash(&self, name: &str) -> Result<Option<(UserInfo, String)>, Error> {
-        Ok(self
-            .conn
+    /// The account `id` as stored, with its quotas in force (no usage).
+    fn account(&self, inner: &Inner, id: i64) -> Result<UserInfo, Error> {
+        self.conn
             .query_row(
-                "SELECT id, name, admin, password_hash FROM users WHERE name = ?1",
-                [name],
-                |r| {
-                    Ok((
-                        UserInfo {
-                            id: r.get(0)?,
-                            name: r.get(1)?,
-                            admin: r.get(2)?,
-                        },
-                        r.get(3)?,
-                    ))
-                },
-            )
-            .optional()?)
-    }
-
-    pub(crate) fn user(&self, id: i64) -> Result<Option<UserInfo>, Error> {
-        Ok(self
-            .conn
-            .query_row(
-                "SELECT id, name, admin FROM users WHERE id = ?1",
+                &format!("SELECT {USER_COLUMNS} FROM users WHERE id = ?1"),
                 [id],
-                |r| {
-                    Ok(UserInfo {
-                        id: r.get(0)?,
-                        name: r.get(1)?,
-                        admin: r.get(2)?,
-                    })
-                },
+                |r| user_row(r, &inner.config),
+            )
+            .optional()?
+            .ok_or_else(|| Error::NotFound(format!("no user #{id}")))
+    }
+
+    /// The account named `name` and its password hash.
+    pub(crate) fn user_with_hash(
+        &self,
+        inner: &Inner,
+        name: &str,
+    ) -> Result<Option<(UserInfo, String)>, Error> {
+        Ok(self
+            .conn
+            .query_row(
+                &format!("SELECT {USER_COLUMNS}, password_hash FROM users WHERE name = ?1"),
+                [name],
+                |r| Ok((user_row(r, &inner.config)?, r.get(USER_COLUMN_COUNT)?)),
             )
             .optional()?)
+    }
+
+    /// The account `id` with what it uses now, if it exists.
+    pub(crate) fn user(&self, inner: &Inner, id: i64) -> Result<Option<UserInfo>, Error> {
+        let Some(mut user) = self
+            .conn
+            .query_row(
+                &format!("SELECT {USER_COLUMNS} FROM users WHERE id = ?1"),
+                [id],
+                |r| user_row(r, &inner.config),
+            )
+            .optional()?
+        else {
+            return Ok(None);
+        };
+        user.usage = Some(usage_of(&self.conn, id)?);
+        Ok(Some(user))
+    }
+
+    /// Every account, by name, with what it uses now.
+    pub(crate) fn users(&self, inner: &Inner) -> Result<Vec<UserInfo>, Error> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!("SELECT {USER_COLUMNS} FROM users ORDER BY name"))?;
+        let mut users: Vec<UserInfo> = stmt
+            .query_map([], |r| user_row(r, &inner.config))?
+            .collect::<rusqlite::Result<_>>()?;
+        for u in &mut users {
+            u.usage = Some(usage_of(&self.conn, u.id)?);
+        }
+        Ok(users)
+    }
+
+    /// The id of the account named `name`, or a 404 saying how to list them.
+    fn user_id(&self, name: &str) -> Result<i64, Error> {
+        self.conn
+            .query_row("SELECT id FROM users WHERE name = ?1", [name], |r| r.get(0))
+            .optional()?
+            .ok_or_else(|| {
+                Error::NotFound(format!(
+                    "no user named `{name}`; list them with GET /api/v1/users (`bspweb user list`)"
+                ))
+            })
+    }
+
+    /// An administrator (`actor`) changes the account `name`. Nobody changes
+    /// their own role or disables themselves, so an administrator always
+    /// remains.
+    pub(crate) fn update_user(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        actor: i64,
+        name: &str,
+        change: &UpdateUserRequest,
+    ) -> Result<UserInfo, Error> {
+        let id = self.user_id(name)?;
+        let before = self.account(inner, id)?;
+        if id == actor {
+            if change.role.is_some_and(|r| r != before.role) {
+                return Err(Error::Conflict(
+                    "you cannot change your own role; another administrator can".into(),
+                ));
+            }
+            if change.disabled == Some(true) {
+                return Err(Error::Conflict(
+                    "you cannot disable your own account; another administrator can".into(),
+                ));
+            }
+        }
+        let now_s = now_ms() / 1000;
+        let tx = self.conn.transaction()?;
+        if let Some(role) = change.role {
+            tx.execute(
+                "UPDATE users SET role = ?2 WHERE id = ?1",
+                params![id, role.as_str()],
+            )?;
+        }
+        if let Some(disabled) = change.disabled {
+            tx.execute(
+                "UPDATE users SET disabled = ?2 WHERE id = ?1",
+                params![id, disabled],
+            )?;
+            if disabled && !before.disabled {
+                tx.execute(
+                    "UPDATE users SET tokens_after = ?2 WHERE id = ?1",
+                    params![id, now_s],
+                )?;
+            }
+        }
+        let q = &change.quotas;
+        if let Some(n) = q.max_processes {
+            tx.execute(
+                "UPDATE users SET max_processes = ?2 WHERE id = ?1",
+                params![id, n],
+            )?;
+        }
+        if let Some(n) = q.max_programs {
+            tx.execute(
+                "UPDATE users SET max_programs = ?2 WHERE id = ?1",
+                params![id, n],
+            )?;
+        }
+        if let Some(n) = q.max_output_mib {
+            tx.execute(
+                "UPDATE users SET max_output_mib = ?2 WHERE id = ?1",
+                params![id, u64_to_sql(n)],
+            )?;
+        }
+        let tokens_after: i64 =
+            tx.query_row("SELECT tokens_after FROM users WHERE id = ?1", [id], |r| {
+                r.get(0)
+            })?;
+        tx.commit()?;
+        let mut user = self.account(inner, id)?;
+        user.usage = Some(usage_of(&self.conn, id)?);
+        inner
+            .accounts()
+            .insert(id, Account::of(&user, tokens_after));
+        tracing::info!(user = name, by = actor, ?change, "account changed");
+        // A raised quota or an enabled account may let waiting jobs start.
+        fx.wake_scheduler = true;
+        Ok(user)
+    }
+
+    /// Sets the password hash of `name`; its tokens issued before now stop
+    /// working.
+    pub(crate) fn set_password(
+        &mut self,
+        inner: &Inner,
+        name: &str,
+        hash: &str,
+    ) -> Result<UserInfo, Error> {
+        let id = self.user_id(name)?;
+        let now_s = now_ms() / 1000;
+        self.conn.execute(
+            "UPDATE users SET password_hash = ?2, tokens_after = ?3 WHERE id = ?1",
+            params![id, hash, now_s],
+        )?;
+        let user = self.account(inner, id)?;
+        inner.accounts().insert(id, Account::of(&user, now_s));
+        tracing::info!(user = name, "password changed");
+        Ok(user)
+    }
+
+    /// What the token checks need of every account.
+    pub(crate) fn accounts(&self) -> Result<HashMap<i64, Account>, Error> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, role, disabled, tokens_after FROM users")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                Account {
+                    role: role_of(&r.get::<_, String>(1)?),
+                    disabled: r.get(2)?,
+                    tokens_after: r.get(3)?,
+                },
+            ))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     // ------------------------------------------------------------ programs
@@ -76,6 +326,7 @@ impl Core {
     /// (`None`: a builtin) and registers `name` if given.
     pub(crate) fn store_program(
         &mut self,
+        config: &crate::Config,
         owner: Option<i64>,
         name: Option<&str>,
         description: Option<&str>,
@@ -89,6 +340,17 @@ impl Core {
             params![hash, wasm, wasm.len() as i64, now],
         )?;
         if let Some(owner) = owner {
+            let (stored, again): (u32, bool) = tx.query_row(
+                "SELECT count(*), coalesce(sum(hash = ?2), 0) > 0 FROM program_uploads WHERE owner = ?1",
+                params![owner, hash],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            let quota = quotas_of(&tx, config, owner)?.max_programs;
+            if !again && quota > 0 && stored >= quota {
+                return Err(Error::QuotaExceeded(format!(
+                    "you store {stored} programs, your quota; delete programs you no longer need (`bspweb programs`, then DELETE /api/v1/programs/{{program}} or the web UI) or ask an administrator for a larger quota"
+                )));
+            }
             tx.execute(
                 "INSERT OR IGNORE INTO program_uploads (owner, hash, uploaded_at) VALUES (?1, ?2, ?3)",
                 params![owner, hash, now],

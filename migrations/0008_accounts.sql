@@ -1,0 +1,18 @@
+-- bspweb supernode schema, version 8: accounts (issue 19).
+-- `role` replaces the `admin` flag: `admin` manages accounts, `user` runs
+-- jobs, `volunteer` donates computers and runs no jobs.
+ALTER TABLE users ADD COLUMN role TEXT NOT NULL DEFAULT 'user'
+    CHECK (role IN ('admin', 'user', 'volunteer'));
+UPDATE users SET role = 'admin' WHERE admin = 1;
+ALTER TABLE users DROP COLUMN admin;
+-- A disabled account cannot log in, and its tokens are refused.
+ALTER TABLE users ADD COLUMN disabled INTEGER NOT NULL DEFAULT 0 CHECK (disabled IN (0, 1));
+-- Tokens issued before this Unix second are refused (set when the password
+-- changes or the account is disabled).
+ALTER TABLE users ADD COLUMN tokens_after INTEGER NOT NULL DEFAULT 0;
+-- Quotas; NULL: the supernode's default, 0: no limit. Processes of the
+-- user's active jobs (a job that would exceed it waits), programs stored,
+-- output stored in MiB.
+ALTER TABLE users ADD COLUMN max_processes INTEGER CHECK (max_processes >= 0);
+ALTER TABLE users ADD COLUMN max_programs INTEGER CHECK (max_programs >= 0);
+ALTER TABLE users ADD COLUMN max_output_mib INTEGER CHECK (max_output_mib >= 0);
