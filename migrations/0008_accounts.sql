@@ -7,9 +7,9 @@ UPDATE users SET role = 'admin' WHERE admin = 1;
 ALTER TABLE users DROP COLUMN admin;
 -- A disabled account cannot log in, and its tokens are refused.
 ALTER TABLE users ADD COLUMN disabled INTEGER NOT NULL DEFAULT 0 CHECK (disabled IN (0, 1));
--- Tokens issued before this Unix second are refused (set when the password
--- changes or the account is disabled).
-ALTER TABLE users ADD COLUMN tokens_after INTEGER NOT NULL DEFAULT 0;
+-- A user token carries the generation it was issued in; changing the
+-- password or disabling the account increments it, ending every earlier login.
+ALTER TABLE users ADD COLUMN token_generation INTEGER NOT NULL DEFAULT 0;
 -- Quotas; NULL: the supernode's default, 0: no limit. Processes of the
 -- user's active jobs (a job that would exceed it waits), programs stored,
 -- output stored in MiB.

@@ -75,7 +75,7 @@ impl std::fmt::Display for Coded {
 
 impl std::error::Error for Coded {}
 
-fn coded(code: u8, message: impl Into<String>) -> anyhow::Error {
+pub(crate) fn coded(code: u8, message: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(Coded {
         code,
         message: message.into(),
@@ -83,7 +83,7 @@ fn coded(code: u8, message: impl Into<String>) -> anyhow::Error {
 }
 
 /// A usage error (exit status 2).
-fn usage(message: impl Into<String>) -> anyhow::Error {
+pub(crate) fn usage(message: impl Into<String>) -> anyhow::Error {
     coded(exit::USAGE, message)
 }
 
@@ -174,7 +174,7 @@ pub fn save_session(session: &Session) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-fn load_session() -> Option<Session> {
+pub(crate) fn load_session() -> Option<Session> {
     let bytes = std::fs::read(session_path()).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
@@ -223,6 +223,9 @@ pub async fn connect() -> anyhow::Result<Client> {
 
 fn login_error(url: &str, e: ClientError) -> anyhow::Error {
     let message = match &e {
+        ClientError::Unauthorized { code, message } if code != "unauthorized" => {
+            format!("login to {url} failed: {message}")
+        }
         ClientError::Unauthorized { .. } => {
             format!("login to {url} failed: wrong user name or password")
         }

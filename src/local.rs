@@ -286,6 +286,8 @@ pub async fn supernode(a: SupernodeArgs) -> anyhow::Result<ExitCode> {
             c.http.header_timeout = Duration::from_secs(a.header_timeout_secs.max(1));
             c.user_storage_mib = a.user_storage_mib;
             c.metrics = !a.no_metrics;
+            c.user_max_processes = a.user_max_processes;
+            c.user_max_programs = a.user_max_programs;
         },
     )?;
     if !a.no_examples {

@@ -3,6 +3,7 @@
 //! `bspweb up` runs a supernode with local peers; `bspweb supernode` and
 //! `bspweb peer` run one of each; the other subcommands are the client.
 
+mod accounts;
 mod cli_client;
 mod local;
 mod sim_cmd;
@@ -64,6 +65,12 @@ enum Command {
     /// List the peers of the supernode
     #[command(after_long_help = cli_client::EXIT_CODES)]
     Peers(cli_client::PeersArgs),
+    /// Manage accounts (administrators): add, list, passwd, disable, enable, set
+    #[command(subcommand, after_long_help = cli_client::EXIT_CODES)]
+    User(accounts::UserCommand),
+    /// Change your own password (your other logins end; this CLI stays logged in)
+    #[command(after_long_help = cli_client::EXIT_CODES)]
+    Passwd(accounts::OwnPasswdArgs),
     /// Simulate the load balancers of dissertation ch. 4 and write a report
     Sim(sim_cmd::SimArgs),
 }
@@ -141,6 +148,15 @@ pub struct SupernodeArgs {
     /// fails
     #[arg(long, default_value_t = 4096)]
     user_storage_mib: u64,
+    /// Processes one user's active jobs may run at once, for accounts
+    /// without a quota of their own (0: no limit); a job that would exceed
+    /// it waits
+    #[arg(long, default_value_t = 0)]
+    user_max_processes: u32,
+    /// Programs one user may store, for accounts without a quota of their
+    /// own (0: no limit)
+    #[arg(long, default_value_t = 1000)]
+    user_max_programs: u32,
     /// Do not serve GET /metrics (Prometheus text format: job, peer,
     /// superstep, checkpoint, restore and migration counts, no names; open
     /// like /api/v1/health)
@@ -269,6 +285,8 @@ fn main() -> ExitCode {
             Command::Upload(a) => cli_client::upload(a).await,
             Command::Programs(a) => cli_client::programs(a).await,
             Command::Peers(a) => cli_client::peers(a).await,
+            Command::User(c) => accounts::user(c).await,
+            Command::Passwd(a) => accounts::passwd(a).await,
             Command::Sim(a) => sim_cmd::run(a),
         }
     });

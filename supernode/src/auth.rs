@@ -85,7 +85,13 @@ impl Keys {
     }
 
     /// A user token; returns it with its expiry in Unix seconds.
-    pub(crate) fn user_token(&self, user_id: i64, name: &str) -> Result<(String, i64), Error> {
+    /// `generation`: the account's token generation ([`Account`]).
+    pub(crate) fn user_token(
+        &self,
+        user_id: i64,
+        name: &str,
+        generation: i64,
+    ) -> Result<(String, i64), Error> {
         let now = now_ms() / 1000;
         let exp = now + USER_TOKEN_TTL.as_secs() as i64;
         let claims = Claims {
@@ -96,6 +102,7 @@ impl Keys {
             exp,
             name: name.into(),
             lid: String::new(),
+            generation,
         };
         Ok((self.sign(&claims)?, exp))
     }
@@ -117,6 +124,7 @@ impl Keys {
             exp: lease_expires_at / 1000 + PEER_TOKEN_GRACE.as_secs() as i64,
             name: String::new(),
             lid: lease_id.into(),
+            generation: 0,
         };
         self.sign(&claims)
     }
@@ -158,6 +166,9 @@ struct Claims {
     name: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     lid: String,
+    /// User tokens: the account's token generation when it was issued.
+    #[serde(default, rename = "gen")]
+    generation: i64,
 }
 
 /// Loads the JWT secret from `path`, or creates one (32 random bytes, hex,
@@ -268,7 +279,7 @@ impl FromRequestParts<Supernode> for AuthUser {
             .parse()
             .map_err(|_| Error::unauthorized("the token is not valid here; log in again"))?;
         let account = state.inner.accounts().get(&id).copied();
-        let role = check_account(account, claims.iat)?;
+        let role = check_account(account, claims.generation)?;
         Ok(AuthUser {
             id,
             name: claims.name,
@@ -277,9 +288,9 @@ impl FromRequestParts<Supernode> for AuthUser {
     }
 }
 
-/// Whether a user token issued at `iat` (Unix seconds) is good for
+/// Whether a user token of token generation `generation` is good for
 /// `account`; its role if so.
-fn check_account(account: Option<Account>, iat: i64) -> Result<Role, Error> {
+fn check_account(account: Option<Account>, generation: i64) -> Result<Role, Error> {
     match account {
         None => Err(Error::unauthorized(
             "your user account no longer exists; ask an administrator",
@@ -288,10 +299,9 @@ fn check_account(account: Option<Account>, iat: i64) -> Result<Role, Error> {
             code: "account_disabled",
             message: "your account is disabled; ask an administrator to enable it".into(),
         }),
-        Some(a) if iat < a.tokens_after => Err(Error::Unauthorized {
+        Some(a) if generation != a.generation => Err(Error::Unauthorized {
             code: "token_expired",
-            message: "your password was changed since this login; log in again with the new one"
-                .into(),
+            message: "your password was changed (or your account disabled) since this login; log in again".into(),
         }),
         Some(a) => Ok(a.role),
     }
@@ -346,7 +356,7 @@ mod tests {
     #[test]
     fn user_and_peer_tokens_are_not_interchangeable() {
         let keys = Keys::from_secret(&[7u8; 32]);
-        let (user, _) = keys.user_token(1, "alice").unwrap();
+        let (user, _) = keys.user_token(1, "alice", 0).unwrap();
         let peer = keys.peer_token(3, "lease", now_ms() + 10_000).unwrap();
         assert!(keys.decode(&user, USER_AUDIENCE).is_ok());
         assert!(keys.decode(&peer, PEER_AUDIENCE).is_ok());
@@ -360,7 +370,7 @@ mod tests {
     fn tokens_signed_with_another_key_or_expired_are_refused() {
         let keys = Keys::from_secret(&[7u8; 32]);
         let other = Keys::from_secret(&[8u8; 32]);
-        let (token, _) = other.user_token(1, "alice").unwrap();
+        let (token, _) = other.user_token(1, "alice", 0).unwrap();
         assert!(matches!(
             keys.decode(&token, USER_AUDIENCE),
             Err(Error::Unauthorized { .. })
@@ -373,6 +383,7 @@ mod tests {
             exp: now_ms() / 1000 - 3600,
             name: "alice".into(),
             lid: String::new(),
+            generation: 0,
         };
         let token = keys.sign(&old).unwrap();
         match keys.decode(&token, USER_AUDIENCE) {
@@ -382,6 +393,28 @@ mod tests {
         // A token with `alg: none` or another algorithm is refused.
         let unsigned = format!("eyJhbGciOiJub25lIn0.{}.", token.split('.').nth(1).unwrap());
         assert!(keys.decode(&unsigned, USER_AUDIENCE).is_err());
+    }
+
+    #[test]
+    fn a_token_is_good_only_for_an_enabled_account_of_its_generation() {
+        let account = |disabled, generation| {
+            Some(Account {
+                role: Role::Volunteer,
+                disabled,
+                generation,
+            })
+        };
+        assert_eq!(
+            check_account(account(false, 3), 3).unwrap(),
+            Role::Volunteer
+        );
+        let code = |r: Result<Role, Error>| match r {
+            Err(Error::Unauthorized { code, .. }) => code,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(code(check_account(account(false, 3), 2)), "token_expired");
+        assert_eq!(code(check_account(account(true, 3), 3)), "account_disabled");
+        assert_eq!(code(check_account(None, 0)), "unauthorized");
     }
 
     #[test]

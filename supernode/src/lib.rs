@@ -542,6 +542,18 @@ static DUMMY_HASH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     auth::hash_password(&hex::encode(password)).unwrap_or_default()
 });
 
+impl Supernode {
+    /// A fresh login token of `user`, of its current token generation.
+    pub(crate) fn user_token(&self, user: &UserInfo) -> Result<(String, i64), Error> {
+        let generation = self
+            .inner
+            .accounts()
+            .get(&user.id)
+            .map_or(0, |a| a.generation);
+        self.inner.keys.user_token(user.id, &user.name, generation)
+    }
+}
+
 /// Hashes a password on a blocking thread (Argon2id is slow by design).
 async fn hash_password(password: &str) -> Result<String, Error> {
     let password = password.to_string();

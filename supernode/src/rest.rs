@@ -48,7 +48,7 @@ pub(crate) async fn login(
             ),
         });
     }
-    let (token, expires_at) = sn.inner.keys.user_token(user.id, &user.name)?;
+    let (token, expires_at) = sn.user_token(&user)?;
     tracing::debug!(user = %user.name, "user logged in");
     Ok(Json(LoginResponse {
         token,
@@ -230,7 +230,7 @@ pub(crate) async fn change_password(
         });
     }
     let user = sn.set_password(&auth.name, &req.new_password).await?;
-    let (token, expires_at) = sn.inner.keys.user_token(user.id, &user.name)?;
+    let (token, expires_at) = sn.user_token(&user)?;
     Ok(Json(LoginResponse {
         token,
         expires_at,

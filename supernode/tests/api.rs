@@ -10,7 +10,7 @@ use bsp_api::control::{
 };
 use bsp_api::rest::{
     ApiError, JobEvent, JobEventKind, JobInfo, JobOutcome, JobState, LoginResponse, PeerInfo,
-    ProgramInfo, Role,
+    ProgramInfo, Role, UserInfo,
 };
 use bspweb_supernode::{Config, Supernode};
 use futures_util::StreamExt;
@@ -2936,4 +2936,290 @@ async fn metrics_are_served_unless_turned_off_and_name_nobody() {
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+}
+
+// ------------------------------------------------------------------ accounts (issue 19)
+
+impl Harness {
+    async fn patch(&self, path: &str, token: &str, body: Value) -> (StatusCode, Value) {
+        self.call(reqwest::Method::PATCH, path, Some(token), Some(body))
+            .await
+    }
+
+    /// Logs in, returning the status and error code or token.
+    async fn try_login(&self, name: &str, password: &str) -> Result<String, (StatusCode, String)> {
+        let (status, body) = self
+            .call(
+                reqwest::Method::POST,
+                "/login",
+                None,
+                Some(json!({"name": name, "password": password})),
+            )
+            .await;
+        if status == StatusCode::OK {
+            Ok(body["token"].as_str().unwrap().to_string())
+        } else {
+            Err((status, api_error(&body).code))
+        }
+    }
+}
+
+#[tokio::test]
+async fn admins_list_change_disable_and_enable_accounts() {
+    let h = Harness::start().await;
+    let admin = h.login("admin", "admin-password").await;
+    let alice = h.login("alice", "alice-password").await;
+
+    // Only administrators list and change accounts.
+    let (status, body) = h.get("/users", &alice).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(api_error(&body).message.contains("only administrators"));
+    let (status, body) = h
+        .patch("/users/bob", &alice, json!({"disabled": true}))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, body) = h.get("/users", &admin).await;
+    assert_eq!(status, StatusCode::OK);
+    let users: Vec<UserInfo> = serde_json::from_value(body).unwrap();
+    let names: Vec<&str> = users.iter().map(|u| u.name.as_str()).collect();
+    assert_eq!(names, ["admin", "alice", "bob"]);
+    assert_eq!(users[0].role, Role::Admin);
+    assert!(users[0].admin);
+    assert_eq!(users[1].role, Role::User);
+    assert_eq!(users[1].usage, Some(Default::default()));
+    assert_eq!(
+        users[1].quotas.max_output_mib, 4096,
+        "the supernode's default"
+    );
+
+    // Disabling ends alice's login at once and refuses new ones.
+    let (status, body) = h
+        .patch("/users/alice", &admin, json!({"disabled": true}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["disabled"], true);
+    let (status, body) = h.get("/jobs", &alice).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(api_error(&body).code, "account_disabled");
+    assert_eq!(
+        h.try_login("alice", "alice-password").await,
+        Err((StatusCode::UNAUTHORIZED, "account_disabled".to_string()))
+    );
+    // A wrong password still says only that.
+    assert_eq!(
+        h.try_login("alice", "wrong-password").await,
+        Err((StatusCode::UNAUTHORIZED, "unauthorized".to_string()))
+    );
+    // Enabled again, she logs in; the token of before stays dead.
+    let (status, _) = h
+        .patch("/users/alice", &admin, json!({"disabled": false}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let fresh = h.try_login("alice", "alice-password").await.unwrap();
+    assert_eq!(h.get("/jobs", &fresh).await.0, StatusCode::OK);
+    let (status, body) = h.get("/jobs", &alice).await;
+    assert_eq!(
+        (status, api_error(&body).code.as_str()),
+        (StatusCode::UNAUTHORIZED, "token_expired")
+    );
+
+    // Administrators cannot lock themselves out, and unknown names are 404s.
+    for change in [json!({"disabled": true}), json!({"role": "user"})] {
+        let (status, body) = h.patch("/users/admin", &admin, change).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert!(api_error(&body).message.contains("another administrator"));
+    }
+    let (status, body) = h
+        .patch("/users/nobody", &admin, json!({"role": "user"}))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(api_error(&body).message.contains("bspweb user list"));
+    let (status, _) = h.patch("/users/bob", &admin, json!({"role": "boss"})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    // `admin: true` and another role contradict each other.
+    let (status, _) = h
+        .post(
+            "/users",
+            &admin,
+            json!({"name": "x", "password": "long-enough", "admin": true, "role": "user"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // A promoted user can manage accounts.
+    let (status, _) = h
+        .patch("/users/bob", &admin, json!({"role": "admin"}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let bob = h.login("bob", "bob-password").await;
+    assert_eq!(h.get("/users", &bob).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn volunteers_donate_and_run_nothing() {
+    let h = Harness::start().await;
+    let admin = h.login("admin", "admin-password").await;
+    let (status, body) = h
+        .post(
+            "/users",
+            &admin,
+            json!({"name": "vera", "password": "vera-password", "role": "volunteer"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["role"], "volunteer");
+    let vera = h.login("vera", "vera-password").await;
+    assert_eq!(h.get("/peers", &vera).await.0, StatusCode::OK);
+    assert_eq!(h.get("/me", &vera).await.1["role"], "volunteer");
+    let (status, body) = h.upload(&vera, None, wasm(GUEST)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(api_error(&body).message.contains("volunteer account"));
+    let (status, body) = h
+        .post("/jobs", &vera, json!({"program": "ring", "nprocs": 1}))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    // The user role lets her run jobs.
+    h.patch("/users/vera", &admin, json!({"role": "user"}))
+        .await;
+    let (status, body) = h.upload(&vera, None, wasm(GUEST)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+#[tokio::test]
+async fn password_changes_end_every_other_login() {
+    let h = Harness::start().await;
+    let admin = h.login("admin", "admin-password").await;
+    let alice = h.login("alice", "alice-password").await;
+    let alice2 = h.login("alice", "alice-password").await;
+
+    let change =
+        |current: &str, new: &str| json!({"current_password": current, "new_password": new});
+    let (status, body) = h
+        .post(
+            "/me/password",
+            &alice,
+            change("wrong-password", "new-password"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(api_error(&body).code, "wrong_password");
+    let (status, body) = h
+        .post("/me/password", &alice, change("alice-password", "short"))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    // Nothing changed so far.
+    assert_eq!(h.get("/jobs", &alice2).await.0, StatusCode::OK);
+
+    let (status, body) = h
+        .post(
+            "/me/password",
+            &alice,
+            change("alice-password", "new-password"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let login: LoginResponse = serde_json::from_value(body).unwrap();
+    assert_eq!(h.get("/jobs", &login.token).await.0, StatusCode::OK);
+    for old in [&alice, &alice2] {
+        let (status, body) = h.get("/jobs", old).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(api_error(&body).code, "token_expired");
+    }
+    assert!(h.try_login("alice", "alice-password").await.is_err());
+    h.login("alice", "new-password").await;
+
+    // An administrator resets bob's password; users cannot.
+    let bob = h.login("bob", "bob-password").await;
+    let (status, _) = h
+        .post(
+            "/users/bob/password",
+            &login.token,
+            json!({"password": "x-password"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, body) = h
+        .post(
+            "/users/bob/password",
+            &admin,
+            json!({"password": "reset-password"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(h.get("/jobs", &bob).await.0, StatusCode::UNAUTHORIZED);
+    h.login("bob", "reset-password").await;
+    // Accounts survive a restart with their standing and generations.
+    let dir = h.stop().await;
+    let h = Harness::start_in(dir, |_| {}, false).await;
+    assert_eq!(h.get("/jobs", &bob).await.0, StatusCode::UNAUTHORIZED);
+    h.login("bob", "reset-password").await;
+}
+
+#[tokio::test]
+async fn quotas_hold_programs_and_processes() {
+    let h = Harness::start().await;
+    let admin = h.login("admin", "admin-password").await;
+    let alice = h.login("alice", "alice-password").await;
+    h.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
+    let (status, body) = h
+        .patch(
+            "/users/alice",
+            &admin,
+            json!({"quotas": {"max_programs": 1, "max_processes": 2}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["quotas"]["max_programs"], 1);
+    assert_eq!(body["quotas"]["max_output_mib"], 4096, "unchanged");
+
+    // Programs: the same module again is fine, another one is not.
+    assert_eq!(h.upload(&alice, None, wasm(GUEST)).await.0, StatusCode::OK);
+    assert_eq!(
+        h.upload(&alice, Some("again"), wasm(GUEST)).await.0,
+        StatusCode::OK
+    );
+    let other = wasm(OTHER_GUEST);
+    let (status, body) = h.upload(&alice, None, other).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(api_error(&body).code, "quota_exceeded");
+    assert!(api_error(&body).message.contains("delete programs"));
+
+    // Processes: a job larger than the quota is refused; one that would go
+    // beyond it with the running ones waits until they end.
+    let (status, body) = h
+        .post("/jobs", &alice, json!({"program": "ring", "nprocs": 3}))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(api_error(&body).code, "quota_exceeded");
+    let mut p1 = h.peer_login(login_body("p1", 8, None)).await;
+    let first = h.submit(&alice, "ring", 2).await;
+    next_start(&h, &mut p1).await;
+    let second = h.submit(&alice, "ring", 1).await;
+    let waiting = h
+        .wait_event(
+            &alice,
+            second.id,
+            |e| matches!(&e.kind, JobEventKind::Status { text } if text.contains("quota allows 2")),
+        )
+        .await;
+    assert!(matches!(waiting.kind, JobEventKind::Status { .. }));
+    assert_eq!(h.job(&alice, second.id).await.state, JobState::Waiting);
+    let (_, me) = h.get("/me", &alice).await;
+    assert_eq!(me["usage"]["processes"], 2);
+    assert_eq!(me["usage"]["programs"], 1);
+    // Bob's jobs do not wait for alice's quota.
+    let bob = h.login("bob", "bob-password").await;
+    let bobs = h.submit(&bob, "ring", 1).await;
+    h.wait_job(&bob, bobs.id, "bob's job to start", |j| {
+        j.state == JobState::Active
+    })
+    .await;
+    h.report(&p1, vec![exited(first.id, 0), exited(first.id, 1)])
+        .await;
+    h.wait_job(&alice, second.id, "the waiting job to start", |j| {
+        j.state == JobState::Active
+    })
+    .await;
 }

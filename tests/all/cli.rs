@@ -677,3 +677,150 @@ fn raw_framing_length_keeps_variable_size_records_apart() {
     );
     assert!(stderr.contains("add --follow"), "{stderr}");
 }
+
+/// `bspweb CMD` as `user` with `password`, feeding `stdin`.
+fn run_as(user: &str, password: &str, args: &[&str], stdin: &str) -> Output {
+    use std::io::Write as _;
+    let config = tempfile::tempdir().unwrap();
+    let mut child = bspweb()
+        .args(args)
+        .env("BSPWEB_URL", &shared().url)
+        .env("BSPWEB_USER", user)
+        .env("BSPWEB_PASSWORD", password)
+        .env("BSPWEB_CONFIG_DIR", config.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Issue 19: administrators manage accounts from the CLI; everyone changes
+/// their own password.
+#[test]
+fn accounts_are_managed_from_the_cli() {
+    let admin = |args: &[&str], stdin: &str| run_as(ADMIN, ADMIN_PASSWORD, args, stdin);
+    let out = admin(
+        &[
+            "user",
+            "add",
+            "cli-carol",
+            "--role",
+            "volunteer",
+            "--password-stdin",
+        ],
+        "carol-password\n",
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("created the volunteer account `cli-carol`"),
+        "{stdout}"
+    );
+    assert!(
+        !stderr.contains("password:"),
+        "no generated password: {stderr}"
+    );
+
+    let out = admin(&["user", "list", "--json"], "");
+    let users: Vec<bsp_api::rest::UserInfo> = serde_json::from_slice(&out.stdout).unwrap();
+    let carol = users.iter().find(|u| u.name == "cli-carol").unwrap();
+    assert_eq!(carol.role, bsp_api::rest::Role::Volunteer);
+    let out = admin(&["user", "list"], "");
+    let (stdout, _) = text(&out);
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("cli-carol") && l.contains("volunteer")),
+        "{stdout}"
+    );
+
+    // A volunteer runs no jobs, and is told why; users manage no accounts.
+    let carol =
+        |args: &[&str], password: &str, stdin: &str| run_as("cli-carol", password, args, stdin);
+    let out = carol(&["submit", "ring", "-n", "1"], "carol-password", "");
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(stderr.contains("volunteer account"), "{stderr}");
+    let out = carol(&["user", "list"], "carol-password", "");
+    let (_, stderr) = text(&out);
+    assert!(stderr.contains("only administrators"), "{stderr}");
+
+    // Role and quotas; an empty change is a usage error.
+    let out = admin(
+        &[
+            "user",
+            "set",
+            "cli-carol",
+            "--role",
+            "user",
+            "--max-processes",
+            "4",
+        ],
+        "",
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("0/4"), "{stdout}");
+    let out = admin(&["user", "set", "cli-carol"], "");
+    assert_eq!(out.status.code(), Some(documented_code("usage")));
+
+    // Disabled: the CLI says so with the unauthorized status.
+    assert!(
+        admin(&["user", "disable", "cli-carol"], "")
+            .status
+            .success()
+    );
+    let out = carol(&["jobs"], "carol-password", "");
+    let (_, stderr) = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(documented_code("unauthorized")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("disabled"), "{stderr}");
+    assert!(admin(&["user", "enable", "cli-carol"], "").status.success());
+    assert!(carol(&["jobs"], "carol-password", "").status.success());
+
+    // Her own password: a wrong current one changes nothing.
+    let out = carol(
+        &["passwd", "--stdin"],
+        "carol-password",
+        "wrong-one\nnew-carol-pw\n",
+    );
+    let (_, stderr) = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(documented_code("unauthorized")),
+        "{stderr}"
+    );
+    let out = carol(
+        &["passwd"],
+        "carol-password",
+        "carol-password\nnew-carol-pw\n",
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("changed the password"), "{stdout}");
+    assert!(!carol(&["jobs"], "carol-password", "").status.success());
+    assert!(carol(&["jobs"], "new-carol-pw", "").status.success());
+
+    // An administrator's reset prints a generated password that works.
+    let out = admin(&["user", "passwd", "cli-carol"], "");
+    let (_, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let generated = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("the new password: "))
+        .unwrap_or_else(|| panic!("{stderr}"))
+        .to_string();
+    assert!(!carol(&["jobs"], "new-carol-pw", "").status.success());
+    assert!(carol(&["jobs"], &generated, "").status.success());
+}

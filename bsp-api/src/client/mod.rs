@@ -70,7 +70,8 @@ pub use self::events::{
 pub use self::spec::{JobSpec, Program};
 use crate::JobId;
 use crate::rest::{
-    Health, JobInfo, JobState, LoginRequest, LoginResponse, PeerInfo, ProgramInfo, SubmitJob,
+    ChangePasswordRequest, CreateUserRequest, Health, JobInfo, JobState, LoginRequest,
+    LoginResponse, PeerInfo, ProgramInfo, SetPasswordRequest, SubmitJob, UpdateUserRequest,
     UserInfo,
 };
 
@@ -339,6 +340,53 @@ impl Client {
     /// The logged-in user.
     pub async fn me(&self) -> Result<UserInfo, ClientError> {
         self.get("/me").await
+    }
+
+    /// Change the logged-in user's password. Every other login of the
+    /// account ends; this client switches to the fresh token.
+    pub async fn change_password(
+        &mut self,
+        current_password: &str,
+        new_password: &str,
+    ) -> Result<LoginResponse, ClientError> {
+        let url = self.url("/me/password");
+        let body = ChangePasswordRequest {
+            current_password: current_password.to_string(),
+            new_password: new_password.to_string(),
+        };
+        let resp: LoginResponse = self.send(self.http.post(&url).json(&body), &url).await?;
+        self.token = resp.token.clone();
+        Ok(resp)
+    }
+
+    /// Every account (administrators only).
+    pub async fn users(&self) -> Result<Vec<UserInfo>, ClientError> {
+        self.get("/users").await
+    }
+
+    /// Create an account (administrators only).
+    pub async fn create_user(&self, req: &CreateUserRequest) -> Result<UserInfo, ClientError> {
+        let url = self.url("/users");
+        self.send(self.http.post(&url).json(req), &url).await
+    }
+
+    /// Change an account's role, standing or quotas (administrators only).
+    pub async fn update_user(
+        &self,
+        name: &str,
+        change: &UpdateUserRequest,
+    ) -> Result<UserInfo, ClientError> {
+        let url = self.url(&format!("/users/{}", percent_encode(name)));
+        self.send(self.http.patch(&url).json(change), &url).await
+    }
+
+    /// Set an account's password (administrators only); its logins end.
+    pub async fn set_password(&self, name: &str, password: &str) -> Result<UserInfo, ClientError> {
+        let url = self.url(&format!("/users/{}/password", percent_encode(name)));
+        let body = SetPasswordRequest {
+            password: password.to_string(),
+        };
+        self.send(self.http.post(&url).json(&body), &url).await
     }
 
     /// Upload a module, optionally registering it under `name`.

@@ -8,16 +8,16 @@ use super::*;
 pub(crate) struct Account {
     pub(crate) role: Role,
     pub(crate) disabled: bool,
-    /// Tokens issued (`iat`) before this Unix second are refused.
-    pub(crate) tokens_after: i64,
+    /// Only tokens of this generation are accepted.
+    pub(crate) generation: i64,
 }
 
 impl Account {
-    fn of(user: &UserInfo, tokens_after: i64) -> Account {
+    fn of(user: &UserInfo, generation: i64) -> Account {
         Account {
             role: user.role,
             disabled: user.disabled,
-            tokens_after,
+            generation,
         }
     }
 }
@@ -227,7 +227,6 @@ impl Core {
                 ));
             }
         }
-        let now_s = now_ms() / 1000;
         let tx = self.conn.transaction()?;
         if let Some(role) = change.role {
             tx.execute(
@@ -242,8 +241,8 @@ impl Core {
             )?;
             if disabled && !before.disabled {
                 tx.execute(
-                    "UPDATE users SET tokens_after = ?2 WHERE id = ?1",
-                    params![id, now_s],
+                    "UPDATE users SET token_generation = token_generation + 1 WHERE id = ?1",
+                    [id],
                 )?;
             }
         }
@@ -266,24 +265,22 @@ impl Core {
                 params![id, u64_to_sql(n)],
             )?;
         }
-        let tokens_after: i64 =
-            tx.query_row("SELECT tokens_after FROM users WHERE id = ?1", [id], |r| {
-                r.get(0)
-            })?;
+        let generation: i64 = tx.query_row(
+            "SELECT token_generation FROM users WHERE id = ?1",
+            [id],
+            |r| r.get(0),
+        )?;
         tx.commit()?;
         let mut user = self.account(inner, id)?;
         user.usage = Some(usage_of(&self.conn, id)?);
-        inner
-            .accounts()
-            .insert(id, Account::of(&user, tokens_after));
+        inner.accounts().insert(id, Account::of(&user, generation));
         tracing::info!(user = name, by = actor, ?change, "account changed");
         // A raised quota or an enabled account may let waiting jobs start.
         fx.wake_scheduler = true;
         Ok(user)
     }
 
-    /// Sets the password hash of `name`; its tokens issued before now stop
-    /// working.
+    /// Sets the password hash of `name`; its earlier tokens stop working.
     pub(crate) fn set_password(
         &mut self,
         inner: &Inner,
@@ -291,13 +288,14 @@ impl Core {
         hash: &str,
     ) -> Result<UserInfo, Error> {
         let id = self.user_id(name)?;
-        let now_s = now_ms() / 1000;
-        self.conn.execute(
-            "UPDATE users SET password_hash = ?2, tokens_after = ?3 WHERE id = ?1",
-            params![id, hash, now_s],
+        let generation: i64 = self.conn.query_row(
+            "UPDATE users SET password_hash = ?2, token_generation = token_generation + 1 \
+             WHERE id = ?1 RETURNING token_generation",
+            params![id, hash],
+            |r| r.get(0),
         )?;
         let user = self.account(inner, id)?;
-        inner.accounts().insert(id, Account::of(&user, now_s));
+        inner.accounts().insert(id, Account::of(&user, generation));
         tracing::info!(user = name, "password changed");
         Ok(user)
     }
@@ -306,14 +304,14 @@ impl Core {
     pub(crate) fn accounts(&self) -> Result<HashMap<i64, Account>, Error> {
         let mut stmt = self
             .conn
-            .prepare("SELECT id, role, disabled, tokens_after FROM users")?;
+            .prepare("SELECT id, role, disabled, token_generation FROM users")?;
         let rows = stmt.query_map([], |r| {
             Ok((
                 r.get::<_, i64>(0)?,
                 Account {
                     role: role_of(&r.get::<_, String>(1)?),
                     disabled: r.get(2)?,
-                    tokens_after: r.get(3)?,
+                    generation: r.get(3)?,
                 },
             ))
         })?;
