@@ -297,6 +297,8 @@ async function api(method, path, { json, body, contentType, signal } = {}) {
   }
   if (res.status === 401 && path !== '/login' && session) {
     const err = await readApiError(res);
+    // A wrong current password is the form's error, not the session's end.
+    if (err.code === 'wrong_password') throw err;
     sessionEnded(`Signed out: ${err.message}. Sign in again.`);
     throw new ApiFailure(401, 'unauthorized_handled', err.message);
   }
@@ -632,6 +634,8 @@ const ROUTES = [
   [/^\/submit$/, 'submit', submitPage],
   [/^\/programs$/, 'programs', programsPage],
   [/^\/peers$/, 'peers', peersPage],
+  [/^\/account$/, 'account', accountPage],
+  [/^\/users$/, 'users', usersPage],
 ];
 
 function render() {
@@ -694,6 +698,9 @@ function updateChrome() {
   $('#nav').hidden = !session;
   $('#account').hidden = !session;
   $('#account-name').textContent = session ? `Signed in as ${session.user?.name ?? ''}` : '';
+  // Only administrators manage accounts; volunteers run no jobs.
+  $('#nav-users').hidden = !(session?.user?.role === 'admin' || session?.user?.admin);
+  $('#nav a[data-route="submit"]').parentElement.hidden = session?.user?.role === 'volunteer';
 }
 
 function go(hash) {
@@ -1883,6 +1890,279 @@ function programsPage(main, ctx) {
         h('table', { id: 'programs' }, h('thead', {}, h('tr', {}, ['Name', 'Hash', 'Size', 'Kind', 'Description', 'Actions'].map((t) => colHead(t)))), tbody),
       ),
     ),
+  );
+  load().catch(showError);
+}
+
+// ------------------------------------------------------------------ accounts
+
+const ROLES = [
+  ['user', 'User', 'uploads programs and runs jobs'],
+  ['volunteer', 'Volunteer', 'donates computers, runs no jobs'],
+  ['admin', 'Administrator', 'runs jobs and manages accounts'],
+];
+const USER_NAME_RE = /^[A-Za-z0-9_.-]{1,64}$/;
+
+/** "used / limit", with "no limit" for a quota of 0. */
+function quotaText(used, max) {
+  return max ? `${used} of ${max}` : `${used} (no limit)`;
+}
+
+/** A labelled field; `help` becomes its description. */
+function field(id, label, input, help) {
+  const helpId = help ? `${id}-help` : null;
+  if (helpId) input.setAttribute('aria-describedby', helpId);
+  return h('div', { class: 'field' }, h('label', { for: id }, label), input, help ? h('p', { id: helpId, class: 'help' }, help) : null);
+}
+
+function accountPage(main, ctx) {
+  const facts = h('dl', { class: 'facts', id: 'account-facts' });
+  const current = h('input', { id: 'pw-current', type: 'password', autocomplete: 'current-password', required: true });
+  const next = h('input', { id: 'pw-new', type: 'password', autocomplete: 'new-password', required: true, minlength: 8, maxlength: 1024 });
+  const again = h('input', { id: 'pw-again', type: 'password', autocomplete: 'new-password', required: true });
+  const err = h('p', { id: 'pw-error', class: 'form-error', role: 'alert', hidden: true, tabindex: -1 });
+  const button = h('button', { type: 'submit', id: 'pw-button' }, 'Change password');
+  const form = h(
+    'form',
+    { class: 'card narrow', id: 'password-form', novalidate: true, 'aria-labelledby': 'pw-heading' },
+    h('h2', { id: 'pw-heading' }, 'Change your password'),
+    field('pw-current', 'Current password', current),
+    field('pw-new', 'New password', next, '8 to 1024 characters. Your other sign-ins (other browsers, the CLI) end.'),
+    field('pw-again', 'New password again', again),
+    err,
+    h('div', { class: 'actions' }, button),
+  );
+  form.addEventListener('submit', async (e) => {
+    e.preventDefault();
+    err.hidden = true;
+    const fail = (msg, focus) => {
+      err.textContent = msg;
+      err.hidden = false;
+      (focus || err).focus();
+    };
+    if (!current.value) return fail('Enter your current password.', current);
+    if (next.value.length < 8 || next.value.length > 1024) return fail('The new password must be 8 to 1024 characters long.', next);
+    if (next.value !== again.value) return fail('The two new passwords differ.', again);
+    button.disabled = true;
+    try {
+      const res = await api('POST', '/me/password', { json: { current_password: current.value, new_password: next.value }, signal: ctx.signal });
+      saveSession({ token: res.token, expires_at: res.expires_at, user: res.user });
+      form.reset();
+      notify('Password changed. Your other sign-ins have ended.');
+    } catch (e2) {
+      if (e2.name === 'AbortError' || e2.code === 'unauthorized_handled') return;
+      fail(e2.code === 'wrong_password' ? 'The current password is wrong; nothing was changed.' : `The password was not changed: ${e2.message}`, e2.code === 'wrong_password' ? current : null);
+    } finally {
+      button.disabled = false;
+    }
+  });
+
+  async function load() {
+    const me = await api('GET', '/me', { signal: ctx.signal });
+    const u = me.usage ?? { processes: 0, programs: 0, output_bytes: 0 };
+    const q = me.quotas ?? {};
+    const row = (k, v) => [h('dt', {}, k), h('dd', {}, v)];
+    fill(
+      facts,
+      ...row('Name', me.name),
+      ...row('Role', ROLES.find(([r]) => r === me.role)?.[1] ?? me.role),
+      ...row('Processes running', quotaText(u.processes, q.max_processes)),
+      ...row('Programs stored', quotaText(u.programs, q.max_programs)),
+      ...row('Output stored', q.max_output_mib ? `${fmtBytes(u.output_bytes)} of ${q.max_output_mib} MiB` : `${fmtBytes(u.output_bytes)} (no limit)`),
+    );
+  }
+
+  main.append(
+    h('h1', {}, 'Your account'),
+    h('section', { 'aria-labelledby': 'facts-heading', class: 'card narrow' }, h('h2', { id: 'facts-heading' }, 'Role and quotas'), facts),
+    form,
+  );
+  load().catch(showError);
+}
+
+function usersPage(main, ctx) {
+  const tbody = h('tbody');
+  const isMe = (u) => u.name === session?.user?.name;
+
+  // Create an account.
+  const name = h('input', { id: 'new-user-name', required: true, maxlength: 64, autocapitalize: 'none', spellcheck: 'false' });
+  const password = h('input', { id: 'new-user-password', type: 'password', autocomplete: 'new-password', required: true });
+  const role = h('select', { id: 'new-user-role' }, ROLES.map(([v, t, d]) => h('option', { value: v }, `${t} — ${d}`)));
+  const createErr = h('p', { id: 'new-user-error', class: 'form-error', role: 'alert', hidden: true, tabindex: -1 });
+  const createButton = h('button', { type: 'submit', id: 'new-user-button' }, 'Create account');
+  const createForm = h(
+    'form',
+    { class: 'card', id: 'new-user-form', novalidate: true, 'aria-labelledby': 'new-user-heading' },
+    h('h2', { id: 'new-user-heading' }, 'Create an account'),
+    field('new-user-name', 'Name', name, '1 to 64 letters, digits, _, . and -.'),
+    field('new-user-password', 'Password', password, '8 to 1024 characters; they can change it on their Account page.'),
+    field('new-user-role', 'Role', role),
+    createErr,
+    h('div', { class: 'actions' }, createButton),
+  );
+  createForm.addEventListener('submit', async (e) => {
+    e.preventDefault();
+    createErr.hidden = true;
+    const fail = (msg, focus) => {
+      createErr.textContent = msg;
+      createErr.hidden = false;
+      (focus || createErr).focus();
+    };
+    if (!USER_NAME_RE.test(name.value.trim())) return fail('Use 1 to 64 letters, digits, _, . and - for the name.', name);
+    if (password.value.length < 8) return fail('The password must be at least 8 characters long.', password);
+    createButton.disabled = true;
+    try {
+      const u = await api('POST', '/users', { json: { name: name.value.trim(), password: password.value, role: role.value }, signal: ctx.signal });
+      notify(`Created the account ${u.name}.`);
+      createForm.reset();
+      await load();
+    } catch (e2) {
+      if (e2.name === 'AbortError' || e2.code === 'unauthorized_handled') return;
+      fail(`The account was not created: ${e2.message}`);
+    } finally {
+      createButton.disabled = false;
+    }
+  });
+
+  // Edit one account: role, quotas, password.
+  const editSection = h('section', { class: 'card', id: 'edit-user', hidden: true, 'aria-labelledby': 'edit-user-heading' });
+
+  function editForm(u) {
+    const id = (k) => `edit-${k}`;
+    const roleSel = h('select', { id: id('role'), disabled: isMe(u) }, ROLES.map(([v, t]) => h('option', { value: v, selected: v === u.role }, t)));
+    const num = (k, v) => h('input', { id: id(k), type: 'number', min: 0, step: 1, value: String(v ?? 0), inputmode: 'numeric' });
+    const procs = num('max-processes', u.quotas?.max_processes);
+    const progs = num('max-programs', u.quotas?.max_programs);
+    const out = num('max-output-mib', u.quotas?.max_output_mib);
+    const err = h('p', { id: 'edit-error', class: 'form-error', role: 'alert', hidden: true, tabindex: -1 });
+    const save = h('button', { type: 'submit', id: 'edit-save' }, 'Save');
+    const pw = h('input', { id: id('password'), type: 'password', autocomplete: 'new-password' });
+    const pwButton = h('button', { type: 'button', id: 'edit-set-password', class: 'secondary' }, 'Set password');
+    const fail = (msg, focus) => {
+      err.textContent = msg;
+      err.hidden = false;
+      (focus || err).focus();
+    };
+    const form = h(
+      'form',
+      { novalidate: true },
+      field(id('role'), 'Role', roleSel, isMe(u) ? 'You cannot change your own role; another administrator can.' : null),
+      field(id('max-processes'), 'Processes at once', procs, '0: no limit. A job that would go beyond waits.'),
+      field(id('max-programs'), 'Programs stored', progs, '0: no limit.'),
+      field(id('max-output-mib'), 'Output stored (MiB)', out, '0: no limit. A job that would go beyond fails.'),
+      err,
+      h('div', { class: 'actions' }, save, h('button', { type: 'button', class: 'secondary', onclick: () => (editSection.hidden = true) }, 'Close')),
+      h('h3', {}, 'Password'),
+      field(id('password'), 'New password', pw, 'Their sign-ins end; tell them the new password.'),
+      h('div', { class: 'actions' }, pwButton),
+    );
+    const whole = (input, label) => {
+      const v = Number(input.value);
+      if (!Number.isInteger(v) || v < 0) {
+        fail(`${label} must be a whole number, 0 or more.`, input);
+        return null;
+      }
+      return v;
+    };
+    form.addEventListener('submit', async (e) => {
+      e.preventDefault();
+      err.hidden = true;
+      const quotas = {
+        max_processes: whole(procs, 'Processes at once'),
+        max_programs: whole(progs, 'Programs stored'),
+        max_output_mib: whole(out, 'Output stored'),
+      };
+      if (Object.values(quotas).some((v) => v === null)) return;
+      const change = { quotas };
+      if (!isMe(u)) change.role = roleSel.value;
+      save.disabled = true;
+      try {
+        await api('PATCH', `/users/${encodeURIComponent(u.name)}`, { json: change, signal: ctx.signal });
+        notify(`Saved ${u.name}.`);
+        await load();
+      } catch (e2) {
+        if (e2.name === 'AbortError' || e2.code === 'unauthorized_handled') return;
+        fail(`Not saved: ${e2.message}`);
+      } finally {
+        save.disabled = false;
+      }
+    });
+    pwButton.addEventListener('click', async () => {
+      err.hidden = true;
+      if (pw.value.length < 8) return fail('The password must be at least 8 characters long.', pw);
+      pwButton.disabled = true;
+      try {
+        await api('POST', `/users/${encodeURIComponent(u.name)}/password`, { json: { password: pw.value }, signal: ctx.signal });
+        pw.value = '';
+        notify(`Set the password of ${u.name}; their sign-ins have ended.`);
+      } catch (e2) {
+        if (e2.name === 'AbortError' || e2.code === 'unauthorized_handled') return;
+        fail(`The password was not set: ${e2.message}`);
+      } finally {
+        pwButton.disabled = false;
+      }
+    });
+    fill(editSection, h('h2', { id: 'edit-user-heading' }, `Edit ${u.name}`), form);
+    editSection.hidden = false;
+    roleSel.disabled ? procs.focus() : roleSel.focus();
+  }
+
+  async function setDisabled(u, disabled) {
+    if (disabled && !confirm(`Disable ${u.name}? They are signed out at once and cannot sign in; their running jobs go on.`)) return;
+    try {
+      await api('PATCH', `/users/${encodeURIComponent(u.name)}`, { json: { disabled }, signal: ctx.signal });
+      notify(`${disabled ? 'Disabled' : 'Enabled'} ${u.name}.`);
+      clearError();
+      await load();
+    } catch (e) {
+      showError(e);
+    }
+  }
+
+  function row(u) {
+    const usage = u.usage ?? {};
+    const q = u.quotas ?? {};
+    return h(
+      'tr',
+      { dataset: { user: u.name } },
+      h('th', { scope: 'row' }, u.name, isMe(u) ? h('span', { class: 'muted' }, ' (you)') : null),
+      h('td', {}, ROLES.find(([r]) => r === u.role)?.[1] ?? u.role),
+      h('td', {}, u.disabled ? h('span', { class: 'badge failed' }, 'disabled') : 'enabled'),
+      h('td', { class: 'num nowrap' }, quotaText(usage.processes ?? 0, q.max_processes)),
+      h('td', { class: 'num nowrap' }, quotaText(usage.programs ?? 0, q.max_programs)),
+      h('td', { class: 'num nowrap' }, q.max_output_mib ? `${fmtBytes(usage.output_bytes ?? 0)} of ${q.max_output_mib} MiB` : fmtBytes(usage.output_bytes ?? 0)),
+      h(
+        'td',
+        {},
+        h(
+          'div',
+          { class: 'row-actions' },
+          h('button', { type: 'button', class: 'secondary small-btn', 'aria-label': `Edit ${u.name}`, onclick: () => editForm(u) }, 'Edit'),
+          isMe(u)
+            ? null
+            : u.disabled
+              ? h('button', { type: 'button', class: 'small-btn', 'aria-label': `Enable ${u.name}`, onclick: () => setDisabled(u, false) }, 'Enable')
+              : h('button', { type: 'button', class: 'danger small-btn', 'aria-label': `Disable ${u.name}`, onclick: () => setDisabled(u, true) }, 'Disable'),
+        ),
+      ),
+    );
+  }
+
+  async function load() {
+    const users = await api('GET', '/users', { signal: ctx.signal });
+    fill(tbody, ...users.map(row));
+  }
+
+  main.append(
+    h('h1', {}, 'Users'),
+    h(
+      'section',
+      { 'aria-labelledby': 'users-heading' },
+      h('h2', { id: 'users-heading' }, 'Accounts'),
+      scrollTable('Accounts', h('table', { id: 'users' }, h('thead', {}, h('tr', {}, ['Name', 'Role', 'State', 'Processes', 'Programs', 'Output', 'Actions'].map((t) => colHead(t)))), tbody)),
+    ),
+    editSection,
+    createForm,
   );
   load().catch(showError);
 }

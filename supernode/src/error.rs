@@ -22,7 +22,8 @@ pub enum Error {
     /// No credentials, bad credentials, or an expired token or lease (401).
     #[error("{message}")]
     Unauthorized {
-        /// `unauthorized`, `token_expired` or `lease_expired`.
+        /// `unauthorized`, `token_expired`, `account_disabled`,
+        /// `wrong_password` or `lease_expired`.
         code: &'static str,
         /// What was wrong.
         message: String,

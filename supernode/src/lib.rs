@@ -424,6 +424,7 @@ impl Supernode {
     ) -> Result<UserInfo, Error> {
         state::check_user_name(name)?;
         state::check_password(password)?;
+        state::check_quotas(&quotas)?;
         let hash = hash_password(password).await?;
         let name = name.to_string();
         self.with_core(move |core, inner, _| core.create_user(inner, &name, &hash, role, &quotas))

@@ -24,7 +24,7 @@ use crate::{Error, Supernode, lease, now_ms, state};
     responses(
         (status = 200, description = "Logged in", body = LoginResponse),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
-        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, an expired one or one that ended with a password change (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
         (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
         (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
         (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
@@ -158,6 +158,7 @@ pub(crate) async fn update_user(
     ApiJson(change): ApiJson<UpdateUserRequest>,
 ) -> Result<Json<UserInfo>, Error> {
     auth.require_admin("change accounts")?;
+    state::check_quotas(&change.quotas)?;
     let actor = auth.id;
     Ok(Json(
         sn.with_core(move |core, inner, fx| core.update_user(inner, fx, actor, &name, &change))
@@ -276,7 +277,9 @@ pub(crate) struct UploadQuery {
     responses(
         (status = 200, description = "The stored program", body = ProgramInfo),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
-        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 403, description = "Volunteer accounts upload no programs (`forbidden`)", body = bsp_api::rest::ApiError),
+        (status = 409, description = "The caller stores as many programs as their quota allows (`quota_exceeded`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, an expired one or one that ended with a password change (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
         (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
         (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
         (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
@@ -329,7 +332,7 @@ pub(crate) async fn upload_program(
     security(("user" = [])),
     responses(
         (status = 200, description = "Own programs and the bundled examples", body = Vec<ProgramInfo>),
-        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, an expired one or one that ended with a password change (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
         (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
         (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
@@ -355,13 +358,14 @@ pub(crate) async fn programs(
     responses(
         (status = 200, description = "The job, waiting for peers or already placed", body = JobInfo),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
-        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, an expired one or one that ended with a password change (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
         (status = 404, description = "No such program for the caller (`program_not_found`)", body = bsp_api::rest::ApiError),
         (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
         (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
         (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
         (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError),
-        (status = 409, description = "Fewer peers online than `min_peers` (`not_enough_peers`), or the job needs more memory than the online peers may use together (`not_enough_memory`)", body = bsp_api::rest::ApiError)
+        (status = 403, description = "Volunteer accounts run no jobs (`forbidden`)", body = bsp_api::rest::ApiError),
+        (status = 409, description = "Fewer peers online than `min_peers` (`not_enough_peers`), the job needs more memory than the online peers may use together (`not_enough_memory`), or it has more processes than the caller's quota allows at once (`quota_exceeded`)", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn submit(
@@ -404,7 +408,7 @@ pub(crate) struct JobsQuery {
     responses(
         (status = 200, description = "Oldest first", body = Vec<JobInfo>),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
-        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, an expired one or one that ended with a password change (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
         (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
         (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
@@ -440,7 +444,7 @@ pub(crate) async fn jobs(
     responses(
         (status = 200, description = "The job", body = JobInfo),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
-        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, an expired one or one that ended with a password change (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
         (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
         (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
         (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
@@ -467,7 +471,7 @@ pub(crate) async fn job(
     responses(
         (status = 200, description = "The job, now finished", body = JobInfo),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
-        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, an expired one or one that ended with a password change (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
         (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
         (status = 409, description = "The thing is in the wrong state or exists already (`conflict`)", body = bsp_api::rest::ApiError),
         (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
@@ -497,7 +501,7 @@ pub(crate) async fn kill(
     responses(
         (status = 204, description = "Deleted"),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
-        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, an expired one or one that ended with a password change (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
         (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
         (status = 409, description = "The thing is in the wrong state or exists already (`conflict`)", body = bsp_api::rest::ApiError),
         (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
@@ -523,7 +527,7 @@ pub(crate) async fn dispose(
     security(("user" = [])),
     responses(
         (status = 200, description = "Online peers first", body = Vec<PeerInfo>),
-        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, an expired one or one that ended with a password change (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
         (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
         (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
@@ -601,7 +605,7 @@ pub(crate) async fn metrics(State(sn): State<Supernode>) -> Result<Response, Err
     security(("user" = [])),
     responses(
         (status = 200, description = "The ring", body = RingInfo),
-        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, an expired one or one that ended with a password change (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
         (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
         (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
     )
@@ -626,7 +630,7 @@ pub(crate) async fn ring(
     responses(
         (status = 204, description = "Deleted"),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
-        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, an expired one or one that ended with a password change (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
         (status = 403, description = "Authenticated but not allowed (`forbidden`)", body = bsp_api::rest::ApiError),
         (status = 404, description = "No such program for the caller (`program_not_found`)", body = bsp_api::rest::ApiError),
         (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),

@@ -73,7 +73,7 @@ fn to_sse(event: &JobEvent) -> Event {
         (status = 200, description = "`text/event-stream`: `id:` the event id, `event:` the kind, `data:` a JobEvent as JSON; ends after the terminal event, or with `follow=false` after the events stored when the request came, whose last id the `bspweb-last-event-id` header gives", content_type = "text/event-stream", body = JobEvent,
             headers(("bspweb-last-event-id" = i64, description = "With `follow=false` only: the id of the last event this stream sends (0: none)"))),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
-        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 401, description = "No token, a bad one, an expired one or one that ended with a password change (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
         (status = 404, description = "No such thing visible to the caller (`not_found`)", body = bsp_api::rest::ApiError),
         (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
         (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
@@ -223,7 +223,7 @@ struct ListFollow {
     security(("user" = [])),
     responses(
         (status = 200, description = "`text/event-stream` of `event: job_list_changed` with a JobListChanged as JSON; no ids, no replay: re-read the lists on (re)connect", content_type = "text/event-stream", body = JobListChanged),
-        (status = 401, description = "No token, a bad one, or an expired one (`unauthorized`, `token_expired`): log in again", body = bsp_api::rest::ApiError)
+        (status = 401, description = "No token, a bad one, an expired one or one that ended with a password change (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError)
     )
 )]
 pub(crate) async fn job_list_events(

@@ -3036,6 +3036,16 @@ async fn admins_list_change_disable_and_enable_accounts() {
     assert!(api_error(&body).message.contains("bspweb user list"));
     let (status, _) = h.patch("/users/bob", &admin, json!({"role": "boss"})).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    // Found by schemathesis: a quota beyond what SQLite holds was a 500.
+    let (status, body) = h
+        .patch(
+            "/users/bob",
+            &admin,
+            json!({"quotas": {"max_output_mib": 9223372036854775808u64}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(api_error(&body).message.contains("at most"), "{body}");
     // `admin: true` and another role contradict each other.
     let (status, _) = h
         .post(

@@ -1142,6 +1142,83 @@ async function main() {
     await page.waitForSelector('h1:has-text("Sign in")');
   });
 
+  const signIn = async (name, password) => {
+    await page.fill('#signin-name', name);
+    await page.fill('#signin-password', password);
+    await page.click('form button[type=submit]');
+  };
+
+  await step('users: an administrator creates, edits and disables accounts', async () => {
+    await signIn('admin', PASSWORD);
+    await page.waitForSelector('#account-name:has-text("admin")');
+    await page.waitForSelector('#nav-users:visible');
+    await page.click('#nav a[href="#/users"]');
+    await page.waitForSelector('h1:has-text("Users")');
+    await page.locator('#users tr[data-user="bob"]').waitFor();
+    check(/\(you\)/.test(await page.locator('#users tr[data-user="admin"]').innerText()), 'the own account is not marked');
+    check((await page.locator('#users tr[data-user="admin"] button:has-text("Disable")').count()) === 0, 'an administrator is offered to disable themselves');
+    // A bad name is caught before it is sent.
+    await page.fill('#new-user-name', 'bad name');
+    await page.fill('#new-user-password', `${PASSWORD}-carol`);
+    await page.click('#new-user-button');
+    await page.waitForSelector('#new-user-error:visible');
+    check(/letters, digits/.test(await text('#new-user-error')), `no clear message for a bad name: ${await text('#new-user-error')}`);
+    await page.fill('#new-user-name', 'carol');
+    await page.selectOption('#new-user-role', 'volunteer');
+    await page.click('#new-user-button');
+    const carol = page.locator('#users tr[data-user="carol"]');
+    await carol.waitFor();
+    check(/Volunteer/.test(await carol.innerText()), `carol is not a volunteer: ${await carol.innerText()}`);
+    await carol.locator('button:has-text("Edit")').click();
+    await page.waitForSelector('#edit-user:visible');
+    await page.fill('#edit-max-processes', '3');
+    await page.click('#edit-save');
+    await page.waitForFunction(() => /of 3/.test(document.querySelector('#users tr[data-user="carol"]')?.innerText ?? ''));
+    await shot('users');
+    await page.locator('#users tr[data-user="bob"] button:has-text("Disable")').click();
+    await page.waitForFunction(() => /disabled/.test(document.querySelector('#users tr[data-user="bob"]')?.innerText ?? ''));
+    await page.click('#sign-out');
+    await page.waitForSelector('h1:has-text("Sign in")');
+  });
+
+  await step('account: a disabled user cannot sign in; a volunteer changes their password', async () => {
+    await signIn('bob', `${PASSWORD}-bob`);
+    await page.waitForSelector('.form-error:visible');
+    check(/disabled/.test(await text('.form-error')), `bob is not told his account is disabled: ${await text('.form-error')}`);
+    await signIn('carol', `${PASSWORD}-carol`);
+    await page.waitForSelector('#account-name:has-text("carol")');
+    check(!(await page.locator('#nav-users').isVisible()), 'a volunteer sees the Users page link');
+    check(!(await page.locator('#nav a[href="#/submit"]').isVisible()), 'a volunteer, who runs no jobs, sees the Submit link');
+    await page.click('#nav a[href="#/account"]');
+    await page.waitForSelector('h1:has-text("Your account")');
+    await page.waitForSelector('#account-facts:has-text("Volunteer")');
+    check(/0 of 3/.test(await text('#account-facts')), `the quota is not shown: ${await text('#account-facts')}`);
+    // A wrong current password is the form's error; the session stays.
+    await page.fill('#pw-current', 'not my password');
+    await page.fill('#pw-new', `${PASSWORD}-carol2`);
+    await page.fill('#pw-again', `${PASSWORD}-carol2`);
+    await page.click('#pw-button');
+    await page.waitForSelector('#pw-error:visible');
+    check(/current password is wrong/.test(await text('#pw-error')), `no clear message: ${await text('#pw-error')}`);
+    check(await page.locator('h1:has-text("Your account")').isVisible(), 'a wrong password signed the user out');
+    await page.fill('#pw-again', 'something else');
+    await page.click('#pw-button');
+    await page.waitForFunction(() => /differ/.test(document.querySelector('#pw-error')?.textContent ?? ''));
+    await page.fill('#pw-current', `${PASSWORD}-carol`);
+    await page.fill('#pw-again', `${PASSWORD}-carol2`);
+    await page.click('#pw-button');
+    await page.waitForSelector('#notice:has-text("Password changed")');
+    await shot('account');
+    // Still signed in with the fresh token.
+    await page.click('#nav a[href="#/jobs"]');
+    await page.waitForSelector('h1:has-text("Jobs")');
+    await page.click('#sign-out');
+    await signIn('carol', `${PASSWORD}-carol2`);
+    await page.waitForSelector('#account-name:has-text("carol")');
+    await page.click('#sign-out');
+    await page.waitForSelector('h1:has-text("Sign in")');
+  });
+
   await step('every kind of page was checked for unlabelled fields', async () => {
     const checked = [...fieldChecks.keys()];
     for (const [kind, re] of [
@@ -1151,6 +1228,8 @@ async function main() {
       ['submit', /#\/submit.* \(Submit a job\)$/],
       ['programs', /#\/programs \(Programs\)$/],
       ['peers', /#\/peers \(Peers\)$/],
+      ['account', /#\/account \(Your account\)$/],
+      ['users', /#\/users \(Users\)$/],
     ]) {
       check(checked.some((k) => re.test(k)), `no ${kind} page was checked for unlabelled fields; checked: ${checked.join(' | ')}`);
     }

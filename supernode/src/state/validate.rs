@@ -20,6 +20,20 @@ pub(crate) fn check_user_name(name: &str) -> Result<(), Error> {
     }
 }
 
+/// The largest output quota, in MiB (1 EiB): beyond it the byte count
+/// would not fit the database.
+pub(crate) const MAX_OUTPUT_QUOTA_MIB: u64 = 1 << 40;
+
+/// Quotas to set: the output quota within [`MAX_OUTPUT_QUOTA_MIB`].
+pub(crate) fn check_quotas(q: &QuotaChange) -> Result<(), Error> {
+    match q.max_output_mib {
+        Some(mib) if mib > MAX_OUTPUT_QUOTA_MIB => Err(Error::bad_request(format!(
+            "`quotas.max_output_mib` is at most {MAX_OUTPUT_QUOTA_MIB} (0: no limit), not {mib}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Passwords: 8 to 1024 bytes.
 pub(crate) fn check_password(password: &str) -> Result<(), Error> {
     if (8..=1024).contains(&password.len()) {
