@@ -12,7 +12,8 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
 use crate::cli_client::{Session, home, save_session, write_private};
-use crate::{PeerArgs, SupernodeArgs, UpArgs};
+use crate::peer_cmd::PeerRunArgs;
+use crate::{SupernodeArgs, UpArgs};
 
 fn default_data_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_DATA_HOME") {
@@ -127,10 +128,14 @@ fn local_peer(
     url: &str,
     i: usize,
     idle_file: Option<&Path>,
+    data: &Path,
 ) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(exe);
     cmd.args(["peer", "--supernode", url, "--listen", "127.0.0.1:0"])
         .args(["--name", &format!("local-{i}")])
+        // Each its own control socket: `bspweb peer status --socket DATA/peer-local-I.sock`.
+        .arg("--control-socket")
+        .arg(data.join(format!("peer-local-{i}.sock")))
         .arg("--exit-on-stdin-eof")
         .stdin(std::process::Stdio::piped())
         .kill_on_drop(true);
@@ -172,7 +177,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         let log_path = logs.join(format!("peer-{i}.log"));
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("cannot create {}", log_path.display()))?;
-        let child = local_peer(&exe, &url, i, idle_file.as_deref())
+        let child = local_peer(&exe, &url, i, idle_file.as_deref(), &data)
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
@@ -244,7 +249,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
                 for (i, child, log) in children.iter_mut() {
                     if let Ok(Some(status)) = child.try_wait() {
                         eprintln!("warning: local peer {i} stopped ({status}); see {}", log.display());
-                        *child = local_peer(&exe, &url, *i, idle_file.as_deref())
+                        *child = local_peer(&exe, &url, *i, idle_file.as_deref(), &data)
                             .stdout(std::fs::File::options().append(true).open(&*log)?)
                             .stderr(std::fs::File::options().append(true).open(&*log)?)
                             .spawn()
@@ -305,7 +310,7 @@ pub async fn supernode(a: SupernodeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn peer(a: PeerArgs) -> anyhow::Result<ExitCode> {
+pub async fn peer(a: PeerRunArgs) -> anyhow::Result<ExitCode> {
     if let Some(c) = &a.cluster
         && !bsp_api::control::valid_cluster_name(c)
     {
@@ -316,8 +321,11 @@ pub async fn peer(a: PeerArgs) -> anyhow::Result<ExitCode> {
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|_| "peer".to_string())
     });
+    let Some(supernode) = a.supernode else {
+        anyhow::bail!("--supernode URL is needed to run a peer");
+    };
     let config = bspweb_peer::PeerConfig {
-        supernode: a.supernode,
+        supernode,
         listen: a.listen,
         advertise: a.advertise,
         name,
@@ -339,6 +347,16 @@ pub async fn peer(a: PeerArgs) -> anyhow::Result<ExitCode> {
             min_bytes: a.broadcast_min_kib.saturating_mul(1024),
             ..Default::default()
         },
+        control_socket: if a.no_control_socket {
+            None
+        } else {
+            Some(
+                a.control_socket
+                    .unwrap_or_else(bspweb_peer::daemon::default_socket),
+            )
+        },
+        windows: a.run_between,
+        cpu_percent: a.cpu_percent,
     };
     // The first Ctrl-C or SIGTERM drains the peer, a second one stops it at once.
     let stops = stop_requests(a.exit_on_stdin_eof);

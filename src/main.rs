@@ -6,6 +6,7 @@
 mod accounts;
 mod cli_client;
 mod local;
+mod peer_cmd;
 mod sim_cmd;
 
 use std::net::SocketAddr;
@@ -36,8 +37,10 @@ enum Command {
     Up(UpArgs),
     /// Run a supernode
     Supernode(SupernodeArgs),
-    /// Run a peer that donates this machine's idle time to a supernode
-    Peer(PeerArgs),
+    /// Run a peer that donates this machine's idle time to a supernode; or
+    /// install it as a service, or show, pause or resume the running one
+    #[command(long_about = peer_cmd::PEER_ABOUT)]
+    Peer(Box<peer_cmd::PeerArgs>),
     /// Log in and remember the session for later commands
     #[command(after_long_help = cli_client::EXIT_CODES)]
     Login(LoginArgs),
@@ -168,66 +171,6 @@ pub struct SupernodeArgs {
 }
 
 #[derive(Args)]
-pub struct PeerArgs {
-    /// Base URL of the supernode, e.g. http://127.0.0.1:7878
-    #[arg(long, env = "BSPWEB_SUPERNODE")]
-    supernode: String,
-    /// Address of the peer-to-peer listener
-    #[arg(long, default_value = "0.0.0.0:0")]
-    listen: SocketAddr,
-    /// host:port other peers should dial (default: the listen address)
-    #[arg(long)]
-    advertise: Option<String>,
-    /// Name shown in peer lists (default: host name)
-    #[arg(long)]
-    name: Option<String>,
-    /// Memory cap per process, in MiB
-    #[arg(long, default_value_t = 1024)]
-    max_memory_mib: u32,
-    /// The most memory this peer may use for bspweb, all jobs together, in
-    /// MiB; a job that would take it further fails, saying so, instead of
-    /// the machine running out [default: half the machine's memory; 0: no
-    /// budget]
-    #[arg(long)]
-    memory_budget_mib: Option<u64>,
-    /// Cap of the wall-clock limit of one superstep, in seconds
-    #[arg(long, default_value_t = 3600)]
-    max_superstep_secs: u64,
-    /// Processes run at once (default: number of cores)
-    #[arg(long)]
-    slots: Option<usize>,
-    /// OS niceness (0 = normal, 19 = lowest priority)
-    #[arg(long, default_value_t = 10)]
-    nice: i32,
-    /// Override the benchmarked speed weight (1.0 = reference machine)
-    #[arg(long)]
-    speed: Option<f64>,
-    /// On Ctrl-C or SIGTERM, wait this long for the supernode to move this
-    /// peer's processes away before stopping them (a second Ctrl-C stops at once)
-    #[arg(long, default_value_t = 60)]
-    drain_timeout_secs: u64,
-    /// Report the idle fraction read from this file (a number in [0, 1]) instead
-    /// of measuring the CPU; unreadable or invalid content falls back to the measurement
-    #[arg(long)]
-    idle_file: Option<PathBuf>,
-    /// The network cluster this peer is in (letters, digits, `.`, `_`, `-`):
-    /// peers of one cluster share fast links. Broadcasts and program
-    /// downloads use it (docs/broadcast.md); unset means one cluster
-    #[arg(long, env = "BSPWEB_CLUSTER")]
-    cluster: Option<String>,
-    /// How large send_range/send_list payloads travel: auto (the rule in
-    /// docs/broadcast.md), direct, symmetric, binomial or chain
-    #[arg(long, default_value = "auto")]
-    broadcast: bspweb_peer::relay::BroadcastAlgorithm,
-    /// Under --broadcast auto, payloads smaller than this many KiB go direct
-    #[arg(long, default_value_t = 256)]
-    broadcast_min_kib: usize,
-    /// Stop when standard input closes (for supervisors and tests)
-    #[arg(long, hide = true)]
-    exit_on_stdin_eof: bool,
-}
-
-#[derive(Args)]
 struct LoginArgs {
     /// Supernode URL
     #[arg(long, env = "BSPWEB_URL", default_value = cli_client::DEFAULT_URL)]
@@ -250,8 +193,16 @@ fn init_tracing(default: &str) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if matches!(cli.command, Command::Peer(_)) {
+    // `bspweb peer` reads its settings file into flags first.
+    let args = match peer_cmd::with_config_file(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(cli_client::exit_code(&e));
+        }
+    };
+    let cli = Cli::parse_from(args);
+    if matches!(&cli.command, Command::Peer(a) if a.runs()) {
         // Before the async runtime starts its threads.
         bspweb_peer::sysinfo::use_one_allocator_arena();
     }
@@ -275,7 +226,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Up(a) => local::up(a).await,
             Command::Supernode(a) => local::supernode(a).await,
-            Command::Peer(a) => local::peer(a).await,
+            Command::Peer(a) => peer_cmd::peer(*a).await,
             Command::Login(a) => cli_client::login(&a.url, &a.user).await,
             Command::Submit(a) => cli_client::submit(a).await,
             Command::Jobs(a) => cli_client::jobs(a).await,

@@ -303,6 +303,17 @@ impl Client {
         .map(|_| ())
     }
 
+    /// End a drain this peer asked for: it takes processes again.
+    pub async fn resume(&self) -> Result<(), ControlError> {
+        self.authorized("resume", false, |_| {
+            self.http
+                .post(self.url("resume"))
+                .timeout(Duration::from_secs(30))
+        })
+        .await
+        .map(|_| ())
+    }
+
     /// Download a module by hash.
     pub async fn module(&self, hash: &str) -> Result<Vec<u8>, ControlError> {
         if !hash.chars().all(|c| c.is_ascii_hexdigit()) || hash.is_empty() {

@@ -115,9 +115,11 @@ struct Running {
 #[derive(Default)]
 struct Table {
     running: HashMap<JobId, Running>,
-    /// Jobs that ended, per identity of this peer: after a fence the peer
-    /// logs in under a new id and may be given the same job again.
-    ended: HashSet<(PeerId, JobId)>,
+    /// Jobs that ended, per identity of this peer, with the last epoch
+    /// seen: after a fence the peer logs in under a new id and may be given
+    /// the same job again; a peer that left a job (drained) is given it
+    /// again in a later epoch when it takes work again (resumed).
+    ended: HashMap<(PeerId, JobId), u64>,
     ended_order: std::collections::VecDeque<(PeerId, JobId)>,
 }
 
@@ -177,7 +179,10 @@ impl Jobs {
                 }
                 return None;
             }
-            if t.ended.contains(&(me, job)) {
+            if t.ended
+                .get(&(me, job))
+                .is_some_and(|&last| assignment.epoch <= last)
+            {
                 return None;
             }
             if !assignment.peers.iter().any(|p| p.id == me) {
@@ -219,10 +224,12 @@ impl Jobs {
             // The job's buffers are freed: let the machine have them back.
             let _ = tokio::task::spawn_blocking(crate::sysinfo::release_free_memory).await;
             let mut t = jobs.lock();
-            if t.running.get(&job).is_some_and(|r| r.me == me) {
+            let mut last = 0;
+            if let Some(r) = t.running.get(&job).filter(|r| r.me == me) {
+                last = r.epoch;
                 t.running.remove(&job);
             }
-            if t.ended.insert((me, job)) {
+            if t.ended.insert((me, job), last).is_none() {
                 t.ended_order.push_back((me, job));
                 if t.ended_order.len() > REMEMBER_ENDED
                     && let Some(old) = t.ended_order.pop_front()
@@ -2435,11 +2442,29 @@ impl Driver {
         }
         // Processes waiting for the program that no longer live here never
         // start; one restored here is fetched, not started fresh.
+        let mut never_started = Vec::new();
         if let Some((fresh, restored)) = &mut self.deferred {
             let me = self.me;
             let placement = &self.placement;
+            for p in fresh.iter().chain(restored.iter()) {
+                if placement[*p as usize] != me && !never_started.contains(p) {
+                    never_started.push(*p);
+                }
+            }
             restored.retain(|p| placement[*p as usize] == me);
             fresh.retain(|p| placement[*p as usize] == me && !restored.contains(p));
+        }
+        // Moved away before the program arrived: nothing to hand over, but
+        // the supernode learns that this peer let go of them (a draining
+        // peer then leaves the job).
+        never_started.sort_unstable();
+        for pid in never_started {
+            self.emit(PeerEvent::ProcessHandedOver {
+                job: self.job,
+                pid,
+                superstep: 0,
+                epoch: self.epoch,
+            });
         }
         // Processes here whose host moved without being listed (should not
         // happen) are handed over too.

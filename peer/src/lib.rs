@@ -13,10 +13,12 @@
 //!
 //! [`run`] puts them together: `bspweb peer` and `bspweb up` call it.
 
+pub mod availability;
 pub mod barrier;
 pub mod budget;
 pub mod checkpoint;
 pub mod control;
+pub mod daemon;
 pub mod job;
 pub mod net;
 pub mod program;
@@ -85,6 +87,15 @@ pub struct PeerConfig {
     pub cluster: Option<String>,
     /// How large `send_range`/`send_list` payloads travel (`--broadcast`).
     pub broadcast: relay::BroadcastPolicy,
+    /// The local control socket (`bspweb peer status|pause|resume`);
+    /// `None`: none.
+    pub control_socket: Option<PathBuf>,
+    /// Take work only inside these daily windows (local time); empty:
+    /// always.
+    pub windows: Vec<availability::Window>,
+    /// Use at most this percentage of the machine's cores (fewer slots,
+    /// and fewer cores reported, so the supernode places fewer processes).
+    pub cpu_percent: Option<u8>,
 }
 
 impl PeerConfig {
@@ -107,6 +118,9 @@ impl PeerConfig {
             idle_file: None,
             cluster: None,
             broadcast: relay::BroadcastPolicy::default(),
+            control_socket: None,
+            windows: Vec::new(),
+            cpu_percent: None,
         }
     }
 }
@@ -152,6 +166,9 @@ pub async fn run(
     if config.slots == 0 {
         anyhow::bail!("slots must be at least 1");
     }
+    if config.cpu_percent.is_some_and(|p| !(1..=100).contains(&p)) {
+        anyhow::bail!("the CPU cap must be a percentage from 1 to 100");
+    }
     runtime::set_guest_niceness(config.nice);
     let speed = match config.speed {
         Some(s) if s.is_finite() && s > 0.0 => s,
@@ -185,9 +202,16 @@ pub async fn run(
     tokio::spawn(net::serve(listener, registry.clone(), cancel.clone()));
 
     let mut idle = sysinfo::IdleSource::new(config.idle_file.clone());
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get() as u32)
+    let machine_cores = std::thread::available_parallelism()
+        .map(|n| n.get())
         .unwrap_or(1);
+    // A CPU cap runs fewer processes at once and reports fewer cores, so
+    // the supernode places fewer here.
+    let slots = availability::capped_slots(config.slots, machine_cores, config.cpu_percent);
+    let cores = match config.cpu_percent {
+        Some(_) => u32::try_from(slots).unwrap_or(u32::MAX),
+        None => u32::try_from(machine_cores).unwrap_or(u32::MAX),
+    };
     let client = Client::new(
         &config.supernode,
         PeerLogin {
@@ -205,7 +229,7 @@ pub async fn run(
     tracing::info!(
         "peer `{}` listening on {bound} (advertised as {addr}), speed {speed:.2}, {} slots, memory budget {}",
         config.name,
-        config.slots,
+        slots,
         if budget == 0 {
             "none".to_string()
         } else {
@@ -217,7 +241,7 @@ pub async fn run(
         runtime: runtime.clone(),
         registry,
         reporter: reporter.clone(),
-        slots: slots::Slots::new(config.slots),
+        slots: slots::Slots::new(slots),
         max_memory_mib: config.max_memory_mib,
         max_superstep_ms: config.max_superstep_ms,
         connect_timeout: CONNECT_TIMEOUT,
@@ -233,7 +257,40 @@ pub async fn run(
         Box::new(move || jobs.fence())
     });
     let draining = Arc::new(AtomicBool::new(false));
+    let standing = Arc::new(daemon::Standing::default());
+    standing.idle_bits.store(1f64.to_bits(), Ordering::Relaxed);
+    if let Some(path) = &config.control_socket {
+        match daemon::bind(path).await {
+            Ok(listener) => {
+                tracing::info!(
+                    "control socket {} (`bspweb peer status|pause|resume`)",
+                    path.display()
+                );
+                let view = StatusView {
+                    name: config.name.clone(),
+                    supernode: config.supernode.clone(),
+                    client: client.clone(),
+                    jobs: jobs.clone(),
+                    standing: standing.clone(),
+                    windows: config.windows.iter().map(ToString::to_string).collect(),
+                    slots,
+                    cpu_percent: config.cpu_percent,
+                    speed,
+                    budget_bytes: runtime.budget().limit(),
+                };
+                let handle = Arc::new(move |r| view.handle(r));
+                tokio::spawn(daemon::serve(
+                    listener,
+                    path.clone(),
+                    handle,
+                    cancel.clone(),
+                ));
+            }
+            Err(e) => tracing::warn!("no control socket: {e}"),
+        }
+    }
 
+    let stop_availability = standing.clone();
     let main = {
         let cancel = cancel.clone();
         let client = client.clone();
@@ -258,8 +315,18 @@ pub async fn run(
                 client.clone(),
                 jobs.clone(),
                 machine,
-                draining,
+                Renewed {
+                    draining: draining.clone(),
+                    standing: standing.clone(),
+                },
                 stats,
+                cancel.clone(),
+            ));
+            tokio::spawn(availability_loop(
+                client.clone(),
+                draining,
+                standing,
+                config.windows.clone(),
                 cancel.clone(),
             ));
             tokio::spawn(upload_loop(client.clone(), reporter, cancel.clone()));
@@ -268,6 +335,10 @@ pub async fn run(
     };
     let main = tokio::spawn(main);
     shutdown.await;
+    stop_availability.stopping.store(true, Ordering::SeqCst);
+    stop_availability.changed.notify_one();
+    // Wait for a drain or resume call in flight to finish first.
+    drop(stop_availability.order.lock().await);
     tokio::pin!(force);
     drain(&client, &jobs, &draining, config.drain_timeout, &mut force).await;
     tracing::info!("peer shutting down");
@@ -348,14 +419,22 @@ struct Machine {
     budget_bytes: u64,
 }
 
+/// What renewals say about draining, and the order they keep with drain
+/// and resume calls.
+struct Renewed {
+    draining: Arc<AtomicBool>,
+    standing: Arc<daemon::Standing>,
+}
+
 async fn renew_loop(
     client: Arc<Client>,
     jobs: Arc<Jobs>,
     machine: Machine,
-    draining: Arc<AtomicBool>,
+    renewed: Renewed,
     stats: Arc<relay::DataStats>,
     cancel: CancellationToken,
 ) {
+    let Renewed { draining, standing } = renewed;
     let Machine {
         speed,
         mut idle,
@@ -370,7 +449,13 @@ async fn renew_loop(
             return;
         }
         let idle_now = idle.sample();
+        standing
+            .idle_bits
+            .store(idle_now.to_bits(), Ordering::Relaxed);
         client.update_login(speed, idle_now);
+        // The draining flag read here and the renewal's arrival keep their
+        // order with drain and resume calls.
+        let _order = standing.order.lock().await;
         let body = PeerRenew {
             speed,
             idle: idle_now,
@@ -387,6 +472,152 @@ async fn renew_loop(
         // supernode is retried at the next tick, the jobs carry on.
         if let Err(e) = client.renew(&body).await {
             tracing::warn!("cannot renew the lease: {e}");
+        }
+    }
+}
+
+/// Drains the peer while it should take no work (paused by the volunteer,
+/// or outside its time windows) and resumes it when it may again; checks
+/// the windows every 20 s and acts at once on `pause` and `resume`.
+async fn availability_loop(
+    client: Arc<Client>,
+    draining: Arc<AtomicBool>,
+    standing: Arc<daemon::Standing>,
+    windows: Vec<availability::Window>,
+    cancel: CancellationToken,
+) {
+    // What the supernode was last told; `None`: not yet (it starts out
+    // taking work).
+    let mut told: Option<bool> = Some(false);
+    loop {
+        let outside = !availability::allowed(&windows, availability::local_minute_of_day());
+        if standing.outside_windows.swap(outside, Ordering::SeqCst) != outside {
+            tracing::info!(
+                "{} its time windows ({})",
+                if outside { "outside" } else { "inside" },
+                windows
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        let want = standing.wants_drain();
+        let mut retry = false;
+        if told != Some(want) && !standing.stopping.load(Ordering::SeqCst) {
+            let _order = standing.order.lock().await;
+            draining.store(want, Ordering::SeqCst);
+            let result = if want {
+                client.drain().await
+            } else {
+                client.resume().await
+            };
+            match result {
+                Ok(()) => {
+                    told = Some(want);
+                    tracing::info!(
+                        "{}",
+                        if want {
+                            "paused: the supernode moves this peer's processes away and gives it no new ones"
+                        } else {
+                            "taking work again"
+                        }
+                    );
+                }
+                Err(e) => {
+                    // Renewals carry the draining flag meanwhile (a drain
+                    // takes effect with the next one); retried shortly.
+                    tracing::warn!("cannot tell the supernode (retrying): {e}");
+                    told = None;
+                    retry = true;
+                }
+            }
+        }
+        let wait = if retry {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_secs(20)
+        };
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = standing.changed.notified() => {}
+            () = tokio::time::sleep(wait) => {}
+        }
+        if standing.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+    }
+}
+
+/// What the control socket answers with, and how it applies requests.
+struct StatusView {
+    name: String,
+    supernode: String,
+    client: Arc<Client>,
+    jobs: Arc<Jobs>,
+    standing: Arc<daemon::Standing>,
+    windows: Vec<String>,
+    slots: usize,
+    cpu_percent: Option<u8>,
+    speed: f64,
+    budget_bytes: u64,
+}
+
+impl StatusView {
+    fn handle(&self, request: daemon::Request) -> daemon::Answer {
+        let s = &self.standing;
+        match request {
+            daemon::Request::Pause => {
+                if !s.paused.swap(true, Ordering::SeqCst) {
+                    tracing::info!("paused by the volunteer");
+                }
+                s.changed.notify_one();
+            }
+            daemon::Request::Resume => {
+                if s.paused.swap(false, Ordering::SeqCst) {
+                    tracing::info!("resumed by the volunteer");
+                }
+                s.changed.notify_one();
+            }
+            daemon::Request::Status => {}
+        }
+        let paused = s.paused.load(Ordering::SeqCst);
+        let in_window = !s.outside_windows.load(Ordering::SeqCst);
+        let jobs = self.jobs.running();
+        let peer_id = self.client.peer_id();
+        let state = if peer_id.is_none() {
+            "logging in"
+        } else if paused || !in_window {
+            if !jobs.is_empty() {
+                "draining"
+            } else if paused {
+                "paused"
+            } else {
+                "outside its time windows"
+            }
+        } else if jobs.is_empty() {
+            "idle"
+        } else {
+            "running"
+        };
+        daemon::Answer {
+            status: Some(daemon::PeerStatus {
+                name: self.name.clone(),
+                supernode: self.supernode.clone(),
+                peer_id,
+                state: state.to_string(),
+                paused,
+                in_window,
+                windows: self.windows.clone(),
+                jobs,
+                slots: self.slots,
+                cpu_percent: self.cpu_percent,
+                speed: self.speed,
+                idle: f64::from_bits(s.idle_bits.load(Ordering::Relaxed)),
+                rss_bytes: sysinfo::rss_bytes().unwrap_or(0),
+                budget_bytes: self.budget_bytes,
+            }),
+            error: None,
         }
     }
 }

@@ -207,6 +207,27 @@ pub(crate) async fn drain(State(sn): State<Supernode>, peer: AuthPeer) -> Result
     Ok(no_content())
 }
 
+/// `POST /api/v1/peer/resume`: ends the drain the peer asked for; it takes
+/// processes again.
+#[utoipa::path(
+    post,
+    path = "/peer/resume",
+    tag = "peer control plane",
+    summary = "End a drain: take processes again (after `bspweb peer pause`)",
+    security(("peer" = [])),
+    responses(
+        (status = 204, description = "Taking processes again (also when it was not draining)"),
+        (status = 401, description = "No lease token, a bad one, or an expired lease (`unauthorized`, `lease_expired`): log in again", body = bsp_api::rest::ApiError),
+        (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
+        (status = 503, description = "The supernode cannot write to its disk (full, or failing) (`storage_unavailable`): try again later; running jobs go on", body = bsp_api::rest::ApiError)
+    )
+)]
+pub(crate) async fn resume(State(sn): State<Supernode>, peer: AuthPeer) -> Result<Response, Error> {
+    sn.with_core(move |core, inner, fx| core.resume(inner, fx, peer.id))
+        .await?;
+    Ok(no_content())
+}
+
 #[utoipa::path(
     get,
     path = "/peer/modules/{hash}",

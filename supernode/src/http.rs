@@ -153,6 +153,7 @@ fn api_v1() -> OpenApiRouter<Supernode> {
         .routes(routes!(control::commands))
         .routes(routes!(control::report).layer(DefaultBodyLimit::max(REPORT_BODY)))
         .routes(routes!(control::drain))
+        .routes(routes!(control::resume))
         .routes(routes!(control::module))
         .routes(routes!(control::resources))
 }

@@ -133,6 +133,7 @@ mod tests {
             "post /api/v1/peer/login",
             "post /api/v1/peer/renew",
             "post /api/v1/peer/report",
+            "post /api/v1/peer/resume",
             "post /api/v1/programs",
             "post /api/v1/users",
             "post /api/v1/users/{user}/password",

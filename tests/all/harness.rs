@@ -131,6 +131,10 @@ impl Cluster {
                 "--name", name, "--nice", "0", "--speed", "1.0", "--slots", "2",
             ])
             .arg("--exit-on-stdin-eof")
+            .arg("--control-socket")
+            .arg(self.control_socket(name))
+            // No peer.toml of the machine's user is read.
+            .env("BSPWEB_CONFIG_DIR", &self.data_path)
             .args(extra)
             .env("BSPWEB_LOG", log_filter(self.opts.log_files))
             .stdin(Stdio::piped())
@@ -157,6 +161,12 @@ impl Cluster {
     }
 
     /// The peers' lease TTL the supernode was started with.
+    /// The control socket of the peer named `name` (`bspweb peer status
+    /// --socket …`).
+    pub fn control_socket(&self, name: &str) -> PathBuf {
+        self.data_path.join(format!("peer-{name}.sock"))
+    }
+
     pub fn lease_ttl_secs(&self) -> u64 {
         self.opts.lease_ttl_secs
     }

@@ -17,3 +17,4 @@ mod security;
 mod testbed;
 mod testbed_jobs;
 mod up;
+mod volunteer;

@@ -71,8 +71,8 @@ pub use self::spec::{JobSpec, Program};
 use crate::JobId;
 use crate::rest::{
     ChangePasswordRequest, CreateUserRequest, Health, JobInfo, JobState, LoginRequest,
-    LoginResponse, PeerInfo, ProgramInfo, SetPasswordRequest, SubmitJob, UpdateUserRequest,
-    UserInfo,
+    LoginResponse, PeerInfo, ProgramInfo, RingInfo, SetPasswordRequest, SubmitJob,
+    UpdateUserRequest, UserInfo,
 };
 
 /// How long an ordinary call (not an event stream) waits for its whole
@@ -357,6 +357,12 @@ impl Client {
         let resp: LoginResponse = self.send(self.http.post(&url).json(&body), &url).await?;
         self.token = resp.token.clone();
         Ok(resp)
+    }
+
+    /// The DHHT ring: the peers that take processes, their shares, and
+    /// where the caller's processes land.
+    pub async fn ring(&self) -> Result<RingInfo, ClientError> {
+        self.get("/ring").await
     }
 
     /// Every account (administrators only).

@@ -380,6 +380,41 @@ impl Core {
         Ok(())
     }
 
+    /// Ends a drain the peer asked for (`bspweb peer resume`): it takes
+    /// processes again, at its position on the ring with its last power.
+    pub(crate) fn resume(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        peer: PeerId,
+    ) -> Result<(), Error> {
+        let now = now_ms();
+        let tx = self.conn.transaction()?;
+        let row: Option<(bool, f64, f64, Option<i64>)> = tx
+            .query_row(
+                "SELECT draining, speed, idle, golden FROM peers WHERE id = ?1 AND state = 'online'",
+                [peer],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()?;
+        let Some((true, speed, idle, golden)) = row else {
+            return Ok(());
+        };
+        let w = weight(speed, idle);
+        tx.execute(
+            "UPDATE peers SET draining = 0, power = ?2 WHERE id = ?1",
+            params![peer, w],
+        )?;
+        if let Some(k) = golden {
+            insert_peer(&mut self.place.dhht, peer, u64_from_sql(k), w);
+        }
+        tracing::info!(peer, power = w, "peer resumed: it takes processes again");
+        self.place.rebalance_pending = epoch::rebalance(&tx, &mut self.place, inner, fx, now)?;
+        fx.wake_scheduler = true;
+        tx.commit()?;
+        Ok(())
+    }
+
     /// Declares `suspect.peer` gone now, because its data-plane address
     /// refused a connection (see [`SuspectWhy`] for why it was dialed), and
     /// restores its processes like an expired lease would. Does

@@ -1,0 +1,241 @@
+//! The volunteer's everyday (issue 19): `bspweb peer status|pause|resume`
+//! against real peers, and `bspweb peer install` producing a unit that
+//! systemd accepts.
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use bspweb_peer::daemon::PeerStatus;
+
+use crate::harness::{Cluster, Options, bspweb, job};
+
+fn run(args: &[&std::ffi::OsStr]) -> Output {
+    bspweb().args(args).output().unwrap()
+}
+
+/// `bspweb peer CMD --socket SOCKET --json`: the peer's status.
+#[track_caller]
+fn peer_cmd(cmd: &str, socket: &std::path::Path) -> PeerStatus {
+    let out = bspweb()
+        .args(["peer", cmd, "--json", "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "bspweb peer {cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Polls `check` every 50 ms until it holds; panics after `limit`.
+async fn until<T>(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_moves_the_processes_away_and_resume_takes_work_again() {
+    let cluster = Cluster::start(Options {
+        peers: 2,
+        ..Options::default()
+    });
+    let client = cluster.admin().await;
+    let name = &cluster.peers[1].name;
+    let socket = cluster.control_socket(name);
+    let limit = Duration::from_secs(60);
+    let status = peer_cmd("status", &socket);
+    assert_eq!(&status.name, name);
+    assert_eq!(status.state, "idle");
+    let me = status.peer_id.expect("logged in");
+
+    // A long job with processes on both peers.
+    let long = client
+        .submit(&job("supersteps", 16, serde_json::json!({"k": 10_000_000})))
+        .await
+        .unwrap();
+    until(
+        "the job to run on the volunteer's peer",
+        limit,
+        async || {
+            let info = client.job(long.id).await.ok()?;
+            info.placement.contains(&me).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(peer_cmd("status", &socket).state, "running");
+
+    // Paused: its processes move to the other peer, the job goes on.
+    let paused = peer_cmd("pause", &socket);
+    assert!(paused.paused);
+    let moved = until("the processes to move away", limit, async || {
+        let info = client.job(long.id).await.ok()?;
+        (!info.placement.contains(&me)).then_some(info)
+    })
+    .await;
+    let status = until("the peer to be drained", limit, async || {
+        let s = peer_cmd("status", &socket);
+        (s.state == "paused").then_some(s)
+    })
+    .await;
+    assert!(status.jobs.is_empty(), "{status:?}");
+    let steps = |i: &bsp_api::rest::JobInfo| i.supersteps.iter().copied().min().unwrap_or(0);
+    let before = steps(&moved);
+    until("the job to go on elsewhere", limit, async || {
+        let info = client.job(long.id).await.ok()?;
+        (info.state == bsp_api::rest::JobState::Active && steps(&info) > before).then_some(())
+    })
+    .await;
+    // A paused peer is out of the ring: a new job gets none of it.
+    let ring = client.ring().await.unwrap();
+    assert!(ring.peers.iter().all(|p| p.id != me), "{ring:?}");
+
+    // Resumed: back in the ring, and given work again.
+    let resumed = peer_cmd("resume", &socket);
+    assert!(!resumed.paused);
+    until("the peer to be back in the ring", limit, async || {
+        let ring = client.ring().await.ok()?;
+        ring.peers.iter().any(|p| p.id == me).then_some(())
+    })
+    .await;
+    // The job's processes whose DHHT host it is come back.
+    until("the job to use the resumed peer again", limit, async || {
+        let info = client.job(long.id).await.ok()?;
+        info.placement.contains(&me).then_some(())
+    })
+    .await;
+    until("the resumed peer to run them", limit, async || {
+        (peer_cmd("status", &socket).state == "running").then_some(())
+    })
+    .await;
+    client.kill(long.id).await.unwrap();
+
+    // Text for people; a socket nobody listens on is "cannot connect".
+    let out = run(&[
+        "peer".as_ref(),
+        "status".as_ref(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with(&format!("{name}: ")), "{text}");
+    assert!(text.contains("windows: always"), "{text}");
+    let nobody = cluster.control_socket("nobody");
+    let out = run(&[
+        "peer".as_ref(),
+        "pause".as_ref(),
+        "--socket".as_ref(),
+        nobody.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(8), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no peer is running"));
+}
+
+/// `bspweb peer install --user` writes a settings file and a unit that
+/// `systemd-analyze verify` accepts without a warning; `uninstall` removes
+/// the unit. (Starting it needs a running systemd, which a CI container
+/// lacks: `--no-start`.)
+#[test]
+fn install_writes_a_unit_systemd_accepts_and_settings_the_peer_reads() {
+    let home = tempfile::tempdir().unwrap();
+    let units = home.path().join("units");
+    let config = home.path().join("peer.toml");
+    let install = |extra: &[&str]| {
+        bspweb()
+            .args(["peer", "install", "--user", "--no-start", "--unit-dir"])
+            .arg(&units)
+            .arg("--config")
+            .arg(&config)
+            .args(["--supernode", "http://127.0.0.1:9", "--cpu-percent", "50"])
+            .args([
+                "--run-between",
+                "22:00-07:00",
+                "--memory-budget-mib",
+                "2048",
+            ])
+            .args(extra)
+            .env("HOME", home.path())
+            .output()
+            .unwrap()
+    };
+    let out = install(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let unit = units.join("bspweb-peer.service");
+    let text = std::fs::read_to_string(&unit).unwrap();
+    assert!(text.contains("MemoryMax=2560M"), "{text}");
+    assert!(
+        text.contains(&format!("--config {}", config.display())),
+        "{text}"
+    );
+    let verify = std::process::Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&unit)
+        .output()
+        .expect("systemd-analyze (Debian's `systemd` package; .ci/run installs it)");
+    let complaints = String::from_utf8_lossy(&verify.stderr);
+    assert!(
+        verify.status.success() && complaints.trim().is_empty(),
+        "systemd-analyze verify: {complaints}"
+    );
+
+    // A second install keeps the settings unless told to replace them.
+    let out = install(&[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
+    assert!(install(&["--force"]).status.success());
+
+    // The peer reads the file: a bad value in it is named like a flag.
+    let settings = std::fs::read_to_string(&config).unwrap();
+    assert!(
+        settings.contains("run-between = [\"22:00-07:00\"]"),
+        "{settings}"
+    );
+    std::fs::write(
+        &config,
+        settings.replace("cpu-percent = 50", "cpu-percent = 500"),
+    )
+    .unwrap();
+    let out = bspweb()
+        .args(["peer", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--cpu-percent") && stderr.contains("500"),
+        "{stderr}"
+    );
+    std::fs::write(&config, "supernod = \"http://x\"\n").unwrap();
+    let out = bspweb()
+        .args(["peer", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown setting `supernod`"));
+
+    let out = bspweb()
+        .args(["peer", "uninstall", "--no-start", "--unit-dir"])
+        .arg(&units)
+        .env("HOME", home.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!unit.exists());
+}
