@@ -11,10 +11,10 @@
 //! inner product of two {n}-vectors = {sum}             (pid 0, after a sync)
 //! ```
 //!
-//! Every process sends its partial sum to all (a total exchange) and adds the
-//! partials in pid order.
+//! Every process sends its partial sum to all (a total exchange,
+//! [`Bsp::all_reduce`]) and adds the partials in pid order.
 
-use bspweb::{Bsp, Error, Result, dist};
+use bspweb::{Bsp, Result, dist};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -49,16 +49,8 @@ async fn main(bsp: &mut Bsp, args: Args) -> Result<()> {
         "pid {pid} partial sum over [{}, {}) = {partial}",
         range.start, range.end
     ));
-    bsp.send_range(.., &partial)?;
-    bsp.sync().await;
-
-    let mut sum = 0i128;
-    for p in 0..nprocs {
-        let m = bsp
-            .find_message(p, 0)
-            .ok_or_else(|| Error::msg(format!("no partial sum arrived from pid {p}")))?;
-        sum += m.decode::<i128>()?;
-    }
+    // A total exchange; the partials are added in pid order.
+    let sum = bsp.all_reduce(partial, |a, b| a + b).await?;
     if pid == 0 {
         bsp.println(format!("inner product of two {}-vectors = {sum}", args.n));
     }

@@ -42,6 +42,12 @@
 //! memory with [`Bsp::send_numbers`]. Output goes to the user who started the
 //! job: [`Bsp::println`], [`Bsp::eprintln`] and [`Bsp::write_raw`].
 //!
+//! Collective operations take one superstep each and combine values in pid
+//! order, so every process gets the same result: [`Bsp::all_gather`],
+//! [`Bsp::all_reduce`] and [`Bsp::reduce`]. [`dist`] splits index ranges
+//! into blocks ([`dist::block`]) and finds the owner of an index
+//! ([`dist::owner`]).
+//!
 //! # Cheap checkpoints
 //!
 //! At every sync the host checkpoints the process's linear memory: the
@@ -115,6 +121,7 @@
 //! panics there with "bspweb programs run only inside a bspweb peer (wasm32)".
 
 mod bsp;
+mod collective;
 pub mod dist;
 mod error;
 mod host;
