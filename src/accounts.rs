@@ -335,3 +335,34 @@ pub async fn passwd(a: OwnPasswdArgs) -> anyhow::Result<ExitCode> {
     let _ = std::io::stdout().flush();
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bsp_api::rest::{Quotas, Usage};
+
+    #[test]
+    fn the_account_table_lines_up() {
+        let user = |name: &str, role| UserInfo {
+            id: 1,
+            name: name.into(),
+            admin: role == Role::Admin,
+            role,
+            disabled: false,
+            quotas: Quotas {
+                max_processes: 0,
+                max_programs: 1000,
+                max_output_mib: 4096,
+            },
+            usage: Some(Usage::default()),
+            created_at: 0,
+        };
+        let text = table(&[user("a", Role::Admin), user("vera", Role::Volunteer)]);
+        let lines: Vec<&str> = text.lines().collect();
+        let col = |l: &str, word: &str| l.find(word).unwrap();
+        assert_eq!(col(lines[0], "ROLE"), col(lines[1], "admin"));
+        assert_eq!(col(lines[0], "ROLE"), col(lines[2], "volunteer"));
+        assert_eq!(col(lines[1], "enabled"), col(lines[2], "enabled"));
+        assert!(lines[1].contains("0/-"), "{text}");
+    }
+}

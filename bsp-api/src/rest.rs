@@ -107,8 +107,9 @@ impl Role {
 }
 
 impl std::fmt::Display for Role {
+    /// The role's name; honours width and alignment (`{:<9}`).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
