@@ -45,6 +45,8 @@
 //! | `msg_count` | `() -> i32` | number of messages delivered this superstep |
 //! | `msg_info` | `(index, out) -> i32` | write `source, superstep, len` as three LE `u32` at `out` |
 //! | `msg_read` | `(index, dst) -> i32` | copy message `index`'s payload to `dst` |
+//! | `set_tag` | `(tag) -> ()` | the messages sent from now on carry this `u32` tag (until the next `set_tag`; 0 again at every superstep) |
+//! | `msg_tag` | `(index) -> i64` | the tag of message `index` (0: none), [`ERR_NOT_FOUND`] past the end |
 //! | `print` | `(stream, ptr, len) -> i32` | one line of UTF-8 to [`STREAM_STDOUT`] or [`STREAM_STDERR`] |
 //! | `write_raw` | `(ptr, len) -> i32` | one record of raw bytes for the user |
 //! | `flush` | `() -> i32` | block until the output so far has reached the supernode |
@@ -195,6 +197,16 @@ pub const IMPORTS: &[Import] = &[
         name: "msg_read",
         params: &[I32, I32],
         results: &[I32],
+    },
+    Import {
+        name: "set_tag",
+        params: &[I32],
+        results: &[],
+    },
+    Import {
+        name: "msg_tag",
+        params: &[I32],
+        results: &[I64],
     },
     Import {
         name: "print",

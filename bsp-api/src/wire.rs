@@ -51,7 +51,7 @@ use crate::{JobId, PeerId, Pid};
 /// Version of the data-plane protocol carried in [`Frame::Hello`]. 5:
 /// checkpoints carry every mutable global in index order (was: the
 /// exported ones in export order).
-pub const WIRE_VERSION: u32 = 5;
+pub const WIRE_VERSION: u32 = 6;
 
 /// Largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
@@ -165,6 +165,8 @@ pub struct RelayHead {
     pub src: Pid,
     /// The superstep in which `src` sent the messages.
     pub superstep: u32,
+    /// The messages' tag ([`WireMessage::tag`]).
+    pub tag: u32,
     /// The payload's length in bytes.
     pub len: u32,
     pub algorithm: RelayAlgorithm,
@@ -265,6 +267,8 @@ pub struct WireMessage {
     pub superstep: u32,
     /// Position of the message among everything `src` sent in this superstep.
     pub seq: u32,
+    /// What kind of message it is, as the guest said (`set_tag`); 0: none.
+    pub tag: u32,
     #[serde(with = "shared_bytes")]
     pub payload: Bytes,
 }
@@ -399,6 +403,7 @@ pub mod message_groups {
     struct GroupRef<'a> {
         src: Pid,
         superstep: u32,
+        tag: u32,
         #[serde(with = "super::shared_bytes")]
         payload: &'a Bytes,
         dsts: Vec<(Pid, u32)>,
@@ -408,6 +413,7 @@ pub mod message_groups {
     struct Group {
         src: Pid,
         superstep: u32,
+        tag: u32,
         #[serde(with = "super::shared_bytes")]
         payload: Bytes,
         dsts: Vec<(Pid, u32)>,
@@ -421,7 +427,10 @@ pub mod message_groups {
     /// The runs of `messages` that travel as one group.
     pub fn runs(messages: &[WireMessage]) -> impl Iterator<Item = &[WireMessage]> {
         messages.chunk_by(|a, b| {
-            a.src == b.src && a.superstep == b.superstep && same_buffer(&a.payload, &b.payload)
+            a.src == b.src
+                && a.superstep == b.superstep
+                && a.tag == b.tag
+                && same_buffer(&a.payload, &b.payload)
         })
     }
 
@@ -431,6 +440,7 @@ pub mod message_groups {
             seq.serialize_element(&GroupRef {
                 src: run[0].src,
                 superstep: run[0].superstep,
+                tag: run[0].tag,
                 payload: &run[0].payload,
                 dsts: run.iter().map(|m| (m.dst, m.seq)).collect(),
             })?;
@@ -462,6 +472,7 @@ pub mod message_groups {
                             dst,
                             superstep: g.superstep,
                             seq,
+                            tag: g.tag,
                             payload: g.payload.clone(),
                         });
                     }
@@ -532,6 +543,7 @@ mod tests {
         dst: Pid,
         superstep: u32,
         seq: u32,
+        tag: u32,
         payload: Vec<u8>,
     }
 
@@ -543,6 +555,7 @@ mod tests {
             dst: 2,
             superstep: 3,
             seq: 4,
+            tag: 0,
             payload: Bytes::from(payload.clone()),
         };
         let plain = PlainMessage {
@@ -550,6 +563,7 @@ mod tests {
             dst: 2,
             superstep: 3,
             seq: 4,
+            tag: 0,
             payload,
         };
         let ours = postcard::to_allocvec(&m).unwrap();
@@ -566,6 +580,7 @@ mod tests {
             dst,
             superstep: 7,
             seq,
+            tag: 0,
             payload: payload.clone(),
         }
     }
@@ -680,6 +695,7 @@ mod tests {
             head: Box::new(RelayHead {
                 src: 3,
                 superstep: 2,
+                tag: 9,
                 len: 1000,
                 algorithm: RelayAlgorithm::Chain { chunk: 256 },
                 peers: vec![4, 1, 2],

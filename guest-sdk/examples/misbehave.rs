@@ -17,6 +17,7 @@
 //! | `error` | returns `Err(Error::msg("deliberate error"))` |
 //! | `flood` | prints lines forever |
 //! | `resource` | prints the job resource `input.txt` as one line (trailing newline removed), then carries on |
+//! | `tags` | (all pids) sends its right neighbour messages tagged 2, untagged and tagged 1 in that order, everyone its pid tagged 3 and 300 KB tagged 4 (a broadcast that may be relayed); after the sync checks that each tag selects exactly its messages and prints `pid {p} tags ok` |
 //! | `ok` | nothing |
 
 use bspweb::{Bsp, Error, Result};
@@ -38,7 +39,7 @@ impl Default for Args {
     }
 }
 
-const MODES: &str = "panic, trap, loop, grow, bad-pid, abort, error, flood, resource, ok";
+const MODES: &str = "panic, trap, loop, grow, bad-pid, abort, error, flood, resource, tags, ok";
 
 fn trap() -> ! {
     #[cfg(target_arch = "wasm32")]
@@ -94,9 +95,66 @@ async fn main(bsp: &mut Bsp, args: Args) -> Result<()> {
                 let text = String::from_utf8_lossy(&data);
                 bsp.println(text.trim_end_matches(['\n', '\r']));
             }
+            "tags" => tags(bsp).await?,
             _ => {} // "ok"
         }
     }
     bsp.sync().await;
+    Ok(())
+}
+
+/// Mode `tags`: messages of different kinds, told apart by tag alone.
+async fn tags(bsp: &mut Bsp) -> Result<()> {
+    let (pid, n) = (bsp.pid(), bsp.nprocs());
+    let right = (pid + 1) % n;
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i as u8) ^ (pid as u8)).collect();
+    bsp.send_tagged(right, 2, &format!("edge from {pid}"))?;
+    bsp.send(right, &format!("plain from {pid}"))?;
+    bsp.send_tagged(right, 1, &format!("rank from {pid}"))?;
+    bsp.with_tag(3, |b| b.send_range(.., &pid))?;
+    bsp.with_tag(4, |b| b.send_range_bytes(.., &big))?;
+    bsp.sync().await;
+    let left = (pid + n - 1) % n;
+    let strings = |tag| -> Result<Vec<String>> {
+        bsp.messages_tagged(tag)
+            .map(|m| m.decode::<String>())
+            .collect()
+    };
+    let want = |what: &str| vec![format!("{what} from {left}")];
+    if strings(1)? != want("rank") || strings(2)? != want("edge") || strings(0)? != want("plain") {
+        return Err(Error::msg(format!(
+            "pid {pid}: tags 1, 2 and 0 selected {:?}, {:?} and {:?}",
+            strings(1)?,
+            strings(2)?,
+            strings(0)?
+        )));
+    }
+    let pids: Vec<u32> = bsp
+        .messages_tagged(3)
+        .map(|m| m.decode())
+        .collect::<Result<_>>()?;
+    if pids != (0..n).collect::<Vec<_>>() {
+        return Err(Error::msg(format!("pid {pid}: tag 3 selected {pids:?}")));
+    }
+    for (q, m) in bsp.messages_tagged(4).enumerate() {
+        let ok = m.source() == q as u32
+            && m.len() == 300_000
+            && m.bytes()
+                .iter()
+                .enumerate()
+                .all(|(i, &b)| b == (i as u8) ^ (q as u8));
+        if !ok {
+            return Err(Error::msg(format!(
+                "pid {pid}: the tag-4 message from pid {} is wrong",
+                m.source()
+            )));
+        }
+    }
+    if bsp.messages_tagged(4).count() != n as usize {
+        return Err(Error::msg(format!(
+            "pid {pid}: not every tag-4 message arrived"
+        )));
+    }
+    bsp.println(format!("pid {pid} tags ok"));
     Ok(())
 }

@@ -39,6 +39,9 @@ pub struct Bsp {
     /// and dropped by `sync`.
     pub(crate) inbox: OnceCell<Vec<Message>>,
     rng: Option<Rng>,
+    /// The tag of the messages sent now ([`Bsp::with_tag`]); 0 at every
+    /// superstep's start, as on the host.
+    pub(crate) tag: core::cell::Cell<u32>,
 }
 
 /// A message delivered at the start of a superstep.
@@ -48,6 +51,7 @@ pub struct Bsp {
 pub struct Message {
     source: u32,
     superstep: u32,
+    tag: u32,
     data: Vec<u8>,
 }
 
@@ -60,6 +64,12 @@ impl Message {
     /// The superstep in which it was sent (the one before the current one).
     pub fn superstep(&self) -> u32 {
         self.superstep
+    }
+
+    /// The tag it was sent with ([`Bsp::send_tagged`], [`Bsp::with_tag`]);
+    /// 0 for an untagged message.
+    pub fn tag(&self) -> u32 {
+        self.tag
     }
 
     /// The payload as sent: postcard bytes for [`Bsp::send`], the bytes
@@ -217,6 +227,7 @@ impl Bsp {
             seed: host::get_seed() as u64,
             inbox: OnceCell::new(),
             rng: None,
+            tag: core::cell::Cell::new(0),
         }
     }
 
@@ -308,6 +319,34 @@ impl Bsp {
     pub fn send<T: Serialize + ?Sized>(&self, to: u32, msg: &T) -> Result<()> {
         self.check_pid(to)?;
         self.send_bytes(to, &encode(msg)?)
+    }
+
+    /// Sends `msg` to process `to` with `tag` (any `u32`; 0 means untagged),
+    /// which the receiver reads with [`Message::tag`] or selects with
+    /// [`Bsp::messages_tagged`]. Like [`send`](Bsp::send) otherwise.
+    pub fn send_tagged<T: Serialize + ?Sized>(&self, to: u32, tag: u32, msg: &T) -> Result<()> {
+        self.with_tag(tag, |bsp| bsp.send(to, msg))
+    }
+
+    /// Runs `f`; every message it sends (by any `send` method) carries
+    /// `tag`. The previous tag is in force again afterwards.
+    ///
+    /// ```rust,no_run
+    /// # fn f(bsp: &mut bspweb::Bsp, ranks: &[f64]) -> bspweb::Result<()> {
+    /// bsp.with_tag(7, |bsp| bsp.send_numbers(0, ranks))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_tag<R>(&self, tag: u32, f: impl FnOnce(&Self) -> R) -> R {
+        let before = self.tag.replace(tag);
+        if before != tag {
+            host::send_tag(tag);
+        }
+        let r = f(self);
+        if before != tag {
+            self.tag.set(before);
+            host::send_tag(before);
+        }
+        r
     }
 
     /// Sends raw bytes to process `to`; the receiver reads them with
@@ -492,6 +531,26 @@ impl Bsp {
         self.find_messages(source).nth(index)
     }
 
+    /// The messages sent with `tag` ([`Bsp::send_tagged`],
+    /// [`Bsp::with_tag`]), in delivery order: messages of different kinds
+    /// told apart whatever order they were sent in.
+    ///
+    /// ```rust,no_run
+    /// # async fn f(bsp: &mut bspweb::Bsp) -> bspweb::Result<()> {
+    /// const RANK: u32 = 1;
+    /// const EDGE: u32 = 2;
+    /// bsp.send_tagged(0, EDGE, &(3u32, 4u32))?;
+    /// bsp.send_tagged(0, RANK, &0.25f64)?;
+    /// bsp.sync().await;
+    /// for m in bsp.messages_tagged(RANK) {
+    ///     let rank: f64 = m.decode()?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn messages_tagged(&self, tag: u32) -> impl Iterator<Item = &Message> + '_ {
+        self.inbox().iter().filter(move |m| m.tag == tag)
+    }
+
     /// All messages from pid `source`, in the order it sent them.
     pub fn find_messages(&self, source: u32) -> impl Iterator<Item = &Message> + '_ {
         self.inbox().iter().filter(move |m| m.source == source)
@@ -636,9 +695,16 @@ fn read_inbox() -> Vec<Message> {
                     "internal error: the host could not copy message {i} of {count} (error code {rc})"
                 ));
             }
+            let tag = host::message_tag(i);
+            let tag = u32::try_from(tag).unwrap_or_else(|_| {
+                host::abort_with(&format!(
+                    "internal error: the host has no tag for message {i} of {count} (error code {tag})"
+                ))
+            });
             Message {
                 source,
                 superstep,
+                tag,
                 data,
             }
         })
@@ -663,6 +729,8 @@ impl Future for SyncPoint<'_> {
             // The host resumed us after the barrier: a new superstep with a
             // new inbox.
             self.bsp.inbox = OnceCell::new();
+            // The host's tag is 0 again in the new superstep.
+            self.bsp.tag.set(0);
             Poll::Ready(())
         } else {
             self.suspended = true;
@@ -722,15 +790,46 @@ pub(crate) mod tests {
             seed: 7,
             inbox: OnceCell::from(inbox),
             rng: None,
+            tag: core::cell::Cell::new(0),
         }
     }
 
     pub(crate) fn msg(source: u32, data: &[u8]) -> Message {
+        tagged(source, 0, data)
+    }
+
+    pub(crate) fn tagged(source: u32, tag: u32, data: &[u8]) -> Message {
         Message {
             source,
             superstep: 0,
+            tag,
             data: data.to_vec(),
         }
+    }
+
+    #[test]
+    fn messages_are_selected_by_tag_whatever_their_order() {
+        let b = bsp(
+            1,
+            3,
+            vec![
+                tagged(0, 2, b"edge-a"),
+                tagged(0, 1, b"rank-a"),
+                tagged(2, 1, b"rank-b"),
+                msg(2, b"plain"),
+                tagged(2, 2, b"edge-b"),
+            ],
+        );
+        let data = |tag| {
+            b.messages_tagged(tag)
+                .map(|m| (m.source(), m.bytes().to_vec()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(data(1), [(0, b"rank-a".to_vec()), (2, b"rank-b".to_vec())]);
+        assert_eq!(data(2), [(0, b"edge-a".to_vec()), (2, b"edge-b".to_vec())]);
+        assert_eq!(data(0), [(2, b"plain".to_vec())]);
+        assert_eq!(data(3), []);
+        assert_eq!(b.message(1).unwrap().tag(), 1);
     }
 
     #[test]

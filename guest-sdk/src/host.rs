@@ -55,6 +55,8 @@ mod imp {
         fn msg_count() -> i32;
         fn msg_info(index: i32, out: *mut u32) -> i32;
         fn msg_read(index: i32, dst: *mut u8) -> i32;
+        fn set_tag(tag: i32);
+        fn msg_tag(index: i32) -> i64;
         fn print(stream: i32, ptr: *const u8, len: usize) -> i32;
         fn write_raw(ptr: *const u8, len: usize) -> i32;
         fn flush() -> i32;
@@ -120,6 +122,14 @@ mod imp {
     pub fn message_read(index: u32, dst: &mut [u8]) -> i32 {
         // SAFETY: the caller sized `dst` with the length `msg_info` reported.
         unsafe { msg_read(index as i32, dst.as_mut_ptr()) }
+    }
+    pub fn send_tag(tag: u32) {
+        // SAFETY: see above.
+        unsafe { set_tag(tag as i32) }
+    }
+    pub fn message_tag(index: u32) -> i64 {
+        // SAFETY: see above.
+        unsafe { msg_tag(index as i32) }
     }
     pub fn print_line(stream: i32, line: &[u8]) -> i32 {
         // SAFETY: see above.
@@ -190,6 +200,12 @@ mod imp {
         unsupported()
     }
     pub fn message_read(_index: u32, _dst: &mut [u8]) -> i32 {
+        unsupported()
+    }
+    pub fn send_tag(_tag: u32) {
+        unsupported()
+    }
+    pub fn message_tag(_index: u32) -> i64 {
         unsupported()
     }
     pub fn print_line(_stream: i32, _line: &[u8]) -> i32 {

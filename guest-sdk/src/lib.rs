@@ -42,6 +42,10 @@
 //! memory with [`Bsp::send_numbers`]. Output goes to the user who started the
 //! job: [`Bsp::println`], [`Bsp::eprintln`] and [`Bsp::write_raw`].
 //!
+//! Messages of different kinds sent in one superstep are told apart by a
+//! tag ([`Bsp::send_tagged`], [`Bsp::with_tag`], [`Bsp::messages_tagged`])
+//! rather than by their order.
+//!
 //! Collective operations take one superstep each and combine values in pid
 //! order, so every process gets the same result: [`Bsp::all_gather`],
 //! [`Bsp::all_reduce`] and [`Bsp::reduce`]. [`dist`] splits index ranges

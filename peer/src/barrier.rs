@@ -55,6 +55,10 @@ struct DoneRec {
     counts: BTreeMap<Pid, u32>,
 }
 
+/// The messages to one process of one superstep: `(src, seq)` → `(tag,
+/// payload)`.
+type Received = BTreeMap<(Pid, u32), (u32, Bytes)>;
+
 /// The barrier state of one job on one peer.
 #[derive(Debug, Clone)]
 pub struct Barrier {
@@ -66,7 +70,8 @@ pub struct Barrier {
     /// pid → the superstep in which it exited.
     exited: BTreeMap<Pid, u32>,
     /// Messages to read: (dst, superstep sent) → (src, seq) → payload.
-    messages: BTreeMap<(Pid, u32), BTreeMap<(Pid, u32), Bytes>>,
+    /// `(dst, superstep)` → `(src, seq)` → `(tag, payload)`.
+    messages: BTreeMap<(Pid, u32), Received>,
     /// Message bytes accepted per (src, superstep).
     bytes: HashMap<(Pid, u32), usize>,
     /// Messages to `dst` sent before `floor[dst]` are no longer wanted.
@@ -116,7 +121,7 @@ impl Barrier {
             .get(&(m.dst, m.superstep))
             .and_then(|b| b.get(&key))
         {
-            return if old[..] == m.payload[..] {
+            return if old.0 == m.tag && old.1[..] == m.payload[..] {
                 Ok(false)
             } else {
                 Err(BarrierError::ConflictingMessage {
@@ -139,7 +144,7 @@ impl Barrier {
         self.messages
             .entry((m.dst, m.superstep))
             .or_default()
-            .insert(key, m.payload);
+            .insert(key, (m.tag, m.payload));
         Ok(true)
     }
 
@@ -240,12 +245,13 @@ impl Barrier {
     /// The messages `pid` reads after barrier `s` (sent in `s`), by
     /// (source, send order); later messages to `pid` from `s` or before are
     /// dropped from now on.
-    pub fn take(&mut self, pid: Pid, s: u32) -> Vec<(Pid, Bytes)> {
+    /// Each as `(source, tag, payload)`.
+    pub fn take(&mut self, pid: Pid, s: u32) -> Vec<(Pid, u32, Bytes)> {
         let taken = self.messages.remove(&(pid, s)).unwrap_or_default();
         self.set_floor(pid, s + 1);
         taken
             .into_iter()
-            .map(|((src, _), payload)| (src, payload))
+            .map(|((src, _), (tag, payload))| (src, tag, payload))
             .collect()
     }
 
@@ -289,7 +295,7 @@ impl Barrier {
         self.messages
             .values()
             .flat_map(|b| b.values())
-            .map(|p| p.len())
+            .map(|(_, p)| p.len())
             .sum()
     }
 }
@@ -305,6 +311,7 @@ mod tests {
             dst,
             superstep,
             seq,
+            tag: 0,
             payload: Bytes::copy_from_slice(payload),
         }
     }
@@ -332,7 +339,10 @@ mod tests {
         assert!(b.complete(0));
         assert_eq!(
             b.take(0, 0),
-            vec![(1, Bytes::from_static(b"a")), (1, Bytes::from_static(b"b"))]
+            vec![
+                (1, 0, Bytes::from_static(b"a")),
+                (1, 0, Bytes::from_static(b"b"))
+            ]
         );
         assert!(
             !b.on_message(msg(1, 0, 0, 0, b"a")).unwrap(),
@@ -448,8 +458,10 @@ mod tests {
 
             let mut b = Barrier::new(nprocs, 1 << 20);
             let mut at = vec![0u32; nprocs as usize];
-            let mut read: Vec<Vec<Vec<(Pid, Bytes)>>> = vec![Vec::new(); nprocs as usize];
-            let pump = |b: &mut Barrier, at: &mut Vec<u32>, read: &mut Vec<Vec<Vec<(Pid, Bytes)>>>| {
+            // Per pid, per superstep: what it read.
+            type Read = Vec<Vec<Vec<(Pid, u32, Bytes)>>>;
+            let mut read: Read = vec![Vec::new(); nprocs as usize];
+            let pump = |b: &mut Barrier, at: &mut Vec<u32>, read: &mut Read| {
                 for p in 0..nprocs {
                     while (at[p as usize] as usize) < steps && b.ready(p, at[p as usize]) {
                         let s = at[p as usize];
@@ -468,10 +480,10 @@ mod tests {
             for p in 0..nprocs {
                 prop_assert_eq!(at[p as usize] as usize, steps, "pid {} is stuck", p);
                 for s in 0..steps {
-                    let want: Vec<(Pid, Bytes)> = (0..nprocs).flat_map(|q| {
+                    let want: Vec<(Pid, u32, Bytes)> = (0..nprocs).flat_map(|q| {
                         plan[s][q as usize].iter()
                             .filter(|(dst, _)| *dst == p)
-                            .map(move |(_, pl)| (q, Bytes::from(pl.clone())))
+                            .map(move |(_, pl)| (q, 0, Bytes::from(pl.clone())))
                     }).collect();
                     prop_assert_eq!(&read[p as usize][s], &want);
                 }

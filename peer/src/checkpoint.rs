@@ -14,13 +14,13 @@
 //! (integers little-endian), the same on every run and machine:
 //!
 //! ```text
-//! "bspweb-checkpoint-v4\n"
+//! "bspweb-checkpoint-v5\n"
 //! pid: u32, superstep: u32, exited: u8 (0 or 1),
 //! output_seq: u64, output_bytes: u64, memory_len: u64,
 //! XXH3-128 of each 64 KiB page of memory, in page order (16 bytes each),
 //! number of globals: u64, each global: u64,
 //! number of outbox messages: u64,
-//! each message: src: u32, dst: u32, superstep: u32, seq: u32,
+//! each message: src: u32, dst: u32, superstep: u32, seq: u32, tag: u32,
 //!   payload length: u64, XXH3-128 of the payload
 //! ```
 //!
@@ -61,7 +61,7 @@ pub const PART_TARGET_BYTES: usize = 4 << 20;
 pub const FRAME_BOUND_BYTES: usize = MAX_FRAME_BYTES - (1 << 20);
 
 /// Domain tag at the start of the canonical encoding.
-const HASH_TAG: &[u8] = b"bspweb-checkpoint-v4\n";
+const HASH_TAG: &[u8] = b"bspweb-checkpoint-v5\n";
 
 /// Bytes counted per outbox message on top of its payload.
 const MESSAGE_COST: u64 = 32;
@@ -218,6 +218,7 @@ fn canonical_hash(
             h.update(&m.dst.to_le_bytes());
             h.update(&m.superstep.to_le_bytes());
             h.update(&m.seq.to_le_bytes());
+            h.update(&m.tag.to_le_bytes());
             h.update(&(m.payload.len() as u64).to_le_bytes());
             h.update(&payload);
         }

@@ -1155,6 +1155,7 @@ impl Driver {
         let head = RelayHead {
             src: run[0].src,
             superstep: run[0].superstep,
+            tag: run[0].tag,
             len: payload.len() as u32,
             algorithm,
             peers,
@@ -1281,6 +1282,7 @@ impl Driver {
                     dst,
                     superstep: head.superstep,
                     seq,
+                    tag: head.tag,
                     payload: payload.clone(),
                 });
             }
@@ -1476,6 +1478,7 @@ impl Driver {
                 dst: o.dst,
                 superstep: s,
                 seq: o.seq,
+                tag: o.tag,
                 payload: o.payload,
             })
             .collect();
@@ -1809,9 +1812,10 @@ impl Driver {
             });
             let inbox = inbox
                 .into_iter()
-                .map(|(src, payload)| Message {
+                .map(|(src, tag, payload)| Message {
                     src,
                     superstep: s,
+                    tag,
                     payload,
                 })
                 .collect();

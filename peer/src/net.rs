@@ -798,6 +798,7 @@ mod tests {
                 dst: 1,
                 superstep: 0,
                 seq: 0,
+                tag: 0,
                 payload: Bytes::from(vec![7u8; 4 << 20]),
             }],
         };

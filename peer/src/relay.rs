@@ -495,6 +495,7 @@ mod tests {
         RelayHead {
             src: 0,
             superstep: 1,
+            tag: 0,
             len,
             algorithm,
             peers,

@@ -428,6 +428,8 @@ pub struct Message {
     pub src: Pid,
     /// The superstep in which it was sent.
     pub superstep: u32,
+    /// The tag it was sent with (0: none).
+    pub tag: u32,
     /// The bytes sent.
     pub payload: Bytes,
 }
@@ -439,6 +441,8 @@ pub struct Outgoing {
     pub dst: Pid,
     /// Position among everything the process sent this superstep.
     pub seq: u32,
+    /// The tag it was sent with (0: none).
+    pub tag: u32,
     /// The bytes sent.
     pub payload: Bytes,
 }
@@ -517,6 +521,9 @@ pub struct ProcState {
     outbox: Vec<Outgoing>,
     outbox_bytes: usize,
     send_seq: u32,
+    /// The tag of the messages sent from now on (`set_tag`); 0 at the
+    /// start of every superstep.
+    send_tag: u32,
     /// Running time spent in the current superstep.
     used: Duration,
     /// The peer's memory budget.
@@ -553,6 +560,7 @@ impl ProcState {
             outbox: Vec::new(),
             outbox_bytes: 0,
             send_seq: 0,
+            send_tag: 0,
             used: Duration::ZERO,
             budget,
             slot: None,
@@ -749,6 +757,7 @@ impl Process {
         s.outbox.clear();
         s.outbox_bytes = 0;
         s.send_seq = 0;
+        s.send_tag = 0;
         s.used = Duration::ZERO;
     }
 
@@ -992,6 +1001,20 @@ fn build_linker(engine: &Engine) -> wasmtime::Result<Linker<ProcState>> {
     })?;
     l.func_wrap(m, "msg_info", host_msg_info)?;
     l.func_wrap(m, "msg_read", host_msg_read)?;
+    l.func_wrap(m, "set_tag", |mut c: Caller<'_, ProcState>, tag: i32| {
+        c.data_mut().send_tag = tag as u32;
+    })?;
+    l.func_wrap(
+        m,
+        "msg_tag",
+        |c: Caller<'_, ProcState>, index: i32| -> i64 {
+            let inbox = &c.data().host.inbox;
+            match usize::try_from(index).ok().and_then(|i| inbox.get(i)) {
+                Some(m) => i64::from(m.tag),
+                None => i64::from(ERR_NOT_FOUND),
+            }
+        },
+    )?;
     l.func_wrap(m, "print", host_print)?;
     l.func_wrap(m, "write_raw", host_write_raw)?;
     l.func_wrap(m, "flush", host_flush)?;
@@ -1111,6 +1134,7 @@ fn queue_messages(
         s.outbox.push(Outgoing {
             dst,
             seq,
+            tag: s.send_tag,
             payload: payload.clone(),
         });
     }

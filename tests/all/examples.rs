@@ -229,6 +229,22 @@ async fn broadcast_delivers_the_range_and_list_forms() {
     }
 }
 
+/// Issue 19: messages of different kinds are told apart by their tag,
+/// whatever order they were sent in, also in broadcasts that travel by
+/// relay (300 KB to every process).
+#[tokio::test(flavor = "multi_thread")]
+async fn tags_select_each_kind_of_message() {
+    let c = shared();
+    let client = c.admin().await;
+    let hash = misbehave_hash(&client).await;
+    let n = 4u32;
+    let r = run(&client, job(&hash, n, json!({"mode": "tags"}))).await;
+    r.assert_exited();
+    for me in 0..n {
+        assert_eq!(r.stdout(me), [format!("pid {me} tags ok")], "pid {me}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hundred_supersteps_with_an_h_relation() {
     let c = shared();

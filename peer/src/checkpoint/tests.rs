@@ -49,6 +49,7 @@ fn msg(src: Pid, dst: Pid, seq: u32, len: usize) -> WireMessage {
         dst,
         superstep: 0,
         seq,
+        tag: 0,
         payload: (0..len).map(|i| (i as u8) ^ (seq as u8)).collect(),
     }
 }
@@ -350,6 +351,35 @@ fn any_frame() -> impl Strategy<Value = Frame> {
         Just(Frame::Welcome),
         (0u32..3).prop_map(|pid| Frame::FetchCheckpoint { pid }),
     ]
+}
+
+/// Message tags are part of the state: they travel in checkpoint frames,
+/// come back on the replica, and a changed tag changes the hash.
+#[test]
+fn message_tags_survive_a_checkpoint_and_count_in_the_hash() {
+    let memory: Vec<u8> = [1u8, 2].iter().flat_map(|&s| page_of(s)).collect();
+    let tagged = |tags: [u32; 3]| {
+        let outbox: Vec<WireMessage> = tags
+            .iter()
+            .enumerate()
+            .map(|(i, &tag)| WireMessage {
+                tag,
+                ..msg(2, i as Pid, i as u32, 10)
+            })
+            .collect();
+        PageTracker::new().capture(head(2, 4, outbox), &memory)
+    };
+    let snap = tagged([7, 0, u32::MAX]);
+    let got = deliver(
+        &mut Assembler::new(1 << 30),
+        &mut ReplicaStore::new(),
+        to_frames(&snap, &snap.nonzero_pages(), None),
+    )
+    .unwrap();
+    let tags: Vec<u32> = got.outbox.iter().map(|m| m.tag).collect();
+    assert_eq!(tags, [7, 0, u32::MAX]);
+    assert_eq!(got.hash, snap.hash);
+    assert_ne!(tagged([7, 1, u32::MAX]).hash, snap.hash);
 }
 
 #[test]

@@ -862,6 +862,7 @@ async fn a_peer_that_breaks_the_protocol_fails_the_job() {
                         dst: 0,
                         superstep: 0,
                         seq: 0,
+                        tag: 0,
                         payload: vec![1, 2, 3, 4].into(),
                     }],
                 };

@@ -155,6 +155,7 @@ fn host_functions_report_identity_and_exchange_messages() {
         vec![Outgoing {
             dst: 1,
             seq: 0,
+            tag: 0,
             payload: Bytes::from_static(b"hello"),
         }]
     );
@@ -162,11 +163,13 @@ fn host_functions_report_identity_and_exchange_messages() {
         Message {
             src: 0,
             superstep: 0,
+            tag: 0,
             payload: Bytes::from_static(b"a"),
         },
         Message {
             src: 2,
             superstep: 0,
+            tag: 0,
             payload: Bytes::from_static(b"wxyz"),
         },
     ];
@@ -692,6 +695,7 @@ impl World {
                     inbox.push(Message {
                         src: m.src,
                         superstep: m.superstep,
+                        tag: m.tag,
                         payload: m.payload.clone(),
                     });
                 }
@@ -721,6 +725,7 @@ impl World {
                     dst: o.dst,
                     superstep: p.superstep(),
                     seq: o.seq,
+                    tag: 0,
                     payload: o.payload.clone(),
                 })
                 .collect();
