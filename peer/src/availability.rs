@@ -97,11 +97,20 @@ pub fn capped_slots(slots: usize, cores: usize, percent: Option<u8>) -> usize {
     }
 }
 
-/// The local minute of the day (0..1440), from the system's time zone.
+/// The local minute of the day (0..1440), from the system's time zone
+/// (off Unix: UTC).
 pub fn local_minute_of_day() -> u16 {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    #[cfg(not(unix))]
+    return ((now / 60) % u64::from(DAY)) as u16;
+    #[cfg(unix)]
+    local_minute_unix(now)
+}
+
+#[cfg(unix)]
+fn local_minute_unix(now: u64) -> u16 {
     let Ok(t) = libc::time_t::try_from(now) else {
         return 0;
     };

@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+#[cfg(unix)]
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+#[cfg(unix)]
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -114,10 +116,13 @@ pub fn default_socket() -> PathBuf {
     home.join(".local/state/bspweb/peer.sock")
 }
 
-/// Whether this process runs as root.
+/// Whether this process runs as root (off Unix: never).
 pub fn is_root() -> bool {
+    #[cfg(unix)]
     // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    return unsafe { libc::geteuid() == 0 };
+    #[cfg(not(unix))]
+    false
 }
 
 /// Why the socket could not be opened.
@@ -143,10 +148,38 @@ pub enum DaemonError {
     Protocol { path: PathBuf, detail: String },
     #[error("{0}")]
     Refused(String),
+    #[error(
+        "the control socket is a Unix socket; this platform has none (`bspweb peer status|pause|resume` work on Unix systems)"
+    )]
+    Unsupported,
+}
+
+/// Off Unix there is no control socket.
+#[cfg(not(unix))]
+pub struct UnixListener;
+
+#[cfg(not(unix))]
+pub async fn bind(_path: &Path) -> Result<UnixListener, DaemonError> {
+    Err(DaemonError::Unsupported)
+}
+
+#[cfg(not(unix))]
+pub async fn serve(
+    _listener: UnixListener,
+    _path: PathBuf,
+    _handle: Arc<dyn Fn(Request) -> Answer + Send + Sync>,
+    _cancel: CancellationToken,
+) {
+}
+
+#[cfg(not(unix))]
+pub async fn call(_path: &Path, _request: Request) -> Result<PeerStatus, DaemonError> {
+    Err(DaemonError::Unsupported)
 }
 
 /// Binds the control socket at `path` (mode 0600), replacing a stale one
 /// that no peer answers on.
+#[cfg(unix)]
 pub async fn bind(path: &Path) -> Result<UnixListener, DaemonError> {
     if UnixStream::connect(path).await.is_ok() {
         return Err(DaemonError::InUse(path.to_path_buf()));
@@ -171,6 +204,7 @@ pub async fn bind(path: &Path) -> Result<UnixListener, DaemonError> {
 
 /// Serves `listener` until `cancel`: each request applies `handle` and
 /// answers with the status it returns. Removes the socket file at the end.
+#[cfg(unix)]
 pub async fn serve(
     listener: UnixListener,
     path: PathBuf,
@@ -213,6 +247,7 @@ pub async fn serve(
     let _ = std::fs::remove_file(&path);
 }
 
+#[cfg(unix)]
 fn refuse(why: &str) -> Answer {
     Answer {
         status: None,
@@ -221,6 +256,7 @@ fn refuse(why: &str) -> Answer {
 }
 
 /// Sends `request` to the peer at `path`; its status afterwards.
+#[cfg(unix)]
 pub async fn call(path: &Path, request: Request) -> Result<PeerStatus, DaemonError> {
     let stream = UnixStream::connect(path)
         .await
@@ -257,7 +293,7 @@ pub async fn call(path: &Path, request: Request) -> Result<PeerStatus, DaemonErr
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     use super::*;
 

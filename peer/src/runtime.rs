@@ -961,6 +961,7 @@ fn set_thread_niceness_once() {
 
 /// Give the calling thread OS niceness `nice` (Linux: niceness is per thread,
 /// and threads it creates inherit it).
+#[cfg(unix)]
 pub fn set_thread_niceness(nice: i32) -> std::io::Result<()> {
     // SAFETY: setpriority only reads its integer arguments; `who = 0` names the
     // calling thread. It has no memory-safety preconditions.
@@ -970,6 +971,15 @@ pub fn set_thread_niceness(nice: i32) -> std::io::Result<()> {
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// Off Unix, niceness is not supported: the caller warns once.
+#[cfg(not(unix))]
+pub fn set_thread_niceness(_nice: i32) -> std::io::Result<()> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "thread priorities are set on Unix systems only",
+    ))
 }
 
 // ---- host functions ---------------------------------------------------------

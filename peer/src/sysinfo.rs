@@ -215,8 +215,11 @@ pub fn use_one_allocator_arena() {
 pub fn rss_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    #[cfg(unix)]
     // SAFETY: sysconf only reads its integer argument.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    #[cfg(not(unix))]
+    let page = 4096i64;
     Some(pages * u64::try_from(page).ok().filter(|&p| p > 0)?)
 }
 
