@@ -824,3 +824,42 @@ fn accounts_are_managed_from_the_cli() {
     assert!(!carol(&["jobs"], "new-carol-pw", "").status.success());
     assert!(carol(&["jobs"], &generated, "").status.success());
 }
+
+/// Issue 19: logs written to files carry no ANSI colour codes (colours only
+/// on a terminal), and a one-process job is "1 process".
+#[test]
+fn logs_in_files_are_plain_text_and_one_process_is_singular() {
+    let c = crate::harness::Cluster::start(crate::harness::Options {
+        peers: 1,
+        log_files: true,
+        ..Default::default()
+    });
+    let config = tempfile::tempdir().unwrap();
+    let out = bspweb()
+        .args(["submit", "ring", "-n", "1", "--follow"])
+        .env("BSPWEB_URL", &c.url)
+        .env("BSPWEB_USER", ADMIN)
+        .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
+        .env("BSPWEB_CONFIG_DIR", config.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("with 1 process\n"), "{stderr}");
+    let mut logs = 0;
+    for entry in std::fs::read_dir(c.data_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(!text.is_empty(), "{} is empty", path.display());
+            assert!(
+                !text.contains('\x1b'),
+                "{} has escape codes:\n{text}",
+                path.display()
+            );
+            logs += 1;
+        }
+    }
+    assert!(logs >= 2, "the supernode's and the peer's logs");
+}

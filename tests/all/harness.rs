@@ -160,13 +160,18 @@ impl Cluster {
         log_sink(&self.data_path, file, self.opts.log_files)
     }
 
-    /// The peers' lease TTL the supernode was started with.
     /// The control socket of the peer named `name` (`bspweb peer status
     /// --socket …`).
     pub fn control_socket(&self, name: &str) -> PathBuf {
         self.data_path.join(format!("peer-{name}.sock"))
     }
 
+    /// The data directory: the database and, with `log_files`, the logs.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_path
+    }
+
+    /// The peers' lease TTL the supernode was started with.
     pub fn lease_ttl_secs(&self) -> u64 {
         self.opts.lease_ttl_secs
     }
