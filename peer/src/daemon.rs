@@ -191,8 +191,16 @@ pub async fn bind(path: &Path) -> Result<UnixListener, DaemonError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(open)?;
     }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
+    // Replace only a stale socket, never another kind of file.
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).map_err(open)?,
+        Ok(_) => {
+            return Err(open(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "a file that is not a socket is in the way; give another --control-socket path",
+            )));
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(open(e)),
     }
@@ -367,8 +375,16 @@ mod tests {
             call(&path, Request::Status).await,
             Err(DaemonError::NotRunning { .. })
         ));
-        // A stale socket file (no peer behind it) is replaced.
+        // A stale socket file (no peer behind it) is replaced; any other
+        // file is left alone.
         std::os::unix::net::UnixListener::bind(&path).unwrap();
         bind(&path).await.unwrap();
+        let precious = dir.path().join("peer.toml");
+        std::fs::write(&precious, "supernode = \"x\"").unwrap();
+        assert!(matches!(
+            bind(&precious).await,
+            Err(DaemonError::Open { .. })
+        ));
+        assert!(precious.exists());
     }
 }

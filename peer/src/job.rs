@@ -170,14 +170,23 @@ impl Jobs {
         let job = assignment.job;
         let cancel = CancellationToken::new();
         let (updates_tx, updates) = mpsc::unbounded_channel();
+        let mine = updates_tx.clone();
         {
             let mut t = self.lock();
             if let Some(r) = t.running.get_mut(&job) {
-                if r.me == me && assignment.epoch > r.epoch {
-                    r.epoch = assignment.epoch;
-                    let _ = r.updates.send(assignment);
+                // A driver that has ended (its cleanup is still under way)
+                // cannot take the assignment: a newer one starts the job
+                // afresh (a paused peer given the job again), the old
+                // cleanup then leaves this run alone.
+                let ended = r.updates.is_closed();
+                if !(ended && r.me == me && assignment.epoch > r.epoch) {
+                    if r.me == me && assignment.epoch > r.epoch {
+                        r.epoch = assignment.epoch;
+                        let _ = r.updates.send(assignment);
+                    }
+                    return None;
                 }
-                return None;
+                t.running.remove(&job);
             }
             if t.ended
                 .get(&(me, job))
@@ -206,6 +215,7 @@ impl Jobs {
             me,
             assignment.peers.iter().map(|p| p.id),
         );
+        let inbound = tx.clone();
         let jobs = self.clone();
         Some(tokio::spawn(async move {
             let env = jobs.env.clone();
@@ -220,15 +230,20 @@ impl Jobs {
                 cancel,
             )
             .await;
-            jobs.env.registry.unregister(job, me);
+            jobs.env.registry.unregister(job, &inbound);
             // The job's buffers are freed: let the machine have them back.
             let _ = tokio::task::spawn_blocking(crate::sysinfo::release_free_memory).await;
             let mut t = jobs.lock();
-            let mut last = 0;
-            if let Some(r) = t.running.get(&job).filter(|r| r.me == me) {
-                last = r.epoch;
-                t.running.remove(&job);
-            }
+            // Unless a newer run of the job took over meanwhile.
+            let Some(r) = t
+                .running
+                .get(&job)
+                .filter(|r| r.updates.same_channel(&mine))
+            else {
+                return;
+            };
+            let last = r.epoch;
+            t.running.remove(&job);
             if t.ended.insert((me, job), last).is_none() {
                 t.ended_order.push_back((me, job));
                 if t.ended_order.len() > REMEMBER_ENDED

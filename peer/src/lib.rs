@@ -337,9 +337,15 @@ pub async fn run(
     shutdown.await;
     stop_availability.stopping.store(true, Ordering::SeqCst);
     stop_availability.changed.notify_one();
-    // Wait for a drain or resume call in flight to finish first.
-    drop(stop_availability.order.lock().await);
     tokio::pin!(force);
+    // Let a drain or resume call in flight finish first (the availability
+    // loop sends none after this: it checks `stopping` under the lock), but
+    // not longer than a few seconds, nor past a second Ctrl-C.
+    tokio::select! {
+        g = stop_availability.order.lock() => drop(g),
+        () = tokio::time::sleep(Duration::from_secs(5)) => {}
+        () = &mut force => {}
+    }
     drain(&client, &jobs, &draining, config.drain_timeout, &mut force).await;
     tracing::info!("peer shutting down");
     jobs.kill_all();
@@ -506,6 +512,10 @@ async fn availability_loop(
         let mut retry = false;
         if told != Some(want) && !standing.stopping.load(Ordering::SeqCst) {
             let _order = standing.order.lock().await;
+            // The shutdown's drain comes after this call, never before it.
+            if standing.stopping.load(Ordering::SeqCst) {
+                return;
+            }
             draining.store(want, Ordering::SeqCst);
             let result = if want {
                 client.drain().await

@@ -204,11 +204,12 @@ impl Registry {
         (tx, rx)
     }
 
-    /// Stop admitting connections for `job` as peer `me` (a registration of
-    /// the same job under a newer identity of this peer stays).
-    pub fn unregister(&self, job: JobId, me: PeerId) {
+    /// Stop admitting connections for the run of `job` that
+    /// [`Registry::register`] gave `tx` (a later registration of the same
+    /// job, under a newer identity or for a run that took over, stays).
+    pub fn unregister(&self, job: JobId, tx: &mpsc::Sender<Inbound>) {
         let mut jobs = self.lock();
-        if jobs.get(&job).is_some_and(|e| e.me == me)
+        if jobs.get(&job).is_some_and(|e| e.tx.same_channel(tx))
             && let Some(e) = jobs.remove(&job)
         {
             for c in e.connected.values() {

@@ -31,9 +31,9 @@ pub(crate) struct Place {
     /// Jobs that wait because a peer lacks the memory for its share (told
     /// so once).
     pub(crate) memory_waits: std::collections::HashSet<JobId>,
-    /// Jobs that wait because their owner's process quota is in use (told
-    /// so once).
-    pub(crate) quota_waits: std::collections::HashSet<JobId>,
+    /// Jobs that wait because of their owner's standing (disabled, process
+    /// quota), with the reason they were told (once per reason).
+    pub(crate) quota_waits: std::collections::HashMap<JobId, &'static str>,
 }
 
 /// Queues `command` for `peer` if it holds a valid lease; the command is
@@ -124,6 +124,8 @@ pub(crate) fn finish_job(
     );
     db::insert_event(tx, job, None, None, &ending.event, now)?;
     list_changed(tx, fx, job)?;
+    place.quota_waits.remove(&job);
+    place.memory_waits.remove(&job);
     {
         let mut stmt = tx.prepare_cached("SELECT position FROM placements WHERE job = ?1")?;
         for k in stmt.query_map([job], |r| r.get::<_, i64>(0))? {

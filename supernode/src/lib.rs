@@ -434,6 +434,15 @@ impl Supernode {
     /// Sets the password of the account `name`; its earlier tokens stop
     /// working.
     pub async fn set_password(&self, name: &str, password: &str) -> Result<UserInfo, Error> {
+        Ok(self.set_password_generation(name, password).await?.0)
+    }
+
+    /// [`Supernode::set_password`], with the account's new token generation.
+    pub(crate) async fn set_password_generation(
+        &self,
+        name: &str,
+        password: &str,
+    ) -> Result<(UserInfo, i64), Error> {
         state::check_password(password)?;
         let hash = hash_password(password).await?;
         let name = name.to_string();
@@ -448,11 +457,22 @@ impl Supernode {
         name: &str,
         password: &str,
     ) -> Result<Option<UserInfo>, Error> {
+        Ok(self.check_login(name, password).await?.map(|(u, _)| u))
+    }
+
+    /// [`Supernode::check_password`], with the token generation read in the
+    /// same row as the password hash: a login that races a password change
+    /// gets a token of the generation its password belonged to.
+    pub(crate) async fn check_login(
+        &self,
+        name: &str,
+        password: &str,
+    ) -> Result<Option<(UserInfo, i64)>, Error> {
         let lookup = name.to_string();
         let found = self
             .with_core(move |core, inner, _| core.user_with_hash(inner, &lookup))
             .await?;
-        let Some((user, hash)) = found else {
+        let Some((user, hash, generation)) = found else {
             // Spend the same effort as for a real user, so timing does not
             // reveal which names exist.
             let password = password.to_string();
@@ -465,7 +485,7 @@ impl Supernode {
         let password = password.to_string();
         let ok =
             tokio::task::spawn_blocking(move || auth::verify_password(&password, &hash)).await?;
-        Ok(ok.then_some(user))
+        Ok(ok.then_some((user, generation)))
     }
 
     /// Registers a bundled example program under `name`, visible to every
@@ -542,18 +562,6 @@ static DUMMY_HASH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let password: [u8; 16] = rand::random();
     auth::hash_password(&hex::encode(password)).unwrap_or_default()
 });
-
-impl Supernode {
-    /// A fresh login token of `user`, of its current token generation.
-    pub(crate) fn user_token(&self, user: &UserInfo) -> Result<(String, i64), Error> {
-        let generation = self
-            .inner
-            .accounts()
-            .get(&user.id)
-            .map_or(0, |a| a.generation);
-        self.inner.keys.user_token(user.id, &user.name, generation)
-    }
-}
 
 /// Hashes a password on a blocking thread (Argon2id is slow by design).
 async fn hash_password(password: &str) -> Result<String, Error> {

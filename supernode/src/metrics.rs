@@ -166,7 +166,11 @@ impl Metrics {
     pub(crate) fn add(&self, counts: &Counts) {
         for (slot, n) in self.0.iter().zip(counts.0) {
             if n > 0 {
-                slot.fetch_add(n, Ordering::Relaxed);
+                // Saturating: a counter never wraps back (peers report some
+                // of the counts, and a peer can claim anything).
+                let _ = slot.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                    Some(v.saturating_add(n))
+                });
             }
         }
     }

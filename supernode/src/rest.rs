@@ -35,7 +35,7 @@ pub(crate) async fn login(
     State(sn): State<Supernode>,
     ApiJson(req): ApiJson<LoginRequest>,
 ) -> Result<Json<LoginResponse>, Error> {
-    let Some(user) = sn.check_password(&req.name, &req.password).await? else {
+    let Some((user, generation)) = sn.check_login(&req.name, &req.password).await? else {
         tracing::info!(user = %req.name.chars().take(64).collect::<String>(), "failed login");
         return Err(Error::unauthorized("wrong user name or password"));
     };
@@ -48,7 +48,7 @@ pub(crate) async fn login(
             ),
         });
     }
-    let (token, expires_at) = sn.user_token(&user)?;
+    let (token, expires_at) = sn.inner.keys.user_token(user.id, &user.name, generation)?;
     tracing::debug!(user = %user.name, "user logged in");
     Ok(Json(LoginResponse {
         token,
@@ -230,8 +230,10 @@ pub(crate) async fn change_password(
             message: "the current password is wrong; nothing was changed".into(),
         });
     }
-    let user = sn.set_password(&auth.name, &req.new_password).await?;
-    let (token, expires_at) = sn.user_token(&user)?;
+    let (user, generation) = sn
+        .set_password_generation(&auth.name, &req.new_password)
+        .await?;
+    let (token, expires_at) = sn.inner.keys.user_token(user.id, &user.name, generation)?;
     Ok(Json(LoginResponse {
         token,
         expires_at,

@@ -3232,4 +3232,24 @@ async fn quotas_hold_programs_and_processes() {
         j.state == JobState::Active
     })
     .await;
+    // A waiting job that a lowered quota can never admit says so.
+    let third = h.submit(&alice, "ring", 2).await;
+    h.wait_event(
+        &alice,
+        third.id,
+        |e| matches!(&e.kind, JobEventKind::Status { text } if text.contains("enough of them end")),
+    )
+    .await;
+    let (status, _) = h
+        .patch(
+            "/users/alice",
+            &admin,
+            json!({"quotas": {"max_processes": 1}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    h.wait_event(&alice, third.id, |e| {
+        matches!(&e.kind, JobEventKind::Status { text } if text.contains("cannot start unless an administrator raises the quota"))
+    })
+    .await;
 }

@@ -73,14 +73,31 @@ impl Core {
                     e.insert((disabled, quota, used))
                 }
             };
-            if *disabled {
-                continue;
-            }
-            if *quota > 0 && *used + u64::from(nprocs) > u64::from(*quota) {
-                if self.place.quota_waits.insert(job) {
-                    let text = format!(
+            // Why the owner's standing holds the job back, told once per reason.
+            let why = if *disabled {
+                Some((
+                    "disabled",
+                    "waiting: your account is disabled; an administrator can enable it".to_string(),
+                ))
+            } else if *quota > 0 && nprocs > *quota {
+                Some((
+                    "too large",
+                    format!(
+                        "waiting: this job has {nprocs} processes and your quota now allows {quota} at once; it cannot start unless an administrator raises the quota (kill it to run it with fewer)"
+                    ),
+                ))
+            } else if *quota > 0 && *used + u64::from(nprocs) > u64::from(*quota) {
+                Some((
+                    "in use",
+                    format!(
                         "waiting: your jobs run {used} processes and your quota allows {quota} at once; this job starts when enough of them end"
-                    );
+                    ),
+                ))
+            } else {
+                None
+            };
+            if let Some((reason, text)) = why {
+                if self.place.quota_waits.insert(job, reason) != Some(reason) {
                     tracing::info!(job, "{text}");
                     db::insert_event(&tx, job, None, None, &JobEventKind::Status { text }, now)?;
                     fx.jobs.insert(job);

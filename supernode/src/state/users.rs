@@ -143,18 +143,26 @@ impl Core {
             .ok_or_else(|| Error::NotFound(format!("no user #{id}")))
     }
 
-    /// The account named `name` and its password hash.
+    /// The account named `name`, its password hash and token generation.
     pub(crate) fn user_with_hash(
         &self,
         inner: &Inner,
         name: &str,
-    ) -> Result<Option<(UserInfo, String)>, Error> {
+    ) -> Result<Option<(UserInfo, String, i64)>, Error> {
         Ok(self
             .conn
             .query_row(
-                &format!("SELECT {USER_COLUMNS}, password_hash FROM users WHERE name = ?1"),
+                &format!(
+                    "SELECT {USER_COLUMNS}, password_hash, token_generation FROM users WHERE name = ?1"
+                ),
                 [name],
-                |r| Ok((user_row(r, &inner.config)?, r.get(USER_COLUMN_COUNT)?)),
+                |r| {
+                    Ok((
+                        user_row(r, &inner.config)?,
+                        r.get(USER_COLUMN_COUNT)?,
+                        r.get(USER_COLUMN_COUNT + 1)?,
+                    ))
+                },
             )
             .optional()?)
     }
@@ -215,6 +223,22 @@ impl Core {
     ) -> Result<UserInfo, Error> {
         let id = self.user_id(name)?;
         let before = self.account(inner, id)?;
+        // The caller's standing as stored now, not as its token said: two
+        // administrators cannot demote or disable each other at once.
+        let actor_ok: bool = self
+            .conn
+            .query_row(
+                "SELECT role = 'admin' AND disabled = 0 FROM users WHERE id = ?1",
+                [actor],
+                |r| r.get(0),
+            )
+            .optional()?
+            .unwrap_or(false);
+        if !actor_ok {
+            return Err(Error::Forbidden(
+                "only administrators can change accounts".into(),
+            ));
+        }
         if id == actor {
             if change.role.is_some_and(|r| r != before.role) {
                 return Err(Error::Conflict(
@@ -265,15 +289,33 @@ impl Core {
                 params![id, u64_to_sql(n)],
             )?;
         }
-        let generation: i64 = tx.query_row(
-            "SELECT token_generation FROM users WHERE id = ?1",
-            [id],
+        let admins: i64 = tx.query_row(
+            "SELECT count(*) FROM users WHERE role = 'admin' AND disabled = 0",
+            [],
             |r| r.get(0),
         )?;
+        if admins == 0 {
+            return Err(Error::Conflict(
+                "that would leave no enabled administrator".into(),
+            ));
+        }
+        let (role, disabled, generation): (String, bool, i64) = tx.query_row(
+            "SELECT role, disabled, token_generation FROM users WHERE id = ?1",
+            [id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )?;
         tx.commit()?;
+        // The token checks follow at once, from what was committed.
+        inner.accounts().insert(
+            id,
+            Account {
+                role: role_of(&role),
+                disabled,
+                generation,
+            },
+        );
         let mut user = self.account(inner, id)?;
         user.usage = Some(usage_of(&self.conn, id)?);
-        inner.accounts().insert(id, Account::of(&user, generation));
         tracing::info!(user = name, by = actor, ?change, "account changed");
         // A raised quota or an enabled account may let waiting jobs start.
         fx.wake_scheduler = true;
@@ -281,23 +323,31 @@ impl Core {
     }
 
     /// Sets the password hash of `name`; its earlier tokens stop working.
+    /// Returns the account and its new token generation.
     pub(crate) fn set_password(
         &mut self,
         inner: &Inner,
         name: &str,
         hash: &str,
-    ) -> Result<UserInfo, Error> {
+    ) -> Result<(UserInfo, i64), Error> {
         let id = self.user_id(name)?;
-        let generation: i64 = self.conn.query_row(
+        let (role, disabled, generation): (String, bool, i64) = self.conn.query_row(
             "UPDATE users SET password_hash = ?2, token_generation = token_generation + 1 \
-             WHERE id = ?1 RETURNING token_generation",
+             WHERE id = ?1 RETURNING role, disabled, token_generation",
             params![id, hash],
-            |r| r.get(0),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )?;
-        let user = self.account(inner, id)?;
-        inner.accounts().insert(id, Account::of(&user, generation));
+        // The token checks follow at once, from what was written.
+        inner.accounts().insert(
+            id,
+            Account {
+                role: role_of(&role),
+                disabled,
+                generation,
+            },
+        );
         tracing::info!(user = name, "password changed");
-        Ok(user)
+        Ok((self.account(inner, id)?, generation))
     }
 
     /// What the token checks need of every account.
