@@ -863,3 +863,78 @@ fn logs_in_files_are_plain_text_and_one_process_is_singular() {
     }
     assert!(logs >= 2, "the supernode's and the peer's logs");
 }
+
+/// Issue 19: `bspweb up --help` says what `up` does with users, sessions
+/// and peers; `peers --online` leaves the gone peers out; a job that fails
+/// with no single pid to blame says so without a "pid -".
+#[test]
+fn up_help_online_peers_and_a_failure_without_a_pid() {
+    let help = bspweb().args(["up", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for word in [
+        "BSPWEB_USER",
+        "BSPWEB_PASSWORD",
+        "BSPWEB_CONFIG_DIR",
+        "restarted",
+    ] {
+        assert!(help.contains(word), "{word} in\n{help}");
+    }
+
+    let mut c = crate::harness::Cluster::start(crate::harness::Options {
+        peers: 2,
+        lease_ttl_secs: 2,
+        ..Default::default()
+    });
+    let config = tempfile::tempdir().unwrap();
+    let url = c.url.clone();
+    let cli = |args: &[&str]| {
+        bspweb()
+            .args(args)
+            .env("BSPWEB_URL", &url)
+            .env("BSPWEB_USER", ADMIN)
+            .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
+            .env("BSPWEB_CONFIG_DIR", config.path())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = cli(&[
+        "submit",
+        "supersteps",
+        "-n",
+        "2",
+        "--args",
+        r#"{"k": 10000000}"#,
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let job = stdout.trim().to_string();
+    // Both peers die: nobody is left to restore the job's processes.
+    c.kill_peer(0);
+    c.kill_peer(1);
+    let start = std::time::Instant::now();
+    let failed = loop {
+        let out = cli(&["logs", &job]);
+        let (_, stderr) = text(&out);
+        if stderr.contains("failed") {
+            break stderr;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the job did not fail: {stderr}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        failed.contains(&format!("== job {job} failed: ")),
+        "{failed}"
+    );
+    assert!(!failed.contains("pid -"), "{failed}");
+
+    let all: Vec<PeerInfo> = serde_json::from_slice(&cli(&["peers", "--json"]).stdout).unwrap();
+    assert_eq!(all.len(), 2);
+    assert!(all.iter().all(|p| p.state == "gone"), "{all:?}");
+    let online: Vec<PeerInfo> =
+        serde_json::from_slice(&cli(&["peers", "--online", "--json"]).stdout).unwrap();
+    assert!(online.is_empty(), "{online:?}");
+}
