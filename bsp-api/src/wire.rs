@@ -627,6 +627,7 @@ mod tests {
         struct Group {
             src: Pid,
             superstep: u32,
+            tag: u32,
             payload: Vec<u8>,
             dsts: Vec<(Pid, u32)>,
         }
@@ -642,6 +643,7 @@ mod tests {
             messages: vec![Group {
                 src: 0,
                 superstep: 0,
+                tag: 0,
                 payload: vec![1; 10],
                 dsts: (0..n as u32).map(|i| (0, i)).collect(),
             }],
@@ -653,6 +655,7 @@ mod tests {
             messages: vec![Group {
                 src: 0,
                 superstep: 0,
+                tag: 0,
                 payload: vec![1; 10],
                 dsts: (0..n as u32 - 1).map(|i| (0, i)).collect(),
             }],

@@ -82,7 +82,8 @@ impl IndexAllocator {
             self.free.remove(&s);
             start = s;
         }
-        if let Some(e) = self.free.remove(&(k + 1)) {
+        // (`k` may be the largest index: nothing lies above it.)
+        if let Some(e) = k.checked_add(1).and_then(|n| self.free.remove(&n)) {
             end = e;
         }
         self.free_count += 1;
