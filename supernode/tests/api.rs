@@ -450,47 +450,47 @@ impl Harness {
             .status()
     }
 
-    /// Renews with availability `idle`, maybe asking to drain.
-    async fn renew_with(&self, peer: &FakePeer, idle: f64, draining: bool) -> StatusCode {
+    /// Sends `renew` as `peer`'s lease renewal.
+    async fn send_renew(&self, peer: &FakePeer, renew: &PeerRenew) -> StatusCode {
         self.http
             .post(self.url("/peer/renew"))
             .bearer_auth(&peer.token)
-            .json(&PeerRenew {
-                speed: 1.0,
-                idle,
-                jobs: vec![],
-                draining,
-                memory: Default::default(),
-                counters: Default::default(),
-            })
+            .json(renew)
             .send()
             .await
             .unwrap()
             .status()
     }
 
+    /// Renews with availability `idle`, maybe asking to drain.
+    async fn renew_with(&self, peer: &FakePeer, idle: f64, draining: bool) -> StatusCode {
+        let renew = PeerRenew {
+            speed: 1.0,
+            idle,
+            jobs: vec![],
+            draining,
+            memory: Default::default(),
+            counters: Default::default(),
+        };
+        self.send_renew(peer, &renew).await
+    }
+
     /// Renews `peer`'s lease reporting `rss` resident bytes and a memory
     /// budget of `budget` bytes.
     async fn renew_memory(&self, peer: &FakePeer, rss: u64, budget: u64) -> StatusCode {
-        self.http
-            .post(self.url("/peer/renew"))
-            .bearer_auth(&peer.token)
-            .json(&PeerRenew {
-                speed: 1.0,
-                idle: 1.0,
-                jobs: vec![],
-                draining: false,
-                memory: bsp_api::control::PeerMemory {
-                    rss_bytes: rss,
-                    held_bytes: 0,
-                    budget_bytes: budget,
-                },
-                counters: Default::default(),
-            })
-            .send()
-            .await
-            .unwrap()
-            .status()
+        let renew = PeerRenew {
+            speed: 1.0,
+            idle: 1.0,
+            jobs: vec![],
+            draining: false,
+            memory: bsp_api::control::PeerMemory {
+                rss_bytes: rss,
+                held_bytes: 0,
+                budget_bytes: budget,
+            },
+            counters: Default::default(),
+        };
+        self.send_renew(peer, &renew).await
     }
 
     /// Renews `peer`'s lease every 100 ms in the background (abort to stop).

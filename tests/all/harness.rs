@@ -324,6 +324,19 @@ impl Cluster {
     }
 }
 
+/// Polls `check` every 50 ms until it gives a value; panics after `limit`
+/// naming `what`.
+pub async fn until<T>(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// One cluster shared by the tests that only run well-behaved jobs.
 pub fn shared() -> &'static Cluster {
     static SHARED: OnceLock<Cluster> = OnceLock::new();

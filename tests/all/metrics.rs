@@ -1,11 +1,11 @@
 //! `GET /metrics` scraped while a job runs, parsed by a Prometheus
 //! text-format parser of its own (`prometheus-parse`), not by ours.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use prometheus_parse::{Scrape, Value};
 
-use crate::harness::{Cluster, Options, job};
+use crate::harness::{Cluster, Options, job, until};
 
 /// One scrape: every sample as `name{label=value,…}` → value.
 struct Metrics(Scrape);
@@ -54,15 +54,11 @@ async fn scrape_until(
     limit: Duration,
     done: impl Fn(&Metrics) -> bool,
 ) -> Metrics {
-    let start = Instant::now();
-    loop {
+    until(what, limit, async || {
         let m = Metrics::scrape(http, url).await;
-        if done(&m) {
-            return m;
-        }
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        done(&m).then_some(m)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

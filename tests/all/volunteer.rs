@@ -3,11 +3,11 @@
 //! systemd accepts.
 
 use std::process::Output;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bspweb_peer::daemon::PeerStatus;
 
-use crate::harness::{Cluster, Options, bspweb, job};
+use crate::harness::{Cluster, Options, bspweb, job, until};
 
 fn run(args: &[&std::ffi::OsStr]) -> Output {
     bspweb().args(args).output().unwrap()
@@ -27,18 +27,6 @@ fn peer_cmd(cmd: &str, socket: &std::path::Path) -> PeerStatus {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// Polls `check` every 50 ms until it holds; panics after `limit`.
-async fn until<T>(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -252,43 +252,27 @@ impl Core {
             }
         }
         let tx = self.conn.transaction()?;
-        if let Some(role) = change.role {
-            tx.execute(
-                "UPDATE users SET role = ?2 WHERE id = ?1",
-                params![id, role.as_str()],
-            )?;
-        }
-        if let Some(disabled) = change.disabled {
-            tx.execute(
-                "UPDATE users SET disabled = ?2 WHERE id = ?1",
-                params![id, disabled],
-            )?;
-            if disabled && !before.disabled {
-                tx.execute(
-                    "UPDATE users SET token_generation = token_generation + 1 WHERE id = ?1",
-                    [id],
-                )?;
-            }
-        }
+        // Absent fields stay; disabling ends every login (a new token
+        // generation).
         let q = &change.quotas;
-        if let Some(n) = q.max_processes {
-            tx.execute(
-                "UPDATE users SET max_processes = ?2 WHERE id = ?1",
-                params![id, n],
-            )?;
-        }
-        if let Some(n) = q.max_programs {
-            tx.execute(
-                "UPDATE users SET max_programs = ?2 WHERE id = ?1",
-                params![id, n],
-            )?;
-        }
-        if let Some(n) = q.max_output_mib {
-            tx.execute(
-                "UPDATE users SET max_output_mib = ?2 WHERE id = ?1",
-                params![id, u64_to_sql(n)],
-            )?;
-        }
+        let ends_logins = change.disabled == Some(true) && !before.disabled;
+        tx.execute(
+            "UPDATE users SET role = coalesce(?2, role), disabled = coalesce(?3, disabled), \
+                 token_generation = token_generation + ?4, \
+                 max_processes = coalesce(?5, max_processes), \
+                 max_programs = coalesce(?6, max_programs), \
+                 max_output_mib = coalesce(?7, max_output_mib) \
+             WHERE id = ?1",
+            params![
+                id,
+                change.role.map(Role::as_str),
+                change.disabled,
+                i64::from(ends_logins),
+                q.max_processes,
+                q.max_programs,
+                q.max_output_mib.map(u64_to_sql)
+            ],
+        )?;
         let admins: i64 = tx.query_row(
             "SELECT count(*) FROM users WHERE role = 'admin' AND disabled = 0",
             [],
