@@ -632,12 +632,21 @@ impl StatusView {
     }
 }
 
+/// At most one upload of nothing but progress per this interval: a job of
+/// sub-millisecond supersteps would otherwise cost the supernode a request
+/// (and a database transaction) per superstep per peer, on the cores the
+/// job runs on. Output, status and exits are never held back.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(50);
+
 async fn upload_loop(client: Arc<Client>, reporter: Reporter, cancel: CancellationToken) {
+    let mut last_upload: Option<std::time::Instant> = None;
     loop {
+        let not_before = last_upload.map(|t| t + PROGRESS_INTERVAL);
         let batch = tokio::select! {
             _ = cancel.cancelled() => return,
-            b = reporter.next_batch(512, 1 << 20) => b,
+            b = reporter.next_batch_paced(512, 1 << 20, not_before) => b,
         };
+        last_upload = Some(std::time::Instant::now());
         let mut backoff = Duration::from_millis(200);
         loop {
             match client.report(&batch).await {

@@ -200,12 +200,36 @@ impl Reporter {
     /// with the batch's length once the batch has been accepted, and must not
     /// take another batch before that.
     pub async fn next_batch(&self, max_events: usize, max_bytes: usize) -> Vec<PeerEvent> {
+        self.next_batch_paced(max_events, max_bytes, None).await
+    }
+
+    /// [`Reporter::next_batch`] that holds back a batch of nothing but
+    /// [`PeerEvent::Progress`] until `progress_not_before`: progress waits
+    /// and coalesces (one event per process), so a job of sub-millisecond
+    /// supersteps does not cost the supernode a request per superstep.
+    /// Any other event (output, status, an exit) is taken at once, with the
+    /// progress queued before it.
+    pub async fn next_batch_paced(
+        &self,
+        max_events: usize,
+        max_bytes: usize,
+        progress_not_before: Option<Instant>,
+    ) -> Vec<PeerEvent> {
         loop {
             // Register interest before checking, so a concurrent `emit` is not missed.
             let notified = self.inner.ready.notified();
+            let mut hold_until = None;
             {
                 let mut s = self.lock();
-                if !s.queue.is_empty() {
+                if let Some(t) = progress_not_before
+                    && !s.queue.is_empty()
+                    && Instant::now() < t
+                    && s.queue
+                        .iter()
+                        .all(|e| matches!(e, PeerEvent::Progress { .. }))
+                {
+                    hold_until = Some(t);
+                } else if !s.queue.is_empty() {
                     let mut size = 0usize;
                     let mut n = 0usize;
                     for e in s.queue.iter().take(max_events.max(1)) {
@@ -220,7 +244,15 @@ impl Reporter {
                     return s.queue.iter().take(n).cloned().collect();
                 }
             }
-            notified.await;
+            match hold_until {
+                Some(t) => {
+                    tokio::select! {
+                        _ = notified => {}
+                        _ = tokio::time::sleep_until(t.into()) => {}
+                    }
+                }
+                None => notified.await,
+            }
         }
     }
 
@@ -358,6 +390,36 @@ mod tests {
             pid,
             superstep,
         }
+    }
+
+    #[tokio::test]
+    async fn progress_alone_waits_for_its_time_and_other_events_go_at_once() {
+        let r = Reporter::new();
+        r.emit(progress(0, 1));
+        r.emit(progress(1, 1));
+        r.emit(progress(0, 2));
+        // Nothing but progress, and its time has not come: held back.
+        let later = Instant::now() + Duration::from_secs(3600);
+        let held = tokio::time::timeout(
+            Duration::from_millis(20),
+            r.next_batch_paced(16, 1 << 20, Some(later)),
+        )
+        .await;
+        assert!(held.is_err(), "a progress-only batch went early: {held:?}");
+        // Progress coalesced meanwhile; any other event takes it along at once.
+        r.emit(status(7));
+        let batch = r.next_batch_paced(16, 1 << 20, Some(later)).await;
+        let debug = |b: &[PeerEvent]| format!("{b:?}");
+        assert_eq!(
+            debug(&batch),
+            debug(&[progress(0, 2), progress(1, 1), status(7)])
+        );
+        r.delivered(batch.len());
+        // Once its time has come, progress alone goes too.
+        r.emit(progress(0, 3));
+        let past = Instant::now();
+        let batch = r.next_batch_paced(16, 1 << 20, Some(past)).await;
+        assert_eq!(debug(&batch), debug(&[progress(0, 3)]));
     }
 
     #[tokio::test]
