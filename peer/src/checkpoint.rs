@@ -43,7 +43,7 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use bsp_api::wire::{Checkpoint, Frame, MAX_FRAME_BYTES, WireMessage, message_groups};
 use bsp_api::{PeerId, Pid};
@@ -505,16 +505,41 @@ fn fingerprint(seed: u64, page: &[u8]) -> u64 {
 /// to at most [`FRAME_BOUND_BYTES`]. Page indices beyond the memory are
 /// skipped.
 pub fn to_frames(snapshot: &Snapshot, pages: &[u32], base: Option<u32>) -> Vec<Frame> {
-    let (mut frames, last) = split(snapshot, pages, base);
+    let (mut frames, last) = split(snapshot, pages, base, |i| {
+        Bytes::copy_from_slice(snapshot.page(i))
+    });
     frames.push(Frame::Checkpoint(Box::new(last)));
     frames
+}
+
+/// [`to_frames`] whose pages are slices of `snapshot`'s memory, not copies
+/// (they keep the snapshot alive until the frames are written).
+pub fn to_frames_shared(snapshot: &Arc<Snapshot>, pages: &[u32], base: Option<u32>) -> Vec<Frame> {
+    let memory = Bytes::from_owner(SharedMemory(snapshot.clone()));
+    let (mut frames, last) = split(snapshot, pages, base, |i| {
+        let start = (i * PAGE_SIZE).min(memory.len());
+        memory.slice(start..(start + PAGE_SIZE).min(memory.len()))
+    });
+    frames.push(Frame::Checkpoint(Box::new(last)));
+    frames
+}
+
+/// A snapshot's memory as the owner of a [`Bytes`].
+struct SharedMemory(Arc<Snapshot>);
+
+impl AsRef<[u8]> for SharedMemory {
+    fn as_ref(&self) -> &[u8] {
+        &self.0.memory
+    }
 }
 
 /// The frames that answer [`Frame::FetchCheckpoint`] with `snapshot`:
 /// [`Frame::CheckpointPart`]s then [`Frame::Snapshot`] with the whole
 /// checkpoint (the pages that are not all zeros).
 pub fn to_snapshot_frames(snapshot: &Snapshot) -> Vec<Frame> {
-    let (mut frames, last) = split(snapshot, &snapshot.nonzero_pages(), None);
+    let (mut frames, last) = split(snapshot, &snapshot.nonzero_pages(), None, |i| {
+        Bytes::copy_from_slice(snapshot.page(i))
+    });
     frames.push(Frame::Snapshot {
         pid: snapshot.pid,
         snapshot: Some(Box::new(last)),
@@ -523,7 +548,12 @@ pub fn to_snapshot_frames(snapshot: &Snapshot) -> Vec<Frame> {
 }
 
 /// The parts and the final checkpoint (with the tail of pages and messages).
-fn split(snapshot: &Snapshot, pages: &[u32], base: Option<u32>) -> (Vec<Frame>, Checkpoint) {
+fn split(
+    snapshot: &Snapshot,
+    pages: &[u32],
+    base: Option<u32>,
+    page: impl Fn(usize) -> Bytes,
+) -> (Vec<Frame>, Checkpoint) {
     let mut frames = Vec::new();
     let mut cur_pages: Vec<(u32, Bytes)> = Vec::new();
     let mut cur_outbox: Vec<WireMessage> = Vec::new();
@@ -545,13 +575,13 @@ fn split(snapshot: &Snapshot, pages: &[u32], base: Option<u32>) -> (Vec<Frame>, 
     sorted.sort_unstable();
     sorted.dedup();
     for i in sorted {
-        let bytes = snapshot.page(i as usize);
+        let bytes = page(i as usize);
         let cost = bytes.len() + PAGE_OVERHEAD;
         if cur > 0 && cur + cost > PART_TARGET_BYTES {
             flush(&mut cur_pages, &mut cur_outbox);
             cur = 0;
         }
-        cur_pages.push((i, Bytes::copy_from_slice(bytes)));
+        cur_pages.push((i, bytes));
         cur += cost;
     }
     // A delta carries the messages sent after its base; the replica has

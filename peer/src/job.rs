@@ -44,7 +44,6 @@ use crate::program;
 use crate::relay::{self, BroadcastPolicy, DataStats, Inflight, RelayKey, Site};
 use crate::report::Reporter;
 use crate::runtime::{JobInfo, Message, Outcome, Process, Runtime};
-use bytes::Bytes;
 
 /// Target size of one `Data` frame's payloads.
 const BATCH_BYTES: usize = 1 << 20;
@@ -384,12 +383,12 @@ impl Link {
 /// A checkpoint's frames for each replica it was planned for, encoded by
 /// the capture task (once per distinct plan: replicas with the same base
 /// share the bytes).
-type Encoded = Vec<(PeerId, Vec<Bytes>)>;
+type Encoded = Vec<(PeerId, Vec<net::Segments>)>;
 
 /// What a blocking task hands back.
 enum Task {
     Resumed(Pid, Result<(Proc, Outcome), String>),
-    Captured(Pid, Result<(Proc, Snapshot, Encoded), String>),
+    Captured(Pid, Result<(Proc, Arc<Snapshot>, Encoded), String>),
     /// `None`: the snapshot is of a process that had exited.
     Restored(Pid, Arc<Snapshot>, Result<Option<Proc>, String>),
 }
@@ -472,20 +471,20 @@ impl Drop for Driver {
 /// delta and gets the next checkpoint whole).
 fn encode_for(
     tracker: &mut PageTracker,
-    snapshot: &Snapshot,
+    snapshot: &Arc<Snapshot>,
     targets: &[PeerId],
 ) -> Result<Encoded, String> {
-    let mut done: Vec<(checkpoint::Plan, Vec<Bytes>)> = Vec::new();
+    let mut done: Vec<(checkpoint::Plan, Vec<net::Segments>)> = Vec::new();
     let mut out = Vec::with_capacity(targets.len());
     for &r in targets {
         let plan = tracker.plan(r, snapshot);
         let frames = match done.iter().find(|(p, _)| *p == plan) {
             Some((_, frames)) => frames.clone(),
             None => {
-                let frames = checkpoint::to_frames(snapshot, &plan.pages, plan.base)
+                let frames = checkpoint::to_frames_shared(snapshot, &plan.pages, plan.base)
                     .iter()
-                    .map(net::encode)
-                    .collect::<Result<Vec<Bytes>, _>>()
+                    .map(net::encode_segments)
+                    .collect::<Result<Vec<_>, _>>()
                     .map_err(|e| format!("cannot encode a checkpoint: {e}"))?;
                 done.push((plan, frames.clone()));
                 frames
@@ -1558,6 +1557,8 @@ impl Driver {
                 for (r, superstep, ok) in acks {
                     p.tracker.acked(r, superstep, ok);
                 }
+                // Shared: the frames' pages are slices of its memory.
+                let snapshot = Arc::new(snapshot);
                 let encoded = encode_for(&mut p.tracker, &snapshot, &targets)?;
                 Ok((p, snapshot, encoded))
             })
@@ -1566,7 +1567,7 @@ impl Driver {
         });
     }
 
-    fn on_captured(&mut self, pid: Pid, r: Result<(Proc, Snapshot, Encoded), String>) {
+    fn on_captured(&mut self, pid: Pid, r: Result<(Proc, Arc<Snapshot>, Encoded), String>) {
         let (mut p, snapshot, mut encoded) = match r {
             Ok(x) => x,
             Err(e) => {
@@ -1579,7 +1580,6 @@ impl Driver {
         let s = l.superstep;
         let leaving = l.leaving;
         let exited = snapshot.exited;
-        let snapshot = Arc::new(snapshot);
         if p.recent.len() == checkpoint::RECYCLE_DEPTH {
             p.recent.pop_front();
         }
@@ -1604,7 +1604,7 @@ impl Driver {
         for r in late {
             let plan = p.tracker.plan(r, &snapshot);
             bytes += plan.pages.len() * checkpoint::PAGE_SIZE;
-            for f in checkpoint::to_frames(&snapshot, &plan.pages, plan.base) {
+            for f in checkpoint::to_frames_shared(&snapshot, &plan.pages, plan.base) {
                 unsent.push((r, f.into()));
             }
             p.tracker.sent(r, snapshot.superstep);

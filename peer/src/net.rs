@@ -85,21 +85,195 @@ fn size_hint(frame: &Frame) -> usize {
     }
 }
 
-/// Frames at least this large skip the codec's write buffer (a copy).
+/// Frames at least this large skip the codec's write buffer (a copy): they
+/// go to the socket in one vectored write of their segments.
 const DIRECT_WRITE_BYTES: usize = 64 << 10;
 
-/// Write one frame straight to the socket, length prefix and body in one
-/// vectored write where the kernel takes it, after what the codec buffered.
-async fn write_direct(conn: &mut FramedConn, body: Bytes) -> std::io::Result<()> {
+/// Byte strings (pages, payloads) at least this large are not copied into
+/// an encoded frame: its [`Segments`] refer to them.
+const SEGMENT_MIN_BYTES: usize = 4 << 10;
+
+/// Most buffers handed to one `writev`.
+const MAX_IOVECS: usize = 64;
+
+/// A frame's postcard encoding as a list of buffers, to be written one after
+/// another: the small fields encoded, and the frame's large byte strings
+/// (checkpoint pages, message payloads, relayed bytes) as the buffers the
+/// frame already holds, not copies. The bytes on the wire are exactly
+/// [`encode`]'s.
+#[derive(Debug, Clone, Default)]
+pub struct Segments {
+    parts: Vec<Bytes>,
+    len: usize,
+}
+
+impl Segments {
+    /// The encoded frame's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The encoding in one buffer (a copy unless it is one segment).
+    pub fn to_bytes(&self) -> Bytes {
+        match self.parts.as_slice() {
+            [] => Bytes::new(),
+            [one] => one.clone(),
+            parts => {
+                let mut v = Vec::with_capacity(self.len);
+                for p in parts {
+                    v.extend_from_slice(p);
+                }
+                Bytes::from(v)
+            }
+        }
+    }
+}
+
+/// A postcard output that refers to the frame's large byte strings instead
+/// of copying them (`bulk`: those byte strings, by address and length).
+struct SegmentFlavor<'a> {
+    bulk: &'a HashMap<(usize, usize), Bytes>,
+    parts: Vec<Bytes>,
+    current: Vec<u8>,
+    len: usize,
+}
+
+impl postcard::ser_flavors::Flavor for SegmentFlavor<'_> {
+    type Output = Segments;
+
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.current.push(data);
+        self.len += 1;
+        Ok(())
+    }
+
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        self.len += data.len();
+        let whole = (data.len() >= SEGMENT_MIN_BYTES)
+            .then(|| self.bulk.get(&(data.as_ptr() as usize, data.len())))
+            .flatten();
+        match whole {
+            Some(b) => {
+                if !self.current.is_empty() {
+                    self.parts
+                        .push(Bytes::from(std::mem::take(&mut self.current)));
+                }
+                self.parts.push(b.clone());
+            }
+            None => self.current.extend_from_slice(data),
+        }
+        Ok(())
+    }
+
+    fn finalize(mut self) -> postcard::Result<Segments> {
+        if !self.current.is_empty() {
+            self.parts.push(Bytes::from(self.current));
+        }
+        Ok(Segments {
+            parts: self.parts,
+            len: self.len,
+        })
+    }
+}
+
+/// The large byte strings of `frame`, by address and length.
+fn bulk_of(frame: &Frame) -> HashMap<(usize, usize), Bytes> {
+    use bsp_api::wire::{ProgramMsg, WireMessage};
+    let mut bulk = HashMap::new();
+    let mut add = |b: &Bytes| {
+        if b.len() >= SEGMENT_MIN_BYTES {
+            bulk.insert((b.as_ptr() as usize, b.len()), b.clone());
+        }
+    };
+    let mut pages_and_outbox = |pages: &[(u32, Bytes)], outbox: &[WireMessage]| {
+        pages.iter().for_each(|(_, b)| add(b));
+        outbox.iter().for_each(|m| add(&m.payload));
+    };
+    match frame {
+        Frame::Data { messages } => pages_and_outbox(&[], messages),
+        Frame::CheckpointPart { pages, outbox, .. } => pages_and_outbox(pages, outbox),
+        Frame::Checkpoint(c)
+        | Frame::Snapshot {
+            snapshot: Some(c), ..
+        } => pages_and_outbox(&c.pages, &c.outbox),
+        Frame::Relay { bytes, .. } => add(bytes),
+        Frame::Program {
+            msg: ProgramMsg::Piece { data, .. },
+            ..
+        } => add(data),
+        _ => {}
+    }
+    bulk
+}
+
+/// Encode a frame as [`Segments`]: its large byte strings are not copied.
+pub fn encode_segments(frame: &Frame) -> Result<Segments, postcard::Error> {
+    let bulk = bulk_of(frame);
+    if bulk.is_empty() {
+        let bytes = encode(frame)?;
+        let len = bytes.len();
+        return Ok(Segments {
+            parts: vec![bytes],
+            len,
+        });
+    }
+    let flavor = SegmentFlavor {
+        bulk: &bulk,
+        parts: Vec::new(),
+        current: Vec::with_capacity(256),
+        len: 0,
+    };
+    postcard::serialize_with_flavor(frame, flavor)
+}
+
+/// Write one frame straight to the socket, after what the codec buffered:
+/// its length prefix and segments in vectored writes (no copy into a
+/// buffer).
+async fn write_segments(conn: &mut FramedConn, frame: Segments) -> std::io::Result<()> {
     use bytes::Buf;
+    use std::collections::VecDeque;
+    use std::io::IoSlice;
     use tokio::io::AsyncWriteExt;
-    let len = u32::try_from(body.len())
+    let len = u32::try_from(frame.len)
         .ok()
         .filter(|&n| n as usize <= MAX_FRAME_BYTES)
         .ok_or_else(|| std::io::Error::other("a frame is larger than the protocol allows"))?;
     SinkExt::<Bytes>::flush(conn).await?;
-    let mut buf = Bytes::copy_from_slice(&len.to_be_bytes()).chain(body);
-    conn.get_mut().write_all_buf(&mut buf).await
+    let mut parts: VecDeque<Bytes> = std::iter::once(Bytes::copy_from_slice(&len.to_be_bytes()))
+        .chain(frame.parts)
+        .filter(|b| !b.is_empty())
+        .collect();
+    let stream = conn.get_mut();
+    while !parts.is_empty() {
+        let slices: Vec<IoSlice<'_>> = parts
+            .iter()
+            .take(MAX_IOVECS)
+            .map(|b| IoSlice::new(b))
+            .collect();
+        let mut written = stream.write_vectored(&slices).await?;
+        drop(slices);
+        if written == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while written > 0 {
+            let Some(front) = parts.front_mut() else {
+                break;
+            };
+            if written >= front.len() {
+                written -= front.len();
+                parts.pop_front();
+            } else {
+                front.advance(written);
+                written = 0;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What a job's driver queues for a connection: a frame, or one it encoded
@@ -107,7 +281,7 @@ async fn write_direct(conn: &mut FramedConn, body: Bytes) -> std::io::Result<()>
 #[derive(Debug, Clone)]
 pub enum Outgoing {
     Frame(Frame),
-    Encoded(Bytes),
+    Encoded(Segments),
 }
 
 impl From<Frame> for Outgoing {
@@ -668,18 +842,19 @@ pub fn spawn_writer(
                 let mut next = Some(frame);
                 // Feed everything queued, then flush once.
                 while let Some(f) = next {
-                    let bytes = match f {
-                        Outgoing::Frame(f) => {
-                            encode(&f).map_err(|e| format!("cannot encode a frame: {e}"))?
-                        }
-                        Outgoing::Encoded(b) => b,
+                    let segments = match f {
+                        Outgoing::Frame(f) => encode_segments(&f)
+                            .map_err(|e| format!("cannot encode a frame: {e}"))?,
+                        Outgoing::Encoded(s) => s,
                     };
-                    if bytes.len() >= DIRECT_WRITE_BYTES {
-                        write_direct(&mut conn, bytes)
+                    if segments.len() >= DIRECT_WRITE_BYTES {
+                        write_segments(&mut conn, segments)
                             .await
                             .map_err(|e| e.to_string())?;
                     } else {
-                        conn.feed(bytes).await.map_err(|e| e.to_string())?;
+                        conn.feed(segments.to_bytes())
+                            .await
+                            .map_err(|e| e.to_string())?;
                     }
                     next = frames.try_recv().ok();
                 }
@@ -753,6 +928,125 @@ mod tests {
         b.push(0);
         assert!(decode(b.clone()).is_err());
         assert!(decode(Bytes::from_static(&[0xff, 0xff, 0xff])).is_err());
+    }
+
+    /// Frames with large byte strings of every kind, shared payloads among
+    /// them, and small ones that are copied.
+    fn bulky_frames() -> Vec<Frame> {
+        use bsp_api::wire::{Checkpoint, WireMessage};
+        let big = |n: usize, seed: u8| -> Bytes {
+            Bytes::from(
+                (0..n)
+                    .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+                    .collect::<Vec<u8>>(),
+            )
+        };
+        let shared = big(70_000, 9);
+        let msg = |seq: u32, payload: Bytes| WireMessage {
+            src: 1,
+            dst: 2 + seq % 3,
+            superstep: 4,
+            seq,
+            tag: seq % 2,
+            payload,
+        };
+        let outbox = vec![
+            msg(0, big(10, 1)),
+            msg(1, shared.clone()),
+            msg(2, shared.clone()),
+            msg(3, big(SEGMENT_MIN_BYTES, 2)),
+            msg(4, big(SEGMENT_MIN_BYTES - 1, 3)),
+            msg(5, Bytes::new()),
+        ];
+        let pages = vec![(0, big(65_536, 4)), (7, big(65_536, 5))];
+        let checkpoint = Checkpoint {
+            pid: 1,
+            superstep: 4,
+            base: Some(3),
+            memory_len: 8 * 65_536,
+            pages: pages.clone(),
+            globals: vec![1, 2],
+            output_seq: 5,
+            output_bytes: 6,
+            exited: false,
+            outbox: outbox.clone(),
+            outbox_from: 2,
+            hash: [7; 32],
+        };
+        vec![
+            Frame::Data {
+                messages: outbox.clone(),
+            },
+            Frame::CheckpointPart {
+                pid: 1,
+                superstep: 4,
+                pages,
+                outbox: outbox.clone(),
+            },
+            Frame::Checkpoint(Box::new(checkpoint.clone())),
+            Frame::Snapshot {
+                pid: 1,
+                snapshot: Some(Box::new(checkpoint)),
+            },
+            Frame::Welcome,
+            Frame::Data { messages: vec![] },
+        ]
+    }
+
+    #[test]
+    fn segments_are_the_encoding_without_copies_of_large_byte_strings() {
+        for f in bulky_frames() {
+            let segments = encode_segments(&f).unwrap();
+            let whole = encode(&f).unwrap();
+            assert_eq!(segments.to_bytes(), whole, "{f:?}");
+            assert_eq!(segments.len(), whole.len());
+            assert_eq!(decode(segments.to_bytes()).unwrap(), f);
+            // Every large byte string of the frame is one of its parts, not
+            // a copy (a payload shared by a run of messages is encoded once).
+            let bulk = bulk_of(&f);
+            let referenced: HashSet<(usize, usize)> = segments
+                .parts
+                .iter()
+                .map(|p| (p.as_ptr() as usize, p.len()))
+                .filter(|k| bulk.contains_key(k))
+                .collect();
+            let large: HashSet<(usize, usize)> = bulk.keys().copied().collect();
+            assert_eq!(referenced, large, "a large byte string was copied: {f:?}");
+        }
+    }
+
+    /// Segments written with vectored writes arrive as the frames they
+    /// encode, in order, between frames the codec buffered.
+    #[tokio::test]
+    async fn segmented_frames_arrive_whole_over_a_socket() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let frames = bulky_frames();
+        let expected = frames.clone();
+        let reader = tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            let mut conn = Framed::new(s, codec());
+            let mut got = Vec::new();
+            while let Some(b) = conn.next().await {
+                got.push(decode(b.unwrap()).unwrap());
+            }
+            got
+        });
+        let mut conn = Framed::new(TcpStream::connect(addr).await.unwrap(), codec());
+        for f in &frames {
+            // Small ones through the codec's buffer, large ones direct.
+            conn.feed(encode(&Frame::Welcome).unwrap()).await.unwrap();
+            write_segments(&mut conn, encode_segments(f).unwrap())
+                .await
+                .unwrap();
+        }
+        SinkExt::<Bytes>::close(&mut conn).await.unwrap();
+        let got = reader.await.unwrap();
+        let interleaved: Vec<Frame> = expected
+            .into_iter()
+            .flat_map(|f| [Frame::Welcome, f])
+            .collect();
+        assert_eq!(got, interleaved);
     }
 
     /// Issue 20, finding 2: a stranger cannot make the listener hold a
