@@ -185,6 +185,40 @@ pub fn outbox_bytes(outbox: &[WireMessage]) -> u64 {
         .sum()
 }
 
+/// The hashes of message payloads hashed before, by buffer. A retained
+/// message is in every checkpoint until its superstep is no longer
+/// retained (two or three in a row), and its payload is the same shared
+/// buffer each time: it is hashed once. The cache holds the buffers it
+/// names, so an address cannot be reused for other bytes while it is
+/// cached; each hash keeps only the payloads it used.
+#[derive(Debug, Default)]
+pub struct PayloadHashes {
+    known: HashMap<(usize, usize), (Bytes, PageHash)>,
+}
+
+impl PayloadHashes {
+    /// The hash of `payload`, from `self` or computed, kept in `next`.
+    fn hash(
+        &self,
+        next: &mut HashMap<(usize, usize), (Bytes, PageHash)>,
+        payload: &Bytes,
+    ) -> PageHash {
+        let key = (payload.as_ptr() as usize, payload.len());
+        if let Some((_, h)) = next.get(&key) {
+            return *h;
+        }
+        let h = match self.known.get(&key) {
+            Some((_, h)) => *h,
+            None => page_hash(payload),
+        };
+        // Empty payloads may share an address; caching them saves nothing.
+        if !payload.is_empty() {
+            next.insert(key, (payload.clone(), h));
+        }
+        h
+    }
+}
+
 /// The canonical hash of `s` with the given page hashes (in page order).
 /// (`memory_len` is given, not read from `s`: a replica checks the hash
 /// before it builds the memory.)
@@ -193,6 +227,18 @@ fn canonical_hash(
     memory_len: u64,
     page_hashes: impl Iterator<Item = PageHash>,
 ) -> [u8; 32] {
+    canonical_hash_cached(s, memory_len, page_hashes, &mut PayloadHashes::default())
+}
+
+/// [`canonical_hash`] that takes the payload hashes it can from `cache`
+/// and leaves in it those of `s`'s outbox.
+fn canonical_hash_cached(
+    s: &Snapshot,
+    memory_len: u64,
+    page_hashes: impl Iterator<Item = PageHash>,
+    cache: &mut PayloadHashes,
+) -> [u8; 32] {
+    let mut next = HashMap::new();
     let mut h = blake3::Hasher::new();
     h.update(HASH_TAG);
     h.update(&s.pid.to_le_bytes());
@@ -212,7 +258,7 @@ fn canonical_hash(
     // Each message contributes the hash of its payload, computed once for a
     // payload that consecutive messages share (a broadcast's).
     for run in message_groups::runs(&s.outbox) {
-        let payload = page_hash(&run[0].payload);
+        let payload = cache.hash(&mut next, &run[0].payload);
         for m in run {
             h.update(&m.src.to_le_bytes());
             h.update(&m.dst.to_le_bytes());
@@ -223,6 +269,7 @@ fn canonical_hash(
             h.update(&payload);
         }
     }
+    cache.known = next;
     h.finalize().into()
 }
 
@@ -271,6 +318,8 @@ pub struct PageTracker {
     /// last): their buffers can be recycled by [`PageTracker::capture_reusing`].
     recent: std::collections::VecDeque<(u32, [u8; 32], usize)>,
     replicas: HashMap<PeerId, u32>,
+    /// The retained messages' payload hashes.
+    payloads: PayloadHashes,
 }
 
 impl Default for PageTracker {
@@ -295,6 +344,7 @@ impl PageTracker {
             last: None,
             recent: std::collections::VecDeque::new(),
             replicas: HashMap::new(),
+            payloads: PayloadHashes::default(),
         }
     }
 
@@ -385,10 +435,11 @@ impl PageTracker {
         }
         self.len_pages = n;
         snapshot.memory = copy;
-        snapshot.hash = canonical_hash(
+        snapshot.hash = canonical_hash_cached(
             &snapshot,
             snapshot.memory.len() as u64,
             self.page_hashes[..n].iter().copied(),
+            &mut self.payloads,
         );
         self.origin.get_or_insert(snapshot.superstep);
         self.last = Some((snapshot.superstep, snapshot.hash));
@@ -761,6 +812,9 @@ pub struct Assembler {
     /// Per pid, the hash and page hashes of the last snapshot assembled
     /// here: a delta against it rehashes only the pages it carries.
     page_hashes: HashMap<Pid, ([u8; 32], Vec<PageHash>)>,
+    /// Per pid, the payload hashes of the last snapshot assembled here (a
+    /// delta repeats the base's retained messages as the same buffers).
+    payloads: HashMap<Pid, PayloadHashes>,
 }
 
 impl Assembler {
@@ -771,6 +825,7 @@ impl Assembler {
             cap: max_bytes,
             pending: HashMap::new(),
             page_hashes: HashMap::new(),
+            payloads: HashMap::new(),
         }
     }
 
@@ -1022,7 +1077,12 @@ impl Assembler {
             outbox: all_outbox,
             hash,
         };
-        let actual = canonical_hash(&snapshot, memory_len, hashes.iter().copied());
+        let actual = canonical_hash_cached(
+            &snapshot,
+            memory_len,
+            hashes.iter().copied(),
+            self.payloads.entry(pid).or_default(),
+        );
         if actual != hash {
             let error = CheckpointError::HashMismatch {
                 pid,

@@ -805,3 +805,54 @@ fn a_delta_carries_only_the_new_messages_of_the_outbox() {
     assert_eq!(outbox_of(&frames), vec![at(3, 0)]);
     assert_eq!(deliver(&mut asm, &mut store, frames).unwrap(), s3);
 }
+
+/// Retained messages are hashed once: later captures (and replicas) take
+/// their payload hashes from the cache, which keeps only the payloads of
+/// the last snapshot, and every hash equals the one computed afresh.
+#[test]
+fn retained_payloads_are_hashed_once_and_the_hash_is_unchanged() {
+    let at = |superstep: u32, seq: u32| WireMessage {
+        superstep,
+        ..msg(3, 0, seq, 5000 + seq as usize)
+    };
+    let (a, b, c) = (at(0, 0), at(0, 1), at(1, 0));
+    // Same bytes as `a`, another buffer: its own entry.
+    let a2 = WireMessage {
+        seq: 2,
+        payload: Bytes::copy_from_slice(&a.payload),
+        ..a.clone()
+    };
+    let memory = page_of(1);
+    let mut t = PageTracker::new();
+    let mut store = ReplicaStore::new();
+    let mut asm = Assembler::new(1 << 30);
+    let outboxes = [
+        vec![a.clone(), b.clone(), a2.clone()],
+        vec![a.clone(), b.clone(), a2.clone(), c.clone()],
+        vec![c.clone()],
+    ];
+    for (s, outbox) in outboxes.into_iter().enumerate() {
+        let snap = t.capture(head_retaining(3, s as u32, outbox.clone()), &memory);
+        assert_eq!(snap.hash, snap.compute_hash(), "superstep {s}");
+        let cached: std::collections::HashSet<(usize, usize)> =
+            t.payloads.known.keys().copied().collect();
+        let expected: std::collections::HashSet<(usize, usize)> = outbox
+            .iter()
+            .map(|m| (m.payload.as_ptr() as usize, m.payload.len()))
+            .collect();
+        assert_eq!(
+            cached, expected,
+            "superstep {s}: the cache keeps this outbox only"
+        );
+        let plan = t.plan(1, &snap);
+        let got = deliver(
+            &mut asm,
+            &mut store,
+            to_frames(&snap, &plan.pages, plan.base),
+        )
+        .unwrap();
+        assert_eq!(got, snap);
+        assert!(got.verify());
+        t.acked(1, s as u32, true);
+    }
+}
