@@ -20,7 +20,9 @@
 //!    ([`Bsp::send_numbers`], straight from the accumulator): this
 //!    process's dangling sum (a message of its own), then the accumulator
 //!    entries of `q`'s vertices, split into messages of at most 1 MiB (they
-//!    arrive in sending order); sync;
+//!    arrive in sending order); zero the entries sent (they are dead until
+//!    the next scatter, and zeroed before the sync their pages are the same
+//!    as at the last checkpoint, so no checkpoint carries them); sync;
 //! 3. add the blocks received into the owned entries and the dangling sums
 //!    into the total, then update the owned ranks.
 //!
@@ -97,6 +99,9 @@ async fn main(bsp: &mut Bsp, args: Args) -> Result<()> {
                 bsp.send_numbers(q, chunk)?;
             }
         }
+        // Sent (copied out): dead until the next scatter, and unchanged
+        // since the last checkpoint once zeroed again.
+        pr.clear_outgoing();
         bsp.sync().await;
 
         // Messages arrive by source pid, then in sending order: walk each

@@ -232,10 +232,12 @@ impl PageRank {
     }
 
     /// Pushes every owned vertex's share along its out-edges into the
-    /// accumulator (cleared first) and returns the owned dangling vertices'
-    /// total rank.
+    /// accumulator and returns the owned dangling vertices' total rank. The
+    /// owned entries are cleared first; the others must be zero already
+    /// (they are at the start, and [`clear_outgoing`](Self::clear_outgoing)
+    /// zeroes them once they are sent).
     pub fn scatter(&mut self, g: &Graph) -> u64 {
-        self.acc.fill(0);
+        self.acc[self.owned.start as usize..self.owned.end as usize].fill(0);
         let mut dangling = 0u64;
         for (i, &r) in self.ranks.iter().enumerate() {
             let out = g.out(i);
@@ -255,6 +257,17 @@ impl PageRank {
     /// sends to their owner after [`scatter`](Self::scatter).
     pub fn outgoing(&self, block: Range<u32>) -> &[u64] {
         &self.acc[block.start as usize..block.end as usize]
+    }
+
+    /// Zeroes the accumulator entries of other processes' vertices, once
+    /// they are sent. They are dead until the next
+    /// [`scatter`](Self::scatter), which needs them zero; clearing them
+    /// before the sync rather than after it leaves their pages as they were
+    /// at the last checkpoint, so checkpoints do not carry them.
+    pub fn clear_outgoing(&mut self) {
+        let owned = self.owned.start as usize..self.owned.end as usize;
+        self.acc[..owned.start].fill(0);
+        self.acc[owned.end..].fill(0);
     }
 
     /// Adds the little-endian `u64` words of `bytes` to the accumulator
