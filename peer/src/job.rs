@@ -1428,6 +1428,15 @@ impl Driver {
         }
         let slots = self.env.slots.clone();
         let job = self.job;
+        // A free slot: straight to a blocking thread (one thread hop less
+        // per superstep than queueing for it).
+        if let Some(slot) = slots.try_acquire(job) {
+            self.tasks.spawn_blocking(move || {
+                let outcome = p.process.resume_in(slot);
+                Task::Resumed(pid, Ok((p, outcome)))
+            });
+            return;
+        }
         self.tasks.spawn(async move {
             let slot = match slots.acquire(job).await {
                 Ok(s) => s,
@@ -1539,8 +1548,8 @@ impl Driver {
             .map(|l| std::mem::take(&mut l.acks))
             .unwrap_or_default();
         let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
-        self.tasks.spawn(async move {
-            let joined = tokio::task::spawn_blocking(move || {
+        self.tasks.spawn_blocking(move || {
+            let captured = (move || {
                 // The newest buffer only this process still holds.
                 let free = (0..p.recent.len())
                     .rev()
@@ -1561,9 +1570,8 @@ impl Driver {
                 let snapshot = Arc::new(snapshot);
                 let encoded = encode_for(&mut p.tracker, &snapshot, &targets)?;
                 Ok((p, snapshot, encoded))
-            })
-            .await;
-            Task::Captured(pid, joined.map_err(|e| e.to_string()).and_then(|r| r))
+            })();
+            Task::Captured(pid, captured)
         });
     }
 

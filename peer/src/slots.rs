@@ -131,6 +131,18 @@ impl Slots {
     }
 
     /// Wait for a slot for a process of `job`.
+    /// A slot for `job` if one is free and nobody waits for one; `None`
+    /// otherwise (then [`Slots::acquire`] queues fairly).
+    pub fn try_acquire(self: &Arc<Self>, job: JobId) -> Option<Slot> {
+        let mut s = self.lock();
+        if s.closed || s.free == 0 || s.waiting() {
+            return None;
+        }
+        s.free -= 1;
+        drop(s);
+        Some(self.slot(job))
+    }
+
     pub async fn acquire(self: &Arc<Self>, job: JobId) -> Result<Slot, Closed> {
         let rx = {
             let mut s = self.lock();
@@ -278,6 +290,32 @@ mod tests {
             (1, 0),
             "the waiter's slot came back when it ended"
         );
+    }
+
+    /// `try_acquire` takes a free slot at once, but never one that a
+    /// queued waiter is owed, and nothing once closed.
+    #[tokio::test]
+    async fn try_acquire_takes_only_a_free_slot_nobody_waits_for() {
+        let slots = Slots::new(1);
+        let a = slots.try_acquire(1).expect("a free slot");
+        assert!(slots.try_acquire(1).is_none(), "none left");
+        let waiting = tokio::spawn({
+            let slots = slots.clone();
+            async move { slots.acquire(2).await.map(|s| s.job) }
+        });
+        while slots.load().1 == 0 {
+            tokio::task::yield_now().await;
+        }
+        drop(a);
+        assert!(
+            slots.try_acquire(3).is_none(),
+            "the freed slot is the waiter's"
+        );
+        assert_eq!(waiting.await.unwrap(), Ok(2));
+        let b = slots.try_acquire(3).expect("free again");
+        drop(b);
+        slots.close();
+        assert!(slots.try_acquire(3).is_none(), "closed");
     }
 
     #[tokio::test]
