@@ -385,6 +385,104 @@ impl Link {
 /// share the bytes).
 type Encoded = Vec<(PeerId, Vec<net::Segments>)>;
 
+/// What a process's thread says as soon as the guest reached a sync that
+/// is checkpointed (or returned), before it captures the process there: the
+/// messages it sent go out while the capture runs.
+struct Early {
+    pid: Pid,
+    exited: bool,
+    out: Vec<WireMessage>,
+}
+
+/// What a capture taken on the process's own thread right after its
+/// superstep needs from the driver, fixed when the superstep starts.
+struct CaptureInput {
+    /// The retained outbox so far (the superstep's messages are added).
+    outbox: Vec<WireMessage>,
+    /// Replicas' answers so far, for the page tracker.
+    acks: Vec<(PeerId, u32, bool)>,
+    /// Who gets the checkpoint.
+    targets: Vec<PeerId>,
+    early: mpsc::UnboundedSender<Early>,
+}
+
+/// The messages a process sent in superstep `s`, as they travel.
+fn wire_messages(pid: Pid, s: u32, out: Vec<crate::runtime::Outgoing>) -> Vec<WireMessage> {
+    out.into_iter()
+        .map(|o| WireMessage {
+            src: pid,
+            dst: o.dst,
+            superstep: s,
+            seq: o.seq,
+            tag: o.tag,
+            payload: o.payload,
+        })
+        .collect()
+}
+
+/// Capture `p` with `outbox` and encode the checkpoint for `targets` (the
+/// body of every capture task).
+fn capture(
+    p: &mut Proc,
+    outbox: Vec<WireMessage>,
+    exited: bool,
+    acks: Vec<(PeerId, u32, bool)>,
+    targets: &[PeerId],
+) -> Result<(Arc<Snapshot>, Encoded), String> {
+    // The newest buffer only this process still holds.
+    let free = (0..p.recent.len())
+        .rev()
+        .find(|&i| Arc::strong_count(&p.recent[i]) == 1)
+        .and_then(|i| p.recent.remove(i))
+        .and_then(|a| Arc::try_unwrap(a).ok());
+    let snapshot = match free {
+        Some(previous) => p
+            .process
+            .checkpoint_reusing(&mut p.tracker, outbox, exited, previous),
+        None => p.process.checkpoint(&mut p.tracker, outbox, exited),
+    };
+    for (r, superstep, ok) in acks {
+        p.tracker.acked(r, superstep, ok);
+    }
+    // Shared: the frames' pages are slices of its memory.
+    let snapshot = Arc::new(snapshot);
+    let encoded = encode_for(&mut p.tracker, &snapshot, targets)?;
+    Ok((snapshot, encoded))
+}
+
+/// Run `p`'s superstep `s`; with `capture` (a checkpointed superstep), a
+/// sync or exit is captured right here, on the same thread, after the
+/// messages were handed to the driver ([`Early`]): no trip through the
+/// driver between the superstep and its checkpoint.
+fn resume_and_capture(
+    pid: Pid,
+    s: u32,
+    mut p: Proc,
+    slot: crate::slots::Slot,
+    capture_input: Option<CaptureInput>,
+) -> Task {
+    let outcome = p.process.resume_in(slot);
+    let exited = match outcome {
+        Outcome::Sync => false,
+        Outcome::Done => true,
+        _ => return Task::Resumed(pid, Ok((p, outcome))),
+    };
+    let Some(c) = capture_input else {
+        return Task::Resumed(pid, Ok((p, outcome)));
+    };
+    let out = wire_messages(pid, s, p.process.take_outbox());
+    let mut outbox = c.outbox;
+    outbox.extend(out.iter().cloned());
+    if c.early.send(Early { pid, exited, out }).is_err() {
+        // The job's driver is gone: nobody reads the capture.
+        return Task::Resumed(pid, Err("the job ended".to_string()));
+    }
+    Task::Captured(
+        pid,
+        capture(&mut p, outbox, exited, c.acks, &c.targets).map(|(s, e)| (p, s, e)),
+    )
+}
+
 /// What a blocking task hands back.
 enum Task {
     Resumed(Pid, Result<(Proc, Outcome), String>),
@@ -447,6 +545,9 @@ struct Driver {
     /// Peers that asked for a snapshot of a local process (a handover).
     handovers: BTreeMap<Pid, BTreeSet<PeerId>>,
     tasks: JoinSet<Task>,
+    /// [`Early`] reports of processes' threads.
+    early_tx: mpsc::UnboundedSender<Early>,
+    early_rx: mpsc::UnboundedReceiver<Early>,
     failed: bool,
     events_tx: mpsc::Sender<Inbound>,
     /// Where each peer of the job runs, for the broadcast rule.
@@ -692,6 +793,7 @@ async fn run_job(
     let nprocs = a.nprocs;
     let (program_tx, program_rx) = mpsc::unbounded_channel();
     let now = Instant::now();
+    let (early_tx, early_rx) = mpsc::unbounded_channel();
     let mut d = Driver {
         env,
         info: Arc::new(info),
@@ -728,6 +830,8 @@ async fn run_job(
         fetches: BTreeMap::new(),
         handovers: BTreeMap::new(),
         tasks: JoinSet::new(),
+        early_tx,
+        early_rx,
         failed: false,
         events_tx,
         sites: sites_of(&a),
@@ -784,6 +888,7 @@ impl Driver {
                         Err(e) => self.fail(None, format!("a process's host thread failed: {e}")),
                     }
                 }
+                Some(early) = self.early_rx.recv() => self.on_early(early),
                 Some(event) = events.recv() => self.on_inbound(event),
                 Some(a) = updates.recv() => {
                     if !self.reassign(a) {
@@ -1422,38 +1527,50 @@ impl Driver {
         }
     }
 
-    fn spawn_resume(&mut self, pid: Pid, mut p: Proc) {
+    fn spawn_resume(&mut self, pid: Pid, p: Proc) {
         if let Some(l) = self.local.get_mut(&pid) {
             l.state = State::Busy;
         }
         let slots = self.env.slots.clone();
         let job = self.job;
+        // A checkpointed superstep is captured by the process's own thread.
+        let s = self.local.get(&pid).map_or(0, |l| l.superstep);
+        let capture_input = checkpointed(s, self.checkpoint_every).then(|| CaptureInput {
+            outbox: self.retained.get(&pid).cloned().unwrap_or_default(),
+            acks: self
+                .local
+                .get_mut(&pid)
+                .map(|l| std::mem::take(&mut l.acks))
+                .unwrap_or_default(),
+            targets: replicas_of(self.job, pid, self.me, &self.peers, self.replicas),
+            early: self.early_tx.clone(),
+        });
         // A free slot: straight to a blocking thread (one thread hop less
         // per superstep than queueing for it).
         if let Some(slot) = slots.try_acquire(job) {
-            self.tasks.spawn_blocking(move || {
-                let outcome = p.process.resume_in(slot);
-                Task::Resumed(pid, Ok((p, outcome)))
-            });
+            self.tasks
+                .spawn_blocking(move || resume_and_capture(pid, s, p, slot, capture_input));
             return;
         }
         self.tasks.spawn(async move {
             let slot = match slots.acquire(job).await {
-                Ok(s) => s,
+                Ok(slot) => slot,
                 Err(e) => return Task::Resumed(pid, Err(e.to_string())),
             };
-            let joined = tokio::task::spawn_blocking(move || {
-                let outcome = p.process.resume_in(slot);
-                (p, outcome)
-            })
-            .await;
-            Task::Resumed(pid, joined.map_err(|e| e.to_string()))
+            tokio::task::spawn_blocking(move || resume_and_capture(pid, s, p, slot, capture_input))
+                .await
+                .unwrap_or_else(|e| Task::Resumed(pid, Err(e.to_string())))
         });
     }
 
     fn on_task(&mut self, task: Task) {
         if self.failed {
             return;
+        }
+        // A capture's `Early` report was sent before it finished: take it
+        // first, whichever of the two the driver's loop saw first.
+        while let Ok(early) = self.early_rx.try_recv() {
+            self.on_early(early);
         }
         match task {
             Task::Resumed(pid, r) => self.on_resumed(pid, r),
@@ -1492,19 +1609,31 @@ impl Driver {
             }
             Outcome::Failed(reason) => return self.fail(Some(pid), reason),
         };
-        let out: Vec<WireMessage> = p
-            .process
-            .take_outbox()
-            .into_iter()
-            .map(|o| WireMessage {
-                src: pid,
-                dst: o.dst,
-                superstep: s,
-                seq: o.seq,
-                tag: o.tag,
-                payload: o.payload,
-            })
-            .collect();
+        let out = wire_messages(pid, s, p.process.take_outbox());
+        self.on_synced(pid, exited, out);
+        if exited || checkpointed(s, self.checkpoint_every) {
+            self.spawn_capture(pid, p, exited);
+        } else if let Some(l) = self.local.get_mut(&pid) {
+            l.state = State::AtSync(Box::new(p));
+        }
+    }
+
+    /// A process's thread reached a sync it captures itself.
+    fn on_early(&mut self, e: Early) {
+        if self.failed || !self.local.contains_key(&e.pid) {
+            return;
+        }
+        self.on_synced(e.pid, e.exited, e.out);
+    }
+
+    /// `pid` reached the sync of its current superstep (or returned, when
+    /// `exited`) having sent `out`: route the messages, retain them, and
+    /// queue its `Done`.
+    fn on_synced(&mut self, pid: Pid, exited: bool, out: Vec<WireMessage>) {
+        let Some(l) = self.local.get(&pid) else {
+            return;
+        };
+        let s = l.superstep;
         let done = done_of(pid, exited, &out, s);
         self.route(&out);
         self.flush_all();
@@ -1528,11 +1657,6 @@ impl Driver {
         // before it): the other processes go on while this one is captured
         // and `K_s` is replicated during the next superstep.
         self.release_if_acked(pid);
-        if exited || checkpointed(s, self.checkpoint_every) {
-            self.spawn_capture(pid, p, exited);
-        } else if let Some(l) = self.local.get_mut(&pid) {
-            l.state = State::AtSync(Box::new(p));
-        }
     }
 
     fn spawn_capture(&mut self, pid: Pid, mut p: Proc, exited: bool) {
@@ -1549,29 +1673,8 @@ impl Driver {
             .unwrap_or_default();
         let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
         self.tasks.spawn_blocking(move || {
-            let captured = (move || {
-                // The newest buffer only this process still holds.
-                let free = (0..p.recent.len())
-                    .rev()
-                    .find(|&i| Arc::strong_count(&p.recent[i]) == 1)
-                    .and_then(|i| p.recent.remove(i))
-                    .and_then(|a| Arc::try_unwrap(a).ok());
-                let snapshot = match free {
-                    Some(previous) => {
-                        p.process
-                            .checkpoint_reusing(&mut p.tracker, outbox, exited, previous)
-                    }
-                    None => p.process.checkpoint(&mut p.tracker, outbox, exited),
-                };
-                for (r, superstep, ok) in acks {
-                    p.tracker.acked(r, superstep, ok);
-                }
-                // Shared: the frames' pages are slices of its memory.
-                let snapshot = Arc::new(snapshot);
-                let encoded = encode_for(&mut p.tracker, &snapshot, &targets)?;
-                Ok((p, snapshot, encoded))
-            })();
-            Task::Captured(pid, captured)
+            let captured = capture(&mut p, outbox, exited, acks, &targets);
+            Task::Captured(pid, captured.map(|(s, e)| (p, s, e)))
         });
     }
 

@@ -378,12 +378,14 @@ fn pagerank_in_blocks(params: &pagerank_kernel::Params, p: u32) -> Vec<String> {
             .map(|(r, g)| r.scatter(g))
             .collect();
         let mut inboxes: Vec<Vec<Vec<u8>>> = vec![vec![]; p as usize];
-        for (src, r) in ranks.iter().enumerate() {
+        for (src, r) in ranks.iter_mut().enumerate() {
             for (dst, b) in blocks.iter().enumerate().filter(|&(d, _)| d != src) {
                 let mut bytes = vec![];
                 encode_words(&mut bytes, r.outgoing(b.clone()));
                 inboxes[dst].push(bytes);
             }
+            // As the guest does once they are sent (the next scatter needs them zero).
+            r.clear_outgoing();
         }
         let total = dangling.iter().sum();
         for (r, inbox) in ranks.iter_mut().zip(&inboxes) {
