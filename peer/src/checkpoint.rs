@@ -4,9 +4,8 @@
 //! [`to_snapshot_frames`]), reassembly and verification on a replica
 //! ([`Assembler`]) and the replica's store ([`ReplicaStore`]).
 //!
-//! Pure: no IO, no clock. The only randomness is the seed of a tracker's page
-//! fingerprints (drawn from std's [`RandomState`]), which never influences a
-//! result: hashes, page lists and frames depend only on the snapshots.
+//! Pure: no IO, no clock, no randomness: hashes, page lists and frames
+//! depend only on the snapshots.
 //!
 //! # Content hash
 //!
@@ -41,8 +40,6 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::sync::{Arc, OnceLock};
 
 use bsp_api::wire::{Checkpoint, Frame, MAX_FRAME_BYTES, WireMessage, message_groups};
@@ -287,12 +284,12 @@ pub struct Plan {
 
 /// Change detection for one process on its host.
 ///
-/// Keeps, per page, a fingerprint (xxh3 with a seed drawn at random per
-/// tracker: a guest that wanted a change to go unnoticed would have to guess
-/// the seed, and would only corrupt its own job), the cached BLAKE3 and the
-/// superstep of the last capture at which the page changed. A capture costs
-/// one fingerprint pass over memory (xxh3 runs at memory speed) plus BLAKE3
-/// of the changed pages. Pages
+/// Keeps, per page, its [`PageHash`] (the content hash's, so a changed page
+/// is hashed once) and the superstep of the last capture at which the page
+/// changed. A capture costs one XXH3 pass over memory (at memory speed) and
+/// a copy of the changed pages. A guest that crafted a colliding page to hide
+/// a change would only spoil the restore of its own job, as for the content
+/// hash. Pages
 /// beyond the memory of a capture count as zeros, so growth needs no special
 /// case.
 ///
@@ -301,9 +298,6 @@ pub struct Plan {
 /// *its* base: those whose last change is after the base.
 #[derive(Debug)]
 pub struct PageTracker {
-    seed: u64,
-    zero_fp: u64,
-    fps: Vec<u64>,
     page_hashes: Vec<PageHash>,
     /// 0: never changed from zeros; `s + 1`: changed at the capture of `s`.
     changed: Vec<u64>,
@@ -331,12 +325,7 @@ impl Default for PageTracker {
 impl PageTracker {
     /// A tracker that has seen nothing: the first capture's plans are whole.
     pub fn new() -> Self {
-        let seed = RandomState::new().hash_one(0x6273_7077_6562u64);
-        let zero_fp = fingerprint(seed, &[0u8; PAGE_SIZE]);
         PageTracker {
-            seed,
-            zero_fp,
-            fps: Vec::new(),
             page_hashes: Vec::new(),
             changed: Vec::new(),
             len_pages: 0,
@@ -392,8 +381,7 @@ impl PageTracker {
         let mem: &[u8] = if snapshot.exited { &[] } else { memory };
         let n = mem.len().div_ceil(PAGE_SIZE);
         let tag = u64::from(snapshot.superstep) + 1;
-        if self.fps.len() < n {
-            self.fps.resize(n, self.zero_fp);
+        if self.page_hashes.len() < n {
             self.page_hashes.resize(n, zero_page_hash());
             self.changed.resize(n, 0);
         }
@@ -408,11 +396,10 @@ impl PageTracker {
             None => (Vec::with_capacity(mem.len()), None),
         };
         for (i, page) in mem.chunks(PAGE_SIZE).enumerate() {
-            let fp = fingerprint(self.seed, page);
-            let changed = fp != self.fps[i] || page.len() != PAGE_SIZE;
+            let h = page_hash(page);
+            let changed = h != self.page_hashes[i] || page.len() != PAGE_SIZE;
             if changed {
-                self.fps[i] = fp;
-                self.page_hashes[i] = page_hash(page);
+                self.page_hashes[i] = h;
                 self.changed[i] = tag;
             }
             match since {
@@ -426,9 +413,8 @@ impl PageTracker {
             }
         }
         // Pages beyond this memory count as zeros.
-        for i in n..self.fps.len() {
-            if self.fps[i] != self.zero_fp {
-                self.fps[i] = self.zero_fp;
+        for i in n..self.page_hashes.len() {
+            if self.page_hashes[i] != zero_page_hash() {
                 self.page_hashes[i] = zero_page_hash();
                 self.changed[i] = tag;
             }
@@ -533,7 +519,6 @@ impl PageTracker {
     }
 
     fn restart(&mut self) {
-        self.fps.clear();
         self.page_hashes.clear();
         self.changed.clear();
         self.len_pages = 0;
@@ -542,10 +527,6 @@ impl PageTracker {
         self.recent.clear();
         self.replicas.clear();
     }
-}
-
-fn fingerprint(seed: u64, page: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64_with_seed(page, seed)
 }
 
 // ---- wire form ------------------------------------------------------------------
