@@ -7,8 +7,9 @@
 //! p = 1, 2 and 4 with the default checkpoint at every sync, and at p = 2
 //! and p = 1 with checkpoints off (`checkpoint_every` 1 000 000; p = 1
 //! without checkpoints is the guest's compiled code and the runtime, the
-//! floor of any checkpointed run). Every bspweb output
-//! must equal the native one, byte for byte.
+//! floor of any checkpointed run), and p = 2 with one replica per
+//! checkpoint instead of two (what the replication volume costs). Every
+//! bspweb output must equal the native one, byte for byte.
 //!
 //! Times are wall clock, the minimum over the runs. Native: graph generation
 //! plus the iterations. bspweb: from submission until the job's event stream
@@ -22,7 +23,8 @@
 //! minutes), `-- --quick` (20 iterations, 1 run), or choose with
 //! `-- --iters N --runs N`; `-- --only N` runs only the N-th bspweb
 //! configuration (1: p = 1, 2: p = 2, 3: p = 4, 4: p = 2 without
-//! checkpoints, 5: p = 1 without), for a profiler.
+//! checkpoints, 5: p = 1 without, 6: p = 2 with one replica), for a
+//! profiler.
 
 #[path = "../tests/all/harness.rs"]
 #[allow(dead_code)]
@@ -54,6 +56,8 @@ struct Config {
     label: &'static str,
     p: u32,
     checkpoints: bool,
+    /// Replicas of each checkpoint (the job default, 2, when `None`).
+    replicas: Option<u32>,
 }
 
 const CONFIGS: &[Config] = &[
@@ -61,26 +65,37 @@ const CONFIGS: &[Config] = &[
         label: "bspweb p = 1, checkpoint every sync",
         p: 1,
         checkpoints: true,
+        replicas: None,
     },
     Config {
         label: "bspweb p = 2, checkpoint every sync",
         p: 2,
         checkpoints: true,
+        replicas: None,
     },
     Config {
         label: "bspweb p = 4, checkpoint every sync",
         p: 4,
         checkpoints: true,
+        replicas: None,
     },
     Config {
         label: "bspweb p = 2, checkpoints off",
         p: 2,
         checkpoints: false,
+        replicas: None,
     },
     Config {
         label: "bspweb p = 1, checkpoints off",
         p: 1,
         checkpoints: false,
+        replicas: None,
+    },
+    Config {
+        label: "bspweb p = 2, checkpoints, 1 replica",
+        p: 2,
+        checkpoints: true,
+        replicas: Some(1),
     },
 ];
 
@@ -105,10 +120,16 @@ async fn bspweb(client: &Client, c: &Config, iters: u32) -> (Duration, Vec<Strin
         c.p,
         json!({"n": N, "m": M, "iters": iters, "seed": SEED}),
     );
-    if !c.checkpoints {
+    if !c.checkpoints || c.replicas.is_some() {
+        let default = JobLimits::default();
         spec.limits = Some(JobLimits {
-            checkpoint_every: 1_000_000,
-            ..JobLimits::default()
+            checkpoint_every: if c.checkpoints {
+                default.checkpoint_every
+            } else {
+                1_000_000
+            },
+            replicas: c.replicas.unwrap_or(default.replicas),
+            ..default
         });
     }
     let t = Instant::now();
