@@ -364,20 +364,69 @@ impl PageTracker {
         self.capture_into(snapshot, memory, Some(previous))
     }
 
+    /// [`PageTracker::capture_reusing`] (or [`PageTracker::capture`] when
+    /// `previous` is `None`) that reads only the pages that may have changed
+    /// since the tracker's last capture: `may_have_changed[i]` for page `i`
+    /// (pages it does not cover, and every page when the tracker starts
+    /// over, are read). The caller vouches that a page it calls unchanged
+    /// was not written since the last capture (the peer knows it from the
+    /// kernel's write tracking; see `peer/src/dirty.rs`).
+    pub fn capture_tracked(
+        &mut self,
+        snapshot: Snapshot,
+        memory: &[u8],
+        previous: Option<Snapshot>,
+        may_have_changed: &[bool],
+    ) -> Snapshot {
+        self.capture_inner(snapshot, memory, previous, Some(may_have_changed))
+    }
+
+    /// The superstep and hash of the last capture, if any: a caller that
+    /// tracks writes knows whether its record started at that capture.
+    pub fn last_capture(&self) -> Option<(u32, [u8; 32])> {
+        self.last
+    }
+
+    /// Whether page `i` changed at the last capture.
+    pub fn changed_at_last_capture(&self, i: usize) -> bool {
+        match (self.last, self.changed.get(i)) {
+            (Some((s, _)), Some(&tag)) => tag == u64::from(s) + 1,
+            _ => false,
+        }
+    }
+
     fn capture_into(
+        &mut self,
+        snapshot: Snapshot,
+        memory: &[u8],
+        previous: Option<Snapshot>,
+    ) -> Snapshot {
+        self.capture_inner(snapshot, memory, previous, None)
+    }
+
+    fn capture_inner(
         &mut self,
         mut snapshot: Snapshot,
         memory: &[u8],
         previous: Option<Snapshot>,
+        may_have_changed: Option<&[bool]>,
     ) -> Snapshot {
         let reuse = previous.filter(|p| {
             self.recent.iter().any(|&(s, h, n)| {
                 (s, h) == (p.superstep, p.hash) && p.memory.len() == n * PAGE_SIZE
             }) && snapshot.superstep > p.superstep
         });
+        // Pages the last capture saw, whose hashes are current unless written.
         if self.last.is_some_and(|(s, _)| snapshot.superstep <= s) {
             self.restart();
         }
+        let known = if self.last.is_some() {
+            self.len_pages
+        } else {
+            0
+        };
+        let skip =
+            |i: usize| i < known && may_have_changed.is_some_and(|m| m.get(i) == Some(&false));
         let mem: &[u8] = if snapshot.exited { &[] } else { memory };
         let n = mem.len().div_ceil(PAGE_SIZE);
         let tag = u64::from(snapshot.superstep) + 1;
@@ -396,10 +445,15 @@ impl PageTracker {
             None => (Vec::with_capacity(mem.len()), None),
         };
         for (i, page) in mem.chunks(PAGE_SIZE).enumerate() {
-            let h = page_hash(page);
-            let changed = h != self.page_hashes[i] || page.len() != PAGE_SIZE;
+            let changed = !skip(i) && {
+                let h = page_hash(page);
+                let changed = h != self.page_hashes[i] || page.len() != PAGE_SIZE;
+                if changed {
+                    self.page_hashes[i] = h;
+                }
+                changed
+            };
             if changed {
-                self.page_hashes[i] = h;
                 self.changed[i] = tag;
             }
             match since {

@@ -19,6 +19,7 @@ pub mod budget;
 pub mod checkpoint;
 pub mod control;
 pub mod daemon;
+pub mod dirty;
 pub mod job;
 pub mod net;
 pub mod program;

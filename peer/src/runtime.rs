@@ -247,6 +247,7 @@ impl Runtime {
             resume,
             globals,
             ended: false,
+            writes: crate::dirty::Tracking::new(),
         })
     }
 
@@ -642,6 +643,9 @@ pub struct Process {
     /// Mutable globals, checkpointed with memory.
     globals: Vec<Global>,
     ended: bool,
+    /// The kernel's record of the pages written since the last capture
+    /// (`dirty`), where the system offers it.
+    writes: Option<crate::dirty::Tracking>,
 }
 
 impl std::fmt::Debug for Process {
@@ -737,10 +741,44 @@ impl Process {
             Some(m) => m.data(&self.store),
             None => &[],
         };
-        match previous {
-            Some(p) => tracker.capture_reusing(head, memory, p),
-            None => tracker.capture(head, memory),
+        let Some(writes) = self.writes.as_mut().filter(|_| !exited) else {
+            return match previous {
+                Some(p) => tracker.capture_reusing(head, memory, p),
+                None => tracker.capture(head, memory),
+            };
+        };
+        // Only the pages written since the last capture (hot pages always).
+        let snapshot = match writes.may_have_changed(memory, tracker.last_capture()) {
+            Some(may) => tracker.capture_tracked(head, memory, previous, &may),
+            None => {
+                self.writes = None;
+                return match previous {
+                    Some(p) => tracker.capture_reusing(head, memory, p),
+                    None => tracker.capture(head, memory),
+                };
+            }
+        };
+        let at = tracker.last_capture();
+        if !writes.after_capture(memory, at, |i| tracker.changed_at_last_capture(i)) {
+            tracing::debug!("write tracking failed; every page is hashed from now on");
+            self.writes = None;
         }
+        snapshot
+    }
+
+    /// A copy of linear memory (tests compare captures with it).
+    #[cfg(test)]
+    pub(crate) fn memory_bytes(&self) -> Vec<u8> {
+        match self.store.data().memory {
+            Some(m) => m.data(&self.store).to_vec(),
+            None => Vec::new(),
+        }
+    }
+
+    /// 64 KiB pages of memory write-protected as cold; `None`: no tracking.
+    #[cfg(test)]
+    pub(crate) fn cold_pages(&self) -> Option<usize> {
+        self.writes.as_ref().map(crate::dirty::Tracking::cold_pages)
     }
 
     /// Take the messages sent since the last call.

@@ -125,6 +125,71 @@ fn replica_event() -> impl Strategy<Value = ReplicaEvent> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
+    /// A tracker told which pages may have changed (every page written,
+    /// even with the same bytes, plus arbitrary others; never a page that
+    /// changed) takes exactly the snapshots of one that reads every page,
+    /// whatever buffers it recycles, and plans the same deltas.
+    #[test]
+    fn captures_of_the_written_pages_only_equal_full_captures(
+        initial in proptest::collection::vec(0u8..4, 1..5),
+        supersteps in proptest::collection::vec(
+            (proptest::collection::vec(step(), 0..6),
+             proptest::collection::vec(any::<bool>(), 8),
+             0usize..3,
+             any::<bool>()),
+            1..8),
+    ) {
+        let mut memory: Vec<u8> = initial.iter().flat_map(|&s| page_of(s)).collect();
+        let (mut full, mut tracked) = (PageTracker::new(), PageTracker::new());
+        let mut previous: Vec<Snapshot> = Vec::new();
+        for (s, (steps, extra, reuse, restart)) in supersteps.into_iter().enumerate() {
+            // A capture at an earlier superstep starts both trackers over.
+            let s = if restart && s > 0 { s as u32 - 1 } else { s as u32 + 1 };
+            let mut written = vec![false; memory.len() / P];
+            for st in steps {
+                let pages = memory.len() / P;
+                match st {
+                    Step::Write { page, offset, byte } => {
+                        memory[(page % pages) * P + offset] = byte;
+                        written[page % pages] = true;
+                    }
+                    Step::Fill { page, seed } => {
+                        let at = (page % pages) * P;
+                        memory[at..at + P].copy_from_slice(&page_of(seed));
+                        written[page % pages] = true;
+                    }
+                    // New pages are beyond what the trackers saw.
+                    Step::Grow(k) => {
+                        memory.resize(memory.len() + k * P, 0);
+                        written.resize(memory.len() / P, false);
+                    }
+                }
+            }
+            let may: Vec<bool> = written
+                .iter()
+                .enumerate()
+                .map(|(i, &w)| w || extra[i % extra.len()] && i % 3 == 0)
+                .collect();
+            let recycled = (reuse > 0 && reuse <= previous.len())
+                .then(|| previous[previous.len() - reuse].clone());
+            let want = match recycled.clone() {
+                Some(p) => full.capture_reusing(head(7, s, vec![]), &memory, p),
+                None => full.capture(head(7, s, vec![]), &memory),
+            };
+            let got = tracked.capture_tracked(head(7, s, vec![]), &memory, recycled, &may);
+            prop_assert_eq!(&got, &want);
+            prop_assert_eq!(&got.memory, &memory);
+            prop_assert_eq!(tracked.plan(1, &got), full.plan(1, &want));
+            for i in 0..memory.len() / P {
+                prop_assert_eq!(tracked.changed_at_last_capture(i), full.changed_at_last_capture(i));
+            }
+            previous.push(want);
+            if previous.len() > 2 {
+                previous.remove(0);
+            }
+        }
+    }
+
     /// Delta-applied-on-replica == owner's snapshot, for every replica and
     /// superstep, whatever the replica missed or lost.
     #[test]

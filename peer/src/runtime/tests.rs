@@ -523,6 +523,51 @@ fn yield_and_unknown_statuses() {
     assert!(failure(p.resume()).contains("unknown status 7"));
 }
 
+/// Captures read only the pages written since the last one (the kernel's
+/// write tracking, `dirty.rs`): every capture still equals the memory,
+/// while pages go cold, are written (by the guest, with new bytes or the
+/// same), come back hot and go cold again.
+#[test]
+fn captures_with_write_tracking_equal_the_memory_at_every_superstep() {
+    // Word 0 counts the calls, c. Each call writes c / 2 into page
+    // 3c mod 8 and 1 (the same bytes each time) into page 5c mod 8.
+    let wasm = guest(
+        8,
+        "",
+        r#"(local $c i32)
+           (local.set $c (i32.add (i32.load (i32.const 0)) (i32.const 1)))
+           (i32.store (i32.const 0) (local.get $c))
+           (i32.store
+             (i32.add (i32.mul (i32.rem_u (i32.mul (local.get $c) (i32.const 3)) (i32.const 8))
+                               (i32.const 65536)) (i32.const 100))
+             (i32.div_u (local.get $c) (i32.const 2)))
+           (i32.store8
+             (i32.add (i32.mul (i32.rem_u (i32.mul (local.get $c) (i32.const 5)) (i32.const 8))
+                               (i32.const 65536)) (i32.const 200))
+             (i32.const 1))
+           (i32.const 0)"#,
+    );
+    let mut p = start(&wasm, job_with(Limits::default()), 0);
+    let mut tracker = PageTracker::new();
+    let mut previous: Option<Snapshot> = None;
+    let mut most_cold = 0;
+    for s in 0..60u32 {
+        assert_eq!(p.resume(), Outcome::Sync);
+        // Every other capture recycles the buffer of the one before.
+        let snap = match previous.take().filter(|_| s % 2 == 0) {
+            Some(prev) => p.checkpoint_reusing(&mut tracker, vec![], false, prev),
+            None => p.checkpoint(&mut tracker, vec![], false),
+        };
+        assert_eq!(snap.memory, p.memory_bytes(), "superstep {s}");
+        assert!(snap.verify());
+        let cold = p.cold_pages().expect("write tracking is on (see dirty.rs)");
+        most_cold = most_cold.max(cold);
+        previous = Some(snap);
+        p.begin_superstep(s + 1, vec![]);
+    }
+    assert!(most_cold >= 3, "pages went cold: at most {most_cold}");
+}
+
 #[test]
 fn flush_waits_until_the_output_is_delivered() {
     let wasm = guest(
