@@ -1512,9 +1512,10 @@ fn not_pid0s_host(info: &JobInfo) -> PeerId {
 /// equals the native reference's. While the job runs on after the restore,
 /// the bytes each peer holds for fault tolerance (messages retained since
 /// the safe point, replica checkpoints; reported with its lease renewals)
-/// stay within a small multiple of what they were before the kill — the
-/// safe point keeps advancing, nothing piles up superstep after superstep —
-/// and fall to 0 once the job ended; every survivor's resident memory
+/// stay within the same small bound as before the kill — the safe point
+/// keeps advancing, nothing piles up superstep after superstep (it was 140
+/// to 150 MB by superstep 80 when it stopped) — and fall to 0 once the job
+/// ended; every survivor's resident memory
 /// returns to within 20 % (+ 8 MiB) of its size before the job.
 /// `cargo bench --bench restore` prints the superstep times before and after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1592,13 +1593,16 @@ async fn a_restore_under_a_long_job_keeps_memory_bounded() {
     let most_after = after.values().copied().max().unwrap_or(0);
     // Each process sends 0.6 MB per superstep and its checkpoint is a few
     // MB: a few supersteps' worth of messages and a few replicas fit in
-    // 32 MiB, a retention point that stopped advancing does not.
+    // 32 MiB, a retention point that stopped advancing does not. (An
+    // absolute bound: held bytes arrive with lease renewals, so on a loaded
+    // machine the last report before the kill may be from the job's first
+    // supersteps, and a bound relative to it would fail on that lag alone.)
     assert!(
         most_before <= 32 * MIB,
         "peers held up to {most_before} bytes before the kill: {before:?}"
     );
     assert!(
-        most_after <= 2 * most_before + 4 * MIB,
+        most_after <= 32 * MIB,
         "peers held up to {most_before} bytes before the kill but {most_after} after the restore: {after:?}"
     );
     // The job's memory goes with it: the next renewals say so.
