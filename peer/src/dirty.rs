@@ -24,9 +24,14 @@
 //! environment variable `BSPWEB_NO_WRITE_TRACKING` (any value) turns it off
 //! for a whole peer.
 
+use std::ops::Range;
+
 use crate::checkpoint::PAGE_SIZE;
 
-/// 64 KiB pages the same at this many captures in a row are write-protected.
+/// 64 KiB pages the same at this many captures in a row are write-protected
+/// (doubled each time a protected page turns out to be written, up to 32
+/// times: a page written every superstep with the same bytes, such as a
+/// buffer zeroed before each sync, soon stops taking faults).
 pub const COLD_AFTER: u8 = 3;
 
 /// The write tracking of one process's memory, between two captures.
@@ -36,9 +41,13 @@ pub struct Tracking {
     /// The memory's address and the bytes registered from it.
     base: usize,
     registered: usize,
-    /// Per 64 KiB page: protected (cold), and captures in a row unchanged.
+    /// Per 64 KiB page: protected (cold); captures in a row unchanged;
+    /// times it was found written while protected; written while protected
+    /// since the last capture.
     cold: Vec<bool>,
     quiet: Vec<u8>,
+    strikes: Vec<u8>,
+    reported: Vec<bool>,
     /// The capture (superstep, hash) this record starts at.
     since: Option<(u32, [u8; 32])>,
 }
@@ -56,6 +65,8 @@ impl Tracking {
             registered: 0,
             cold: Vec::new(),
             quiet: Vec::new(),
+            strikes: Vec::new(),
+            reported: Vec::new(),
             since: None,
         })
     }
@@ -71,6 +82,8 @@ impl Tracking {
     ) -> Option<Vec<bool>> {
         let n = memory.len().div_ceil(PAGE_SIZE);
         let mut out = vec![true; n];
+        self.reported.clear();
+        self.reported.resize(self.cold.len(), false);
         if last.is_none() || last != self.since || memory.as_ptr() as usize != self.base {
             return Some(out);
         }
@@ -92,7 +105,11 @@ impl Tracking {
             for w in self.uffd.written(range).ok()? {
                 let first = (w.start - self.base) / PAGE_SIZE;
                 let last = (w.end - 1 - self.base) / PAGE_SIZE;
-                for flag in out.iter_mut().take(last + 1).skip(first) {
+                let pages = first..=last.min(n - 1);
+                for flag in &mut out[pages.clone()] {
+                    *flag = true;
+                }
+                for flag in &mut self.reported[pages] {
                     *flag = true;
                 }
             }
@@ -102,8 +119,8 @@ impl Tracking {
 
     /// After a capture `at` of `memory` (`changed(i)`: page `i` changed at
     /// it): protect the pages that have been the same long enough, release
-    /// the cold ones that changed, and register memory that grew. `false`:
-    /// tracking failed and is off.
+    /// the cold ones that were written, and register memory that grew.
+    /// `false`: tracking failed and is off.
     pub fn after_capture(
         &mut self,
         memory: &[u8],
@@ -120,6 +137,8 @@ impl Tracking {
             self.registered = 0;
             self.cold.clear();
             self.quiet.clear();
+            self.strikes.clear();
+            self.reported.clear();
         }
         self.since = None;
         let Some(at) = at else { return true };
@@ -136,24 +155,44 @@ impl Tracking {
         }
         self.cold.resize(n, false);
         self.quiet.resize(n, 0);
+        self.strikes.resize(n, 0);
+        self.reported.resize(n, false);
+        // Page runs to release and to protect, merged (one call per run).
+        let (mut release, mut protect): (Vec<Range<usize>>, Vec<Range<usize>>) = (vec![], vec![]);
+        let add = |runs: &mut Vec<Range<usize>>, i: usize| match runs.last_mut() {
+            Some(r) if r.end == i => r.end = i + 1,
+            _ => runs.push(i..i + 1),
+        };
         for i in 0..n {
-            let page = self.base + i * PAGE_SIZE..self.base + (i + 1) * PAGE_SIZE;
-            if changed(i) {
-                self.quiet[i] = 0;
-                if self.cold[i] {
+            if self.cold[i] {
+                if self.reported[i] || changed(i) {
                     self.cold[i] = false;
-                    if self.uffd.protect(page, false).is_err() {
-                        return false;
-                    }
+                    self.quiet[i] = 0;
+                    self.strikes[i] = self.strikes[i].saturating_add(1);
+                    add(&mut release, i);
                 }
-            } else if !self.cold[i] {
+            } else if changed(i) {
+                self.quiet[i] = 0;
+            } else {
                 self.quiet[i] = self.quiet[i].saturating_add(1);
-                if self.quiet[i] >= COLD_AFTER {
-                    if self.uffd.protect(page, true).is_err() {
-                        return false;
-                    }
+                let needed = COLD_AFTER.saturating_mul(1 << self.strikes[i].min(5));
+                if self.quiet[i] >= needed {
                     self.cold[i] = true;
+                    self.quiet[i] = 0;
+                    add(&mut protect, i);
                 }
+            }
+        }
+        let pages =
+            |r: &Range<usize>| self.base + r.start * PAGE_SIZE..self.base + r.end * PAGE_SIZE;
+        for r in &release {
+            if self.uffd.protect(pages(r), false).is_err() {
+                return false;
+            }
+        }
+        for r in &protect {
+            if self.uffd.protect(pages(r), true).is_err() {
+                return false;
             }
         }
         self.since = Some(at);
@@ -163,6 +202,11 @@ impl Tracking {
     /// 64 KiB pages protected now.
     pub fn cold_pages(&self) -> usize {
         self.cold.iter().filter(|&&c| c).count()
+    }
+
+    #[cfg(test)]
+    fn is_cold(&self, page: usize) -> bool {
+        self.cold.get(page) == Some(&true)
     }
 }
 
@@ -549,5 +593,38 @@ mod tests {
         m.write(3 * PAGE_SIZE, 1);
         let may = t.may_have_changed(m.bytes(), at(s)).unwrap();
         assert_eq!(may, [true, false, false, true, false, false, false, false]);
+    }
+
+    /// A page written at every superstep with the same bytes (a buffer
+    /// zeroed before each sync) is never seen to change, but it is not
+    /// protected again and again: each time it is found written it must
+    /// stay the same twice as long before it is. Never-written pages stay
+    /// protected throughout.
+    #[test]
+    fn a_page_written_with_the_same_bytes_is_protected_less_and_less() {
+        let mut t = Tracking::new().expect("write tracking on this system (see the test above)");
+        let m = Mapping::new(4);
+        let at = |s: u32| Some((s, [s as u8; 32]));
+        let (mut last, mut faulted) = (None, 0);
+        for s in 0..200u32 {
+            let may = t.may_have_changed(m.bytes(), last).unwrap();
+            if may[2] && t.is_cold(2) {
+                faulted += 1;
+            }
+            assert!(
+                !may[3] || s < u32::from(COLD_AFTER) + 1,
+                "page 3 is never written"
+            );
+            m.write(2 * PAGE_SIZE, 0);
+            assert!(t.after_capture(m.bytes(), at(s), |_| false));
+            last = at(s);
+        }
+        assert!(t.is_cold(3));
+        // Protected after 3, 6, 12, 24, 48, 96 quiet captures: 5 times
+        // found written within 200 captures, not 50.
+        assert!(
+            (3..=6).contains(&faulted),
+            "page 2 was found written {faulted} times"
+        );
     }
 }
