@@ -331,6 +331,23 @@ mod sys {
         pagemap: File,
     }
 
+    /// A fresh private anonymous read-write mapping of `len` bytes (the
+    /// caller unmaps it), as wasm memories are.
+    pub fn map_anonymous(len: usize) -> Option<*mut u8> {
+        // SAFETY: a new mapping chosen by the kernel; it aliases nothing.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        (ptr != libc::MAP_FAILED).then_some(ptr as *mut u8)
+    }
+
     /// `ioctl(fd, request, arg)`, its error as an `io::Error`.
     ///
     /// # Safety
@@ -391,24 +408,13 @@ mod sys {
         fn self_test(&self) -> bool {
             let page = super::page_size();
             let len = 3 * page;
-            // SAFETY: a fresh private anonymous mapping, unmapped below.
-            let ptr = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if ptr == libc::MAP_FAILED {
+            let Some(ptr) = map_anonymous(len) else {
                 return false;
-            }
+            };
             let base = ptr as usize;
             let ok = (|| -> io::Result<bool> {
                 // SAFETY: `base` is the start of the `len` bytes mapped above.
-                unsafe { std::ptr::write_volatile(ptr as *mut u8, 1) };
+                unsafe { std::ptr::write_volatile(ptr, 1) };
                 self.register(base..base + len)?;
                 self.protect(base..base + len, true)?;
                 let before = self.written(base..base + len)?;
@@ -421,7 +427,7 @@ mod sys {
                 Ok(before.is_empty() && after.len() == 1 && after[0] == second && again.is_empty())
             })();
             // SAFETY: the mapping made above, not used after this.
-            unsafe { libc::munmap(ptr, len) };
+            unsafe { libc::munmap(ptr as *mut libc::c_void, len) };
             matches!(ok, Ok(true))
         }
 
@@ -494,7 +500,7 @@ mod sys {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
 
@@ -507,22 +513,8 @@ mod tests {
     impl Mapping {
         fn new(pages: usize) -> Mapping {
             let len = pages * PAGE_SIZE;
-            // SAFETY: a fresh private anonymous mapping, unmapped on drop.
-            let ptr = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert_ne!(ptr, libc::MAP_FAILED);
-            Mapping {
-                ptr: ptr as *mut u8,
-                len,
-            }
+            let ptr = sys::map_anonymous(len).expect("a scratch mapping");
+            Mapping { ptr, len }
         }
 
         fn bytes(&self) -> &[u8] {
@@ -548,15 +540,10 @@ mod tests {
     /// always candidates; a new record (another capture) reads everything.
     #[test]
     fn cold_pages_are_reported_when_written_and_hot_ones_always() {
-        let Some(mut t) = Tracking::new() else {
-            if cfg!(target_os = "linux") {
-                panic!(
-                    "write tracking is unavailable: Linux 6.7 or later with userfaultfd \
-                     (vm.unprivileged_userfaultfd, or UFFD_USER_MODE_ONLY) is needed"
-                );
-            }
-            return;
-        };
+        let mut t = Tracking::new().expect(
+            "write tracking is unavailable: Linux 6.7 or later with userfaultfd \
+             (UFFD_USER_MODE_ONLY, WP_ASYNC, WP_UNPOPULATED) and PAGEMAP_SCAN is needed",
+        );
         let m = Mapping::new(8);
         let at = |s: u32| Some((s, [s as u8; 32]));
         // Page 0 changes at every capture; the others never.

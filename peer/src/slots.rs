@@ -270,19 +270,28 @@ impl Drop for Slot {
 mod tests {
     use super::*;
 
+    /// A task that waits for a slot for `job`, once it is queued.
+    async fn queued_waiter(
+        slots: &Arc<Slots>,
+        job: JobId,
+    ) -> tokio::task::JoinHandle<Result<JobId, Closed>> {
+        let waiting = tokio::spawn({
+            let slots = slots.clone();
+            async move { slots.acquire(job).await.map(|s| s.job) }
+        });
+        while slots.load().1 == 0 {
+            tokio::task::yield_now().await;
+        }
+        waiting
+    }
+
     #[tokio::test]
     async fn slots_are_limited_and_come_back() {
         let slots = Slots::new(2);
         let a = slots.acquire(1).await.unwrap();
         let _b = slots.acquire(1).await.unwrap();
         assert_eq!(slots.load(), (0, 0));
-        let waiting = tokio::spawn({
-            let slots = slots.clone();
-            async move { slots.acquire(2).await.map(|s| s.job) }
-        });
-        while slots.load().1 == 0 {
-            tokio::task::yield_now().await;
-        }
+        let waiting = queued_waiter(&slots, 2).await;
         drop(a);
         assert_eq!(waiting.await.unwrap(), Ok(2));
         assert_eq!(
@@ -299,13 +308,7 @@ mod tests {
         let slots = Slots::new(1);
         let a = slots.try_acquire(1).expect("a free slot");
         assert!(slots.try_acquire(1).is_none(), "none left");
-        let waiting = tokio::spawn({
-            let slots = slots.clone();
-            async move { slots.acquire(2).await.map(|s| s.job) }
-        });
-        while slots.load().1 == 0 {
-            tokio::task::yield_now().await;
-        }
+        let waiting = queued_waiter(&slots, 2).await;
         drop(a);
         assert!(
             slots.try_acquire(3).is_none(),
