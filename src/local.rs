@@ -153,6 +153,10 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         lease_ttl_secs,
         idle_file,
     } = args;
+    // From the start: a SIGTERM while it starts stops it like one later
+    // (the default action would end it at once, its peers without a word).
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
     let data = data.unwrap_or_else(default_data_dir);
     std::fs::create_dir_all(&data)
         .with_context(|| format!("cannot create the data directory {}", data.display()))?;
@@ -198,6 +202,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     // Show progress until the peers are online.
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut online = 0;
+    let mut stopped = false;
     while Instant::now() < deadline {
         online = client
             .peers()
@@ -207,53 +212,59 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         if online >= peers {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => { stopped = true; break }
+            _ = term.recv() => { stopped = true; break }
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
     }
-    println!("bspweb is up: supernode at {url} with {online} of {peers} local peers online");
-    println!("  web UI and API:  {url}  (API under {url}/api/v1)");
-    println!("  user:            {user}");
-    println!("  password:        {password}");
-    println!("  data directory:  {}", data.display());
-    println!("  peer logs:       {}", logs.display());
-    println!(
-        "  {examples} example programs registered; session saved in {}",
-        session_path.display()
-    );
-    println!();
-    println!("Try, in another terminal:");
-    println!("  bspweb submit ring -n 8 --follow");
-    println!("  bspweb submit sample-sort -n 8 --args '{{\"n\": 1000000}}' --follow");
-    println!("Stop with Ctrl-C.");
-    if online < peers {
-        eprintln!(
-            "warning: only {online} of {peers} peers came online; see the peer logs in {}",
-            logs.display()
+    if !stopped {
+        println!("bspweb is up: supernode at {url} with {online} of {peers} local peers online");
+        println!("  web UI and API:  {url}  (API under {url}/api/v1)");
+        println!("  user:            {user}");
+        println!("  password:        {password}");
+        println!("  data directory:  {}", data.display());
+        println!("  peer logs:       {}", logs.display());
+        println!(
+            "  {examples} example programs registered; session saved in {}",
+            session_path.display()
         );
+        println!();
+        println!("Try, in another terminal:");
+        println!("  bspweb submit ring -n 8 --follow");
+        println!("  bspweb submit sample-sort -n 8 --args '{{\"n\": 1000000}}' --follow");
+        println!("Stop with Ctrl-C.");
+        if online < peers {
+            eprintln!(
+                "warning: only {online} of {peers} peers came online; see the peer logs in {}",
+                logs.display()
+            );
+        }
     }
 
     let mut server = server;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot listen for SIGTERM")?;
-    loop {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
-            _ = term.recv() => break,
-            r = &mut server => {
-                match r {
-                    Ok(Ok(())) => bail!("the supernode stopped unexpectedly"),
-                    Ok(Err(e)) => return Err(e.context("the supernode failed")),
-                    Err(e) => bail!("the supernode crashed: {e}"),
+    if !stopped {
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => break,
+                _ = term.recv() => break,
+                r = &mut server => {
+                    match r {
+                        Ok(Ok(())) => bail!("the supernode stopped unexpectedly"),
+                        Ok(Err(e)) => return Err(e.context("the supernode failed")),
+                        Err(e) => bail!("the supernode crashed: {e}"),
+                    }
                 }
-            }
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {
-                for (i, child, log) in children.iter_mut() {
-                    if let Ok(Some(status)) = child.try_wait() {
-                        eprintln!("warning: local peer {i} stopped ({status}); see {}", log.display());
-                        *child = local_peer(&exe, &url, *i, idle_file.as_deref(), &data)
-                            .stdout(std::fs::File::options().append(true).open(&*log)?)
-                            .stderr(std::fs::File::options().append(true).open(&*log)?)
-                            .spawn()
-                            .context("cannot restart a local peer")?;
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                    for (i, child, log) in children.iter_mut() {
+                        if let Ok(Some(status)) = child.try_wait() {
+                            eprintln!("warning: local peer {i} stopped ({status}); see {}", log.display());
+                            *child = local_peer(&exe, &url, *i, idle_file.as_deref(), &data)
+                                .stdout(std::fs::File::options().append(true).open(&*log)?)
+                                .stderr(std::fs::File::options().append(true).open(&*log)?)
+                                .spawn()
+                                .context("cannot restart a local peer")?;
+                        }
                     }
                 }
             }

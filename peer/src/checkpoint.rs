@@ -411,15 +411,17 @@ impl PageTracker {
         previous: Option<Snapshot>,
         may_have_changed: Option<&[bool]>,
     ) -> Snapshot {
+        // A capture at or before the last starts over; after that no earlier
+        // buffer may be recycled (the change marks it relies on are gone).
+        if self.last.is_some_and(|(s, _)| snapshot.superstep <= s) {
+            self.restart();
+        }
         let reuse = previous.filter(|p| {
             self.recent.iter().any(|&(s, h, n)| {
                 (s, h) == (p.superstep, p.hash) && p.memory.len() == n * PAGE_SIZE
             }) && snapshot.superstep > p.superstep
         });
         // Pages the last capture saw, whose hashes are current unless written.
-        if self.last.is_some_and(|(s, _)| snapshot.superstep <= s) {
-            self.restart();
-        }
         let known = if self.last.is_some() {
             self.len_pages
         } else {

@@ -251,6 +251,7 @@ mod sys {
     use std::io;
     use std::ops::Range;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::sync::OnceLock;
 
     const UFFD_API: u64 = 0xAA;
     const UFFD_USER_MODE_ONLY: libc::c_int = 1;
@@ -328,7 +329,15 @@ mod sys {
     #[derive(Debug)]
     pub struct Uffd {
         fd: OwnedFd,
-        pagemap: File,
+    }
+
+    /// `/proc/self/pagemap`, opened once for the whole peer (one descriptor
+    /// however many processes it runs).
+    fn pagemap() -> Option<&'static File> {
+        static PAGEMAP: OnceLock<Option<File>> = OnceLock::new();
+        PAGEMAP
+            .get_or_init(|| File::open("/proc/self/pagemap").ok())
+            .as_ref()
     }
 
     /// A fresh private anonymous read-write mapping of `len` bytes (the
@@ -397,8 +406,8 @@ mod sys {
             if api.features & wanted != wanted {
                 return None;
             }
-            let pagemap = File::open("/proc/self/pagemap").ok()?;
-            let uffd = Uffd { fd, pagemap };
+            pagemap()?;
+            let uffd = Uffd { fd };
             uffd.self_test().then_some(uffd)
         }
 
@@ -463,6 +472,7 @@ mod sys {
 
         /// The written parts of `range` (a registered range), protected again.
         pub fn written(&self, range: Range<usize>) -> io::Result<Vec<Range<usize>>> {
+            let pagemap = pagemap().ok_or_else(|| io::Error::other("no /proc/self/pagemap"))?;
             let mut out = Vec::new();
             let mut regions = [PageRegion::default(); 64];
             let mut start = range.start as u64;
@@ -483,7 +493,7 @@ mod sys {
                 };
                 // SAFETY: PAGEMAP_SCAN takes a `struct pm_scan_arg` whose
                 // `vec` points to `vec_len` page regions we own.
-                let found = unsafe { ioctl(&self.pagemap, PAGEMAP_SCAN, &mut arg) }?;
+                let found = unsafe { ioctl(pagemap, PAGEMAP_SCAN, &mut arg) }?;
                 let found = usize::try_from(found).unwrap_or(0).min(regions.len());
                 out.extend(
                     regions[..found]

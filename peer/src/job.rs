@@ -399,8 +399,6 @@ struct Early {
 struct CaptureInput {
     /// The retained outbox so far (the superstep's messages are added).
     outbox: Vec<WireMessage>,
-    /// Replicas' answers so far, for the page tracker.
-    acks: Vec<(PeerId, u32, bool)>,
     /// Who gets the checkpoint.
     targets: Vec<PeerId>,
     early: mpsc::UnboundedSender<Early>,
@@ -479,7 +477,7 @@ fn resume_and_capture(
     }
     Task::Captured(
         pid,
-        capture(&mut p, outbox, exited, c.acks, &c.targets).map(|(s, e)| (p, s, e)),
+        capture(&mut p, outbox, exited, Vec::new(), &c.targets).map(|(s, e)| (p, s, e)),
     )
 }
 
@@ -1527,9 +1525,14 @@ impl Driver {
         }
     }
 
-    fn spawn_resume(&mut self, pid: Pid, p: Proc) {
+    fn spawn_resume(&mut self, pid: Pid, mut p: Proc) {
         if let Some(l) = self.local.get_mut(&pid) {
             l.state = State::Busy;
+            // Replicas' answers so far, for the page tracker (later ones
+            // wait for the next superstep).
+            for (r, superstep, ok) in std::mem::take(&mut l.acks) {
+                p.tracker.acked(r, superstep, ok);
+            }
         }
         let slots = self.env.slots.clone();
         let job = self.job;
@@ -1537,11 +1540,6 @@ impl Driver {
         let s = self.local.get(&pid).map_or(0, |l| l.superstep);
         let capture_input = checkpointed(s, self.checkpoint_every).then(|| CaptureInput {
             outbox: self.retained.get(&pid).cloned().unwrap_or_default(),
-            acks: self
-                .local
-                .get_mut(&pid)
-                .map(|l| std::mem::take(&mut l.acks))
-                .unwrap_or_default(),
             targets: replicas_of(self.job, pid, self.me, &self.peers, self.replicas),
             early: self.early_tx.clone(),
         });
@@ -1698,6 +1696,10 @@ impl Driver {
         // The replicas may have changed while it was captured: new ones get
         // frames planned here, gone ones none.
         let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
+        for (r, _) in encoded.iter().filter(|(r, _)| !targets.contains(r)) {
+            // Planned for, never sent: it holds no base from this capture.
+            p.tracker.forget(*r);
+        }
         encoded.retain(|(r, _)| targets.contains(r));
         let late: Vec<PeerId> = targets
             .iter()

@@ -247,7 +247,8 @@ impl Runtime {
             resume,
             globals,
             ended: false,
-            writes: crate::dirty::Tracking::new(),
+            writes: None,
+            writes_tried: false,
         })
     }
 
@@ -644,8 +645,10 @@ pub struct Process {
     globals: Vec<Global>,
     ended: bool,
     /// The kernel's record of the pages written since the last capture
-    /// (`dirty`), where the system offers it.
+    /// (`dirty`), where the system offers it; set up at the first capture
+    /// (a descriptor per process that checkpoints, none for others).
     writes: Option<crate::dirty::Tracking>,
+    writes_tried: bool,
 }
 
 impl std::fmt::Debug for Process {
@@ -741,6 +744,10 @@ impl Process {
             Some(m) => m.data(&self.store),
             None => &[],
         };
+        if !self.writes_tried {
+            self.writes_tried = true;
+            self.writes = crate::dirty::Tracking::new();
+        }
         let Some(writes) = self.writes.as_mut().filter(|_| !exited) else {
             return match previous {
                 Some(p) => tracker.capture_reusing(head, memory, p),

@@ -921,3 +921,18 @@ fn retained_payloads_are_hashed_once_and_the_hash_is_unchanged() {
         t.acked(1, s as u32, true);
     }
 }
+
+/// A capture again at the same superstep (a leaving process captured for
+/// its new host) starts the tracker over; a buffer recycled from before
+/// must then be copied whole, also where the memory went back to zeros.
+#[test]
+fn a_capture_that_starts_over_does_not_keep_a_recycled_buffers_pages() {
+    let a: Vec<u8> = [page_of(5), page_of(6)].concat();
+    let b: Vec<u8> = [page_of(0), page_of(6)].concat();
+    let mut t = PageTracker::new();
+    let s1 = t.capture(head(1, 1, vec![]), &a);
+    let s2 = t.capture(head(1, 2, vec![]), &b);
+    let again = t.capture_reusing(head(1, 2, vec![]), &b, s1);
+    assert_eq!(again.memory, b);
+    assert_eq!(again, s2);
+}
