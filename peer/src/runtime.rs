@@ -748,27 +748,26 @@ impl Process {
             self.writes_tried = true;
             self.writes = crate::dirty::Tracking::new();
         }
-        let Some(writes) = self.writes.as_mut().filter(|_| !exited) else {
-            return match previous {
-                Some(p) => tracker.capture_reusing(head, memory, p),
-                None => tracker.capture(head, memory),
-            };
-        };
-        // Only the pages written since the last capture (hot pages always).
-        let snapshot = match writes.may_have_changed(memory, tracker.last_capture()) {
-            Some(may) => tracker.capture_tracked(head, memory, previous, &may),
-            None => {
-                self.writes = None;
-                return match previous {
-                    Some(p) => tracker.capture_reusing(head, memory, p),
-                    None => tracker.capture(head, memory),
-                };
+        // The pages the kernel saw written since the last capture (hot pages
+        // always); with no answer, every page is read.
+        let may = match self.writes.as_mut() {
+            Some(w) if !exited => {
+                let may = w.may_have_changed(memory, tracker.last_capture());
+                if may.is_none() {
+                    self.writes = None;
+                }
+                may
             }
+            _ => None,
         };
-        let at = tracker.last_capture();
-        if !writes.after_capture(memory, at, |i| tracker.changed_at_last_capture(i)) {
-            tracing::debug!("write tracking failed; every page is hashed from now on");
-            self.writes = None;
+        let snapshot =
+            tracker.capture_tracked(head, memory, previous, may.as_deref().unwrap_or(&[]));
+        if let Some(w) = self.writes.as_mut().filter(|_| may.is_some()) {
+            let at = tracker.last_capture();
+            if !w.after_capture(memory, at, |i| tracker.changed_at_last_capture(i)) {
+                tracing::debug!("write tracking failed; every page is hashed from now on");
+                self.writes = None;
+            }
         }
         snapshot
     }
