@@ -4,6 +4,7 @@
 //! `bspweb peer` run one of each; the other subcommands are the client.
 
 mod accounts;
+mod cc;
 mod cli_client;
 mod local;
 mod peer_cmd;
@@ -76,6 +77,8 @@ enum Command {
     Passwd(accounts::OwnPasswdArgs),
     /// Simulate the load balancers of dissertation ch. 4 and write a report
     Sim(sim_cmd::SimArgs),
+    /// Compile C (BSPlib) programs to a bspweb module: `bspweb cc prog.c -o prog.wasm`
+    Cc(cc::CcArgs),
 }
 
 const UP_ABOUT: &str = "Start a supernode and N local peers in one command (embedded defaults).
@@ -239,6 +242,7 @@ fn main() -> ExitCode {
             Command::User(c) => accounts::user(c).await,
             Command::Passwd(a) => accounts::passwd(a).await,
             Command::Sim(a) => sim_cmd::run(a),
+            Command::Cc(a) => cc::main(a).map(|()| ExitCode::SUCCESS),
         }
     });
     match result {

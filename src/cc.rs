@@ -1,0 +1,282 @@
+//! `bspweb cc`: C (BSPlib) to a bspweb guest module in one command.
+//!
+//! The toolchain is Debian's: `clang` compiles for `wasm32-wasi` against
+//! `wasi-libc`, `wasm-ld` links with the bundled runtime (`guest-c/`,
+//! embedded in this binary), and Binaryen's `wasm-opt --asyncify` lets every
+//! `bsp_sync` return to the host, so the whole process state is linear
+//! memory plus globals, as for Rust guests. The result is checked by the same
+//! validator the supernode runs.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use clap::Args;
+
+/// The bundled runtime: (path under the work directory, contents).
+const RUNTIME: &[(&str, &str)] = &[
+    ("include/bsp.h", include_str!("../guest-c/include/bsp.h")),
+    (
+        "include/bspweb.h",
+        include_str!("../guest-c/include/bspweb.h"),
+    ),
+    ("src/host.h", include_str!("../guest-c/src/host.h")),
+    ("src/crt.c", include_str!("../guest-c/src/crt.c")),
+    ("src/bsp.c", include_str!("../guest-c/src/bsp.c")),
+];
+
+/// The runtime's translation units.
+const RUNTIME_SOURCES: &[&str] = &["src/crt.c", "src/bsp.c"];
+
+/// The C stack of a guest (wasm-ld's default is 64 KiB).
+const STACK_BYTES: u32 = 1 << 20;
+
+/// Debian packages that provide the toolchain.
+const INSTALL_HINT: &str = "install the C toolchain: `sudo apt-get install clang lld binaryen wasi-libc libclang-rt-14-dev-wasm32` (Debian 12; other systems: clang and lld with the wasm32 target, wasi-libc, binaryen)";
+
+#[derive(Args, Debug, Clone)]
+#[command(after_long_help = CC_AFTER)]
+pub struct CcArgs {
+    /// C source files (BSPlib programs: `#include <bsp.h>`)
+    #[arg(required = true, value_name = "FILE.c")]
+    pub files: Vec<PathBuf>,
+    /// Output module [default: the first file's name with `.wasm`]
+    #[arg(short = 'o', value_name = "OUT.wasm")]
+    pub output: Option<PathBuf>,
+    /// Add a directory to the include path
+    #[arg(short = 'I', value_name = "DIR")]
+    pub include: Vec<PathBuf>,
+    /// Define a macro (NAME or NAME=VALUE)
+    #[arg(short = 'D', value_name = "NAME[=VALUE]")]
+    pub define: Vec<String>,
+    /// Optimisation level: 0, 1, 2, 3, s or z
+    #[arg(short = 'O', default_value = "2", value_name = "LEVEL")]
+    pub opt: String,
+    /// Libraries to link: `-lm` is accepted (the math library is part of the C library); others are refused
+    #[arg(short = 'l', value_name = "LIB")]
+    pub libs: Vec<String>,
+    /// Print the commands that run
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+}
+
+const CC_AFTER: &str = "The module imports only bspweb_v1 and runs on any peer: \
+`bspweb submit OUT.wasm -n 4 --follow`. It has the BSPlib API (bsp.h), a C library \
+(wasi-libc: printf to the job's output, malloc, string and math functions) and no \
+file system; clocks and rand are deterministic. A JSON array given with \
+`--args` becomes argv[1..]. See docs/c-guests.md.";
+
+/// The located tools.
+struct Tools {
+    clang: PathBuf,
+    wasm_opt: PathBuf,
+}
+
+fn find_tool(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    for name in names {
+        for dir in std::env::split_paths(&path) {
+            let p = dir.join(name);
+            if p.is_file() {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+fn tools() -> anyhow::Result<Tools> {
+    let clang = find_tool(&[
+        "clang", "clang-19", "clang-18", "clang-17", "clang-16", "clang-15", "clang-14",
+    ])
+    .with_context(|| format!("`clang` was not found on PATH; {INSTALL_HINT}"))?;
+    if find_tool(&["wasm-ld", "wasm-ld-19", "wasm-ld-16", "wasm-ld-14"]).is_none() {
+        bail!("`wasm-ld` (lld) was not found on PATH; {INSTALL_HINT}");
+    }
+    let wasm_opt = find_tool(&["wasm-opt"])
+        .with_context(|| format!("`wasm-opt` (binaryen) was not found on PATH; {INSTALL_HINT}"))?;
+    Ok(Tools { clang, wasm_opt })
+}
+
+fn run(cmd: &mut Command, what: &str, verbose: bool) -> anyhow::Result<()> {
+    if verbose {
+        eprintln!("+ {cmd:?}");
+    }
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not run {what}"))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let mut msg = format!("{what} failed ({})", out.status);
+        if !stderr.trim().is_empty() {
+            let _ = write!(msg, ":\n{}", stderr.trim_end());
+        }
+        if stderr.contains("wasi-libc")
+            || stderr.contains("stdio.h' file not found")
+            || stderr.contains("unable to find library -lc")
+            || stderr.contains("libclang_rt.builtins-wasm32.a")
+        {
+            let _ = write!(msg, "\n{INSTALL_HINT}");
+        }
+        bail!(msg);
+    }
+    if verbose && !out.stderr.is_empty() {
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// Compiles `args.files` into a validated bspweb module; returns its bytes.
+pub fn compile(args: &CcArgs) -> anyhow::Result<Vec<u8>> {
+    let opt = args.opt.as_str();
+    if !matches!(opt, "0" | "1" | "2" | "3" | "s" | "z") {
+        bail!("-O{opt}: the optimisation level is one of 0, 1, 2, 3, s, z");
+    }
+    for lib in &args.libs {
+        if lib != "m" && lib != "c" {
+            bail!(
+                "-l{lib}: only the C library (with its math functions, -lm) can be linked; add the library's C sources to the command instead"
+            );
+        }
+    }
+    for f in &args.files {
+        if !f.is_file() {
+            bail!("{}: no such file", f.display());
+        }
+    }
+    let tools = tools()?;
+    let work = tempfile::Builder::new()
+        .prefix("bspweb-cc-")
+        .tempdir()
+        .context("could not create a temporary directory")?;
+    let dir = work.path();
+    for (rel, text) in RUNTIME {
+        let p = dir.join(rel);
+        std::fs::create_dir_all(p.parent().expect("runtime paths have a parent"))?;
+        std::fs::write(&p, text)?;
+    }
+
+    let common = |cmd: &mut Command| {
+        cmd.arg("--target=wasm32-wasi")
+            .arg(format!("-O{opt}"))
+            .args([
+                "-mbulk-memory",
+                "-mnontrapping-fptoint",
+                "-msign-ext",
+                "-mmutable-globals",
+            ]);
+    };
+
+    // Compile: the user's files with their flags, the runtime with its own.
+    let mut objects = Vec::new();
+    for (i, file) in args.files.iter().enumerate() {
+        let obj = dir.join(format!("u{i}.o"));
+        let mut cmd = Command::new(&tools.clang);
+        common(&mut cmd);
+        cmd.arg("-isystem").arg(dir.join("include"));
+        for inc in &args.include {
+            cmd.arg("-I").arg(inc);
+        }
+        for d in &args.define {
+            cmd.arg(format!("-D{d}"));
+        }
+        cmd.arg("-c").arg(file).arg("-o").arg(&obj);
+        run(
+            &mut cmd,
+            &format!("clang ({})", file.display()),
+            args.verbose,
+        )?;
+        objects.push(obj);
+    }
+    for (i, src) in RUNTIME_SOURCES.iter().enumerate() {
+        let obj = dir.join(format!("rt{i}.o"));
+        let mut cmd = Command::new(&tools.clang);
+        cmd.arg("--target=wasm32-wasi").arg("-O2").args([
+            "-mbulk-memory",
+            "-mnontrapping-fptoint",
+            "-msign-ext",
+            "-mmutable-globals",
+        ]);
+        cmd.arg("-c").arg(dir.join(src)).arg("-o").arg(&obj);
+        run(
+            &mut cmd,
+            &format!("clang (bundled runtime {src})"),
+            args.verbose,
+        )?;
+        objects.push(obj);
+    }
+
+    // Link: no start files (crt.c is the entry), the reactor model (exports
+    // are not wrapped in constructor calls), a 1 MiB C stack.
+    let linked = dir.join("linked.wasm");
+    let mut cmd = Command::new(&tools.clang);
+    cmd.arg("--target=wasm32-wasi")
+        .arg("-mexec-model=reactor")
+        .arg("-nostartfiles")
+        .arg("-Wl,--no-entry")
+        .arg(format!("-Wl,-z,stack-size={STACK_BYTES}"))
+        .args(&objects)
+        .arg("-o")
+        .arg(&linked);
+    run(&mut cmd, "wasm-ld (through clang)", args.verbose)?;
+
+    // Asyncify: only the paths to bsp_sync and exit are instrumented (the
+    // host functions never unwind); bspweb_resume drives the unwinding.
+    let out = dir.join("out.wasm");
+    let mut cmd = Command::new(&tools.wasm_opt);
+    cmd.arg(&linked)
+        .args([
+            "--enable-bulk-memory",
+            "--enable-nontrapping-float-to-int",
+            "--enable-sign-ext",
+            "--enable-mutable-globals",
+            "--debuginfo",
+            "--asyncify",
+            "--pass-arg=asyncify-imports@bspweb_v1.none",
+            "--pass-arg=asyncify-removelist@bspweb_resume",
+        ])
+        .arg(if opt == "0" {
+            "-O0".to_string()
+        } else {
+            format!("-O{opt}")
+        })
+        .arg("-o")
+        .arg(&out);
+    run(&mut cmd, "wasm-opt --asyncify", args.verbose)?;
+
+    let bytes = std::fs::read(&out)?;
+    bspweb_abi::validate(&bytes)
+        .map_err(|e| anyhow::anyhow!("the linked module is not a valid bspweb guest: {e}"))?;
+    Ok(bytes)
+}
+
+/// The output path: `-o`, else the first file with `.wasm`.
+fn output_path(args: &CcArgs) -> PathBuf {
+    args.output
+        .clone()
+        .unwrap_or_else(|| args.files[0].with_extension("wasm"))
+}
+
+pub fn main(args: CcArgs) -> anyhow::Result<()> {
+    let bytes = compile(&args)?;
+    let out = output_path(&args);
+    write_atomically(&out, &bytes)?;
+    eprintln!(
+        "wrote {} ({} KiB); run it with `bspweb submit {} -n 4 --follow`",
+        out.display(),
+        bytes.len().div_ceil(1024),
+        out.display()
+    );
+    Ok(())
+}
+
+fn write_atomically(out: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let mut tmp: OsString = out.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes).with_context(|| format!("could not write {}", tmp.display()))?;
+    std::fs::rename(&tmp, out).with_context(|| format!("could not write {}", out.display()))?;
+    Ok(())
+}
