@@ -82,6 +82,11 @@ pub const GLOBAL_EXPORT_PREFIX: &str = "bspweb:global:";
 /// The prefix of every export name reserved for the host.
 pub const RESERVED_EXPORT_PREFIX: &str = "bspweb:";
 
+/// The export Binaryen's Asyncify adds (C guests, `bspweb cc`): `() -> i32`,
+/// the unwinding state, which must be 0 (normal) whenever `bspweb_resume`
+/// has returned. The host checks it after every resume.
+pub const ASYNCIFY_STATE_EXPORT: &str = "asyncify_get_state";
+
 /// `bspweb_resume` status: the process reached `sync`.
 pub const STATUS_SYNC: i32 = 0;
 /// `bspweb_resume` status: `main` returned normally.
@@ -536,6 +541,21 @@ pub fn validate(bytes: &[u8]) -> Result<ModuleSummary, InvalidModule> {
         }
     }
 
+    if let Some((_, kind, idx)) = export(ASYNCIFY_STATE_EXPORT) {
+        let ok = *kind == ExternalKind::Func
+            && func_types
+                .get(*idx as usize)
+                .and_then(|t| types.get(*t as usize))
+                .and_then(|t| t.as_ref())
+                .is_some_and(|ft| ft.params().is_empty() && ft.results() == [ValType::I32]);
+        if !ok {
+            return Err(InvalidModule::WrongExport {
+                name: ASYNCIFY_STATE_EXPORT,
+                expected: "a function () -> i32 (Asyncify's state)",
+            });
+        }
+    }
+
     if let Some((name, _, _)) = exports
         .iter()
         .find(|(n, _, _)| n.starts_with(RESERVED_EXPORT_PREFIX))
@@ -962,6 +982,28 @@ mod tests {
             assert_eq!(read_leb_u32(&b), Some((v, b.len())));
         }
         assert_eq!(read_leb_u32(&[0x80, 0x80]), None);
+    }
+
+    #[test]
+    fn checks_the_type_of_asyncify_state() {
+        let m = module(
+            r#"(module (memory (export "memory") 1)
+            (func (export "asyncify_get_state") (result i32) i32.const 0)
+            (func (export "bspweb_resume") (result i32) i32.const 1))"#,
+        );
+        validate(&m).unwrap();
+        let m = module(
+            r#"(module (memory (export "memory") 1)
+            (func (export "asyncify_get_state") (param i32) (result i32) i32.const 0)
+            (func (export "bspweb_resume") (result i32) i32.const 1))"#,
+        );
+        assert!(matches!(
+            validate(&m),
+            Err(InvalidModule::WrongExport {
+                name: ASYNCIFY_STATE_EXPORT,
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -367,8 +367,11 @@ int32_t WASI(fd_read)(int32_t fd, int32_t iovs, int32_t count, int32_t read) {
 int32_t WASI(fd_fdstat_get)(int32_t fd, int32_t out) {
     if (fd < 0 || fd > 2) return WASI_EBADF;
     memset((void *)out, 0, 24);
-    *(uint8_t *)out = 2;                      /* character device: line-buffered stdio */
-    *(uint64_t *)(out + 8) = ~(uint64_t)0;    /* rights */
+    /* A character device without seek and tell rights is a terminal to
+     * wasi-libc's isatty, so stdout is line-buffered: each line reaches the
+     * job's output in order with stderr and raw records. */
+    *(uint8_t *)out = 2;
+    *(uint64_t *)(out + 8) = ~(uint64_t)0 & ~((1ull << 2) | (1ull << 5));
     return WASI_ESUCCESS;
 }
 

@@ -21,9 +21,9 @@ use bsp_api::wire::WireMessage;
 use crate::budget::MemoryBudget;
 use bsp_api::{JobId, Pid};
 use bspweb_abi::{
-    ERR_BAD_PID, ERR_BAD_RANGE, ERR_NOT_FOUND, ERR_TOO_LARGE, HOST_MODULE, MAX_MESSAGE_BYTES,
-    MEMORY_EXPORT, RESUME_EXPORT, STATUS_DONE, STATUS_SYNC, STATUS_YIELD, STREAM_STDERR,
-    STREAM_STDOUT,
+    ASYNCIFY_STATE_EXPORT, ERR_BAD_PID, ERR_BAD_RANGE, ERR_NOT_FOUND, ERR_TOO_LARGE, HOST_MODULE,
+    MAX_MESSAGE_BYTES, MEMORY_EXPORT, RESUME_EXPORT, STATUS_DONE, STATUS_SYNC, STATUS_YIELD,
+    STREAM_STDERR, STREAM_STDOUT,
 };
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
@@ -240,11 +240,22 @@ impl Runtime {
         let resume = instance
             .get_typed_func::<(), i32>(&mut store, RESUME_EXPORT)
             .map_err(|e| format!("the module's `{RESUME_EXPORT}` export is unusable: {e:#}"))?;
+        let asyncify_state = match instance.get_export(&mut store, ASYNCIFY_STATE_EXPORT) {
+            None => None,
+            Some(_) => Some(
+                instance
+                    .get_typed_func::<(), i32>(&mut store, ASYNCIFY_STATE_EXPORT)
+                    .map_err(|e| {
+                        format!("the module's `{ASYNCIFY_STATE_EXPORT}` export is unusable: {e:#}")
+                    })?,
+            ),
+        };
         store.data_mut().memory = Some(memory);
         let globals = checkpointed_globals(&instance, &mut store);
         Ok(Process {
             store,
             resume,
+            asyncify_state,
             globals,
             ended: false,
             writes: None,
@@ -641,6 +652,9 @@ impl ResourceLimiter for ProcState {
 pub struct Process {
     store: Store<ProcState>,
     resume: TypedFunc<(), i32>,
+    /// Asyncify's state (C guests): checked to be at rest (0) after every
+    /// resume, so a checkpoint never records a half-unwound stack.
+    asyncify_state: Option<TypedFunc<(), i32>>,
     /// Mutable globals, checkpointed with memory.
     globals: Vec<Global>,
     ended: bool,
@@ -845,6 +859,21 @@ impl Process {
                 "`{RESUME_EXPORT}` returned the unknown status {other}; expected {STATUS_SYNC} (sync), {STATUS_DONE} (done) or {STATUS_YIELD} (yield)"
             )),
             Err(e) => classify(self.store.data_mut().stop.take(), &e),
+        };
+        let outcome = match (&outcome, &self.asyncify_state) {
+            (Outcome::Sync | Outcome::Yield | Outcome::Done, Some(state)) => {
+                match state.call(&mut self.store, ()) {
+                    Ok(0) => outcome,
+                    Ok(n) => Outcome::Failed(format!(
+                        "`{RESUME_EXPORT}` returned while Asyncify was {} (state {n}); the C runtime must stop unwinding before it returns to the host",
+                        if n == 1 { "unwinding" } else { "rewinding" }
+                    )),
+                    Err(e) => Outcome::Failed(format!(
+                        "`{ASYNCIFY_STATE_EXPORT}` failed after a resume: {e}"
+                    )),
+                }
+            }
+            _ => outcome,
         };
         if !matches!(outcome, Outcome::Sync | Outcome::Yield) {
             self.ended = true;

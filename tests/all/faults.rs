@@ -53,6 +53,15 @@ struct Workload {
     /// Of those, the pages rewritten in each superstep (what a delta
     /// checkpoint carries besides the first pages).
     dirty: u32,
+    /// The program: [`program_wat`], or the same in C with BSPlib
+    /// (`fault_workload.c`, built with `bspweb cc`).
+    lang: Lang,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lang {
+    Wat,
+    C,
 }
 
 /// Supersteps dominated by compute: a kill lands inside a superstep.
@@ -64,6 +73,7 @@ const COMPUTE: Workload = Workload {
     payload: 64,
     ballast: 2,
     dirty: 1,
+    lang: Lang::Wat,
 };
 
 /// Tiny supersteps: a kill lands around barriers and message exchanges.
@@ -75,6 +85,7 @@ const BARRIER: Workload = Workload {
     payload: 32,
     ballast: 1,
     dirty: 1,
+    lang: Lang::Wat,
 };
 
 /// Big messages and many changed pages: a kill lands while messages and
@@ -87,6 +98,7 @@ const TRANSFER: Workload = Workload {
     payload: 48 << 10,
     ballast: 24,
     dirty: 6,
+    lang: Lang::Wat,
 };
 
 /// Long enough for lease renewals to report a change and for processes to
@@ -99,12 +111,33 @@ const LONG: Workload = Workload {
     payload: 256,
     ballast: 4,
     dirty: 1,
+    lang: Lang::Wat,
 };
 
 /// The workloads the randomized trials draw from. Each runs for seconds
 /// without faults, so a fault injected by the time half of its supersteps
 /// printed lands while it runs ([`fault_landed`] checks that it did).
 const WORKLOADS: [Workload; 3] = [COMPUTE, BARRIER, TRANSFER];
+
+/// The C guest (issue 16): compute, messages and changed pages in one, its
+/// locals kept across `bsp_sync` on the stack Asyncify saves.
+const C_MIXED: Workload = Workload {
+    name: "c-mixed",
+    nprocs: 6,
+    steps: 120,
+    work: 1_500_000,
+    payload: 2048,
+    ballast: 4,
+    dirty: 2,
+    lang: Lang::C,
+};
+
+/// [`LONG`] in C: long enough for a migration.
+const C_LONG: Workload = Workload {
+    name: "c-long",
+    lang: Lang::C,
+    ..LONG
+};
 
 /// The seed of every fault-test job (the job's RNG seed, not a trial seed).
 const JOB_SEED: u64 = 0x5eed_fa17;
@@ -545,7 +578,10 @@ fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
 }
 
 async fn upload(client: &Client, w: &Workload) -> String {
-    let wasm = wat::parse_str(program_wat(w)).expect("the fault-test guest assembles");
+    let wasm = match w.lang {
+        Lang::Wat => wat::parse_str(program_wat(w)).expect("the fault-test guest assembles"),
+        Lang::C => c_guest().clone(),
+    };
     client
         .upload_program(wasm, None)
         .await
@@ -553,11 +589,33 @@ async fn upload(client: &Client, w: &Workload) -> String {
         .hash
 }
 
+/// `fault_workload.c` built once with `bspweb cc` (clang, lld, binaryen
+/// and wasi-libc must be installed: `.ci/run` does it).
+fn c_guest() -> &'static Vec<u8> {
+    static WASM: OnceLock<Vec<u8>> = OnceLock::new();
+    WASM.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let out = dir.path().join("fault_workload.wasm");
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/all/fault_workload.c");
+        let status = bspweb()
+            .args(["cc", src, "-o"])
+            .arg(&out)
+            .status()
+            .expect("run bspweb cc");
+        assert!(status.success(), "bspweb cc {src} failed");
+        std::fs::read(&out).expect("read the C fault-test guest")
+    })
+}
+
 fn spec(w: &Workload, hash: &str, limits: JobLimits) -> SubmitJob {
+    let args = match w.lang {
+        Lang::Wat => serde_json::Value::Null,
+        Lang::C => serde_json::json!([w.steps, w.work, w.payload, w.ballast, w.dirty]),
+    };
     SubmitJob {
         program: hash.to_string(),
         nprocs: w.nprocs,
-        args: serde_json::Value::Null,
+        args,
         description: Some(format!("fault test {}", w.name)),
         resources: Default::default(),
         seed: Some(JOB_SEED),
@@ -1085,8 +1143,8 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(rng: &mut Rng) -> Plan {
-        let workload = WORKLOADS[rng.below(WORKLOADS.len() as u64) as usize];
+    fn new(rng: &mut Rng, workloads: &[Workload]) -> Plan {
+        let workload = workloads[rng.below(workloads.len() as u64) as usize];
         Plan {
             workload,
             checkpoint_every: [1, 1, 2, 3][rng.below(4) as usize],
@@ -1097,8 +1155,12 @@ impl Plan {
     }
 }
 
-async fn single_kill(cluster: &mut Cluster, rng: &mut Rng) -> Result<String, String> {
-    let plan = Plan::new(rng);
+async fn single_kill(
+    cluster: &mut Cluster,
+    rng: &mut Rng,
+    workloads: &[Workload],
+) -> Result<String, String> {
+    let plan = Plan::new(rng, workloads);
     eprintln!("  plan: {plan:?}");
     let w = plan.workload;
     let reference = reference(&w)?;
@@ -1133,21 +1195,42 @@ async fn single_kill(cluster: &mut Cluster, rng: &mut Rng) -> Result<String, Str
 /// random moment of a random workload; the output never changes.
 #[test]
 fn randomized_single_peer_kills_leave_the_output_unchanged() {
-    const TEST: &str = "randomized_single_peer_kills_leave_the_output_unchanged";
+    randomized_kills(
+        "randomized_single_peer_kills_leave_the_output_unchanged",
+        1,
+        &WORKLOADS,
+        env_number("BSPWEB_FAULT_TRIALS").unwrap_or(30),
+    );
+}
+
+/// The same for a C program (issue 16): BSPlib over Asyncify, whose stack
+/// lives in linear memory between supersteps, restored byte for byte.
+#[test]
+fn randomized_single_peer_kills_of_a_c_guest_leave_the_output_unchanged() {
+    randomized_kills(
+        "randomized_single_peer_kills_of_a_c_guest_leave_the_output_unchanged",
+        11,
+        &[C_MIXED],
+        env_number("BSPWEB_FAULT_TRIALS_C").unwrap_or(4),
+    );
+}
+
+/// `trials` single-kill trials of `workloads`, two at a time on their own
+/// clusters; every failure is reported with its seed.
+fn randomized_kills(test: &'static str, salt: u64, workloads: &[Workload], trials: u64) {
     let seeds: Vec<u64> = match env_number(SEED_ENV) {
         Some(seed) => vec![seed],
         None => {
-            let mut rng = Rng(fresh_seed(1));
-            let n = env_number("BSPWEB_FAULT_TRIALS").unwrap_or(30);
-            (0..n).map(|_| rng.next()).collect()
+            let mut rng = Rng(fresh_seed(salt));
+            (0..trials).map(|_| rng.next()).collect()
         }
     };
     eprintln!("fault trials: {} seeds {seeds:?}", seeds.len());
     let needed: BTreeSet<&str> = seeds
         .iter()
-        .map(|&s| Plan::new(&mut Rng(s)).workload.name)
+        .map(|&s| Plan::new(&mut Rng(s), workloads).workload.name)
         .collect();
-    for w in WORKLOADS.iter().filter(|w| needed.contains(w.name)) {
+    for w in workloads.iter().filter(|w| needed.contains(w.name)) {
         if let Err(e) = reference(w) {
             panic!("{e}");
         }
@@ -1165,7 +1248,9 @@ fn randomized_single_peer_kills_leave_the_output_unchanged() {
                     if i >= seeds.len() || failures.lock().unwrap().len() >= 3 {
                         break;
                     }
-                    match scenario(TEST, seeds[i], 5, single_kill) {
+                    let trial =
+                        async |c: &mut Cluster, rng: &mut Rng| single_kill(c, rng, workloads).await;
+                    match scenario(test, seeds[i], 5, trial) {
                         Ok(_) => {
                             passed.fetch_add(1, Ordering::SeqCst);
                         }
@@ -1377,41 +1462,53 @@ fn a_supernode_killed_and_restarted_mid_job_loses_nothing() {
 /// processes migrate away; the job completes with the same output.
 #[test]
 fn a_peer_whose_availability_drops_sees_its_processes_migrate_away() {
-    run_scenario(
+    processes_migrate_away(
         "a_peer_whose_availability_drops_sees_its_processes_migrate_away",
         5,
-        5,
-        async |cluster, rng| {
-            let w = LONG;
-            let reference = reference(&w)?;
-            let (client, job, follower, victim, index, pids) =
-                start_and_pick(cluster, rng, &w).await?;
-            let fault_ms = now_ms();
-            cluster.set_idle(index, 0.0);
-            eprintln!("  peer {victim} (pids {pids:?}) now reports idle 0");
-            follower
-                .wait_for(
-                    &format!("every process migrating away from peer {victim}"),
-                    PROGRESS_LIMIT,
-                    |events| moved_from(events, victim).is_superset(&pids),
-                )
-                .await?;
-            let info = client.job(job).await.map_err(|e| e.to_string())?;
-            let left = pids_on(&info, victim);
-            if !left.is_empty() {
-                return Err(format!(
-                    "peer {victim} still hosts pids {left:?} after they migrated"
-                ));
-            }
-            let events = follower.finish().await?;
-            check_run(&events, &reference, w.nprocs)?;
-            fault_landed(&client, job, fault_ms).await?;
-            Ok(format!(
-                "peer {victim}: pids {pids:?} migrated: {:?}",
-                migrations(&events)
-            ))
-        },
+        LONG,
     );
+}
+
+/// The same for a C program (issue 16): its processes move at a sync to
+/// another peer and go on there from their checkpoint.
+#[test]
+fn a_c_process_migrates_when_its_peer_s_availability_drops() {
+    processes_migrate_away(
+        "a_c_process_migrates_when_its_peer_s_availability_drops",
+        12,
+        C_LONG,
+    );
+}
+
+fn processes_migrate_away(test: &str, salt: u64, w: Workload) {
+    run_scenario(test, salt, 5, async |cluster, rng| {
+        let reference = reference(&w)?;
+        let (client, job, follower, victim, index, pids) = start_and_pick(cluster, rng, &w).await?;
+        let fault_ms = now_ms();
+        cluster.set_idle(index, 0.0);
+        eprintln!("  peer {victim} (pids {pids:?}) now reports idle 0");
+        follower
+            .wait_for(
+                &format!("every process migrating away from peer {victim}"),
+                PROGRESS_LIMIT,
+                |events| moved_from(events, victim).is_superset(&pids),
+            )
+            .await?;
+        let info = client.job(job).await.map_err(|e| e.to_string())?;
+        let left = pids_on(&info, victim);
+        if !left.is_empty() {
+            return Err(format!(
+                "peer {victim} still hosts pids {left:?} after they migrated"
+            ));
+        }
+        let events = follower.finish().await?;
+        check_run(&events, &reference, w.nprocs)?;
+        fault_landed(&client, job, fault_ms).await?;
+        Ok(format!(
+            "peer {victim}: pids {pids:?} migrated: {:?}",
+            migrations(&events)
+        ))
+    });
 }
 
 /// SIGTERM drains a peer: its processes migrate away, it exits 0 hosting

@@ -6,6 +6,7 @@
 mod harness;
 
 mod api_spec;
+mod c_guest;
 mod cli;
 mod consumer;
 mod errors;

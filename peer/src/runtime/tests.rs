@@ -523,6 +523,29 @@ fn yield_and_unknown_statuses() {
     assert!(failure(p.resume()).contains("unknown status 7"));
 }
 
+/// A C guest's Asyncify state (`asyncify_get_state`) must be at rest after
+/// every resume: a module that returns mid-unwind fails instead of being
+/// checkpointed with a half-saved stack.
+#[test]
+fn asyncify_must_be_at_rest_when_resume_returns() {
+    let module = |state: i32| {
+        wat::parse_str(format!(
+            r#"(module {IMPORTS}
+              (memory (export "memory") 1)
+              (func (export "asyncify_get_state") (result i32) (i32.const {state}))
+              (func (export "bspweb_resume") (result i32) (i32.const 0)))"#
+        ))
+        .expect("test guest parses")
+    };
+    let mut p = start(&module(0), job_with(Limits::default()), 0);
+    assert_eq!(p.resume(), Outcome::Sync);
+    let mut p = start(&module(1), job_with(Limits::default()), 0);
+    let why = failure(p.resume());
+    assert!(why.contains("while Asyncify was unwinding"), "{why}");
+    let mut p = start(&module(2), job_with(Limits::default()), 0);
+    assert!(failure(p.resume()).contains("rewinding"));
+}
+
 /// Captures read only the pages written since the last one (the kernel's
 /// write tracking, `dirty.rs`): every capture still equals the memory,
 /// while pages go cold, are written (by the guest, with new bytes or the
