@@ -75,9 +75,10 @@ int main(int argc, char **argv) {
 
     double alpha = 0;
     for (long long r = 0; r < reps; r++) {
-        double sum = 0;
+        double sum = 0; /* address never taken: kept in a register */
         for (long long i = 0; i < len; i++) sum += x_local[i] * y_local[i];
-        for (int t = 0; t < p; t++) bsp_put(t, &sum, partial, s * (int)sizeof(double), sizeof(double));
+        double mine = sum;
+        for (int t = 0; t < p; t++) bsp_put(t, &mine, partial, s * (int)sizeof(double), sizeof(double));
         bsp_sync();
         alpha = 0;
         for (int t = 0; t < p; t++) alpha += partial[t];
