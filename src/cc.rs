@@ -27,6 +27,25 @@ const RUNTIME: &[(&str, &str)] = &[
     ("src/bsp.c", include_str!("../guest-c/src/bsp.c")),
 ];
 
+/// The C examples `bspweb up` registers: (name, description, source).
+pub const EXAMPLES: &[(&str, &str, &str)] = &[
+    (
+        "c-inner-product",
+        "C with BSPlib (guest-c/examples/inner_product.c): inner product of two n-vectors, partial sums exchanged with bsp_put; args [n, reps]",
+        include_str!("../guest-c/examples/inner_product.c"),
+    ),
+    (
+        "c-prefix-sum",
+        "C with BSPlib (guest-c/examples/prefix_sum.c): parallel prefix sum of n integers with bsp_send and bsp_get, checked against the closed form; args [n]",
+        include_str!("../guest-c/examples/prefix_sum.c"),
+    ),
+    (
+        "c-pagerank",
+        "C with BSPlib (guest-c/examples/pagerank.c): the pagerank example's kernel and output, contributions exchanged with bsp_put; args [n, m, iters, seed]",
+        include_str!("../guest-c/examples/pagerank.c"),
+    ),
+];
+
 /// The runtime's translation units.
 const RUNTIME_SOURCES: &[&str] = &["src/crt.c", "src/bsp.c"];
 
@@ -209,7 +228,7 @@ pub fn compile(args: &CcArgs) -> anyhow::Result<Vec<u8>> {
     }
 
     // Link: no start files (crt.c is the entry), the reactor model (exports
-    // are not wrapped in constructor calls), a 1 MiB C stack.
+    // are not wrapped in constructor calls), a 1 MiB C stack first.
     let linked = dir.join("linked.wasm");
     let mut cmd = Command::new(&tools.clang);
     cmd.arg("--target=wasm32-wasi")
@@ -217,6 +236,9 @@ pub fn compile(args: &CcArgs) -> anyhow::Result<Vec<u8>> {
         .arg("-nostartfiles")
         .arg("-Wl,--no-entry")
         .arg(format!("-Wl,-z,stack-size={STACK_BYTES}"))
+        // The stack below the data: an overflow traps (an access below
+        // address 0) instead of overwriting static data.
+        .arg("-Wl,--stack-first")
         .args(&objects)
         .arg("-o")
         .arg(&linked);
@@ -249,6 +271,59 @@ pub fn compile(args: &CcArgs) -> anyhow::Result<Vec<u8>> {
     let bytes = std::fs::read(&out)?;
     bspweb_abi::validate(&bytes)
         .map_err(|e| anyhow::anyhow!("the linked module is not a valid bspweb guest: {e}"))?;
+    Ok(bytes)
+}
+
+/// Compile one C source held in memory (an example) with the default
+/// options; `name` names it in messages.
+pub fn compile_source(name: &str, source: &str) -> anyhow::Result<Vec<u8>> {
+    let dir = tempfile::Builder::new()
+        .prefix("bspweb-cc-src-")
+        .tempdir()
+        .context("could not create a temporary directory")?;
+    let file = dir.path().join(format!("{name}.c"));
+    std::fs::write(&file, source)?;
+    compile(&CcArgs {
+        files: vec![file],
+        output: None,
+        include: vec![],
+        define: vec![],
+        opt: "2".into(),
+        libs: vec![],
+        verbose: false,
+    })
+}
+
+/// A digest of everything a compiled example depends on besides the tools:
+/// its source and the bundled runtime (cache key of [`cached_example`]).
+fn example_key(source: &str) -> String {
+    // FNV-1a, 64 bits: stable across builds, enough to tell versions apart.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |bytes: &[u8]| {
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    feed(source.as_bytes());
+    for (rel, text) in RUNTIME {
+        feed(rel.as_bytes());
+        feed(text.as_bytes());
+    }
+    format!("{h:016x}")
+}
+
+/// The module of an example, compiled once and kept in `cache_dir`.
+pub fn cached_example(cache_dir: &Path, name: &str, source: &str) -> anyhow::Result<Vec<u8>> {
+    let path = cache_dir.join(format!("{name}-{}.wasm", example_key(source)));
+    if let Ok(bytes) = std::fs::read(&path)
+        && bspweb_abi::validate(&bytes).is_ok()
+    {
+        return Ok(bytes);
+    }
+    let bytes = compile_source(name, source)?;
+    std::fs::create_dir_all(cache_dir)
+        .with_context(|| format!("could not create {}", cache_dir.display()))?;
+    write_atomically(&path, &bytes)?;
     Ok(bytes)
 }
 

@@ -63,13 +63,46 @@ fn open_supernode(
         .with_context(|| format!("cannot open the supernode's state in {}", data.display()))
 }
 
-async fn register_examples(node: &bspweb_supernode::Supernode) -> anyhow::Result<usize> {
+async fn register_examples(
+    node: &bspweb_supernode::Supernode,
+    data: &Path,
+) -> anyhow::Result<usize> {
     let mut n = 0;
     for p in bspweb_programs::builtin() {
         node.register_builtin(p.name, p.description, p.wasm)
             .await
             .with_context(|| format!("cannot register the example program {}", p.name))?;
         n += 1;
+    }
+    // The C examples need the C toolchain (`bspweb cc`); compiled once,
+    // then kept in the data directory.
+    let cache = data.join("c-examples");
+    let compiled = tokio::task::spawn_blocking(move || {
+        crate::cc::EXAMPLES
+            .iter()
+            .map(|(name, description, source)| {
+                (
+                    *name,
+                    *description,
+                    crate::cc::cached_example(&cache, name, source),
+                )
+            })
+            .collect::<Vec<_>>()
+    })
+    .await?;
+    for (name, description, wasm) in compiled {
+        match wasm {
+            Ok(wasm) => {
+                node.register_builtin(name, description, &wasm)
+                    .await
+                    .with_context(|| format!("cannot register the example program {name}"))?;
+                n += 1;
+            }
+            Err(e) => {
+                eprintln!("note: the C example {name} is not registered: {e:#}");
+                break;
+            }
+        }
     }
     Ok(n)
 }
@@ -164,7 +197,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let addr = listener.local_addr()?;
     let url = format!("http://{addr}");
     let node = open_supernode(&data, lease_ttl_secs, 4.0, url.clone(), |_| {})?;
-    let examples = register_examples(&node).await?;
+    let examples = register_examples(&node, &data).await?;
     let (user, password) = ensure_user(&node, &data).await?;
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -307,7 +340,7 @@ pub async fn supernode(a: SupernodeArgs) -> anyhow::Result<ExitCode> {
         },
     )?;
     if !a.no_examples {
-        register_examples(&node).await?;
+        register_examples(&node, &data).await?;
     }
     if std::env::var("BSPWEB_USER").is_ok() {
         let (user, _) = ensure_user(&node, &data).await?;

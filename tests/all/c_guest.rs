@@ -180,3 +180,81 @@ async fn bsponmpi_api_tests_pass() {
         failures.join("\n  ")
     );
 }
+
+/// The C examples of the README give the output their comments promise, the
+/// same for every process count; the C PageRank prints exactly what the
+/// Rust `pagerank` example prints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_c_examples_print_what_they_promise() {
+    let work = tempfile::tempdir().expect("a temporary directory");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("guest-c/examples");
+    let client = shared().admin().await;
+    let upload = async |name: &str| {
+        let out = work.path().join(format!("{name}.wasm"));
+        let o = bspweb()
+            .arg("cc")
+            .arg(examples.join(format!("{name}.c")))
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .expect("run bspweb cc");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        client
+            .upload_program(std::fs::read(&out).unwrap(), None)
+            .await
+            .expect("upload")
+            .hash
+    };
+    let inner = upload("inner_product").await;
+    let prefix = upload("prefix_sum").await;
+    let pagerank = upload("pagerank").await;
+    for p in [1, 3, 8] {
+        let r = run(
+            &client,
+            crate::harness::job(&inner, p, serde_json::json!(["100000"])),
+        )
+        .await;
+        r.assert_exited();
+        assert_eq!(
+            r.stdout(0),
+            ["inner product of 100000-vectors: 449997.500000 (closed form 449997.500000: ok)"],
+            "p = {p}"
+        );
+        let r = run(
+            &client,
+            crate::harness::job(&prefix, p, serde_json::json!(["100000"])),
+        )
+        .await;
+        r.assert_exited();
+        assert_eq!(
+            r.stdout(0),
+            [
+                "prefix sums of 100000 integers: total 5050000, 100000 of 100000 prefixes match the closed form: ok"
+            ],
+            "p = {p}"
+        );
+    }
+    let rust = run(
+        &client,
+        crate::harness::job(
+            "pagerank",
+            3,
+            serde_json::json!({"n": 20000, "m": 100000, "iters": 15}),
+        ),
+    )
+    .await;
+    rust.assert_exited();
+    for p in [1, 3, 4] {
+        let c = run(
+            &client,
+            crate::harness::job(&pagerank, p, serde_json::json!(["20000", "100000", "15"])),
+        )
+        .await;
+        c.assert_exited();
+        assert_eq!(
+            c.stdout(0),
+            rust.stdout(0),
+            "C PageRank at p = {p} vs the Rust guest at p = 3"
+        );
+    }
+}

@@ -93,6 +93,27 @@ fn up_serves_and_its_peers_stop_with_it_on_sigterm_or_sigkill() {
     // SIGTERM, as a service manager stops it: up ends, and so do its peers.
     let (mut child, url) = up(data.path(), config.path());
     assert_eq!(get_status(&format!("{url}/api/v1/health")), 200);
+    // It registered the examples, the C ones too (compiled with `bspweb cc`
+    // into the data directory), and logged the CLI in.
+    let listed = bspweb()
+        .arg("programs")
+        .env("BSPWEB_CONFIG_DIR", config.path())
+        .env_remove("BSPWEB_URL")
+        .output()
+        .expect("run bspweb programs");
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    for name in [
+        "ring",
+        "pagerank",
+        "c-inner-product",
+        "c-prefix-sum",
+        "c-pagerank",
+    ] {
+        assert!(
+            listed.lines().any(|l| l.starts_with(&format!("{name} "))),
+            "{name} is not among the programs bspweb up registered:\n{listed}"
+        );
+    }
     let peers = children(child.id());
     assert_eq!(peers.len(), 2, "two local peers: {peers:?}");
     signal(child.id(), "-TERM");
