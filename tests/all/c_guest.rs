@@ -258,3 +258,159 @@ async fn the_c_examples_print_what_they_promise() {
         );
     }
 }
+
+/// Compile C `source` (written to a temporary file) with `bspweb cc`.
+fn cc_source(dir: &Path, name: &str, source: &str) -> Result<Vec<u8>, String> {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    compile(&src, &dir.join(format!("{name}.wasm")))
+}
+
+/// `bspweb cc` refuses what it cannot do with a message that says what to
+/// do, shows the compiler's own diagnostics, and names the packages when a
+/// tool is missing.
+#[test]
+fn bspweb_cc_errors_say_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let cc = |args: &[&str]| {
+        let o = bspweb()
+            .current_dir(dir.path())
+            .arg("cc")
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).to_string(),
+        )
+    };
+    let (ok, err) = cc(&["missing.c"]);
+    assert!(!ok && err.contains("missing.c: no such file"), "{err}");
+
+    std::fs::write(
+        dir.path().join("broken.c"),
+        "int main(void) { return undefined_name; }\n",
+    )
+    .unwrap();
+    let (ok, err) = cc(&["broken.c"]);
+    assert!(
+        !ok && err.contains("broken.c:1:") && err.contains("undefined_name"),
+        "{err}"
+    );
+
+    std::fs::write(dir.path().join("good.c"), "int main(void) { return 0; }\n").unwrap();
+    let (ok, err) = cc(&["good.c", "-lpthread"]);
+    assert!(
+        !ok && err.contains("-lpthread") && err.contains("C sources"),
+        "{err}"
+    );
+    let (ok, err) = cc(&["good.c", "-O9"]);
+    assert!(!ok && err.contains("-O9"), "{err}");
+    // -lm is accepted, and the output defaults to the source's name.
+    let (ok, err) = cc(&["good.c", "-lm"]);
+    assert!(ok, "{err}");
+    assert!(dir.path().join("good.wasm").is_file());
+
+    let o = bspweb()
+        .current_dir(dir.path())
+        .args(["cc", "good.c"])
+        .env("PATH", dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("clang") && err.contains("apt-get install"),
+        "{err}"
+    );
+}
+
+/// What the C library does on bspweb: argv from a JSON array of the job's
+/// arguments, stdout and stderr line by line, a deterministic clock and
+/// `rand`, and exit, abort and assert ending the job with their reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_c_library_behaves_as_documented() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = shared().admin().await;
+    let wasm = cc_source(
+        dir.path(),
+        "libc",
+        r#"
+#include <assert.h>
+#include <bspweb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+int main(int argc, char **argv) {
+    char json[256];
+    bspweb_args(json, sizeof json);
+    printf("argc %d json %s\n", argc, json);
+    for (int i = 1; i < argc; i++) printf("argv[%d] = <%s>\n", i, argv[i]);
+    fprintf(stderr, "to stderr, ");
+    fprintf(stderr, "one line\n");
+    printf("time %lld rand %d\n", (long long)time(NULL), rand() % 1000);
+    if (argc > 1 && strcmp(argv[1], "exit") == 0) exit(3);
+    if (argc > 1 && strcmp(argv[1], "abort") == 0) abort();
+    if (argc > 1 && strcmp(argv[1], "assert") == 0) assert(argc == 99);
+    printf("no newline at the end");
+    return 0;
+}
+"#,
+    )
+    .expect("compile");
+    let hash = client.upload_program(wasm, None).await.unwrap().hash;
+    let job = |args| crate::harness::job(&hash, 1, args);
+
+    let r = run(&client, job(serde_json::json!(["a b", 3, "\u{e9}\\n"]))).await;
+    r.assert_exited();
+    let first = r.stdout(0);
+    assert_eq!(first[0], r#"argc 4 json ["a b",3,"é\\n"]"#);
+    assert_eq!(
+        &first[1..4],
+        ["argv[1] = <a b>", "argv[2] = <3>", "argv[3] = <é\\n>"]
+    );
+    assert_eq!(first[5], "no newline at the end");
+    let stderr: Vec<&str> = r
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            JobEventKind::Stderr { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stderr, ["to stderr, one line"]);
+    // The same again: nothing depends on a clock or entropy.
+    let again = run(&client, job(serde_json::json!(["a b", 3, "\u{e9}\\n"]))).await;
+    assert_eq!(again.stdout(0), first);
+
+    let r = run(&client, job(serde_json::json!({"n": 1}))).await;
+    r.assert_exited();
+    assert_eq!(r.stdout(0)[0], r#"argc 1 json {"n":1}"#);
+
+    for (arg, reason) in [
+        ("exit", "the program exited with status 3"),
+        ("abort", "the program called abort()"),
+        ("assert", "the program called abort()"),
+    ] {
+        let r = run(&client, job(serde_json::json!([arg]))).await;
+        assert!(
+            matches!(r.terminal(), JobEventKind::JobAborted { reason: why } if why.contains(reason)),
+            "{arg}: {}",
+            r.failure()
+        );
+        if arg == "assert" {
+            let text: String = r
+                .events
+                .iter()
+                .filter_map(|e| match &e.kind {
+                    JobEventKind::Stderr { text } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect();
+            assert!(
+                text.contains("argc == 99"),
+                "the failed assertion is printed: {text}"
+            );
+        }
+    }
+}
