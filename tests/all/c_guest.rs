@@ -89,7 +89,8 @@ async fn bsponmpi_api_tests_pass() {
     let cases = cases(&dir);
     let work = tempfile::tempdir().expect("a temporary directory");
     // Compile on two threads while nothing else needs the cores.
-    let modules: Mutex<Vec<(usize, Result<Vec<u8>, String>)>> = Mutex::new(vec![]);
+    type Compiled = (usize, Result<Vec<u8>, String>);
+    let modules: Mutex<Vec<Compiled>> = Mutex::new(vec![]);
     let next = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..2 {
