@@ -33,6 +33,11 @@
 enum { TAG_HEADER = 1, TAG_PUT, TAG_GET_REQ, TAG_GET_REP, TAG_BSMP };
 enum { KIND_SYNC = 1, KIND_END = 2 };
 
+/* The largest data a put or get reply carries in one host message (the host
+ * takes at most 8 MiB per message; 16 bytes for our header). Larger puts and
+ * gets are split. */
+#define CHUNK_BYTES ((size_t)(8u << 20) - 16)
+
 /* ---- small helpers --------------------------------------------------------- */
 
 __attribute__((noreturn, format(printf, 1, 2))) static void fail(const char *fmt, ...) {
@@ -235,14 +240,19 @@ static void put(const char *fn, bsp_pid_t pid, const void *src, void *dst, bsp_s
              (unsigned)((uint64_t)offset + (uint64_t)nbytes - remote.size), pid, remote.size, offset, nbytes);
     if (nbytes == 0) return;
     if (!src) fail("%s: source may not be NULL", fn);
-    scratch.len = 0;
-    uint32_t *h = bytes_reserve(&scratch, 8 + (size_t)nbytes);
-    h[0] = slots[k].id;
-    h[1] = (uint32_t)offset;
-    memcpy(h + 2, src, (size_t)nbytes);
+    /* One message per chunk: a host message carries at most 8 MiB. */
     host_set_tag(TAG_PUT);
-    if (host_send(pid, scratch.data, (int32_t)scratch.len) < 0)
-        fail("%s: %d bytes are more than one message can carry; split the put", fn, nbytes);
+    for (size_t done = 0; done < (size_t)nbytes;) {
+        size_t n = (size_t)nbytes - done < CHUNK_BYTES ? (size_t)nbytes - done : CHUNK_BYTES;
+        scratch.len = 0;
+        uint32_t *h = bytes_reserve(&scratch, 8 + n);
+        h[0] = slots[k].id;
+        h[1] = (uint32_t)offset + (uint32_t)done;
+        memcpy(h + 2, (const char *)src + done, n);
+        if (host_send(pid, scratch.data, (int32_t)scratch.len) < 0)
+            fail("%s: the host refused a message of %zu bytes", fn, scratch.len);
+        done += n;
+    }
 }
 
 void bsp_put(bsp_pid_t pid, const void *src, void *dst, bsp_size_t offset, bsp_size_t nbytes) {
@@ -264,9 +274,13 @@ static void get(const char *fn, bsp_pid_t pid, const void *src, bsp_size_t offse
              (unsigned)((uint64_t)offset + (uint64_t)nbytes - remote.size), pid, remote.size, offset, nbytes);
     if (nbytes == 0) return;
     if (!dst) fail("%s: destination may not be NULL", fn);
-    uint32_t req[4] = {slots[k].id, (uint32_t)offset, (uint32_t)nbytes, addr_of(dst)};
     host_set_tag(TAG_GET_REQ);
-    host_send(pid, req, sizeof req);
+    for (uint32_t done = 0; done < (uint32_t)nbytes;) {
+        uint32_t n = (uint32_t)nbytes - done < CHUNK_BYTES ? (uint32_t)nbytes - done : (uint32_t)CHUNK_BYTES;
+        uint32_t req[4] = {slots[k].id, (uint32_t)offset + done, n, addr_of(dst) + done};
+        host_send(pid, req, sizeof req);
+        done += n;
+    }
     gets_issued++;
 }
 
@@ -302,7 +316,7 @@ void bsp_send(bsp_pid_t pid, const void *tag, const void *payload, bsp_size_t pa
     if (payload_nbytes) memcpy(m + tagsize, payload, (size_t)payload_nbytes);
     host_set_tag(TAG_BSMP);
     if (host_send(pid, scratch.data, (int32_t)scratch.len) < 0)
-        fail("bsp_send: a message of %d bytes is more than one message can carry", payload_nbytes);
+        fail("bsp_send: a payload of %d bytes (with its tag) is more than the 8 MiB one message can carry; send it in parts", payload_nbytes);
 }
 
 void bsp_qsize(bsp_nprocs_t *nmessages, bsp_size_t *accum_nbytes) {
@@ -562,6 +576,14 @@ static void exchange(int kind) {
         default:
             fail("bsp_sync: a message of unknown kind %lld from process %u", (long long)tag, src);
         }
+    }
+
+    /* BSPonMPI hands messages out last received first; programs written
+     * for it may rely on that, so do the same (BSPlib leaves it open). */
+    for (size_t i = 0, j = queue_len; i + 1 < j; i++, j--) {
+        qmsg_t t = queue[i];
+        queue[i] = queue[j - 1];
+        queue[j - 1] = t;
     }
 
     /* 4. Second round: the replies to gets, then the held puts. */

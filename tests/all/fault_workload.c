@@ -7,6 +7,7 @@
  * 1. acc = mix(seed, p) at s = 0; else fold in the message of every pid
  *    (in order of source, as bsp_move delivers them here) after checking
  *    its source, superstep, length and payload: acc = mix(acc, v ^ src << 32);
+ *    (bsp_move hands them out in another order; they are folded by source)
  * 2. fold in one word of state written supersteps ago, mix `work` rounds,
  *    rewrite `dirty` of the `ballast` 64 KiB state pages with acc + j;
  * 3. print "pid p step s acc ..." (stdout) and "... chk ..." (stderr),
@@ -49,7 +50,9 @@ int main(int argc, char **argv) {
     uint32_t p = (uint32_t)bsp_pid(), n = (uint32_t)bsp_nprocs();
     uint64_t *state = calloc((size_t)ballast * WORDS, sizeof(uint64_t));
     uint8_t *msg = malloc(payload);
-    if (!state || !msg) bsp_abort("out of memory");
+    uint64_t *value = malloc(n * sizeof(uint64_t));
+    uint8_t *seen = calloc(n, 1);
+    if (!state || !msg || !value || !seen) bsp_abort("out of memory");
 
     uint64_t acc = 0;
     for (uint32_t s = 0;; s++) {
@@ -60,7 +63,9 @@ int main(int argc, char **argv) {
             bsp_size_t bytes;
             bsp_qsize(&count, &bytes);
             if ((uint32_t)count != n) bsp_abort("wrong number of messages");
-            for (uint32_t src = 0; src < n; src++) {
+            /* bsp_move hands messages out last received first (as
+             * BSPonMPI): take them all, then fold them in by source. */
+            for (uint32_t i = 0; i < n; i++) {
                 bsp_size_t len;
                 bsp_get_tag(&len, NULL);
                 if ((uint32_t)len != payload) bsp_abort("a message has the wrong source, superstep or length");
@@ -70,10 +75,16 @@ int main(int argc, char **argv) {
                 memcpy(&v, msg, 8);
                 memcpy(&from, msg + 8, 4);
                 memcpy(&step, msg + 12, 4);
-                if (from != src || step != s - 1) bsp_abort("a message has the wrong source, superstep or length");
+                if (from >= n || seen[from] || step != s - 1)
+                    bsp_abort("a message has the wrong source, superstep or length");
                 for (uint32_t j = 16; j < payload; j++)
-                    if (msg[j] != pattern(src, step, j)) bsp_abort("a message payload is corrupted");
-                acc = mix(acc, v ^ ((uint64_t)src << 32));
+                    if (msg[j] != pattern(from, step, j)) bsp_abort("a message payload is corrupted");
+                seen[from] = 1;
+                value[from] = v;
+            }
+            for (uint32_t src = 0; src < n; src++) {
+                acc = mix(acc, value[src] ^ ((uint64_t)src << 32));
+                seen[src] = 0;
             }
         }
         uint32_t page = (s + 1) * dirty % ballast;
