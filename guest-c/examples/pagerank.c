@@ -94,7 +94,7 @@ static void *alloc(size_t n, size_t size) {
     return p;
 }
 
-static graph_t generate(uint64_t seed, uint32_t n, uint32_t m, uint32_t lo, uint32_t hi) {
+__attribute__((noinline)) static graph_t generate(uint64_t seed, uint32_t n, uint32_t m, uint32_t lo, uint32_t hi) {
     graph_t g = {lo, hi, alloc((size_t)(hi - lo) + 1, sizeof(uint32_t)), NULL};
     uint32_t len = hi - lo, src, dst;
     for (uint32_t e = 0; e < m; e++) {
@@ -115,9 +115,14 @@ static graph_t generate(uint64_t seed, uint32_t n, uint32_t m, uint32_t lo, uint
 
 /* ---- the iteration ---------------------------------------------------------- */
 
+/* The hot loops (generate, scatter, update) are in functions of their own,
+ * never inlined into main:
+ * Asyncify instruments every function on a path to bsp_sync (main, here)
+ * and leaves the others as clang compiled them. */
+
 /* Pushes every owned vertex's share into acc (the owned entries cleared
  * first, the others zero already); returns the owned dangling rank. */
-static uint64_t scatter(const graph_t *g, const uint64_t *ranks, uint64_t *acc) {
+__attribute__((noinline)) static uint64_t scatter(const graph_t *g, const uint64_t *ranks, uint64_t *acc) {
     uint32_t len = g->hi - g->lo;
     memset(acc + g->lo, 0, len * sizeof(uint64_t));
     uint64_t dangling = 0;
@@ -135,7 +140,7 @@ static uint64_t scatter(const graph_t *g, const uint64_t *ranks, uint64_t *acc) 
 
 /* The next ranks from the accumulated shares and the total dangling rank;
  * returns Σ |r' − r|. */
-static uint64_t update(const graph_t *g, uint32_t n, uint64_t dangling, const uint64_t *acc, uint64_t *ranks) {
+__attribute__((noinline)) static uint64_t update(const graph_t *g, uint32_t n, uint64_t dangling, const uint64_t *acc, uint64_t *ranks) {
     uint64_t base = (uint64_t)(((unsigned __int128)15 * ONE + (unsigned __int128)DAMPING_PERCENT * dangling) /
                                ((unsigned __int128)100 * n));
     uint64_t delta = 0;
