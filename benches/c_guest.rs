@@ -13,9 +13,10 @@
 //! - `pagerank.c`: the PageRank kernel of the Rust guest (200 000 vertices,
 //!   1 000 000 edges), at p = 1 with the default checkpoint at every sync,
 //!   p = 1 with checkpoints off, p = 2 with checkpoints, and the Rust guest
-//!   `pagerank` at p = 1 with checkpoints beside them (what Asyncify and
-//!   BSPlib's framing cost against the Rust SDK). The native C output must
-//!   equal the Rust kernel's (`kernel::reference`), byte for byte.
+//!   `pagerank` at p = 1 with and without checkpoints beside them (what
+//!   Asyncify, BSPlib's framing and clang's code cost against the Rust SDK
+//!   and rustc's). The native C output must equal the Rust kernel's
+//!   (`kernel::reference`), byte for byte.
 //!
 //! Every bspweb output must equal the native one. Times are wall clock, the
 //! minimum over the runs: native from spawning the program to its exit,
@@ -27,10 +28,10 @@
 //! per-iteration cost is `(T(iters) − T(1)) / (iters − 1)` on both sides.
 //!
 //! Run: `cargo bench --bench c_guest` (200 repetitions of the inner
-//! product, 100 PageRank iterations, 3 runs each; about two minutes),
+//! product, 100 PageRank iterations, 3 runs each; about a minute),
 //! `-- --quick` (20 and 20, 1 run), or choose with
 //! `-- --reps N --iters N --runs N`; `-- --only N` runs only the N-th bspweb
-//! configuration (1–3 inner product, 4–7 PageRank, in the order above), for
+//! configuration (1–3 inner product, 4–8 PageRank, in the order above), for
 //! a profiler. Needs a C compiler and the `bspweb cc` toolchain (clang,
 //! lld, binaryen, wasi-libc; the error says what to install).
 
@@ -160,6 +161,13 @@ const CONFIGS: &[Config] = &[
         guest: Guest::RustPagerank,
         p: 1,
         checkpoints: true,
+    },
+    Config {
+        kernel: Kernel::PageRank,
+        label: "Rust guest p = 1, checkpoints off",
+        guest: Guest::RustPagerank,
+        p: 1,
+        checkpoints: false,
     },
 ];
 
