@@ -11,7 +11,8 @@
  * and then the puts' (in the order they were called, so a put wins over a
  * get of the same bytes); registrations (pushes, then pops) and a new tag
  * size take effect after that; the messages sent with bsp_send become the
- * queue of the next superstep. bsp_put copies its source when called. Errors
+ * queue of the next superstep, last sent first (BSPonMPI's order, which
+ * bspweb follows). bsp_put copies its source when called. Errors
  * print the same messages as on bspweb to stderr and exit with status 1.
  * bsp_time() counts supersteps, as on bspweb, so output is the same there
  * and here.
@@ -102,12 +103,13 @@ static size_t nget, get_cap;
 static bytes_t get_data;
 
 /* BSMP: the messages sent in this superstep (msg_t, tag, payload) and the
- * queue received at the last sync. */
+ * queue received at the last sync, handed out in the order of `order`
+ * (offsets into `queue`) from `queue_next` on. */
 typedef struct {
     size_t size; /* payload bytes */
 } msg_t;
 static bytes_t sent, queue;
-static size_t queue_next; /* offset into queue of the next message */
+static size_t *order, queue_len, order_cap, queue_next;
 static bsp_size_t tagsize, tagsize_pending, queue_tagsize;
 
 /* ---- checks ------------------------------------------------------------------ */
@@ -278,32 +280,29 @@ void bsp_send(bsp_pid_t pid, const void *tag, const void *payload, bsp_size_t pa
     if (payload_nbytes) memcpy(body + tagsize, payload, (size_t)payload_nbytes);
 }
 
-static size_t msg_bytes(const msg_t *m) {
-    return (sizeof(msg_t) + (size_t)queue_tagsize + m->size + 15) & ~(size_t)15;
+static size_t msg_bytes(const msg_t *m, bsp_size_t tag_bytes) {
+    return (sizeof(msg_t) + (size_t)tag_bytes + m->size + 15) & ~(size_t)15;
 }
+
+static const msg_t *queued(size_t i) { return (const msg_t *)(queue.data + order[i]); }
 
 void bsp_qsize(bsp_nprocs_t *nmessages, bsp_size_t *accum_nbytes) {
     need_spmd("bsp_qsize");
     if (!nmessages || !accum_nbytes) fail("bsp_qsize: both arguments may not be NULL");
-    size_t count = 0, total = 0;
-    for (size_t off = queue_next; off < queue.len;) {
-        const msg_t *m = (const msg_t *)(queue.data + off);
-        count++;
-        total += m->size;
-        off += msg_bytes(m);
-    }
-    *nmessages = (bsp_nprocs_t)count;
+    size_t total = 0;
+    for (size_t i = queue_next; i < queue_len; i++) total += queued(i)->size;
+    *nmessages = (bsp_nprocs_t)(queue_len - queue_next);
     *accum_nbytes = (bsp_size_t)total;
 }
 
 void bsp_get_tag(bsp_size_t *status, void *tag) {
     need_spmd("bsp_get_tag");
     if (!status) fail("bsp_get_tag: first arguments may not be NULL");
-    if (queue_next == queue.len) {
+    if (queue_next == queue_len) {
         *status = -1;
         return;
     }
-    const msg_t *m = (const msg_t *)(queue.data + queue_next);
+    const msg_t *m = queued(queue_next);
     *status = (bsp_size_t)m->size;
     if (queue_tagsize) {
         if (!tag) fail("bsp_get_tag: tag may not be NULL when the tag size is %d", queue_tagsize);
@@ -313,11 +312,10 @@ void bsp_get_tag(bsp_size_t *status, void *tag) {
 
 void bsp_move(void *payload, bsp_size_t reception_nbytes) {
     need_spmd("bsp_move");
-    if (queue_next == queue.len) fail("bsp_move: Message queue was empty");
+    if (queue_next == queue_len) fail("bsp_move: Message queue was empty");
     if (reception_nbytes < 0) fail("bsp_move: reception_nbytes may not be negative (got %d)", reception_nbytes);
     if (reception_nbytes > 0 && !payload) fail("bsp_move: payload may not be NULL if reception_nbytes is non-zero");
-    const msg_t *m = (const msg_t *)(queue.data + queue_next);
-    queue_next += msg_bytes(m);
+    const msg_t *m = queued(queue_next++);
     size_t n = m->size < (size_t)reception_nbytes ? m->size : (size_t)reception_nbytes;
     if (n) memcpy(payload, (const char *)(m + 1) + queue_tagsize, n);
 }
@@ -325,10 +323,9 @@ void bsp_move(void *payload, bsp_size_t reception_nbytes) {
 bsp_size_t bsp_hpmove(void **tag_ptr_buf, void **payload_ptr_buf) {
     need_spmd("bsp_hpmove");
     if (!tag_ptr_buf || !payload_ptr_buf) fail("bsp_hpmove: pointer arguments may not be NULL");
-    if (queue_next == queue.len) return -1;
-    msg_t *m = (msg_t *)(queue.data + queue_next);
-    queue_next += msg_bytes(m);
-    *tag_ptr_buf = m + 1;
+    if (queue_next == queue_len) return -1;
+    const msg_t *m = queued(queue_next++);
+    *tag_ptr_buf = (void *)(m + 1);
     *payload_ptr_buf = (char *)(m + 1) + queue_tagsize;
     return (bsp_size_t)m->size;
 }
@@ -355,13 +352,23 @@ static void exchange(void) {
     }
     put_buf.len = 0;
 
-    /* The messages sent become the queue, with the tag size they were sent with. */
+    /* The messages sent become the queue, with the tag size they were sent
+     * with, handed out last sent first, as on bspweb (BSPonMPI's order). */
     bytes_t old = queue;
     queue = sent;
     sent = old;
     sent.len = 0;
-    queue_next = 0;
     queue_tagsize = tagsize;
+    queue_len = queue_next = 0;
+    for (size_t off = 0; off < queue.len; off += msg_bytes((const msg_t *)(queue.data + off), queue_tagsize)) {
+        order = grow(order, &order_cap, queue_len + 1, sizeof *order);
+        order[queue_len++] = off;
+    }
+    for (size_t i = 0, j = queue_len; i + 1 < j; i++, j--) {
+        size_t t = order[i];
+        order[i] = order[j - 1];
+        order[j - 1] = t;
+    }
 
     /* Registrations: pushes, then pops (the newest registration of each address). */
     for (size_t i = 0; i < npushes; i++) {
