@@ -326,8 +326,8 @@ fn bspweb_cc_errors_say_what_to_do() {
 }
 
 /// What the C library does on bspweb: argv from a JSON array of the job's
-/// arguments, stdout and stderr line by line, a deterministic clock and
-/// `rand`, and exit, abort and assert ending the job with their reason.
+/// arguments, stdout and stderr line by line, `errno`, a deterministic clock
+/// and `rand`, and exit, abort and assert ending the job with their reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_c_library_behaves_as_documented() {
     let dir = tempfile::tempdir().unwrap();
@@ -338,6 +338,7 @@ async fn the_c_library_behaves_as_documented() {
         r#"
 #include <assert.h>
 #include <bspweb.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -350,6 +351,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "to stderr, ");
     fprintf(stderr, "one line\n");
     printf("time %lld rand %d\n", (long long)time(NULL), rand() % 1000);
+    errno = 0;
+    strtol("99999999999999999999", NULL, 10);
+    printf("errno %s\n", errno == ERANGE ? "ERANGE" : "wrong");
     if (argc > 1 && strcmp(argv[1], "exit") == 0) exit(3);
     if (argc > 1 && strcmp(argv[1], "abort") == 0) abort();
     if (argc > 1 && strcmp(argv[1], "assert") == 0) assert(argc == 99);
@@ -370,7 +374,8 @@ int main(int argc, char **argv) {
         &first[1..4],
         ["argv[1] = <a b>", "argv[2] = <3>", "argv[3] = <é\\n>"]
     );
-    assert_eq!(first[5], "no newline at the end");
+    assert_eq!(first[5], "errno ERANGE");
+    assert_eq!(first[6], "no newline at the end");
     let stderr: Vec<&str> = r
         .events
         .iter()
