@@ -7,7 +7,6 @@
 //! memory plus globals, as for Rust guests. The result is checked by the same
 //! validator the supernode runs.
 
-use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -60,6 +59,21 @@ const CODEGEN_FLAGS: &[&str] = &[
     "-msign-ext",
     "-mmutable-globals",
     "-ftls-model=local-exec",
+];
+
+/// `wasm-opt`'s passes before the optimisation level: Asyncify, where only
+/// `bsp_sync` and `exit` unwind (no host function does: the import list
+/// names none of them) and `bspweb_resume` drives it uninstrumented; names
+/// kept for readable traps.
+const WASM_OPT_FLAGS: &[&str] = &[
+    "--enable-bulk-memory",
+    "--enable-nontrapping-float-to-int",
+    "--enable-sign-ext",
+    "--enable-mutable-globals",
+    "--debuginfo",
+    "--asyncify",
+    "--pass-arg=asyncify-imports@bspweb_v1.none",
+    "--pass-arg=asyncify-removelist@bspweb_resume",
 ];
 
 /// The C stack of a guest (wasm-ld's default is 64 KiB).
@@ -124,7 +138,17 @@ fn tools() -> anyhow::Result<Tools> {
         "clang", "clang-19", "clang-18", "clang-17", "clang-16", "clang-15", "clang-14",
     ])
     .with_context(|| format!("`clang` was not found on PATH; {INSTALL_HINT}"))?;
-    if find_tool(&["wasm-ld", "wasm-ld-19", "wasm-ld-16", "wasm-ld-14"]).is_none() {
+    if find_tool(&[
+        "wasm-ld",
+        "wasm-ld-19",
+        "wasm-ld-18",
+        "wasm-ld-17",
+        "wasm-ld-16",
+        "wasm-ld-15",
+        "wasm-ld-14",
+    ])
+    .is_none()
+    {
         bail!("`wasm-ld` (lld) was not found on PATH; {INSTALL_HINT}");
     }
     let wasm_opt = find_tool(&["wasm-opt"])
@@ -146,6 +170,7 @@ fn run(cmd: &mut Command, what: &str, verbose: bool) -> anyhow::Result<()> {
             let _ = write!(msg, ":\n{}", stderr.trim_end());
         }
         if stderr.contains("wasi-libc")
+            || stderr.contains("wasm-ld\" doesn't exist")
             || stderr.contains("stdio.h' file not found")
             || stderr.contains("unable to find library -lc")
             || stderr.contains("libclang_rt.builtins-wasm32.a")
@@ -254,16 +279,7 @@ pub fn compile(args: &CcArgs) -> anyhow::Result<Vec<u8>> {
     let out = dir.join("out.wasm");
     let mut cmd = Command::new(&tools.wasm_opt);
     cmd.arg(&linked)
-        .args([
-            "--enable-bulk-memory",
-            "--enable-nontrapping-float-to-int",
-            "--enable-sign-ext",
-            "--enable-mutable-globals",
-            "--debuginfo",
-            "--asyncify",
-            "--pass-arg=asyncify-imports@bspweb_v1.none",
-            "--pass-arg=asyncify-removelist@bspweb_resume",
-        ])
+        .args(WASM_OPT_FLAGS)
         .arg(if opt == "0" {
             "-O0".to_string()
         } else {
@@ -314,6 +330,16 @@ fn example_key(source: &str) -> String {
         feed(rel.as_bytes());
         feed(text.as_bytes());
     }
+    for flag in CODEGEN_FLAGS.iter().chain(WASM_OPT_FLAGS) {
+        feed(flag.as_bytes());
+    }
+    feed(&STACK_BYTES.to_le_bytes());
+    // The compiler too: a new clang or binaryen makes another module.
+    for tool in ["clang", "wasm-opt"] {
+        if let Ok(out) = Command::new(tool).arg("--version").output() {
+            feed(&out.stdout);
+        }
+    }
     format!("{h:016x}")
 }
 
@@ -353,10 +379,25 @@ pub fn main(args: CcArgs) -> anyhow::Result<()> {
 }
 
 fn write_atomically(out: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let mut tmp: OsString = out.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, bytes).with_context(|| format!("could not write {}", tmp.display()))?;
-    std::fs::rename(&tmp, out).with_context(|| format!("could not write {}", out.display()))?;
+    use std::io::Write as _;
+    let dir = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("could not write in {}", dir.display()))?;
+    tmp.write_all(bytes)
+        .with_context(|| format!("could not write {}", out.display()))?;
+    let file = tmp
+        .persist(out)
+        .with_context(|| format!("could not write {}", out.display()))?;
+    // A temporary file is private (0600); a compiler's output is not.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    }
+    #[cfg(not(unix))]
+    drop(file);
     Ok(())
 }

@@ -10,7 +10,8 @@
  * registration when it is called.
  *
  * Messages carry their kind in the host tag:
- *   HEADER   kind, counts, then pushes (addr, size) and pops (addr)
+ *   HEADER   kind, counts, then pushes (addr, size) and pops (addr, pushes
+ *            made before it: registrations change in call order)
  *   PUT      slot, offset, bytes                    (applied after gets)
  *   GET_REQ  slot, offset, nbytes, destination      (served at the sync)
  *   GET_REP  destination, bytes                     (second host superstep)
@@ -51,6 +52,7 @@ __attribute__((noreturn, format(printf, 1, 2))) static void fail(const char *fmt
 
 static void *grow(void *p, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return p;
+    if (need > (SIZE_MAX / 2) / elem) fail("bsp: out of memory (%zu elements of %zu bytes)", need, elem);
     size_t n = *cap ? *cap : 16;
     while (n < need) n *= 2;
     void *q = realloc(p, n * elem);
@@ -96,7 +98,11 @@ static uint32_t next_slot_id;
 /* This superstep's requests. */
 static reg_t *pushes;
 static size_t npushes, pushes_cap;
-static uint32_t *pops;
+typedef struct {
+    uint32_t addr;
+    uint32_t after; /* pushes of this superstep made before the pop */
+} pop_t;
+static pop_t *pops;
 static size_t npops, pops_cap;
 static uint32_t tagsize_sets;
 static bsp_size_t tagsize = 0, tagsize_pending = 0;
@@ -172,13 +178,32 @@ static void check_end_at_exit(void) {
     if (spmd) bspweb__fail("the program ended inside an SPMD section: call bsp_end before returning from main or calling exit");
 }
 
+/* Process 0's argument decides, as in BSPonMPI: with bsp_init, the other
+ * processes often call bsp_begin(P) before they could know P (BSPedupack's
+ * programs read it on process 0). One host superstep tells everyone. */
 void bsp_begin(bsp_pid_t maxprocs) {
     if (begun) fail("bsp_begin: called twice (a program has one SPMD section)");
-    if (maxprocs <= 0) fail("bsp_begin: asked for %d processes; ask for at least 1", maxprocs);
     begun = 1;
     int available = host_nprocs();
-    P = maxprocs < available ? maxprocs : available;
     me = host_pid();
+    if (me == 0) {
+        host_set_tag(TAG_HEADER);
+        host_send_range(0, available, &maxprocs, sizeof maxprocs);
+    }
+    bspweb__sync();
+    int32_t asked = 0;
+    uint32_t info[3];
+    int32_t n = host_msg_count();
+    int found = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (host_msg_info(i, info) == 0 && info[0] == 0 && info[2] == sizeof asked && host_msg_tag(i) == TAG_HEADER) {
+            host_msg_read(i, &asked);
+            found = 1;
+        }
+    }
+    if (!found) fail("bsp_begin: process 0 did not call bsp_begin (it ended or called bsp_sync first)");
+    if (asked <= 0) fail("bsp_begin: process 0 asked for %d processes; ask for at least 1", asked);
+    P = asked < available ? asked : available;
     if (me >= P) exit(0); /* not needed: this process ends here */
     spmd = 1;
     atexit(check_end_at_exit);
@@ -219,6 +244,10 @@ double bsp_time(void) { return (double)bspweb__supersteps; }
 void bsp_push_reg(const void *ident, bsp_size_t size) {
     need_spmd("bsp_push_reg");
     if (size < 0) fail("bsp_push_reg: size may not be negative (got %d)", size);
+    if (!ident && size > 0) fail("bsp_push_reg: NULL cannot be registered with a size (%d bytes); register NULL with size 0", size);
+    uint64_t memory = (uint64_t)__builtin_wasm_memory_size(0) * 65536u;
+    if ((uint64_t)addr_of(ident) + (uint64_t)size > memory)
+        fail("bsp_push_reg: the block of %d bytes at %p lies outside memory", size, ident);
     pushes = grow(pushes, &pushes_cap, npushes + 1, sizeof *pushes);
     pushes[npushes++] = (reg_t){addr_of(ident), (uint32_t)size};
 }
@@ -226,19 +255,19 @@ void bsp_push_reg(const void *ident, bsp_size_t size) {
 void bsp_pop_reg(const void *ident) {
     need_spmd("bsp_pop_reg");
     pops = grow(pops, &pops_cap, npops + 1, sizeof *pops);
-    pops[npops++] = addr_of(ident);
+    pops[npops++] = (pop_t){addr_of(ident), (uint32_t)npushes};
 }
 
 static void put(const char *fn, bsp_pid_t pid, const void *src, void *dst, bsp_size_t offset, bsp_size_t nbytes) {
     need_spmd(fn);
-    need_pid(fn, pid);
     if (nbytes < 0 || offset < 0) fail("%s: offset (%d) and size (%d) may not be negative", fn, offset, nbytes);
+    if (nbytes == 0) return; /* as BSPonMPI: nothing to check or send */
+    need_pid(fn, pid);
     long k = slot_for(fn, dst);
     reg_t remote = slots[k].who[pid];
     if ((uint64_t)offset + (uint64_t)nbytes > remote.size)
         fail("%s: Writes %u bytes beyond registered range (process %d registered %u bytes there; offset %d, size %d)", fn,
              (unsigned)((uint64_t)offset + (uint64_t)nbytes - remote.size), pid, remote.size, offset, nbytes);
-    if (nbytes == 0) return;
     if (!src) fail("%s: source may not be NULL", fn);
     /* One message per chunk: a host message carries at most 8 MiB. */
     host_set_tag(TAG_PUT);
@@ -265,14 +294,14 @@ void bsp_hpput(bsp_pid_t pid, const void *src, void *dst, bsp_size_t offset, bsp
 
 static void get(const char *fn, bsp_pid_t pid, const void *src, bsp_size_t offset, void *dst, bsp_size_t nbytes) {
     need_spmd(fn);
-    need_pid(fn, pid);
     if (nbytes < 0 || offset < 0) fail("%s: offset (%d) and size (%d) may not be negative", fn, offset, nbytes);
+    if (nbytes == 0) return;
+    need_pid(fn, pid);
     long k = slot_for(fn, src);
     reg_t remote = slots[k].who[pid];
     if ((uint64_t)offset + (uint64_t)nbytes > remote.size)
         fail("%s: Reads %u bytes beyond registered range (process %d registered %u bytes there; offset %d, size %d)", fn,
              (unsigned)((uint64_t)offset + (uint64_t)nbytes - remote.size), pid, remote.size, offset, nbytes);
-    if (nbytes == 0) return;
     if (!dst) fail("%s: destination may not be NULL", fn);
     host_set_tag(TAG_GET_REQ);
     for (uint32_t done = 0; done < (uint32_t)nbytes;) {
@@ -310,13 +339,16 @@ void bsp_send(bsp_pid_t pid, const void *tag, const void *payload, bsp_size_t pa
     if (payload_nbytes < 0) fail("bsp_send: Payload size may not be negative (got %d)", payload_nbytes);
     if (payload_nbytes > 0 && !payload) fail("bsp_send: payload may not be NULL when its size is %d", payload_nbytes);
     if (tagsize > 0 && !tag) fail("bsp_send: tag may not be NULL when the tag size is %d", tagsize);
+    if ((uint64_t)tagsize + (uint64_t)payload_nbytes > (8u << 20))
+        fail("bsp_send: a message of %d payload and %d tag bytes is more than the 8 MiB one message can carry; send it in parts",
+             payload_nbytes, tagsize);
     scratch.len = 0;
     char *m = bytes_reserve(&scratch, (size_t)tagsize + (size_t)payload_nbytes);
     if (tagsize) memcpy(m, tag, (size_t)tagsize);
     if (payload_nbytes) memcpy(m + tagsize, payload, (size_t)payload_nbytes);
     host_set_tag(TAG_BSMP);
     if (host_send(pid, scratch.data, (int32_t)scratch.len) < 0)
-        fail("bsp_send: a payload of %d bytes (with its tag) is more than the 8 MiB one message can carry; send it in parts", payload_nbytes);
+        fail("bsp_send: the host refused a message of %zu bytes", scratch.len);
 }
 
 void bsp_qsize(bsp_nprocs_t *nmessages, bsp_size_t *accum_nbytes) {
@@ -442,35 +474,57 @@ static void check_headers(int kind) {
     }
 }
 
+/* Pop j of process s: its address and how many of this superstep's pushes
+ * came before it. */
+static pop_t pop_of(bsp_pid_t s, uint32_t npush, uint32_t j) {
+    pop_t p;
+    memcpy(&p, header_body[s] + npush * sizeof(reg_t) + j * sizeof(pop_t), sizeof p);
+    return p;
+}
+
+/* The registrations change in each process's call order: pop j of process
+ * s removes the newest registration of its address among those that
+ * existed when it was called (earlier slots, and the pushes of this
+ * superstep made before it, less what earlier pops removed). Every process
+ * must pop the same registration; NULL pops match a registration of NULL. */
 static void apply_registrations(void) {
     uint32_t npush = headers[0].npush, npop = headers[0].npop;
     for (uint32_t j = 0; j < npush; j++) {
         reg_t *who = malloc(sizeof(reg_t) * (size_t)P);
         if (!who) fail("bsp_sync: out of memory");
-        for (bsp_pid_t s = 0; s < P; s++) who[s] = ((reg_t *)header_body[s])[j];
+        for (bsp_pid_t s = 0; s < P; s++) memcpy(&who[s], header_body[s] + j * sizeof(reg_t), sizeof(reg_t));
         slots = grow(slots, &slots_cap, nslots + 1, sizeof *slots);
         slots[nslots++] = (slot_t){next_slot_id++, who};
     }
     for (uint32_t j = 0; j < npop; j++) {
         long k = -1;
         bsp_pid_t by = -1;
+        uint32_t visible_min = npush;
         for (bsp_pid_t s = 0; s < P; s++) {
-            uint32_t a = ((uint32_t *)(header_body[s] + npush * sizeof(reg_t)))[j];
-            if (a == 0) continue;
+            pop_t pp = pop_of(s, npush, j);
+            if (pp.after > npush) fail("bsp_sync: malformed header from process %d", s);
+            if (pp.after < visible_min) visible_min = pp.after;
+            if (pp.addr == 0) continue;
+            /* slots visible to s at its pop: the old ones and its first `after` pushes (those still there) */
             long ks = -1;
-            for (size_t i = nslots; i-- > 0;)
-                if (slots[i].who[s].addr == a) { ks = (long)i; break; }
+            for (size_t i = nslots; i-- > 0;) {
+                int is_new = slots[i].id >= next_slot_id - npush;
+                if (is_new && slots[i].id - (next_slot_id - npush) >= pp.after) continue;
+                if (slots[i].who[s].addr == pp.addr) { ks = (long)i; break; }
+            }
             if (ks < 0)
-                fail("bsp_sync/bsp_pop_reg: process %d tried to deregister address %#x, which it has not registered", s, a);
+                fail("bsp_sync/bsp_pop_reg: process %d tried to deregister address %#x, which it had not registered", s, pp.addr);
             if (k >= 0 && ks != k)
                 fail("bsp_sync/bsp_pop_reg: Processes %d and %d did not pop the same memory registration", by, s);
             k = ks;
             by = s;
         }
         if (k < 0) {
-            /* everyone popped NULL: the newest registration that is NULL everywhere */
+            /* everyone popped NULL: the newest registration of NULL everywhere, visible to all */
             int any_null = 0;
             for (size_t i = nslots; i-- > 0 && k < 0;) {
+                int is_new = slots[i].id >= next_slot_id - npush;
+                if (is_new && slots[i].id - (next_slot_id - npush) >= visible_min) continue;
                 int all = 1;
                 for (bsp_pid_t s = 0; s < P; s++) {
                     if (slots[i].who[s].addr != 0) all = 0;
@@ -485,8 +539,10 @@ static void apply_registrations(void) {
             }
         } else {
             for (bsp_pid_t s = 0; s < P; s++) {
-                uint32_t a = ((uint32_t *)(header_body[s] + npush * sizeof(reg_t)))[j];
-                if (a == 0 && slots[k].who[s].addr != 0)
+                pop_t pp = pop_of(s, npush, j);
+                int is_new = slots[k].id >= next_slot_id - npush;
+                int visible = !is_new || slots[k].id - (next_slot_id - npush) < pp.after;
+                if (pp.addr == 0 && (slots[k].who[s].addr != 0 || !visible))
                     fail("bsp_sync/bsp_pop_reg: Processes %d and %d did not pop the same memory registration", by, s);
             }
         }
@@ -498,12 +554,12 @@ static void apply_registrations(void) {
 
 static void exchange(int kind) {
     /* 1. Tell everyone what this process did. */
-    size_t body = npushes * sizeof(reg_t) + npops * sizeof(uint32_t);
+    size_t body = npushes * sizeof(reg_t) + npops * sizeof(pop_t);
     scratch.len = 0;
     header_t *h = bytes_reserve(&scratch, sizeof(header_t) + body);
     *h = (header_t){(uint32_t)kind, (uint32_t)npushes, (uint32_t)npops, tagsize_sets, (uint32_t)tagsize_pending, gets_issued};
     memcpy(h + 1, pushes, npushes * sizeof(reg_t));
-    memcpy((char *)(h + 1) + npushes * sizeof(reg_t), pops, npops * sizeof(uint32_t));
+    memcpy((char *)(h + 1) + npushes * sizeof(reg_t), pops, npops * sizeof(pop_t));
     host_set_tag(TAG_HEADER);
     host_send_range(0, P, scratch.data, (int32_t)scratch.len);
 

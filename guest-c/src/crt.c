@@ -94,7 +94,15 @@ static void flush_all(void) {
  * time the stack unwinds to bspweb_resume). */
 static void (*volatile exit_fn)(int) = exit;
 
+static int constructed;
+
+/* Instrumented by Asyncify (bspweb_resume is not): the constructors run
+ * here, so one that ends the process (exit) unwinds like main. */
 __attribute__((noinline)) static void run_program(void) {
+    if (!constructed) {
+        constructed = 1;
+        __wasm_call_ctors();
+    }
     int status = __main_void();
     exit_fn(status); /* flushes stdio, then proc_exit below */
 }
@@ -103,7 +111,6 @@ __attribute__((export_name("bspweb_resume"))) int32_t bspweb_resume(void) {
     switch (phase) {
     case FRESH:
         phase = RUNNING;
-        __wasm_call_ctors();
         break;
     case SUSPENDED:
         phase = RUNNING;

@@ -62,6 +62,54 @@ fn cases(dir: &Path) -> Vec<Case> {
         .collect()
 }
 
+/// The message a test expects its abort to carry: the string literals of
+/// `abort("…" "…")` in its `TEST(…)` line, concatenated.
+fn expected_abort(source: &str) -> Option<String> {
+    let test = &source[source.find("TEST(")?..];
+    let mut rest = &test[test.find("abort(")? + "abort(".len()..];
+    let mut message = String::new();
+    loop {
+        rest = rest.trim_start();
+        let Some(body) = rest.strip_prefix('"') else {
+            break;
+        };
+        let end = body.find('"')?;
+        message.push_str(&body[..end]);
+        rest = &body[end + 1..];
+    }
+    Some(message)
+}
+
+/// Whether an abort `reason` is the one `expected`: the same function
+/// (BSPonMPI's messages start with it, "bsp_sync/bsp_pop_reg: …"; the
+/// wording after it may differ) or, for `bsp_abort`'s own text, the text.
+fn same_abort(reason: &str, expected: &str) -> bool {
+    match expected.split_once(": ") {
+        Some((function, _)) if function.starts_with("bsp_") => {
+            reason.contains(&format!("{function}: "))
+        }
+        _ => reason.contains(expected.trim_end()),
+    }
+}
+
+#[test]
+fn expected_aborts_are_read_from_the_test_source() {
+    let src = r#"TEST( sync_2, abort("bsp_sync/bsp_end: Some processes have called bsp_sync, "
+            "while others have called bsp_end instead") )"#;
+    let want = "bsp_sync/bsp_end: Some processes have called bsp_sync, while others have called bsp_end instead";
+    assert_eq!(expected_abort(src).as_deref(), Some(want));
+    assert!(same_abort(
+        "process 1 aborted in superstep 1: bsp_sync/bsp_end: differently worded",
+        want
+    ));
+    assert!(!same_abort(
+        "process 1 aborted: bsp_sync: malformed header from process 0",
+        want
+    ));
+    assert!(same_abort("aborted: Twee = 2", "Twee = 2"));
+    assert_eq!(expected_abort("TEST( x, success() )"), None);
+}
+
 /// Compile `src` with `bspweb cc -I guest-c/conformance`.
 fn compile(src: &Path, out: &Path) -> Result<Vec<u8>, String> {
     let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("guest-c/conformance");
@@ -472,5 +520,63 @@ int main(void) {
     r.assert_exited();
     for pid in 0..3 {
         assert_eq!(r.stdout(pid), [format!("process {pid}: 0 wrong")]);
+    }
+}
+
+/// BSPlib as BSPonMPI has it where the standard is loose: `bsp_begin`
+/// takes process 0's count (BSPedupack sets it only there, after
+/// `bsp_init`), a pop then a push of the same address re-registers it in
+/// call order, and a zero-byte put checks nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bsplib_follows_bsponmpi_where_the_standard_is_loose() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = shared().admin().await;
+    let wasm = cc_source(
+        dir.path(),
+        "loose",
+        r#"
+#include <bsp.h>
+#include <stdio.h>
+static int P; /* set on process 0 only, as BSPedupack's programs do */
+static void spmd(void) {
+    bsp_begin(P);
+    int s = bsp_pid(), p = bsp_nprocs();
+    int buf[4] = {0, 0, 0, 0}, mine = s;
+    bsp_push_reg(buf, sizeof(int)); /* first only its first int */
+    bsp_sync();
+    bsp_pop_reg(buf);
+    bsp_push_reg(buf, sizeof buf); /* then all of it: pop, then push, in call order */
+    bsp_put(0, &mine, NULL, 0, 0); /* zero bytes: nothing to check */
+    bsp_sync();
+    bsp_put((s + 1) % p, &mine, buf, 3 * sizeof(int), sizeof(int)); /* needs the new size */
+    bsp_sync();
+    printf("process %d of %d: %d\n", s, p, buf[3]);
+    bsp_pop_reg(buf);
+    bsp_end();
+}
+int main(int argc, char **argv) {
+    bsp_init(spmd, argc, argv);
+    P = 3;
+    spmd();
+    return 0;
+}
+"#,
+    )
+    .expect("compile");
+    let hash = client.upload_program(wasm, None).await.unwrap().hash;
+    let r = run(
+        &client,
+        crate::harness::job(&hash, 5, serde_json::Value::Null),
+    )
+    .await;
+    r.assert_exited();
+    for pid in 0..3 {
+        assert_eq!(
+            r.stdout(pid),
+            [format!("process {pid} of 3: {}", (pid + 2) % 3)]
+        );
+    }
+    for pid in 3..5 {
+        assert!(r.stdout(pid).is_empty());
     }
 }
