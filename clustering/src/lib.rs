@@ -1,0 +1,24 @@
+//! Clustering the peer network by bandwidth (dissertation ch. 5): the
+//! distributed diffusive clustering DiDiC (Listing 5.1 with the §5.3
+//! improvements), the quality measures modularity and NCV (§5.2), and the
+//! §5.4 graph generators with their dynamics.
+//!
+//! **Architecture Invariant:** pure. No IO, no clock, no global RNG: every
+//! random choice comes from a [`Rng`] the caller seeds, so a run is a
+//! function of its seed (`scripts/test` checks the crate's dependencies).
+//! The supernode and the simulator drive it.
+
+mod didic;
+mod generate;
+mod graph;
+mod quality;
+mod rng;
+
+pub use didic::{Didic, DidicParams};
+pub use generate::{Dynamics, GraphModel, Point, Topology};
+pub use graph::{Graph, VertexId};
+pub use quality::{modularity, ncv};
+pub use rng::Rng;
+
+#[cfg(test)]
+mod tests;
