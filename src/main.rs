@@ -6,6 +6,7 @@
 mod accounts;
 mod cc;
 mod cli_client;
+mod cluster_sim_cmd;
 mod local;
 mod peer_cmd;
 mod sim_cmd;
@@ -79,6 +80,9 @@ enum Command {
     Sim(sim_cmd::SimArgs),
     /// Compile C (BSPlib) programs to a bspweb module: `bspweb cc prog.c -o prog.wasm`
     Cc(cc::CcArgs),
+    /// Run the clustering DiDiC (dissertation ch. 5) against MCL on
+    /// generated peer networks and write a report
+    ClusterSim(cluster_sim_cmd::ClusterSimArgs),
 }
 
 const UP_ABOUT: &str = "Start a supernode and N local peers in one command (embedded defaults).
@@ -243,6 +247,7 @@ fn main() -> ExitCode {
             Command::Passwd(a) => accounts::passwd(a).await,
             Command::Sim(a) => sim_cmd::run(a),
             Command::Cc(a) => cc::main(a).map(|()| ExitCode::SUCCESS),
+            Command::ClusterSim(a) => cluster_sim_cmd::run(a),
         }
     });
     match result {

@@ -294,6 +294,84 @@ fn sim_writes_a_reproducible_report_and_rejects_bad_options() {
     );
 }
 
+/// `bspweb cluster-sim` (issue 15): DiDiC against Debian's `mcl` on the
+/// same generated graphs; the report is a function of the options, and bad
+/// options are refused before anything is written.
+#[test]
+fn cluster_sim_compares_didic_with_mcl_reproducibly() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |out: &std::path::Path| {
+        bspweb()
+            .args([
+                "cluster-sim",
+                "--sizes",
+                "120,200",
+                "--steps",
+                "40",
+                "--mcl-every",
+                "10",
+                "--k",
+                "8",
+                "--out",
+            ])
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for out in [&a, &b] {
+        let o = run(out);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("time step 40/40"));
+    }
+    let readme = std::fs::read_to_string(a.join("README.md")).unwrap();
+    assert!(
+        readme.contains("bspweb cluster-sim --sizes 120,200"),
+        "{readme}"
+    );
+    for n in [120, 200] {
+        let row = readme
+            .lines()
+            .find(|l| l.starts_with(&format!("| {n} |")))
+            .unwrap_or_else(|| panic!("no row for {n} vertices:\n{readme}"));
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let didic: f64 = cells[2].parse().unwrap();
+        let mcl: f64 = cells[3].parse().unwrap();
+        assert!(
+            (-0.5..=1.0).contains(&didic) && (-0.5..=1.0).contains(&mcl),
+            "{row}"
+        );
+        assert!(a.join(format!("quality-{n}.svg")).is_file());
+    }
+    let csv = std::fs::read_to_string(a.join("results.csv")).unwrap();
+    // 40 DiDiC rows and 4 MCL rows per graph, and the header.
+    assert_eq!(csv.lines().count(), 1 + 2 * (40 + 4), "{csv}");
+    assert_eq!(
+        csv,
+        std::fs::read_to_string(b.join("results.csv")).unwrap(),
+        "the same options give the same results"
+    );
+    for (args, says) in [
+        (&["cluster-sim", "--benefit", "0.5"][..], "--benefit"),
+        (&["cluster-sim", "--sizes", "3"][..], "--sizes"),
+        (&["cluster-sim", "--dynamics", "80"][..], "--dynamics"),
+    ] {
+        let o = bspweb()
+            .args(args)
+            .arg("--out")
+            .arg(dir.path().join("bad"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    assert!(
+        !dir.path().join("bad").exists(),
+        "a rejected run writes nothing"
+    );
+}
+
 /// Every `--json` output parses: arrays for lists, an object for a
 /// submitted job, one `JobEvent` per line for `submit --follow` and `logs`.
 #[test]

@@ -1,0 +1,320 @@
+//! `bspweb cluster-sim`: DiDiC (the pure `clustering` crate) against MCL
+//! on the graphs of dissertation §5.4, over time, with dynamics; writes a
+//! report with the shape of Figs. 5.9–5.11 (the IO half: files, `mcl`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use clustering::{
+    Didic, DidicParams, Dynamics, Graph, GraphModel, Rng, Topology, VertexId, modularity, ncv,
+};
+use sim::svg::{Series, line_plot};
+
+#[derive(Args, Debug)]
+pub struct ClusterSimArgs {
+    /// Graph sizes (vertices), comma-separated
+    #[arg(long, value_delimiter = ',', default_value = "800,1600,2400,3200")]
+    sizes: Vec<usize>,
+    /// Time steps per graph
+    #[arg(long, default_value_t = 300)]
+    steps: u32,
+    /// Dense areas of the graph (§5.4's x)
+    #[arg(long, default_value_t = 10)]
+    areas: usize,
+    /// Communication radius on the unit torus (§5.4's rad)
+    #[arg(long, default_value_t = 0.33)]
+    rad: f64,
+    /// Nearest neighbours each vertex connects to (§5.4's maxNeigh)
+    #[arg(long, default_value_t = 16)]
+    max_neigh: usize,
+    /// Percent of the vertices replaced by new ones at each dynamics step
+    #[arg(long, default_value_t = 2.0)]
+    dynamics: f64,
+    /// Time steps between two dynamics steps (§5.4: 1 % every step, 2 %
+    /// every second, 5 % every fifth)
+    #[arg(long, default_value_t = 2)]
+    dynamics_every: u32,
+    /// Cluster systems (k)
+    #[arg(long, default_value_t = 20)]
+    k: u32,
+    /// FOS/T iterations per time step (ψ)
+    #[arg(long, default_value_t = 11)]
+    psi: u32,
+    /// FOS/B iterations per FOS/T iteration (ρ)
+    #[arg(long, default_value_t = 11)]
+    rho: u32,
+    /// Benefit B of a vertex in its own cluster's system
+    #[arg(long, default_value_t = 10.0)]
+    benefit: f64,
+    /// Run MCL on the current graph every this many time steps
+    #[arg(long, default_value_t = 50)]
+    mcl_every: u32,
+    /// MCL's inflation (§5.4: 1.2)
+    #[arg(long, default_value_t = 1.2)]
+    inflation: f64,
+    /// Seed of the graphs, the dynamics and DiDiC's random start
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Folder for the report (README.md, results.csv, SVG figures)
+    #[arg(long, default_value = "cluster-report")]
+    out: PathBuf,
+}
+
+/// One graph's run: DiDiC's quality at every step, MCL's at some.
+struct Run {
+    n: usize,
+    didic: Vec<(u32, f64, f64, usize)>,
+    mcl: Vec<(u32, f64, f64, usize)>,
+}
+
+fn clusters(c: &BTreeMap<VertexId, u32>) -> usize {
+    c.values().collect::<BTreeSet<_>>().len()
+}
+
+/// MCL's clustering of `graph` (`mcl --abc -I inflation`); vertices
+/// without edges are clusters of their own.
+fn mcl(graph: &Graph, inflation: f64, dir: &Path) -> anyhow::Result<BTreeMap<VertexId, u32>> {
+    let input = dir.join("graph.abc");
+    let output = dir.join("graph.mcl");
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&input)?);
+    for (u, v, w) in graph.edges() {
+        writeln!(f, "{u}\t{v}\t{w}")?;
+    }
+    f.flush()?;
+    drop(f);
+    let out = Command::new("mcl")
+        .arg(&input)
+        .args(["--abc", "-I", &inflation.to_string(), "-V", "all", "-o"])
+        .arg(&output)
+        .output()
+        .context("cannot run `mcl`; install it with `sudo apt-get install mcl` (Debian's package of van Dongen's MCL)")?;
+    if !out.status.success() {
+        bail!(
+            "mcl failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = std::fs::read_to_string(&output)?;
+    let mut c = BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        for v in line.split('\t').filter(|s| !s.is_empty()) {
+            let v: VertexId = v
+                .parse()
+                .with_context(|| format!("mcl wrote an unknown vertex {v:?}"))?;
+            c.insert(v, i as u32);
+        }
+    }
+    let mut next = text.lines().count() as u32;
+    for v in graph.vertices() {
+        c.entry(v).or_insert_with(|| {
+            next += 1;
+            next
+        });
+    }
+    Ok(c)
+}
+
+fn run_one(a: &ClusterSimArgs, n: usize, seed: u64, dir: &Path) -> anyhow::Result<Run> {
+    let mut rng = Rng::new(seed);
+    let mut topology = Topology::generate(
+        GraphModel::Areas { n, x: a.areas },
+        a.rad,
+        a.max_neigh,
+        &mut rng,
+    );
+    let mut didic = Didic::new(DidicParams {
+        k: a.k,
+        psi: a.psi,
+        rho: a.rho,
+        benefit: a.benefit,
+        ..DidicParams::default()
+    });
+    let dynamics = Dynamics {
+        fraction: a.dynamics / 100.0,
+        every: a.dynamics_every,
+    };
+    let mut run = Run {
+        n,
+        didic: vec![],
+        mcl: vec![],
+    };
+    for t in 1..=a.steps {
+        didic.step(topology.graph(), &mut rng);
+        let c = didic.clustering();
+        let g = topology.graph();
+        run.didic
+            .push((t, modularity(g, &c), ncv(g, &c), clusters(&c)));
+        if a.mcl_every > 0 && t % a.mcl_every == 0 {
+            let m = mcl(g, a.inflation, dir)?;
+            run.mcl
+                .push((t, modularity(g, &m), ncv(g, &m), clusters(&m)));
+        }
+        if t % 25 == 0 || t == a.steps {
+            let (_, m, v, k) = run.didic[run.didic.len() - 1];
+            eprintln!(
+                "  n = {n}: time step {t}/{}: DiDiC modularity {m:.4}, NCV {v:.4}, {k} clusters",
+                a.steps
+            );
+        }
+        if t < a.steps {
+            dynamics.apply(t, &mut topology, &mut didic, &mut rng);
+        }
+    }
+    Ok(run)
+}
+
+/// DiDiC's mean modularity and MCL's at MCL's time steps in the second
+/// half of the run ("once stable").
+fn stable(run: &Run, steps: u32) -> Option<(f64, f64, usize)> {
+    let late: Vec<&(u32, f64, f64, usize)> = run.mcl.iter().filter(|m| m.0 > steps / 2).collect();
+    if late.is_empty() {
+        return None;
+    }
+    let didic: f64 = late
+        .iter()
+        .map(|m| run.didic[m.0 as usize - 1].1)
+        .sum::<f64>()
+        / late.len() as f64;
+    let mcl: f64 = late.iter().map(|m| m.1).sum::<f64>() / late.len() as f64;
+    Some((didic, mcl, late.len()))
+}
+
+pub fn run(a: ClusterSimArgs) -> anyhow::Result<ExitCode> {
+    if a.sizes.is_empty() || a.sizes.iter().any(|&n| n < 10) {
+        bail!("--sizes: give graph sizes of at least 10 vertices");
+    }
+    if a.steps == 0 || a.k == 0 || a.psi == 0 || a.rho == 0 {
+        bail!("--steps, --k, --psi and --rho must be at least 1");
+    }
+    if !(a.benefit >= 1.0 && a.benefit.is_finite()) {
+        bail!("--benefit must be at least 1 (B ≫ 1 in the dissertation)");
+    }
+    if !(0.0..=50.0).contains(&a.dynamics) {
+        bail!("--dynamics is a percentage of the vertices, 0 to 50");
+    }
+    if !(a.rad > 0.0 && a.rad <= 0.5) {
+        bail!("--rad must be in (0, 0.5] (the unit torus)");
+    }
+    std::fs::create_dir_all(&a.out)
+        .with_context(|| format!("cannot create {}", a.out.display()))?;
+    let scratch = tempfile::tempdir().context("cannot create a temporary directory")?;
+    let mut runs = vec![];
+    for (i, &n) in a.sizes.iter().enumerate() {
+        eprintln!("graph {} of {}: {n} vertices", i + 1, a.sizes.len());
+        runs.push(run_one(
+            &a,
+            n,
+            a.seed.wrapping_add(i as u64),
+            scratch.path(),
+        )?);
+    }
+
+    let mut csv = String::from("vertices,time_step,algorithm,modularity,ncv,clusters\n");
+    for r in &runs {
+        for (t, m, v, k) in &r.didic {
+            let _ = writeln!(csv, "{},{t},didic,{m},{v},{k}", r.n);
+        }
+        for (t, m, v, k) in &r.mcl {
+            let _ = writeln!(csv, "{},{t},mcl,{m},{v},{k}", r.n);
+        }
+    }
+    std::fs::write(a.out.join("results.csv"), csv)?;
+
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# DiDiC against MCL (dissertation §5.4, Figs. 5.9–5.11)\n"
+    );
+    let _ = writeln!(
+        md,
+        "`bspweb cluster-sim --sizes {} --steps {} --areas {} --rad {} --max-neigh {} --dynamics {} --dynamics-every {} --k {} --psi {} --rho {} --benefit {} --mcl-every {} --inflation {} --seed {}`\n",
+        a.sizes
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        a.steps,
+        a.areas,
+        a.rad,
+        a.max_neigh,
+        a.dynamics,
+        a.dynamics_every,
+        a.k,
+        a.psi,
+        a.rho,
+        a.benefit,
+        a.mcl_every,
+        a.inflation,
+        a.seed
+    );
+    let _ = writeln!(
+        md,
+        "Graphs of §5.4's PUB-Web class ({} dense areas, home computers, edges to the {} nearest within {}, bandwidth = 1 / distance); {} % of the vertices replaced every {} time steps. MCL (`mcl --abc -I {}`) runs on the same graph every {} time steps. \"Once stable\" averages the MCL time steps of the second half.\n",
+        a.areas, a.max_neigh, a.rad, a.dynamics, a.dynamics_every, a.inflation, a.mcl_every
+    );
+    let _ = writeln!(
+        md,
+        "| vertices | DiDiC modularity, once stable | MCL modularity | DiDiC − MCL | DiDiC NCV at the end | clusters at the end (DiDiC / MCL) |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    for r in &runs {
+        let last = r.didic.last().expect("at least one step");
+        let mcl_last = r.mcl.last().map(|m| m.3.to_string()).unwrap_or("–".into());
+        match stable(r, a.steps) {
+            Some((d, m, _)) => {
+                let _ = writeln!(
+                    md,
+                    "| {} | {d:.4} | {m:.4} | {:+.4} | {:.4} | {} / {mcl_last} |",
+                    r.n,
+                    d - m,
+                    last.2,
+                    last.3
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    md,
+                    "| {} | {:.4} (last) | – | – | {:.4} | {} / {mcl_last} |",
+                    r.n, last.1, last.2, last.3
+                );
+            }
+        }
+    }
+    let _ = writeln!(md);
+    for r in &runs {
+        let series = |pick: fn(&(u32, f64, f64, usize)) -> f64, label: &str| {
+            vec![
+                Series {
+                    label: format!("DiDiC {label}"),
+                    points: r.didic.iter().map(|p| (f64::from(p.0), pick(p))).collect(),
+                },
+                Series {
+                    label: format!("MCL {label}"),
+                    points: r.mcl.iter().map(|p| (f64::from(p.0), pick(p))).collect(),
+                },
+            ]
+        };
+        let mut all = series(|p| p.1, "modularity");
+        all.extend(series(|p| p.2, "NCV"));
+        let svg = line_plot(
+            &format!("{} vertices: modularity and NCV over time", r.n),
+            "time step",
+            "modularity, NCV",
+            &all,
+        );
+        let name = format!("quality-{}.svg", r.n);
+        std::fs::write(a.out.join(&name), svg)?;
+        let _ = writeln!(md, "![{} vertices]({name})\n", r.n);
+    }
+    std::fs::write(a.out.join("README.md"), md)?;
+    eprintln!(
+        "wrote {} (README.md, results.csv, quality-N.svg)",
+        a.out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
