@@ -149,7 +149,7 @@ fn run_one(a: &ClusterSimArgs, n: usize, seed: u64, dir: &Path) -> anyhow::Resul
         let g = topology.graph();
         run.didic
             .push((t, modularity(g, &c), ncv(g, &c), clusters(&c)));
-        if a.mcl_every > 0 && t % a.mcl_every == 0 {
+        if a.mcl_every > 0 && (t % a.mcl_every == 0 || t == a.steps) {
             let m = mcl(g, a.inflation, dir)?;
             run.mcl
                 .push((t, modularity(g, &m), ncv(g, &m), clusters(&m)));
@@ -197,6 +197,9 @@ pub fn run(a: ClusterSimArgs) -> anyhow::Result<ExitCode> {
     if !(0.0..=50.0).contains(&a.dynamics) {
         bail!("--dynamics is a percentage of the vertices, 0 to 50");
     }
+    if !(a.inflation > 1.0 && a.inflation.is_finite()) {
+        bail!("--inflation must be above 1 (MCL's inflation; §5.4 used 1.2)");
+    }
     if !(a.rad > 0.0 && a.rad <= 0.5) {
         bail!("--rad must be in (0, 0.5] (the unit torus)");
     }
@@ -209,7 +212,9 @@ pub fn run(a: ClusterSimArgs) -> anyhow::Result<ExitCode> {
         runs.push(run_one(
             &a,
             n,
-            a.seed.wrapping_add(i as u64),
+            // A size's graph depends on the seed and the size only, so
+            // `--sizes 3200` alone gives the graph of the full run.
+            a.seed ^ (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
             scratch.path(),
         )?);
     }
@@ -254,7 +259,7 @@ pub fn run(a: ClusterSimArgs) -> anyhow::Result<ExitCode> {
     );
     let _ = writeln!(
         md,
-        "Graphs of §5.4's PUB-Web class ({} dense areas, home computers, edges to the {} nearest within {}, bandwidth = 1 / distance); {} % of the vertices replaced every {} time steps. MCL (`mcl --abc -I {}`) runs on the same graph every {} time steps. \"Once stable\" averages the MCL time steps of the second half.\n",
+        "Graphs of §5.4's PUB-Web class ({} dense areas, home computers, edges to the {} nearest within {}, bandwidth = 1 / distance); {} % of the vertices replaced every {} time steps. MCL (`mcl --abc -I {}`) runs on the same graph every {} time steps and at the last. \"Once stable\" averages the MCL time steps of the second half (one graph per size: differences of a few hundredths can be noise).\n",
         a.areas, a.max_neigh, a.rad, a.dynamics, a.dynamics_every, a.inflation, a.mcl_every
     );
     let _ = writeln!(

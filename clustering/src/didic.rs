@@ -28,7 +28,7 @@ pub struct DidicParams {
     /// its neighbours is in (§5.3, "after 10 time steps").
     pub restrict_after: u32,
     /// A vertex leaves its cluster `c` for `c'` only if
-    /// `w(c') > w(c) + |w(c)| · switch_margin · t` (§5.3: "at least
+    /// `w(c') ≥ w(c) + |w(c)| · switch_margin · t` (§5.3: "at least
     /// 1 + 0.0001·t times higher"; the absolute value keeps the rule
     /// meaningful for negative loads).
     pub switch_margin: f64,
@@ -88,6 +88,11 @@ impl Didic {
     /// Each vertex's cluster number (`0..k`).
     pub fn clustering(&self) -> BTreeMap<VertexId, u32> {
         self.state.iter().map(|(v, s)| (*v, s.cluster)).collect()
+    }
+
+    /// The primary and secondary loads of `v`, one per cluster system.
+    pub fn loads(&self, v: VertexId) -> Option<(&[f64], &[f64])> {
+        self.state.get(&v).map(|s| (s.w.as_slice(), s.l.as_slice()))
     }
 
     pub fn cluster_of(&self, v: VertexId) -> Option<u32> {
@@ -251,7 +256,7 @@ impl Didic {
             };
             let keep = candidates.contains(&own)
                 && (best == own
-                    || s.w[best as usize] <= s.w[own as usize] + s.w[own as usize].abs() * margin);
+                    || s.w[best as usize] < s.w[own as usize] + s.w[own as usize].abs() * margin);
             next.push(if keep { own } else { best });
         }
         for (v, c) in ids.iter().zip(next) {

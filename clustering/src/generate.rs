@@ -273,6 +273,9 @@ impl Dynamics {
             return (vec![], vec![]);
         }
         let n = topology.graph.len();
+        if n == 0 {
+            return (vec![], vec![]);
+        }
         let m = ((self.fraction * n as f64).round() as usize).clamp(1, n);
         let mut ids: Vec<VertexId> = topology.graph.vertices().collect();
         let mut gone = BTreeSet::new();

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::graph::{Graph, VertexId};
 
 /// Modularity of the clustering `cluster` (a cluster number for every
-/// vertex of `graph`; vertices it does not name are skipped):
+/// vertex of `graph`; a vertex it does not name is a cluster of its own):
 /// `Σ_c (ω(E_c) / ω(E) − (Σ_{v∈π_c} deg(v) / 2ω(E))²)` (§5.2, after
 /// Brandes et al.). 0 for a graph without edges. Empty clusters add nothing.
 pub fn modularity(graph: &Graph, cluster: &BTreeMap<VertexId, u32>) -> f64 {
@@ -22,9 +22,12 @@ pub fn modularity(graph: &Graph, cluster: &BTreeMap<VertexId, u32>) -> f64 {
             *inside.entry(*a).or_default() += w;
         }
     }
+    // A vertex the clustering does not name is a cluster of its own.
+    let mut alone = 0.0;
     for v in graph.vertices() {
-        if let Some(c) = cluster.get(&v) {
-            *degree.entry(*c).or_default() += graph.degree(v);
+        match cluster.get(&v) {
+            Some(c) => *degree.entry(*c).or_default() += graph.degree(v),
+            None => alone += (graph.degree(v) / (2.0 * total)).powi(2),
         }
     }
     degree
@@ -33,7 +36,8 @@ pub fn modularity(graph: &Graph, cluster: &BTreeMap<VertexId, u32>) -> f64 {
             let share = d / (2.0 * total);
             inside.get(c).copied().unwrap_or(0.0) / total - share * share
         })
-        .sum()
+        .sum::<f64>()
+        - alone
 }
 
 /// The nearly connected value averaged over the non-empty clusters: for

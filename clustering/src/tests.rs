@@ -99,6 +99,154 @@ proptest! {
     }
 }
 
+/// Definitions 5.1 and 5.2 written edge by edge: each edge's flow is
+/// computed once and applied to both ends.
+fn reference_diffusion(
+    g: &Graph,
+    p: &DidicParams,
+    cluster: &BTreeMap<VertexId, u32>,
+    w: &mut BTreeMap<(VertexId, u32), f64>,
+    l: &mut BTreeMap<(VertexId, u32), f64>,
+) {
+    let edges: Vec<(VertexId, VertexId, f64)> = g
+        .edges()
+        .map(|(u, v, weight)| (u, v, weight / g.degree(u).max(g.degree(v))))
+        .collect();
+    let benefit = |v: VertexId, c: u32| if cluster[&v] == c { p.benefit } else { 1.0 };
+    for c in 0..p.k {
+        for _ in 0..p.psi {
+            for _ in 0..p.rho {
+                let mut delta: BTreeMap<VertexId, f64> = BTreeMap::new();
+                for &(u, v, a) in &edges {
+                    let y = a * (l[&(u, c)] / benefit(u, c) - l[&(v, c)] / benefit(v, c));
+                    *delta.entry(u).or_default() -= y;
+                    *delta.entry(v).or_default() += y;
+                }
+                for (v, d) in delta {
+                    *l.get_mut(&(v, c)).unwrap() += d;
+                }
+            }
+            let mut delta: BTreeMap<VertexId, f64> = BTreeMap::new();
+            for &(u, v, a) in &edges {
+                let x = a * (w[&(u, c)] - w[&(v, c)]);
+                *delta.entry(u).or_default() -= x;
+                *delta.entry(v).or_default() += x;
+            }
+            for v in g.vertices() {
+                let d = delta.get(&v).copied().unwrap_or(0.0);
+                *w.get_mut(&(v, c)).unwrap() += d + l[&(v, c)];
+            }
+        }
+    }
+}
+
+/// §5.3's choice of cluster, from the loads after a time step's diffusion.
+fn reference_choice(
+    g: &Graph,
+    p: &DidicParams,
+    t: u32,
+    before: &BTreeMap<VertexId, u32>,
+    w: &[f64],
+    v: VertexId,
+) -> u32 {
+    let own = before[&v];
+    let candidates: Vec<u32> = if t > p.restrict_after {
+        let mut c: Vec<u32> = g.neighbours(v).map(|(u, _)| before[&u]).collect();
+        c.sort();
+        c.dedup();
+        c
+    } else {
+        (0..p.k).collect()
+    };
+    let Some(&best) = candidates
+        .iter()
+        .max_by(|a, b| w[**a as usize].total_cmp(&w[**b as usize]).then(b.cmp(a)))
+    else {
+        return own;
+    };
+    if !candidates.contains(&own) {
+        return best;
+    }
+    let needed = w[own as usize] + w[own as usize].abs() * p.switch_margin * f64::from(t);
+    if best != own && w[best as usize] >= needed {
+        best
+    } else {
+        own
+    }
+}
+
+proptest! {
+    /// DiDiC's loads follow the definitions (checked against the edge-wise
+    /// reference above), and every vertex's new cluster follows §5.3's rule
+    /// (neighbour clusters only after 10 time steps, the growing margin).
+    #[test]
+    fn didic_follows_the_definitions_and_the_rule_for_choosing_clusters(
+        (n, edges, _labels) in small_graph(),
+        seed in any::<u64>(),
+        benefit in 1.0f64..50.0,
+        margin in 0.0f64..0.05,
+    ) {
+        let g = graph_of(n, &edges);
+        let p = DidicParams { k: 3, psi: 2, rho: 2, benefit, restrict_after: 2, switch_margin: margin, ..DidicParams::default() };
+        let mut d = Didic::new(p);
+        let mut rng = Rng::new(seed);
+        d.step(&g, &mut rng);
+        let (mut w, mut l) = (BTreeMap::new(), BTreeMap::new());
+        for v in g.vertices() {
+            let (wv, lv) = d.loads(v).unwrap();
+            for c in 0..p.k {
+                w.insert((v, c), wv[c as usize]);
+                l.insert((v, c), lv[c as usize]);
+            }
+        }
+        for t in 2..=6 {
+            let before = d.clustering();
+            reference_diffusion(&g, &p, &before, &mut w, &mut l);
+            d.step(&g, &mut rng);
+            for v in g.vertices() {
+                let (wv, lv) = d.loads(v).unwrap();
+                for c in 0..p.k {
+                    let (rw, rl) = (w[&(v, c)], l[&(v, c)]);
+                    let tol = 1e-9 * (1.0 + rw.abs() + rl.abs());
+                    prop_assert!((wv[c as usize] - rw).abs() <= tol, "t {t} v {v} c {c}: w {} vs {rw}", wv[c as usize]);
+                    prop_assert!((lv[c as usize] - rl).abs() <= tol, "t {t} v {v} c {c}: l {} vs {rl}", lv[c as usize]);
+                }
+                let want = reference_choice(&g, &p, t, &before, wv, v);
+                prop_assert_eq!(d.cluster_of(v), Some(want), "t {} v {}", t, v);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_leaving_vertex_hands_its_loads_to_its_neighbours_in_equal_parts() {
+    let g = graph_of(3, &[(0, 1, 1.0), (1, 2, 2.0)]);
+    let ids: Vec<VertexId> = g.vertices().collect();
+    let mut d = Didic::new(DidicParams {
+        k: 2,
+        psi: 2,
+        rho: 2,
+        ..DidicParams::default()
+    });
+    d.step(&g, &mut Rng::new(9));
+    let loads = |d: &Didic, v| {
+        let (w, l) = d.loads(v).unwrap();
+        (w.to_vec(), l.to_vec())
+    };
+    let (a, b, c) = (loads(&d, ids[0]), loads(&d, ids[1]), loads(&d, ids[2]));
+    let totals: Vec<(f64, f64)> = (0..2).map(|k| d.totals(k)).collect();
+    d.remove_vertex(&g, ids[1]);
+    let (a2, c2) = (loads(&d, ids[0]), loads(&d, ids[2]));
+    for (k, &(w0, l0)) in totals.iter().enumerate() {
+        assert!((a2.0[k] - (a.0[k] + b.0[k] / 2.0)).abs() < 1e-9);
+        assert!((c2.1[k] - (c.1[k] + b.1[k] / 2.0)).abs() < 1e-9);
+        let (w, l) = d.totals(k as u32);
+        assert!((w - w0).abs() < 1e-9 * (1.0 + w.abs()));
+        assert!((l - l0).abs() < 1e-9 * (1.0 + l.abs()));
+    }
+    assert!(d.loads(ids[1]).is_none());
+}
+
 #[test]
 fn ncv_is_the_mean_share_of_each_cluster_s_largest_connected_part() {
     // A path 0-1-2-3 and a lone vertex 4.
@@ -183,6 +331,28 @@ fn generated_graphs_follow_the_disc_graph_rule() {
         };
         for v in g.vertices() {
             assert!(g.neighbours(v).count() >= chosen_by_self(v));
+        }
+        // Every edge was chosen by one of its ends: among its 8 nearest.
+        let nearest = |v: VertexId| {
+            let p = t.position(v).unwrap();
+            let mut near: Vec<(f64, VertexId)> = g
+                .vertices()
+                .filter(|u| *u != v)
+                .map(|u| (p.distance(t.position(u).unwrap()), u))
+                .filter(|(d, _)| *d <= 0.25)
+                .collect();
+            near.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            near.into_iter().take(8).map(|(_, u)| u).collect::<Vec<_>>()
+        };
+        for (u, v, _) in g.edges() {
+            assert!(
+                nearest(u).contains(&v) || nearest(v).contains(&u),
+                "{model:?}: edge {u}-{v} chosen by neither end"
+            );
+        }
+        if let GraphModel::Areas { n, x } = model {
+            let homes = g.vertices().filter(|v| t.region(*v).is_none()).count();
+            assert_eq!(homes, (2.0 * n as f64 / (x as f64 + 2.0)).round() as usize);
         }
     }
 }

@@ -355,6 +355,7 @@ fn cluster_sim_compares_didic_with_mcl_reproducibly() {
         (&["cluster-sim", "--benefit", "0.5"][..], "--benefit"),
         (&["cluster-sim", "--sizes", "3"][..], "--sizes"),
         (&["cluster-sim", "--dynamics", "80"][..], "--dynamics"),
+        (&["cluster-sim", "--inflation", "1"][..], "--inflation"),
     ] {
         let o = bspweb()
             .args(args)
