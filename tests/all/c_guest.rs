@@ -373,6 +373,17 @@ fn bspweb_cc_errors_say_what_to_do() {
     );
 }
 
+/// The stderr lines of a job, in order.
+fn stderr_of(r: &crate::harness::Run) -> Vec<&str> {
+    r.events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            JobEventKind::Stderr { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// What the C library does on bspweb: argv from a JSON array of the job's
 /// arguments, stdout and stderr line by line, `errno`, a deterministic clock
 /// and `rand`, and exit, abort and assert ending the job with their reason.
@@ -424,15 +435,7 @@ int main(int argc, char **argv) {
     );
     assert_eq!(first[5], "errno ERANGE");
     assert_eq!(first[6], "no newline at the end");
-    let stderr: Vec<&str> = r
-        .events
-        .iter()
-        .filter_map(|e| match &e.kind {
-            JobEventKind::Stderr { text } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(stderr, ["to stderr, one line"]);
+    assert_eq!(stderr_of(&r), ["to stderr, one line"]);
     // The same again: nothing depends on a clock or entropy.
     let again = run(&client, job(serde_json::json!(["a b", 3, "\u{e9}\\n"]))).await;
     assert_eq!(again.stdout(0), first);
@@ -453,14 +456,7 @@ int main(int argc, char **argv) {
             r.failure()
         );
         if arg == "assert" {
-            let text: String = r
-                .events
-                .iter()
-                .filter_map(|e| match &e.kind {
-                    JobEventKind::Stderr { text } => Some(text.as_str()),
-                    _ => None,
-                })
-                .collect();
+            let text = stderr_of(&r).concat();
             assert!(
                 text.contains("argc == 99"),
                 "the failed assertion is printed: {text}"
