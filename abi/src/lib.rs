@@ -518,21 +518,18 @@ pub fn validate(bytes: &[u8]) -> Result<ModuleSummary, InvalidModule> {
             });
         }
     }
-    match export(RESUME_EXPORT) {
-        None => return Err(InvalidModule::MissingExport(RESUME_EXPORT)),
-        Some((_, ExternalKind::Func, idx)) => {
-            let ok = func_types
-                .get(*idx as usize)
+    // Whether an export is a function `() -> i32`.
+    let unit_to_i32 = |kind: &ExternalKind, idx: u32| {
+        *kind == ExternalKind::Func
+            && func_types
+                .get(idx as usize)
                 .and_then(|t| types.get(*t as usize))
                 .and_then(|t| t.as_ref())
-                .is_some_and(|ft| ft.params().is_empty() && ft.results() == [ValType::I32]);
-            if !ok {
-                return Err(InvalidModule::WrongExport {
-                    name: RESUME_EXPORT,
-                    expected: "a function () -> i32",
-                });
-            }
-        }
+                .is_some_and(|ft| ft.params().is_empty() && ft.results() == [ValType::I32])
+    };
+    match export(RESUME_EXPORT) {
+        None => return Err(InvalidModule::MissingExport(RESUME_EXPORT)),
+        Some((_, kind, idx)) if unit_to_i32(kind, *idx) => {}
         Some(_) => {
             return Err(InvalidModule::WrongExport {
                 name: RESUME_EXPORT,
@@ -541,19 +538,13 @@ pub fn validate(bytes: &[u8]) -> Result<ModuleSummary, InvalidModule> {
         }
     }
 
-    if let Some((_, kind, idx)) = export(ASYNCIFY_STATE_EXPORT) {
-        let ok = *kind == ExternalKind::Func
-            && func_types
-                .get(*idx as usize)
-                .and_then(|t| types.get(*t as usize))
-                .and_then(|t| t.as_ref())
-                .is_some_and(|ft| ft.params().is_empty() && ft.results() == [ValType::I32]);
-        if !ok {
-            return Err(InvalidModule::WrongExport {
-                name: ASYNCIFY_STATE_EXPORT,
-                expected: "a function () -> i32 (Asyncify's state)",
-            });
-        }
+    if let Some((_, kind, idx)) = export(ASYNCIFY_STATE_EXPORT)
+        && !unit_to_i32(kind, *idx)
+    {
+        return Err(InvalidModule::WrongExport {
+            name: ASYNCIFY_STATE_EXPORT,
+            expected: "a function () -> i32 (Asyncify's state)",
+        });
     }
 
     if let Some((name, _, _)) = exports

@@ -308,11 +308,13 @@ async fn the_c_examples_print_what_they_promise() {
     }
 }
 
-/// Compile C `source` (written to a temporary file) with `bspweb cc`.
-fn cc_source(dir: &Path, name: &str, source: &str) -> Result<Vec<u8>, String> {
-    let src = dir.join(format!("{name}.c"));
+/// Compile C `source` with `bspweb cc` and upload it; its hash.
+async fn upload_c(client: &bsp_api::client::Client, name: &str, source: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join(format!("{name}.c"));
     std::fs::write(&src, source).unwrap();
-    compile(&src, &dir.join(format!("{name}.wasm")))
+    let wasm = compile(&src, &dir.path().join(format!("{name}.wasm"))).expect("compile");
+    client.upload_program(wasm, None).await.unwrap().hash
 }
 
 /// `bspweb cc` refuses what it cannot do with a message that says what to
@@ -389,10 +391,9 @@ fn stderr_of(r: &crate::harness::Run) -> Vec<&str> {
 /// and `rand`, and exit, abort and assert ending the job with their reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_c_library_behaves_as_documented() {
-    let dir = tempfile::tempdir().unwrap();
     let client = shared().admin().await;
-    let wasm = cc_source(
-        dir.path(),
+    let hash = upload_c(
+        &client,
         "libc",
         r#"
 #include <assert.h>
@@ -421,8 +422,7 @@ int main(int argc, char **argv) {
 }
 "#,
     )
-    .expect("compile");
-    let hash = client.upload_program(wasm, None).await.unwrap().hash;
+    .await;
     let job = |args| crate::harness::job(&hash, 1, args);
 
     let r = run(&client, job(serde_json::json!(["a b", 3, "\u{e9}\\n"]))).await;
@@ -469,10 +469,9 @@ int main(int argc, char **argv) {
 /// whole; a get reads the remote memory before that superstep's puts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_puts_and_gets_are_split_into_messages() {
-    let dir = tempfile::tempdir().unwrap();
     let client = shared().admin().await;
-    let wasm = cc_source(
-        dir.path(),
+    let hash = upload_c(
+        &client,
         "large",
         r#"
 #include <bsp.h>
@@ -506,8 +505,7 @@ int main(void) {
 }
 "#,
     )
-    .expect("compile");
-    let hash = client.upload_program(wasm, None).await.unwrap().hash;
+    .await;
     let r = run(
         &client,
         crate::harness::job(&hash, 3, serde_json::Value::Null),
@@ -525,10 +523,9 @@ int main(void) {
 /// call order, and a zero-byte put checks nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bsplib_follows_bsponmpi_where_the_standard_is_loose() {
-    let dir = tempfile::tempdir().unwrap();
     let client = shared().admin().await;
-    let wasm = cc_source(
-        dir.path(),
+    let hash = upload_c(
+        &client,
         "loose",
         r#"
 #include <bsp.h>
@@ -558,8 +555,7 @@ int main(int argc, char **argv) {
 }
 "#,
     )
-    .expect("compile");
-    let hash = client.upload_program(wasm, None).await.unwrap().hash;
+    .await;
     let r = run(
         &client,
         crate::harness::job(&hash, 5, serde_json::Value::Null),
