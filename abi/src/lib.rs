@@ -60,6 +60,9 @@
 
 use std::fmt;
 
+mod nan;
+pub use nan::{canonicalize_nans, perturb_nans};
+
 use wasmparser::{
     CompositeInnerType, ExternalKind, FuncType, Parser, Payload, TypeRef, ValType, Validator,
     WasmFeatures,
@@ -326,8 +329,8 @@ pub struct ModuleSummary {
 
 /// The wasm features a guest may use. Threads, relaxed SIMD, GC, exceptions,
 /// memory64 and multiple memories are off: they break determinism or the
-/// checkpoint model. SIMD is on: the peer canonicalizes NaNs of vector
-/// operations as of scalar ones, so it is deterministic.
+/// checkpoint model. SIMD is on: [`canonicalize_nans`] covers vector
+/// arithmetic as well as scalar, so it is deterministic.
 pub fn features() -> WasmFeatures {
     let mut f = WasmFeatures::empty();
     for feat in [

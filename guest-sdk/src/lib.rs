@@ -114,8 +114,10 @@
 //! - Prefer `BTreeMap` (or a fixed hasher) where iteration order reaches
 //!   messages or output.
 //!
-//! Floating point is deterministic (the peer canonicalizes NaNs, SIMD ones
-//! too, and disables relaxed SIMD). Fixed-width SIMD is allowed: build with
+//! Floating point is deterministic (the peer canonicalizes the NaNs that
+//! arithmetic produces wherever their bits could be seen, SIMD ones too,
+//! and disables relaxed SIMD); NaNs you load, store or pass on keep their
+//! payloads. Fixed-width SIMD is allowed: build with
 //! `RUSTFLAGS="-C target-feature=+simd128"` to use `core::arch::wasm32`.
 //!
 //! # Native builds

@@ -21,6 +21,8 @@ pub mod control;
 pub mod daemon;
 pub mod dirty;
 pub mod job;
+#[cfg(test)]
+mod nan_tests;
 pub mod net;
 pub mod program;
 pub mod relay;

@@ -101,14 +101,18 @@ impl std::fmt::Debug for Runtime {
 }
 
 impl Runtime {
-    /// Build the engine (Cranelift, NaN canonicalization, no relaxed SIMD, no
-    /// threads, epoch interruption), the `bspweb_v1` linker, and start the
-    /// epoch ticker thread, which stops when the runtime is dropped.
+    /// Build the engine (Cranelift, no relaxed SIMD, no threads, epoch
+    /// interruption), the `bspweb_v1` linker, and start the epoch ticker
+    /// thread, which stops when the runtime is dropped. NaNs are made
+    /// deterministic by [`bspweb_abi::canonicalize_nans`], which
+    /// [`Runtime::compile`] applies to every module, not by Cranelift (whose
+    /// canonicalization after every floating-point instruction cost a
+    /// floating-point loop 5× its native time).
     pub fn new() -> Result<Arc<Runtime>, wasmtime::Error> {
         let mut config = Config::new();
         config
             .strategy(Strategy::Cranelift)
-            .cranelift_nan_canonicalization(true)
+            .cranelift_nan_canonicalization(false)
             .epoch_interruption(true)
             // The feature set of `bspweb_abi::features()`. Threads are off
             // because the `threads` crate feature of wasmtime is not enabled;
@@ -198,7 +202,9 @@ impl Runtime {
         // Every mutable global exported under a reserved name, so that
         // checkpoints can record and restore it (`bspweb_abi` module docs).
         let checkpointable = bspweb_abi::checkpointable(bytes, &summary)?;
-        let module = Module::new(&self.engine, &checkpointable)
+        // The same NaN bits on every peer, whatever its processor.
+        let deterministic = bspweb_abi::canonicalize_nans(&checkpointable)?;
+        let module = Module::new(&self.engine, &deterministic)
             .map_err(|e| CompileError::Compile(format!("{e:#}")))?;
         let mut cache = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if !cache.iter().any(|(h, _, _)| h.eq_ignore_ascii_case(hash)) {
