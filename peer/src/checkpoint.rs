@@ -63,8 +63,18 @@ const HASH_TAG: &[u8] = b"bspweb-checkpoint-v5\n";
 /// Bytes counted per outbox message on top of its payload.
 const MESSAGE_COST: u64 = 32;
 
-/// How many of a tracker's latest captures can be recycled as buffers.
-pub const RECYCLE_DEPTH: usize = 2;
+/// How many of its latest snapshots a process keeps to recycle as the
+/// buffer of its next capture (`job.rs`). A snapshot stays held until both
+/// replicas acknowledged it; with supersteps of a few milliseconds on busy
+/// cores that can take three supersteps, and a capture that finds no free
+/// buffer copies the whole memory (64 MiB: about 10 ms with its page
+/// faults, where recycling copied two pages).
+pub const RECYCLE_DEPTH: usize = 3;
+
+/// How many of its latest captures a tracker can bring a recycled buffer
+/// forward from: any capture since it (re)started would do (the pages
+/// changed after it are marked), this bounds the record.
+const RECYCLABLE: usize = 64;
 
 /// Upper bound of the postcard encoding of one page entry beyond its bytes.
 const PAGE_OVERHEAD: usize = 16;
@@ -349,7 +359,7 @@ impl PageTracker {
     }
 
     /// [`PageTracker::capture`] that reuses the memory buffer of `previous`,
-    /// one of the tracker's last [`RECYCLE_DEPTH`] captures (as returned,
+    /// one of the tracker's last 64 captures (as returned,
     /// unmodified), copying only the pages that changed since it: far
     /// cheaper than a fresh copy of a large memory. (Replication overlaps
     /// the next superstep, so the last capture is usually still in flight
@@ -485,7 +495,7 @@ impl PageTracker {
         );
         self.origin.get_or_insert(snapshot.superstep);
         self.last = Some((snapshot.superstep, snapshot.hash));
-        if self.recent.len() == RECYCLE_DEPTH {
+        if self.recent.len() == RECYCLABLE {
             self.recent.pop_front();
         }
         self.recent

@@ -128,6 +128,11 @@ impl Runtime {
             .wasm_custom_page_sizes(false)
             .wasm_wide_arithmetic(false)
             .wasm_backtrace_max_frames(NonZeroUsize::new(16));
+        if std::env::var_os("BSPWEB_PERF_MAP").is_some() {
+            // For profiling guests: `perf report` names their functions from
+            // /tmp/perf-PID.map (docs/benchmarks.md, "Profiling").
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let engine = Engine::new(&config)?;
         let linker = build_linker(&engine)?;
         let stop_ticker = Arc::new(AtomicBool::new(false));
@@ -722,7 +727,7 @@ impl Process {
         self.checkpoint_into(tracker, outbox, exited, None)
     }
 
-    /// [`Process::checkpoint`] that recycles `previous`, the last snapshot
+    /// [`Process::checkpoint`] that recycles `previous`, a recent snapshot
     /// `tracker` took (unmodified), copying only the pages that changed
     /// ([`PageTracker::capture_reusing`]). Use it when the previous snapshot
     /// is no longer needed (its replicas acknowledged it).

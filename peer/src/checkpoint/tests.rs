@@ -135,7 +135,7 @@ proptest! {
         supersteps in proptest::collection::vec(
             (proptest::collection::vec(step(), 0..6),
              proptest::collection::vec(any::<bool>(), 8),
-             0usize..3,
+             0usize..6,
              any::<bool>()),
             1..8),
     ) {
@@ -184,7 +184,7 @@ proptest! {
                 prop_assert_eq!(tracked.changed_at_last_capture(i), full.changed_at_last_capture(i));
             }
             previous.push(want);
-            if previous.len() > 2 {
+            if previous.len() > 5 {
                 previous.remove(0);
             }
         }
