@@ -263,6 +263,10 @@ pub enum InvalidModule {
     #[error("the module is not valid WebAssembly: {0}")]
     Malformed(String),
     #[error(
+        "function {function} has {locals} locals; the peer adds up to three to make floating point deterministic and WebAssembly allows 50000: split the function"
+    )]
+    TooManyLocals { function: u32, locals: u64 },
+    #[error(
         "module imports `{module}.{name}`; bspweb guests may import only functions from `{HOST_MODULE}` (no WASI, no other host modules): build for `wasm32-unknown-unknown` with the bspweb SDK"
     )]
     ForeignImport { module: String, name: String },

@@ -644,10 +644,10 @@ fn rewrite_body(
             .any(|(s, _)| s.val_type() == insert.shape.val_type())
         {
             if next >= MAX_LOCALS {
-                return Err(InvalidModule::Malformed(format!(
-                    "function {} has too many locals to add a scratch local for NaN canonicalization (the limit is {MAX_LOCALS})",
-                    validator.index()
-                )));
+                return Err(InvalidModule::TooManyLocals {
+                    function: validator.index(),
+                    locals: u64::from(validator.len_locals()),
+                });
             }
             scratch.push((insert.shape, next as u32));
             next += 1;
@@ -909,6 +909,26 @@ mod tests {
             .validate_all(&out)
             .expect("valid");
         assert!(!out.windows(11).any(|w| w == b".debug_info"));
+    }
+
+    /// A function already at WebAssembly's limit of locals cannot get a
+    /// scratch local: a clear error, which the supernode gives at upload.
+    #[test]
+    fn a_function_with_the_most_locals_is_refused_clearly() {
+        let locals = "f64 ".repeat(50_000);
+        let bytes = wat::parse_str(format!(
+            "(module (memory 1) (func (local {locals}) (f64.store (i32.const 0) (f64.sqrt (local.get 0)))))"
+        ))
+        .expect("wat");
+        let err = canonicalize_nans(&bytes).expect_err("no room for a scratch local");
+        assert!(matches!(
+            err,
+            InvalidModule::TooManyLocals {
+                function: 0,
+                locals: 50_000
+            }
+        ));
+        assert!(err.to_string().contains("split the function"), "{err}");
     }
 
     /// Invalid input is an error, not a panic.

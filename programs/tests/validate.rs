@@ -7,6 +7,10 @@ fn every_module_passes_the_validator() {
     for p in PROGRAMS {
         let summary = bspweb_abi::validate(p.wasm)
             .unwrap_or_else(|e| panic!("{} is refused by the validator: {e}", p.name));
+        let rewritten = bspweb_abi::canonicalize_nans(p.wasm)
+            .unwrap_or_else(|e| panic!("{}: the NaN rewrite fails: {e}", p.name));
+        bspweb_abi::validate(&rewritten)
+            .unwrap_or_else(|e| panic!("{}: the NaN rewrite is refused: {e}", p.name));
         // The stack pointer is the one mutable global rustc emits; only
         // bspweb_v1 imports (the validator refuses everything else).
         assert_eq!(

@@ -60,10 +60,14 @@ pub(crate) fn check_program_name(name: &str) -> Result<(), Error> {
 /// Validates a module against the `bspweb_v1` contract and returns its hex
 /// SHA-256. Slow for big modules: call from a blocking thread.
 pub(crate) fn validate_module(wasm: &[u8]) -> Result<String, Error> {
-    bspweb_abi::validate(wasm).map_err(|e| Error::Unprocessable {
+    let invalid = |e: bspweb_abi::InvalidModule| Error::Unprocessable {
         code: "invalid_module",
         message: e.to_string(),
-    })?;
+    };
+    bspweb_abi::validate(wasm).map_err(invalid)?;
+    // What every peer does before it compiles the module: refused here
+    // rather than when a job starts.
+    bspweb_abi::canonicalize_nans(wasm).map_err(invalid)?;
     Ok(hex::encode(Sha256::digest(wasm)))
 }
 
