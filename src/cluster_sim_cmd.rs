@@ -60,6 +60,10 @@ pub struct ClusterSimArgs {
     /// Seed of the graphs, the dynamics and DiDiC's random start
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Graphs per size (each from its own seed): the report gives the mean
+    /// and standard deviation of each figure over them
+    #[arg(long, default_value_t = 1)]
+    repeats: u32,
     /// Folder for the report (README.md, results.csv, SVG figures)
     #[arg(long, default_value = "cluster-report")]
     out: PathBuf,
@@ -68,6 +72,7 @@ pub struct ClusterSimArgs {
 /// One graph's run: DiDiC's quality at every step, MCL's at some.
 struct Run {
     n: usize,
+    repeat: u32,
     didic: Vec<(u32, f64, f64, usize)>,
     mcl: Vec<(u32, f64, f64, usize)>,
 }
@@ -119,7 +124,16 @@ fn mcl(graph: &Graph, inflation: f64, dir: &Path) -> anyhow::Result<BTreeMap<Ver
     Ok(c)
 }
 
-fn run_one(a: &ClusterSimArgs, n: usize, seed: u64, dir: &Path) -> anyhow::Result<Run> {
+/// The seed of repeat `r` of size `n`: a size's first graph depends on
+/// `seed` and `n` only, so `--sizes 3200` alone gives the graph of the full
+/// run, and the first repeat is the graph of a run without `--repeats`.
+fn graph_seed(seed: u64, n: usize, r: u32) -> u64 {
+    seed ^ (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ u64::from(r).wrapping_mul(0xD1B5_4A32_D192_ED03)
+}
+
+fn run_one(a: &ClusterSimArgs, n: usize, repeat: u32, dir: &Path) -> anyhow::Result<Run> {
+    let seed = graph_seed(a.seed, n, repeat);
     let mut rng = Rng::new(seed);
     let mut topology = Topology::generate(
         GraphModel::Areas { n, x: a.areas },
@@ -140,6 +154,7 @@ fn run_one(a: &ClusterSimArgs, n: usize, seed: u64, dir: &Path) -> anyhow::Resul
     };
     let mut run = Run {
         n,
+        repeat,
         didic: vec![],
         mcl: vec![],
     };
@@ -157,7 +172,8 @@ fn run_one(a: &ClusterSimArgs, n: usize, seed: u64, dir: &Path) -> anyhow::Resul
         if t % 25 == 0 || t == a.steps {
             let (_, m, v, k) = run.didic[run.didic.len() - 1];
             eprintln!(
-                "  n = {n}: time step {t}/{}: DiDiC modularity {m:.4}, NCV {v:.4}, {k} clusters",
+                "  n = {n}, graph {}: time step {t}/{}: DiDiC modularity {m:.4}, NCV {v:.4}, {k} clusters",
+                repeat + 1,
                 a.steps
             );
         }
@@ -166,6 +182,38 @@ fn run_one(a: &ClusterSimArgs, n: usize, seed: u64, dir: &Path) -> anyhow::Resul
         }
     }
     Ok(run)
+}
+
+/// `x` as "mean ± sd" over several graphs, or the value of one.
+fn summary(x: &[f64]) -> String {
+    let (mean, sd) = mean_sd(x);
+    if x.len() == 1 {
+        format!("{mean:.4}")
+    } else {
+        format!("{mean:.4} ± {sd:.4}")
+    }
+}
+
+/// [`summary`] with the mean's sign always shown.
+fn signed_summary(x: &[f64]) -> String {
+    let (mean, sd) = mean_sd(x);
+    if x.len() == 1 {
+        format!("{mean:+.4}")
+    } else {
+        format!("{mean:+.4} ± {sd:.4}")
+    }
+}
+
+/// The mean and the sample standard deviation (0 for one value).
+fn mean_sd(x: &[f64]) -> (f64, f64) {
+    let n = x.len() as f64;
+    let mean = x.iter().sum::<f64>() / n;
+    let var = if x.len() > 1 {
+        x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
 }
 
 /// DiDiC's mean modularity and MCL's at MCL's time steps in the second
@@ -203,29 +251,28 @@ pub fn run(a: ClusterSimArgs) -> anyhow::Result<ExitCode> {
     if !(a.rad > 0.0 && a.rad <= 0.5) {
         bail!("--rad must be in (0, 0.5] (the unit torus)");
     }
+    if a.repeats == 0 {
+        bail!("--repeats must be at least 1");
+    }
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("cannot create {}", a.out.display()))?;
     let scratch = tempfile::tempdir().context("cannot create a temporary directory")?;
     let mut runs = vec![];
-    for (i, &n) in a.sizes.iter().enumerate() {
-        eprintln!("graph {} of {}: {n} vertices", i + 1, a.sizes.len());
-        runs.push(run_one(
-            &a,
-            n,
-            // A size's graph depends on the seed and the size only, so
-            // `--sizes 3200` alone gives the graph of the full run.
-            a.seed ^ (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            scratch.path(),
-        )?);
+    let total = a.sizes.len() * a.repeats as usize;
+    for &n in &a.sizes {
+        for r in 0..a.repeats {
+            eprintln!("graph {} of {total}: {n} vertices", runs.len() + 1);
+            runs.push(run_one(&a, n, r, scratch.path())?);
+        }
     }
 
-    let mut csv = String::from("vertices,time_step,algorithm,modularity,ncv,clusters\n");
+    let mut csv = String::from("vertices,graph,time_step,algorithm,modularity,ncv,clusters\n");
     for r in &runs {
         for (t, m, v, k) in &r.didic {
-            let _ = writeln!(csv, "{},{t},didic,{m},{v},{k}", r.n);
+            let _ = writeln!(csv, "{},{},{t},didic,{m},{v},{k}", r.n, r.repeat + 1);
         }
         for (t, m, v, k) in &r.mcl {
-            let _ = writeln!(csv, "{},{t},mcl,{m},{v},{k}", r.n);
+            let _ = writeln!(csv, "{},{},{t},mcl,{m},{v},{k}", r.n, r.repeat + 1);
         }
     }
     std::fs::write(a.out.join("results.csv"), csv)?;
@@ -237,7 +284,7 @@ pub fn run(a: ClusterSimArgs) -> anyhow::Result<ExitCode> {
     );
     let _ = writeln!(
         md,
-        "`bspweb cluster-sim --sizes {} --steps {} --areas {} --rad {} --max-neigh {} --dynamics {} --dynamics-every {} --k {} --psi {} --rho {} --benefit {} --mcl-every {} --inflation {} --seed {}`\n",
+        "`bspweb cluster-sim --sizes {} --steps {} --areas {} --rad {} --max-neigh {} --dynamics {} --dynamics-every {} --k {} --psi {} --rho {} --benefit {} --mcl-every {} --inflation {} --seed {} --repeats {}`\n",
         a.sizes
             .iter()
             .map(|n| n.to_string())
@@ -255,43 +302,75 @@ pub fn run(a: ClusterSimArgs) -> anyhow::Result<ExitCode> {
         a.benefit,
         a.mcl_every,
         a.inflation,
-        a.seed
+        a.seed,
+        a.repeats
     );
     let _ = writeln!(
         md,
-        "Graphs of §5.4's PUB-Web class ({} dense areas, home computers, edges to the {} nearest within {}, bandwidth = 1 / distance); {} % of the vertices replaced every {} time steps. MCL (`mcl --abc -I {}`) runs on the same graph every {} time steps and at the last. \"Once stable\" averages the MCL time steps of the second half (one graph per size: differences of a few hundredths can be noise).\n",
-        a.areas, a.max_neigh, a.rad, a.dynamics, a.dynamics_every, a.inflation, a.mcl_every
-    );
-    let _ = writeln!(
-        md,
-        "| vertices | DiDiC modularity, once stable | MCL modularity | DiDiC − MCL | DiDiC NCV at the end | clusters at the end (DiDiC / MCL) |"
-    );
-    let _ = writeln!(md, "|---|---|---|---|---|---|");
-    for r in &runs {
-        let last = r.didic.last().expect("at least one step");
-        let mcl_last = r.mcl.last().map(|m| m.3.to_string()).unwrap_or("–".into());
-        match stable(r, a.steps) {
-            Some((d, m, _)) => {
-                let _ = writeln!(
-                    md,
-                    "| {} | {d:.4} | {m:.4} | {:+.4} | {:.4} | {} / {mcl_last} |",
-                    r.n,
-                    d - m,
-                    last.2,
-                    last.3
-                );
-            }
-            None => {
-                let _ = writeln!(
-                    md,
-                    "| {} | {:.4} (last) | – | – | {:.4} | {} / {mcl_last} |",
-                    r.n, last.1, last.2, last.3
-                );
-            }
+        "Graphs of §5.4's PUB-Web class ({} dense areas, home computers, edges to the {} nearest within {}, bandwidth = 1 / distance); {} % of the vertices replaced every {} time steps. MCL (`mcl --abc -I {}`) runs on the same graph every {} time steps and at the last. \"Once stable\" averages the MCL time steps of the second half of a run. {}\n",
+        a.areas,
+        a.max_neigh,
+        a.rad,
+        a.dynamics,
+        a.dynamics_every,
+        a.inflation,
+        a.mcl_every,
+        if a.repeats == 1 {
+            "One graph per size: differences of a few hundredths can be noise (`--repeats` runs several).".to_string()
+        } else {
+            format!(
+                "{} graphs per size, each from its own seed: figures are mean ± standard deviation over them; \"within 0.01\" counts the graphs on which DiDiC's modularity once stable is at most 0.01 below MCL's.",
+                a.repeats
+            )
         }
+    );
+    let _ = writeln!(
+        md,
+        "| vertices | DiDiC modularity, once stable | MCL modularity | DiDiC − MCL | within 0.01 | DiDiC NCV at the end | clusters at the end (DiDiC / MCL) |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    for &n in &a.sizes {
+        let of_size: Vec<&Run> = runs.iter().filter(|r| r.n == n).collect();
+        let stables: Vec<(f64, f64)> = of_size
+            .iter()
+            .filter_map(|r| stable(r, a.steps).map(|(d, m, _)| (d, m)))
+            .collect();
+        let lasts: Vec<&(u32, f64, f64, usize)> = of_size
+            .iter()
+            .map(|r| r.didic.last().expect("at least one step"))
+            .collect();
+        let ncv = summary(&lasts.iter().map(|l| l.2).collect::<Vec<_>>());
+        let didic_k = summary(&lasts.iter().map(|l| l.3 as f64).collect::<Vec<_>>());
+        let mcl_k: Vec<f64> = of_size
+            .iter()
+            .filter_map(|r| r.mcl.last().map(|m| m.3 as f64))
+            .collect();
+        let mcl_k = if mcl_k.is_empty() {
+            "–".to_string()
+        } else {
+            summary(&mcl_k)
+        };
+        if stables.is_empty() {
+            let last = summary(&lasts.iter().map(|l| l.1).collect::<Vec<_>>());
+            let _ = writeln!(
+                md,
+                "| {n} | {last} (last) | – | – | – | {ncv} | {didic_k} / {mcl_k} |"
+            );
+            continue;
+        }
+        let d = summary(&stables.iter().map(|s| s.0).collect::<Vec<_>>());
+        let m = summary(&stables.iter().map(|s| s.1).collect::<Vec<_>>());
+        let diffs: Vec<f64> = stables.iter().map(|s| s.0 - s.1).collect();
+        let within = diffs.iter().filter(|&&x| x >= -0.01).count();
+        let _ = writeln!(
+            md,
+            "| {n} | {d} | {m} | {} | {within} of {} | {ncv} | {didic_k} / {mcl_k} |",
+            signed_summary(&diffs),
+            diffs.len()
+        );
     }
     let _ = writeln!(md);
-    for r in &runs {
+    for r in runs.iter().filter(|r| r.repeat == 0) {
         let series = |pick: fn(&(u32, f64, f64, usize)) -> f64, label: &str| {
             vec![
                 Series {
@@ -307,7 +386,7 @@ pub fn run(a: ClusterSimArgs) -> anyhow::Result<ExitCode> {
         let mut all = series(|p| p.1, "modularity");
         all.extend(series(|p| p.2, "NCV"));
         let svg = line_plot(
-            &format!("{} vertices: modularity and NCV over time", r.n),
+            &format!("{} vertices (graph 1): modularity and NCV over time", r.n),
             "time step",
             "modularity, NCV",
             &all,

@@ -351,7 +351,53 @@ fn cluster_sim_compares_didic_with_mcl_reproducibly() {
         std::fs::read_to_string(b.join("results.csv")).unwrap(),
         "the same options give the same results"
     );
+    // Several graphs per size: the first is the single run's graph, and the
+    // report gives mean ± sd and how many are within 0.01 of MCL.
+    let c = dir.path().join("c");
+    let o = bspweb()
+        .args([
+            "cluster-sim",
+            "--sizes",
+            "120",
+            "--steps",
+            "40",
+            "--mcl-every",
+            "10",
+            "--k",
+            "8",
+            "--repeats",
+            "2",
+            "--out",
+        ])
+        .arg(&c)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = |csv: &str, n: &str, graph: Option<&str>| -> Vec<String> {
+        csv.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                (f[0] == n && graph.is_none_or(|g| f[1] == g))
+                    .then(|| [&f[..1], &f[2..]].concat().join(","))
+            })
+            .collect()
+    };
+    let repeated = std::fs::read_to_string(c.join("results.csv")).unwrap();
+    assert_eq!(
+        rows(&repeated, "120", Some("1")),
+        rows(&csv, "120", None),
+        "graph 1 of a repeated run is the single run's graph"
+    );
+    assert_eq!(rows(&repeated, "120", Some("2")).len(), 40 + 4);
+    assert_ne!(
+        rows(&repeated, "120", Some("2")),
+        rows(&repeated, "120", Some("1"))
+    );
+    let readme = std::fs::read_to_string(c.join("README.md")).unwrap();
+    let row = readme.lines().find(|l| l.starts_with("| 120 |")).unwrap();
+    assert!(row.contains(" ± ") && row.contains(" of 2 |"), "{row}");
     for (args, says) in [
+        (&["cluster-sim", "--repeats", "0"][..], "--repeats"),
         (&["cluster-sim", "--benefit", "0.5"][..], "--benefit"),
         (&["cluster-sim", "--sizes", "3"][..], "--sizes"),
         (&["cluster-sim", "--dynamics", "80"][..], "--dynamics"),
