@@ -65,7 +65,7 @@ impl Gen {
     /// An f64 expression.
     fn expr(&mut self, depth: u32) -> String {
         let leaves = 4;
-        let kinds = if depth == 0 { leaves } else { 16 };
+        let kinds = if depth == 0 { leaves } else { 18 };
         match self.below(kinds) {
             0 => format!("(f64.load (i32.const {}))", 8 * self.below(16)),
             1 => format!(
@@ -133,6 +133,21 @@ impl Gen {
             15 => format!(
                 "(if (result f64) {} (then {}) (else {}))",
                 self.cond(depth - 1),
+                self.expr(depth - 1),
+                self.expr(depth - 1)
+            ),
+            16 => format!(
+                "(block (result f64) {} (i32.const {}) (br_table 0 0))",
+                self.expr(depth - 1),
+                self.below(3)
+            ),
+            17 => format!(
+                "(f64.{} (block (result f64 f64) {} {}))",
+                if self.arith {
+                    ["add", "copysign", "min"][self.below(3) as usize]
+                } else {
+                    "copysign"
+                },
                 self.expr(depth - 1),
                 self.expr(depth - 1)
             ),
