@@ -1005,6 +1005,10 @@ pub struct PeersArgs {
     /// Only the peers that are online now (not the gone ones)
     #[arg(long)]
     online: bool,
+    /// List the links peers measured to each other (round trip,
+    /// bandwidth) instead of the peers
+    #[arg(long)]
+    links: bool,
 }
 
 pub async fn peers(a: PeersArgs) -> anyhow::Result<ExitCode> {
@@ -1017,9 +1021,13 @@ pub async fn peers(a: PeersArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&peers)?);
         return Ok(ExitCode::SUCCESS);
     }
+    if a.links {
+        print_links(&peers);
+        return Ok(ExitCode::SUCCESS);
+    }
     println!(
-        "{:>4}  {:<20} {:<22} {:>6} {:>5} {:>5} {:>6} {:>8} {:>8}  {:<9} CLUSTER",
-        "ID", "NAME", "ADDRESS", "SPEED", "IDLE", "CORES", "PROCS", "RSS", "HELD", "STATE"
+        "{:>4}  {:<20} {:<22} {:>6} {:>5} {:>5} {:>6} {:>8} {:>8} {:>5}  {:<9} CLUSTER",
+        "ID", "NAME", "ADDRESS", "SPEED", "IDLE", "CORES", "PROCS", "RSS", "HELD", "LINKS", "STATE"
     );
     // A gone peer's memory is unknown: `-`, not a stale figure.
     let mib = |p: &PeerInfo, b: u64| {
@@ -1031,7 +1039,7 @@ pub async fn peers(a: PeersArgs) -> anyhow::Result<ExitCode> {
     };
     for p in peers {
         println!(
-            "{:>4}  {:<20} {:<22} {:>6.2} {:>5.2} {:>5} {:>6} {:>8} {:>8}  {:<9} {}",
+            "{:>4}  {:<20} {:<22} {:>6.2} {:>5.2} {:>5} {:>6} {:>8} {:>8} {:>5}  {:<9} {}",
             p.id,
             truncate(&p.name, 20),
             p.addr,
@@ -1041,11 +1049,43 @@ pub async fn peers(a: PeersArgs) -> anyhow::Result<ExitCode> {
             p.processes,
             mib(&p, p.memory.rss_bytes),
             mib(&p, p.memory.held_bytes),
+            p.links.len(),
             p.state,
             p.cluster.as_deref().unwrap_or("-")
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `bspweb peers --links`: one line per measured link.
+fn print_links(peers: &[PeerInfo]) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let links: Vec<(&PeerInfo, &bsp_api::rest::PeerLink)> = peers
+        .iter()
+        .flat_map(|p| p.links.iter().map(move |l| (p, l)))
+        .collect();
+    if links.is_empty() {
+        println!(
+            "no links measured yet: peers measure a few each renewal (--probe-mib-per-hour caps it; 0 turns it off)"
+        );
+        return;
+    }
+    println!(
+        "{:>4} {:>4}  {:>10} {:>12} {:>8}",
+        "FROM", "TO", "RTT", "BANDWIDTH", "AGE"
+    );
+    for (p, l) in links {
+        println!(
+            "{:>4} {:>4}  {:>8.3}ms {:>8.1}MB/s {:>7}s",
+            p.id,
+            l.peer,
+            l.rtt_us as f64 / 1000.0,
+            l.bandwidth_bps as f64 / 1e6,
+            (now - l.measured_at).max(0) / 1000
+        );
+    }
 }
 
 #[cfg(test)]

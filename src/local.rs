@@ -401,6 +401,7 @@ pub async fn peer(a: PeerRunArgs) -> anyhow::Result<ExitCode> {
         },
         windows: a.run_between,
         cpu_percent: a.cpu_percent,
+        probe_mib_per_hour: a.probe_mib_per_hour,
     };
     // The first Ctrl-C or SIGTERM drains the peer, a second one stops it at once.
     let stops = stop_requests(a.exit_on_stdin_eof);

@@ -194,6 +194,11 @@ pub struct PeerRunArgs {
     /// at once; the supernode is told fewer cores)
     #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(1..=100))]
     pub(crate) cpu_percent: Option<u8>,
+    /// Cap on the traffic of link measurements (probes this peer sends and
+    /// answers, about 272 KiB each), in MiB per hour; 0 turns them off. The
+    /// supernode clusters peers by what they measure (docs/clustering.md)
+    #[arg(long, value_name = "MIB", default_value_t = bspweb_peer::links::DEFAULT_MIB_PER_HOUR)]
+    pub(crate) probe_mib_per_hour: u64,
     /// Read settings from this TOML file (keys are these flags' names, e.g.
     /// `supernode = "http://…"`, `cpu-percent = 50`, `run-between =
     /// ["22:00-07:00"]`); flags given here win [default:

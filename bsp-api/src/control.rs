@@ -62,6 +62,34 @@ pub struct PeerRenew {
     /// Running totals since the peer started, for the supernode's `/metrics`.
     #[serde(default)]
     pub counters: PeerCounters,
+    /// Links it measured since its last renewal ([`Lease::probe`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<LinkMeasurement>,
+}
+
+/// A link a peer measured to another ([`crate::probe`]).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LinkMeasurement {
+    /// The other peer.
+    pub peer: PeerId,
+    /// The shortest round trip of a small frame, in microseconds.
+    pub rtt_us: u64,
+    /// Payload bytes per second of one bulk transfer, less a round trip.
+    pub bandwidth_bps: u64,
+}
+
+/// A peer to measure the link to ([`crate::probe`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ProbeTarget {
+    pub peer: PeerId,
+    /// Its data-plane listener, `host:port`.
+    pub addr: String,
+    /// The ticket's expiry, Unix milliseconds.
+    pub expires_ms: i64,
+    /// What the target checks ([`crate::probe::ticket`]), hex.
+    pub ticket: String,
 }
 
 /// What a peer did since it started, reported with each renewal; the
@@ -108,6 +136,13 @@ pub struct Lease {
     pub ttl_ms: u64,
     /// How often the peer should renew, in milliseconds (a fraction of the TTL).
     pub renew_every_ms: u64,
+    /// The key probes addressed to this peer are checked with
+    /// ([`crate::probe`]), hex; empty from a supernode that measures no links.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub probe_key: String,
+    /// Peers to measure the link to now (at most a few per renewal).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub probe: Vec<ProbeTarget>,
 }
 
 /// Answer of the long poll: commands with sequence numbers greater than `after`.

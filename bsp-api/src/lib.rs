@@ -7,9 +7,11 @@
 //! - [`rest`]: the user-facing REST API under `/api/v1` (JSON).
 //! - [`control`]: the peer ↔ supernode control plane (JSON over HTTP, lease token).
 //! - [`wire`]: the peer ↔ peer data plane (postcard frames over TCP).
+//! - [`probe`]: tickets for the link measurements between peers.
 //! - `client` (feature `client`): an async HTTP client for the REST API.
 
 pub mod control;
+pub mod probe;
 pub mod rest;
 pub mod wire;
 

@@ -504,6 +504,22 @@ pub struct PeerInfo {
     /// Its memory at its last renewal; all zero once it is `gone`.
     #[serde(default)]
     pub memory: crate::control::PeerMemory,
+    /// The links it measured to other peers, newest measurement of each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<PeerLink>,
+}
+
+/// A measured link from a peer to another ([`PeerInfo::links`]).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PeerLink {
+    pub peer: PeerId,
+    /// The shortest round trip of a small frame, in microseconds.
+    pub rtt_us: u64,
+    /// Bytes per second of a bulk transfer.
+    pub bandwidth_bps: u64,
+    /// When it was measured, Unix milliseconds.
+    pub measured_at: i64,
 }
 
 /// `GET /api/v1/ring`: the DHHT ring the supernode places processes with

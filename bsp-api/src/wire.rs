@@ -136,6 +136,29 @@ pub enum Frame {
         epoch: u64,
         msg: ProgramMsg,
     },
+    /// A link measurement ([`crate::probe`]): a connection of its own,
+    /// opened with [`ProbeFrame::Hello`] instead of [`Frame::Hello`].
+    Probe(ProbeFrame),
+}
+
+/// The frames of a link measurement, in order: `Hello` → `Ready` (or
+/// [`Frame::Reject`]); `Ping(i)` → `Pong(i)`, a few times; `Bulk` →
+/// `Received`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum ProbeFrame {
+    Hello {
+        version: u32,
+        from: PeerId,
+        to: PeerId,
+        expires_ms: i64,
+        ticket: String,
+    },
+    Ready,
+    Ping(u32),
+    Pong(u32),
+    Bulk(#[serde(with = "shared_bytes")] Bytes),
+    /// The bulk's length, once all of it arrived.
+    Received(u32),
 }
 
 /// The messages of Robber's Table 1 (`collectives::MulticastMsg`); bit
@@ -257,6 +280,9 @@ pub enum RejectReason {
     /// because the job ended on its peer (finished or killed): nothing sent
     /// to it any more matters, so the sender does not reconnect.
     JobEnded,
+    /// A probe the listener will not take now (its volunteer's cap on probe
+    /// traffic is spent, or it is measuring another link); try later.
+    Busy,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

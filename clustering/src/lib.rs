@@ -11,12 +11,14 @@
 mod didic;
 mod generate;
 mod graph;
+mod probes;
 mod quality;
 mod rng;
 
 pub use didic::{Didic, DidicParams};
 pub use generate::{Dynamics, GraphModel, Point, Topology};
 pub use graph::{Graph, VertexId};
+pub use probes::{ProbePolicy, neighbours, probe_targets};
 pub use quality::{modularity, ncv};
 pub use rng::Rng;
 

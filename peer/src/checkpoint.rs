@@ -1224,6 +1224,7 @@ impl Assembler {
             Frame::FetchCheckpoint { .. } => Err(CheckpointError::NotCheckpoint("FetchCheckpoint")),
             Frame::Relay { .. } => Err(CheckpointError::NotCheckpoint("Relay")),
             Frame::Program { .. } => Err(CheckpointError::NotCheckpoint("Program")),
+            Frame::Probe(_) => Err(CheckpointError::NotCheckpoint("Probe")),
         }
     }
 }

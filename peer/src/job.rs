@@ -2395,6 +2395,9 @@ impl Driver {
             Frame::Hello { .. } | Frame::Welcome | Frame::Reject { .. } => {
                 return Err("a handshake frame is not allowed after the handshake".into());
             }
+            Frame::Probe(_) => {
+                return Err("a link probe is not allowed on a job's connection".into());
+            }
         }
         Ok(())
     }

@@ -21,6 +21,7 @@ pub mod control;
 pub mod daemon;
 pub mod dirty;
 pub mod job;
+pub mod links;
 #[cfg(test)]
 mod nan_tests;
 pub mod net;
@@ -99,6 +100,9 @@ pub struct PeerConfig {
     /// Use at most this percentage of the machine's cores (fewer slots,
     /// and fewer cores reported, so the supernode places fewer processes).
     pub cpu_percent: Option<u8>,
+    /// The cap on link-probe traffic, sent and answered, MiB per hour
+    /// (`--probe-mib-per-hour`, [`links`]); 0: no probes.
+    pub probe_mib_per_hour: u64,
 }
 
 impl PeerConfig {
@@ -124,6 +128,7 @@ impl PeerConfig {
             control_socket: None,
             windows: Vec::new(),
             cpu_percent: None,
+            probe_mib_per_hour: links::DEFAULT_MIB_PER_HOUR,
         }
     }
 }
@@ -199,7 +204,10 @@ pub async fn run(
         None => budget::default_limit(),
     };
     runtime.budget().set_limit(budget);
-    let registry = Arc::new(Registry::new());
+    let links = Arc::new(links::Links::new(
+        config.probe_mib_per_hour.saturating_mul(1 << 20),
+    ));
+    let registry = Arc::new(Registry::with_links(links.clone()));
     let reporter = Reporter::new();
     let cancel = CancellationToken::new();
     tokio::spawn(net::serve(listener, registry.clone(), cancel.clone()));
@@ -323,6 +331,7 @@ pub async fn run(
                     standing: standing.clone(),
                 },
                 stats,
+                links,
                 cancel.clone(),
             ));
             tokio::spawn(availability_loop(
@@ -441,6 +450,7 @@ async fn renew_loop(
     machine: Machine,
     renewed: Renewed,
     stats: Arc<relay::DataStats>,
+    links: Arc<links::Links>,
     cancel: CancellationToken,
 ) {
     let Renewed { draining, standing } = renewed;
@@ -449,6 +459,10 @@ async fn renew_loop(
         mut idle,
         budget_bytes,
     } = machine;
+    // Answer probes from the login on, not only after the first renewal.
+    if let Some(lease) = client.lease() {
+        links.set_identity(lease.peer_id, &lease.probe_key);
+    }
     loop {
         let every = client
             .lease()
@@ -476,11 +490,19 @@ async fn renew_loop(
                 budget_bytes,
             },
             counters: stats.counters(),
+            links: links.take_results(),
         };
         // A refused lease fences the peer (see `control`); an unreachable
         // supernode is retried at the next tick, the jobs carry on.
-        if let Err(e) = client.renew(&body).await {
-            tracing::warn!("cannot renew the lease: {e}");
+        match client.renew(&body).await {
+            Ok(lease) => {
+                links.set_identity(lease.peer_id, &lease.probe_key);
+                if !lease.probe.is_empty() {
+                    let links = links.clone();
+                    tokio::spawn(async move { links.measure_all(lease.probe).await });
+                }
+            }
+            Err(e) => tracing::warn!("cannot renew the lease: {e}"),
         }
     }
 }

@@ -330,10 +330,12 @@ struct Entry {
     tx: mpsc::Sender<Inbound>,
 }
 
-/// The jobs this peer's listener admits connections for.
+/// The jobs this peer's listener admits connections for, and the link
+/// probes it answers.
 #[derive(Default)]
 pub struct Registry {
     jobs: Mutex<HashMap<JobId, Entry>>,
+    links: Arc<crate::links::Links>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -346,6 +348,14 @@ impl Registry {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty registry that answers link probes with `links`.
+    pub fn with_links(links: Arc<crate::links::Links>) -> Self {
+        Registry {
+            jobs: Mutex::default(),
+            links,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, Entry>> {
@@ -606,6 +616,10 @@ async fn handle_connection(
                 return reject(conn, RejectReason::Version, msg).await;
             }
             (job, from, token)
+        }
+        Ok(Frame::Probe(hello)) => {
+            drop(slot);
+            return registry.links.answer(conn, hello).await;
         }
         Ok(_) | Err(_) => {
             let msg = "the first frame on a data-plane connection must be Hello".to_string();

@@ -56,10 +56,11 @@ pub(crate) fn verify_password(password: &str, hash: &str) -> bool {
         .is_ok()
 }
 
-/// The JWT signing keys.
+/// The JWT signing keys, and the secret peers' probe keys derive from.
 pub(crate) struct Keys {
     encoding: EncodingKey,
     decoding: DecodingKey,
+    probe_secret: [u8; 32],
 }
 
 impl Keys {
@@ -67,7 +68,19 @@ impl Keys {
         Keys {
             encoding: EncodingKey::from_secret(secret),
             decoding: DecodingKey::from_secret(secret),
+            // Not the JWT secret itself: a probe key reveals nothing of it.
+            probe_secret: bsp_api::probe::hmac_sha256(secret, b"bspweb probe keys"),
         }
+    }
+
+    /// The key probes to `peer` are checked with ([`bsp_api::probe`]).
+    pub(crate) fn probe_key(&self, peer: bsp_api::PeerId) -> [u8; 32] {
+        bsp_api::probe::probe_key(&self.probe_secret, peer)
+    }
+
+    /// [`Keys::probe_key`] in hex, as the lease carries it.
+    pub(crate) fn probe_key_hex(&self, peer: bsp_api::PeerId) -> String {
+        bsp_api::probe::hex_encode(&self.probe_key(peer))
     }
 
     fn validation(audience: &str) -> Validation {

@@ -155,6 +155,11 @@ pub(crate) struct Inner {
 #[derive(Default)]
 pub(crate) struct Live {
     pub(crate) peers: HashMap<PeerId, LivePeer>,
+    /// The newest measurement of each link `(from, to)` peers reported
+    /// (issue 15; kept in memory: peers measure again after a restart).
+    pub(crate) links: HashMap<(PeerId, PeerId), bsp_api::rest::PeerLink>,
+    /// When each link `(from, to)` was last handed out to measure.
+    pub(crate) probes_asked: HashMap<(PeerId, PeerId), i64>,
 }
 
 pub(crate) struct LivePeer {
@@ -177,6 +182,8 @@ pub(crate) struct LivePeer {
     /// first renewal after a login or a supernode start, which only sets
     /// this baseline (the totals count since the peer started).
     pub(crate) counters: Option<bsp_api::control::PeerCounters>,
+    /// Its data-plane address, for the peers that measure links to it.
+    pub(crate) addr: String,
 }
 
 /// What a state change asks for once it is committed.

@@ -538,7 +538,20 @@ pub(crate) async fn peers(
     State(sn): State<Supernode>,
     _auth: AuthUser,
 ) -> Result<Json<Vec<PeerInfo>>, Error> {
-    Ok(Json(sn.with_core(|core, _, _| core.peers()).await?))
+    let mut peers = sn.with_core(|core, _, _| core.peers()).await?;
+    // The links each measured to peers that are still online.
+    let live = sn.inner.live();
+    for p in &mut peers {
+        let mut links: Vec<bsp_api::rest::PeerLink> = live
+            .links
+            .iter()
+            .filter(|((from, to), _)| *from == p.id && live.peers.contains_key(to))
+            .map(|(_, l)| *l)
+            .collect();
+        links.sort_unstable_by_key(|l| l.peer);
+        p.links = links;
+    }
+    Ok(Json(peers))
 }
 
 /// Peers holding a valid lease now.

@@ -471,6 +471,7 @@ impl Harness {
             draining,
             memory: Default::default(),
             counters: Default::default(),
+            links: vec![],
         };
         self.send_renew(peer, &renew).await
     }
@@ -489,6 +490,7 @@ impl Harness {
                 budget_bytes: budget,
             },
             counters: Default::default(),
+            links: vec![],
         };
         self.send_renew(peer, &renew).await
     }
@@ -509,6 +511,7 @@ impl Harness {
                     draining: false,
                     memory: Default::default(),
                     counters: Default::default(),
+                    links: vec![],
                 };
                 match http
                     .post(&url)
@@ -558,6 +561,7 @@ impl Harness {
             draining: false,
             memory: Default::default(),
             counters: Default::default(),
+            links: vec![],
         };
         let resp = self
             .http
@@ -2159,6 +2163,7 @@ async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_o
                 budget_bytes: 0,
             },
             counters: Default::default(),
+            links: vec![],
         })
         .send()
         .await
@@ -2200,6 +2205,7 @@ async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_o
                 budget_bytes: 0,
             },
             counters: Default::default(),
+            links: vec![],
         })
         .send()
         .await

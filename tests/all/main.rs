@@ -12,6 +12,7 @@ mod consumer;
 mod errors;
 mod examples;
 mod faults;
+mod links;
 mod metrics;
 mod redteam;
 mod security;

@@ -171,7 +171,7 @@ impl Core {
         let mut live = Live::default();
         {
             let mut stmt = core.conn.prepare(
-                "SELECT id, lease_id, lease_expires_at, cmd_seq FROM peers WHERE state = 'online'",
+                "SELECT id, lease_id, lease_expires_at, cmd_seq, addr FROM peers WHERE state = 'online'",
             )?;
             let rows = stmt.query_map([], |r| {
                 Ok((
@@ -179,13 +179,14 @@ impl Core {
                     r.get::<_, String>(1)?,
                     r.get::<_, i64>(2)?,
                     r.get::<_, i64>(3)?,
+                    r.get::<_, String>(4)?,
                 ))
             })?;
             let mut commands = core
                 .conn
                 .prepare("SELECT seq, body FROM commands WHERE peer_id = ?1 ORDER BY seq")?;
             for row in rows {
-                let (id, lease_id, expires_at, seq) = row?;
+                let (id, lease_id, expires_at, seq, addr) = row?;
                 let mut queue = VecDeque::new();
                 for c in commands
                     .query_map([id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?
@@ -214,6 +215,7 @@ impl Core {
                         notify: Arc::new(Notify::new()),
                         probed_at: None,
                         counters: None,
+                        addr,
                     },
                 );
             }

@@ -80,6 +80,7 @@ impl Core {
                     notify: Arc::new(Notify::new()),
                     probed_at: None,
                     counters: None,
+                    addr: login.addr.clone(),
                 },
             );
         }
@@ -92,6 +93,8 @@ impl Core {
             token: inner.keys.peer_token(id, &lease_id, expires_at)?,
             ttl_ms: ttl.as_millis() as u64,
             renew_every_ms: lease::renew_every(ttl).as_millis() as u64,
+            probe_key: inner.keys.probe_key_hex(id),
+            probe: Vec::new(),
         })
     }
 
@@ -172,11 +175,14 @@ impl Core {
                 }
             }
         }
+        let probe = record_links_and_choose_probes(inner, peer, &renew.links, now);
         Ok(Lease {
             peer_id: peer,
             token: inner.keys.peer_token(peer, &lease_id, expires_at)?,
             ttl_ms: ttl.as_millis() as u64,
             renew_every_ms: lease::renew_every(ttl).as_millis() as u64,
+            probe_key: inner.keys.probe_key_hex(peer),
+            probe,
         })
     }
 
@@ -351,6 +357,14 @@ impl Core {
             if let Some(p) = live.peers.remove(id) {
                 p.notify.notify_waiters();
             }
+        }
+        if !expired.is_empty() {
+            // A gone peer's links mean nothing any more (it may come back
+            // elsewhere in the network).
+            live.links
+                .retain(|(from, to), _| !expired.contains(from) && !expired.contains(to));
+            live.probes_asked
+                .retain(|(from, to), _| !expired.contains(from) && !expired.contains(to));
         }
         Ok(expired)
     }
@@ -560,10 +574,87 @@ impl Core {
                 processes: r.get(8)?,
                 cluster: r.get(9)?,
                 memory,
+                links: Vec::new(),
             })
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
+}
+
+/// How long a probe ticket is valid: a probe starts within seconds of the
+/// renewal that asked for it.
+const PROBE_TICKET_MS: i64 = 60_000;
+
+/// A link is measured again this long after its last measurement.
+const PROBE_REFRESH_MS: i64 = 10 * 60_000;
+
+/// A link asked for and not measured (the target refused, or was busy) is
+/// asked for again after this long.
+const PROBE_RETRY_MS: i64 = 30_000;
+
+/// Record the links `peer` measured (to online peers other than itself;
+/// the rest is ignored) and choose the peers it should measure next
+/// (`clustering::probe_targets`), with their tickets.
+fn record_links_and_choose_probes(
+    inner: &crate::Inner,
+    peer: PeerId,
+    measured: &[bsp_api::control::LinkMeasurement],
+    now: i64,
+) -> Vec<bsp_api::control::ProbeTarget> {
+    let mut live = inner.live();
+    let live = &mut *live;
+    for m in measured {
+        if m.peer != peer && live.peers.contains_key(&m.peer) {
+            live.links.insert(
+                (peer, m.peer),
+                bsp_api::rest::PeerLink {
+                    peer: m.peer,
+                    rtt_us: m.rtt_us,
+                    bandwidth_bps: m.bandwidth_bps,
+                    measured_at: now,
+                },
+            );
+        }
+    }
+    let online: Vec<PeerId> = live
+        .peers
+        .iter()
+        .filter(|(_, p)| lease::is_valid(now, p.expires_at))
+        .map(|(&id, _)| id)
+        .collect();
+    let targets = clustering::probe_targets(
+        peer,
+        &online,
+        |other| {
+            let measured = live
+                .links
+                .get(&(peer, other))
+                .map(|l| l.measured_at + PROBE_REFRESH_MS);
+            let asked = live
+                .probes_asked
+                .get(&(peer, other))
+                .map(|&at| at + PROBE_RETRY_MS);
+            measured.max(asked)
+        },
+        now,
+        clustering::ProbePolicy::default(),
+    );
+    for &t in &targets {
+        live.probes_asked.insert((peer, t), now);
+    }
+    let expires_ms = now + PROBE_TICKET_MS;
+    targets
+        .into_iter()
+        .filter_map(|t| {
+            let addr = live.peers.get(&t)?.addr.clone();
+            Some(bsp_api::control::ProbeTarget {
+                peer: t,
+                addr,
+                expires_ms,
+                ticket: bsp_api::probe::ticket(&inner.keys.probe_key(t), peer, t, expires_ms),
+            })
+        })
+        .collect()
 }
 
 /// Marks the online peers whose lease ended by `now` as gone: frees their

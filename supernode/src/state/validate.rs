@@ -246,5 +246,15 @@ pub(crate) fn validate_renew(renew: &PeerRenew) -> Result<(), Error> {
             "`memory.rss_bytes` and `memory.held_bytes` must be below 2^63",
         ));
     }
+    if renew.links.len() > MAX_LINKS_PER_RENEWAL {
+        return Err(Error::bad_request(format!(
+            "`links` lists {} measurements; a renewal carries at most {MAX_LINKS_PER_RENEWAL}",
+            renew.links.len()
+        )));
+    }
     Ok(())
 }
+
+/// Measurements one renewal may carry: a peer measures a few links per
+/// renewal, this leaves room for renewals that failed.
+pub(crate) const MAX_LINKS_PER_RENEWAL: usize = 256;
