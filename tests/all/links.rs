@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::harness::{Cluster, Options, until};
+use crate::harness::{ADMIN, ADMIN_PASSWORD, Cluster, Options, bspweb, until};
 
 /// Three peers measure each other within a bounded time; a fourth whose
 /// volunteer turned probes off measures nothing and answers no probe, so
@@ -61,4 +61,26 @@ async fn peers_measure_their_links_within_their_volunteers_caps() {
             assert!(l.bandwidth_bps > 1_000_000, "{l:?}");
         }
     }
+    // `bspweb peers --links`: a line per link, at least the six above.
+    let config = tempfile::tempdir().unwrap();
+    let out = bspweb()
+        .args(["peers", "--links"])
+        .env("BSPWEB_URL", &cluster.url)
+        .env("BSPWEB_USER", ADMIN)
+        .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
+        .env("BSPWEB_CONFIG_DIR", config.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("FROM"), "{stdout}");
+    assert!(
+        stdout.lines().filter(|l| l.contains("MB/s")).count() >= 6,
+        "{stdout}"
+    );
 }
