@@ -194,6 +194,17 @@ fn summary(x: &[f64]) -> String {
     }
 }
 
+/// [`summary`] of counts: whole numbers for one graph, one decimal for
+/// several.
+fn count_summary(x: &[f64]) -> String {
+    let (mean, sd) = mean_sd(x);
+    if x.len() == 1 {
+        format!("{mean:.0}")
+    } else {
+        format!("{mean:.1} ± {sd:.1}")
+    }
+}
+
 /// [`summary`] with the mean's sign always shown.
 fn signed_summary(x: &[f64]) -> String {
     let (mean, sd) = mean_sd(x);
@@ -340,7 +351,7 @@ pub fn run(a: ClusterSimArgs) -> anyhow::Result<ExitCode> {
             .map(|r| r.didic.last().expect("at least one step"))
             .collect();
         let ncv = summary(&lasts.iter().map(|l| l.2).collect::<Vec<_>>());
-        let didic_k = summary(&lasts.iter().map(|l| l.3 as f64).collect::<Vec<_>>());
+        let didic_k = count_summary(&lasts.iter().map(|l| l.3 as f64).collect::<Vec<_>>());
         let mcl_k: Vec<f64> = of_size
             .iter()
             .filter_map(|r| r.mcl.last().map(|m| m.3 as f64))
@@ -348,7 +359,7 @@ pub fn run(a: ClusterSimArgs) -> anyhow::Result<ExitCode> {
         let mcl_k = if mcl_k.is_empty() {
             "–".to_string()
         } else {
-            summary(&mcl_k)
+            count_summary(&mcl_k)
         };
         if stables.is_empty() {
             let last = summary(&lasts.iter().map(|l| l.1).collect::<Vec<_>>());

@@ -11,6 +11,7 @@
 mod didic;
 mod generate;
 mod graph;
+mod network;
 mod probes;
 mod quality;
 mod rng;
@@ -18,6 +19,7 @@ mod rng;
 pub use didic::{Didic, DidicParams};
 pub use generate::{Dynamics, GraphModel, Point, Topology};
 pub use graph::{Graph, VertexId};
+pub use network::MeasuredNetwork;
 pub use probes::{ProbePolicy, neighbours, probe_targets};
 pub use quality::{modularity, ncv};
 pub use rng::Rng;
