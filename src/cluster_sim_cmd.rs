@@ -184,35 +184,33 @@ fn run_one(a: &ClusterSimArgs, n: usize, repeat: u32, dir: &Path) -> anyhow::Res
     Ok(run)
 }
 
-/// `x` as "mean ± sd" over several graphs, or the value of one.
+/// `x` as "mean ± sd" over several graphs, or the value of one, with
+/// `decimals` (4 for qualities; counts get 0 for one graph, 1 for several),
+/// the mean's sign always shown when `signed`.
+fn spread(x: &[f64], decimals: usize, signed: bool) -> String {
+    let (mean, sd) = mean_sd(x);
+    let mean = if signed {
+        format!("{mean:+.decimals$}")
+    } else {
+        format!("{mean:.decimals$}")
+    };
+    if x.len() == 1 {
+        mean
+    } else {
+        format!("{mean} ± {sd:.decimals$}")
+    }
+}
+
 fn summary(x: &[f64]) -> String {
-    let (mean, sd) = mean_sd(x);
-    if x.len() == 1 {
-        format!("{mean:.4}")
-    } else {
-        format!("{mean:.4} ± {sd:.4}")
-    }
+    spread(x, 4, false)
 }
 
-/// [`summary`] of counts: whole numbers for one graph, one decimal for
-/// several.
-fn count_summary(x: &[f64]) -> String {
-    let (mean, sd) = mean_sd(x);
-    if x.len() == 1 {
-        format!("{mean:.0}")
-    } else {
-        format!("{mean:.1} ± {sd:.1}")
-    }
-}
-
-/// [`summary`] with the mean's sign always shown.
 fn signed_summary(x: &[f64]) -> String {
-    let (mean, sd) = mean_sd(x);
-    if x.len() == 1 {
-        format!("{mean:+.4}")
-    } else {
-        format!("{mean:+.4} ± {sd:.4}")
-    }
+    spread(x, 4, true)
+}
+
+fn count_summary(x: &[f64]) -> String {
+    spread(x, if x.len() == 1 { 0 } else { 1 }, false)
 }
 
 /// The mean and the sample standard deviation (0 for one value).

@@ -627,40 +627,69 @@ pub fn checkpointable(bytes: &[u8], summary: &ModuleSummary) -> Result<Vec<u8>, 
     }
     let bad =
         || InvalidModule::Malformed("cannot re-read the sections of a validated module".into());
-    let mut out = Vec::with_capacity(bytes.len() + 24 * summary.mutable_globals.len());
+    let mut found = false;
+    let out = rewrite_sections(bytes, |id, content| {
+        if id != EXPORT_SECTION {
+            return Ok(SectionEdit::Keep);
+        }
+        found = true;
+        let (count, m) = read_leb_u32(content).ok_or_else(bad)?;
+        let added = u32::try_from(summary.mutable_globals.len()).map_err(|_| bad())?;
+        let mut section = Vec::with_capacity(content.len() + 24 * added as usize);
+        write_leb(
+            &mut section,
+            u64::from(count.checked_add(added).ok_or_else(bad)?),
+        );
+        section.extend_from_slice(&content[m..]);
+        for &g in &summary.mutable_globals {
+            let name = global_export_name(g);
+            write_leb(&mut section, name.len() as u64);
+            section.extend_from_slice(name.as_bytes());
+            section.push(EXTERNAL_GLOBAL);
+            write_leb(&mut section, u64::from(g));
+        }
+        Ok(SectionEdit::Replace(section))
+    })?;
+    if !found {
+        return Err(bad());
+    }
+    Ok(out)
+}
+
+/// What [`rewrite_sections`] does with a section.
+pub(crate) enum SectionEdit {
+    Keep,
+    Replace(Vec<u8>),
+    Drop,
+}
+
+/// `bytes`, a valid module, rebuilt section by section: `edit` sees each
+/// section's id and contents and says what to do with it.
+pub(crate) fn rewrite_sections(
+    bytes: &[u8],
+    mut edit: impl FnMut(u8, &[u8]) -> Result<SectionEdit, InvalidModule>,
+) -> Result<Vec<u8>, InvalidModule> {
+    let bad =
+        || InvalidModule::Malformed("cannot re-read the sections of a validated module".into());
+    let mut out = Vec::with_capacity(bytes.len() + bytes.len() / 8);
     out.extend_from_slice(bytes.get(..8).ok_or_else(bad)?);
     let mut pos = 8;
-    let mut found = false;
     while pos < bytes.len() {
         let id = bytes[pos];
         let (size, n) = read_leb_u32(bytes.get(pos + 1..).ok_or_else(bad)?).ok_or_else(bad)?;
         let start = pos + 1 + n;
         let end = start.checked_add(size as usize).ok_or_else(bad)?;
         let content = bytes.get(start..end).ok_or_else(bad)?;
-        if id == EXPORT_SECTION {
-            found = true;
-            let (count, m) = read_leb_u32(content).ok_or_else(bad)?;
-            let added = u32::try_from(summary.mutable_globals.len()).map_err(|_| bad())?;
-            let mut section = Vec::with_capacity(content.len() + 24 * added as usize);
-            write_leb_u32(&mut section, count.checked_add(added).ok_or_else(bad)?);
-            section.extend_from_slice(&content[m..]);
-            for &g in &summary.mutable_globals {
-                let name = global_export_name(g);
-                write_leb_u32(&mut section, name.len() as u32);
-                section.extend_from_slice(name.as_bytes());
-                section.push(EXTERNAL_GLOBAL);
-                write_leb_u32(&mut section, g);
+        match edit(id, content)? {
+            SectionEdit::Keep => out.extend_from_slice(&bytes[pos..end]),
+            SectionEdit::Replace(section) => {
+                out.push(id);
+                write_leb(&mut out, section.len() as u64);
+                out.extend_from_slice(&section);
             }
-            out.push(EXPORT_SECTION);
-            write_leb_u32(&mut out, u32::try_from(section.len()).map_err(|_| bad())?);
-            out.extend_from_slice(&section);
-        } else {
-            out.extend_from_slice(&bytes[pos..end]);
+            SectionEdit::Drop => {}
         }
         pos = end;
-    }
-    if !found {
-        return Err(bad());
     }
     Ok(out)
 }
@@ -670,7 +699,7 @@ const EXPORT_SECTION: u8 = 7;
 const EXTERNAL_GLOBAL: u8 = 3;
 
 /// An unsigned LEB128 `u32` at the start of `bytes`, with its length.
-fn read_leb_u32(bytes: &[u8]) -> Option<(u32, usize)> {
+pub(crate) fn read_leb_u32(bytes: &[u8]) -> Option<(u32, usize)> {
     let mut value = 0u32;
     for (i, &b) in bytes.iter().take(5).enumerate() {
         value |= u32::from(b & 0x7f).checked_shl(7 * i as u32)?;
@@ -681,7 +710,8 @@ fn read_leb_u32(bytes: &[u8]) -> Option<(u32, usize)> {
     None
 }
 
-fn write_leb_u32(out: &mut Vec<u8>, mut value: u32) {
+/// Append `value` as unsigned LEB128.
+pub(crate) fn write_leb(out: &mut Vec<u8>, mut value: u64) {
     loop {
         let byte = (value & 0x7f) as u8;
         value >>= 7;
@@ -976,7 +1006,7 @@ mod tests {
     fn leb128_round_trips() {
         for v in [0, 1, 127, 128, 300, 16_383, 16_384, u32::MAX / 3, u32::MAX] {
             let mut b = Vec::new();
-            write_leb_u32(&mut b, v);
+            write_leb(&mut b, u64::from(v));
             assert_eq!(read_leb_u32(&b), Some((v, b.len())));
         }
         assert_eq!(read_leb_u32(&[0x80, 0x80]), None);

@@ -54,11 +54,11 @@
 //! on them.
 
 use wasmparser::{
-    BinaryReader, FuncValidator, FunctionBody, Operator, Parser, Payload, ValType, ValidPayload,
-    Validator, ValidatorResources, WasmModuleResources,
+    FuncValidator, FunctionBody, Operator, Parser, Payload, ValType, ValidPayload, Validator,
+    ValidatorResources, WasmModuleResources,
 };
 
-use crate::{InvalidModule, features};
+use crate::{InvalidModule, SectionEdit, features, read_leb_u32, rewrite_sections, write_leb};
 
 /// Section ids in the binary format.
 const CUSTOM_SECTION: u8 = 0;
@@ -577,7 +577,7 @@ fn rewrite(
     let mut section = Vec::with_capacity(bodies.len() + 5);
     write_leb(&mut section, u64::from(count));
     section.extend_from_slice(&bodies);
-    splice_code_section(bytes, &section)
+    splice_code_section(bytes, section)
 }
 
 /// Analyse one body, plan, and append the rewritten body (with its size) to
@@ -725,50 +725,26 @@ fn val_type_byte(ty: ValType) -> u8 {
     }
 }
 
-fn write_leb(out: &mut Vec<u8>, mut value: u64) {
-    loop {
-        let byte = (value & 0x7f) as u8;
-        value >>= 7;
-        if value == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
+/// `bytes` with the code section's contents replaced by `section`, and
+/// without DWARF, which describes the code's old offsets (backtraces would
+/// name the wrong lines).
+fn splice_code_section(bytes: &[u8], section: Vec<u8>) -> Result<Vec<u8>, InvalidModule> {
+    let mut section = Some(section);
+    rewrite_sections(bytes, |id, content| {
+        Ok(match id {
+            CODE_SECTION => SectionEdit::Replace(section.take().unwrap_or_default()),
+            CUSTOM_SECTION if custom_name(content).is_some_and(|n| n.starts_with(b".debug_")) => {
+                SectionEdit::Drop
+            }
+            _ => SectionEdit::Keep,
+        })
+    })
 }
 
-/// `bytes` with the code section's contents replaced by `section`.
-fn splice_code_section(bytes: &[u8], section: &[u8]) -> Result<Vec<u8>, InvalidModule> {
-    let bad =
-        || InvalidModule::Malformed("cannot re-read the sections of a validated module".into());
-    let mut out = Vec::with_capacity(bytes.len() + section.len() / 8);
-    out.extend_from_slice(bytes.get(..8).ok_or_else(bad)?);
-    let mut pos = 8;
-    while pos < bytes.len() {
-        let mut r = BinaryReader::new(&bytes[pos..], pos);
-        let id = r.read_u8().map_err(|_| bad())?;
-        let size = r.read_var_u32().map_err(|_| bad())? as usize;
-        let start = r.original_position();
-        let end = start
-            .checked_add(size)
-            .filter(|&e| e <= bytes.len())
-            .ok_or_else(bad)?;
-        if id == CODE_SECTION {
-            out.push(CODE_SECTION);
-            write_leb(&mut out, section.len() as u64);
-            out.extend_from_slice(section);
-        } else if id == CUSTOM_SECTION
-            && r.read_string()
-                .is_ok_and(|name| name.starts_with(".debug_"))
-        {
-            // DWARF describes the code's old offsets: drop it rather than
-            // have backtraces name the wrong lines.
-        } else {
-            out.extend_from_slice(&bytes[pos..end]);
-        }
-        pos = end;
-    }
-    Ok(out)
+/// A custom section's name.
+fn custom_name(content: &[u8]) -> Option<&[u8]> {
+    let (len, n) = read_leb_u32(content)?;
+    content.get(n..n.checked_add(len as usize)?)
 }
 
 #[cfg(test)]
