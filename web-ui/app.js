@@ -2283,7 +2283,7 @@ function peersPage(main, ctx) {
       empty,
       scrollTable(
         'Peers',
-        h('table', { id: 'peers' }, h('thead', {}, h('tr', {}, ['Peer', 'State', 'Speed', 'Idle', 'Cores', 'Lease expires', 'Processes', 'Memory', 'Address'].map((t) => colHead(t)))), tbody),
+        h('table', { id: 'peers' }, h('thead', {}, h('tr', {}, ['Peer', 'State', 'Speed', 'Idle', 'Cores', 'Lease expires', 'Processes', 'Memory', 'Address', 'Links'].map((t) => colHead(t)))), tbody),
       ),
     ),
     h(
@@ -2332,6 +2332,29 @@ function peersPage(main, ctx) {
       h('td', { class: 'num' }, String(p.processes)),
       peerMemory(p.memory),
       h('td', {}, h('code', {}, p.addr)),
+      peerLinks(p),
+    );
+  }
+
+  // The links the peer measured to others (round trip, bandwidth), newest
+  // measurement of each; peers measure a few per lease renewal.
+  function peerLinks(p) {
+    const links = p.links || [];
+    if (!links.length) return h('td', { class: 'muted', title: 'No link measured yet (or link probes are turned off on this peer)' }, '—');
+    const name = (id) => peerCache.find((q) => q.id === id)?.name ?? `peer ${id}`;
+    return h(
+      'td',
+      {},
+      h(
+        'details',
+        { class: 'peer-links' },
+        h('summary', {}, `${links.length} measured`),
+        h(
+          'ul',
+          { class: 'small' },
+          ...links.map((l) => h('li', {}, `${name(l.peer)}: ${(l.rtt_us / 1000).toFixed(2)} ms, ${fmtBytes(l.bandwidth_bps)}/s`)),
+        ),
+      ),
     );
   }
 

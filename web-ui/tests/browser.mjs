@@ -711,6 +711,10 @@ async function main() {
     // Each online peer's memory, from its renewals: resident size and what its jobs hold.
     await page.waitForFunction(() => [...document.querySelectorAll('#peers tr[data-state="online"]')].every((r) => /MiB[\s\S]*held \d/.test(r.children[7].textContent)));
     const hosted = await page.$$eval('#peers tbody tr', (rs) => rs.reduce((n, r) => n + Number(r.children[6].textContent), 0));
+    // The links peers measure to each other (a few per renewal): each online peer lists some.
+    await page.waitForFunction(() => [...document.querySelectorAll('#peers tr[data-state="online"]')].every((r) => /\d+ measured/.test(r.children[9].textContent)), null, { timeout: 60_000 });
+    const link = await page.$eval('#peers tr[data-state="online"] details.peer-links li', (li) => li.textContent);
+    check(/ ms, .*\/s$/.test(link), `a measured link lacks its round trip or bandwidth: ${link}`);
     check(hosted >= 3, `the peers host ${hosted} processes, expected the long job's 3`);
     check(ringAvailable, 'GET /api/v1/ring is missing on this supernode (the ring picture cannot be drawn)');
     await page.waitForSelector('#ring-svg');
