@@ -300,24 +300,27 @@ fn sim_writes_a_reproducible_report_and_rejects_bad_options() {
 #[test]
 fn cluster_sim_compares_didic_with_mcl_reproducibly() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |out: &std::path::Path| {
+    // A short run on `sizes` with `extra` options, its report in `out`.
+    let sim = |sizes: &str, extra: &[&str], out: &std::path::Path| {
         bspweb()
             .args([
                 "cluster-sim",
                 "--sizes",
-                "120,200",
+                sizes,
                 "--steps",
                 "40",
                 "--mcl-every",
                 "10",
                 "--k",
                 "8",
-                "--out",
             ])
+            .args(extra)
+            .arg("--out")
             .arg(out)
             .output()
             .unwrap()
     };
+    let run = |out: &std::path::Path| sim("120,200", &[], out);
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
     for out in [&a, &b] {
         let o = run(out);
@@ -354,24 +357,7 @@ fn cluster_sim_compares_didic_with_mcl_reproducibly() {
     // Several graphs per size: the first is the single run's graph, and the
     // report gives mean ± sd and how many are within 0.01 of MCL.
     let c = dir.path().join("c");
-    let o = bspweb()
-        .args([
-            "cluster-sim",
-            "--sizes",
-            "120",
-            "--steps",
-            "40",
-            "--mcl-every",
-            "10",
-            "--k",
-            "8",
-            "--repeats",
-            "2",
-            "--out",
-        ])
-        .arg(&c)
-        .output()
-        .unwrap();
+    let o = sim("120", &["--repeats", "2"], &c);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let rows = |csv: &str, n: &str, graph: Option<&str>| -> Vec<String> {
         csv.lines()
