@@ -180,8 +180,12 @@ fn zero_page_hash() -> PageHash {
     *H.get_or_init(|| page_hash(&[0u8; PAGE_SIZE]))
 }
 
+/// Whether every byte is zero: 256-byte blocks OR-folded (vectorized),
+/// stopping at the first block that is not.
 fn is_zero(bytes: &[u8]) -> bool {
-    bytes.iter().all(|&b| b == 0)
+    let mut blocks = bytes.chunks_exact(256);
+    blocks.all(|b| b.iter().fold(0u8, |a, &x| a | x) == 0)
+        && blocks.remainder().iter().all(|&b| b == 0)
 }
 
 /// Bytes an outbox occupies: a payload shared by consecutive messages (one
@@ -454,7 +458,9 @@ impl PageTracker {
                 m.resize(mem.len(), 0);
                 (m, Some(u64::from(p.superstep) + 1))
             }
-            None => (Vec::with_capacity(mem.len()), None),
+            // A fresh buffer is zeros already: zero pages are not copied
+            // (nor faulted in).
+            None => (crate::sysinfo::zeroed_buffer(mem.len()), None),
         };
         for (i, page) in mem.chunks(PAGE_SIZE).enumerate() {
             let changed = !skip(i) && {
@@ -469,7 +475,12 @@ impl PageTracker {
                 self.changed[i] = tag;
             }
             match since {
-                None => copy.extend_from_slice(page),
+                None => {
+                    if !is_zero(page) {
+                        let start = i * PAGE_SIZE;
+                        copy[start..start + page.len()].copy_from_slice(page);
+                    }
+                }
                 // Changed at a capture after `b` (this one included).
                 Some(b) if self.changed[i] > b => {
                     let start = i * PAGE_SIZE;
@@ -1143,7 +1154,7 @@ impl Assembler {
         let mut memory = match base {
             Some(BaseSnap::Owned(mut b)) => std::mem::take(&mut b.memory),
             Some(b) => b.get().memory.clone(),
-            None => Vec::new(),
+            None => crate::sysinfo::zeroed_buffer(len),
         };
         memory.resize(len, 0);
         for (index, bytes) in &all_pages {

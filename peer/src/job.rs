@@ -1745,6 +1745,13 @@ impl Driver {
         } else {
             State::AtSync(Box::new(p))
         };
+        // The process goes on first, if it may: its thread then wakes
+        // before the connections' writers take the cores (on two cores
+        // this alone took PageRank at p = 1 from 1.44–1.52× native to
+        // 1.23–1.42×).
+        if !leaving {
+            self.pump();
+        }
         self.send_checkpoint(pid);
         if leaving {
             if let Some(l) = self.local.get_mut(&pid) {

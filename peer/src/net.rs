@@ -728,9 +728,28 @@ impl Drop for Forget<'_> {
     }
 }
 
+/// First wait before asking a peer again that did not know the job yet
+/// (doubled at each try, up to 1 s).
+pub const UNKNOWN_JOB_RETRY: Duration = Duration::from_millis(2);
+
+/// Whether and how soon a failed handshake is tried again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// A rejection other than "unknown job": fail.
+    Never,
+    /// The peer does not know the job yet: it will within milliseconds.
+    Soon,
+    /// Refused, broken or timed out: back off from 50 ms.
+    Later,
+}
+
 /// Open a data-plane connection to `addr` for `job` and get it welcomed.
 /// Retries refused connections and `Reject{UnknownJob}` with backoff until
-/// `deadline`; other rejections fail at once.
+/// `deadline`; other rejections fail at once. A peer that does not know
+/// the job yet usually gets its assignment within milliseconds (all peers
+/// of a job hear of it at once), so that retry starts at
+/// [`UNKNOWN_JOB_RETRY`], not at the 50 ms of a refused connection: the
+/// first checkpoint of a job waits for this connection.
 pub async fn connect(
     addr: &str,
     job: JobId,
@@ -747,47 +766,60 @@ pub async fn connect(
         epoch,
     })
     .map_err(|e| format!("cannot encode hello: {e}"))?;
-    let mut backoff = Duration::from_millis(50);
+    let mut later = Duration::from_millis(50);
+    let mut soon = UNKNOWN_JOB_RETRY;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let attempt = timeout(left.min(HANDSHAKE_TIMEOUT), async {
             let stream = TcpStream::connect(addr)
                 .await
-                .map_err(|e| (true, format!("cannot connect: {e}")))?;
+                .map_err(|e| (Retry::Later, format!("cannot connect: {e}")))?;
             let _ = stream.set_nodelay(true);
             let mut conn = Framed::new(stream, codec());
             conn.send(hello.clone())
                 .await
-                .map_err(|e| (true, format!("cannot send hello: {e}")))?;
+                .map_err(|e| (Retry::Later, format!("cannot send hello: {e}")))?;
             match conn.next().await {
                 Some(Ok(bytes)) => match decode(bytes) {
                     Ok(Frame::Welcome) => Ok(conn),
                     Ok(Frame::Reject {
                         reason: RejectReason::UnknownJob,
                         message,
-                    }) => Err((true, format!("it does not know the job yet: {message}"))),
-                    Ok(Frame::Reject { reason, message }) => {
-                        Err((false, format!("it rejected us ({reason:?}): {message}")))
-                    }
-                    Ok(other) => Err((false, format!("it answered hello with {other:?}"))),
-                    Err(e) => Err((false, format!("it sent a malformed answer: {e}"))),
+                    }) => Err((
+                        Retry::Soon,
+                        format!("it does not know the job yet: {message}"),
+                    )),
+                    Ok(Frame::Reject { reason, message }) => Err((
+                        Retry::Never,
+                        format!("it rejected us ({reason:?}): {message}"),
+                    )),
+                    Ok(other) => Err((Retry::Never, format!("it answered hello with {other:?}"))),
+                    Err(e) => Err((Retry::Never, format!("it sent a malformed answer: {e}"))),
                 },
-                Some(Err(e)) => Err((true, format!("the handshake failed: {e}"))),
-                None => Err((true, "it closed the connection during the handshake".into())),
+                Some(Err(e)) => Err((Retry::Later, format!("the handshake failed: {e}"))),
+                None => Err((
+                    Retry::Later,
+                    "it closed the connection during the handshake".into(),
+                )),
             }
         })
         .await;
-        let error = match attempt {
+        let (retry, error) = match attempt {
             Ok(Ok(conn)) => return Ok(conn),
-            Ok(Err((false, e))) => return Err(e),
-            Ok(Err((true, e))) => e,
-            Err(_) => "the handshake timed out".to_string(),
+            Ok(Err(e)) => e,
+            Err(_) => (Retry::Later, "the handshake timed out".to_string()),
         };
-        if Instant::now() + backoff >= deadline {
+        let backoff = match retry {
+            Retry::Never => return Err(error),
+            Retry::Soon => &mut soon,
+            Retry::Later => &mut later,
+        };
+        let wait = *backoff;
+        *backoff = (wait * 2).min(Duration::from_secs(1));
+        if Instant::now() + wait >= deadline {
             return Err(error);
         }
-        sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(1));
+        sleep(wait).await;
     }
 }
 

@@ -194,6 +194,40 @@ pub fn release_free_memory() {
     }
 }
 
+/// A zeroed buffer of `len` bytes for a snapshot's memory, cheap to fill:
+/// the allocator hands large zeroed blocks over as fresh mappings (no
+/// `memset`, and pages never written are never faulted in), and the kernel
+/// is asked to back it with transparent huge pages where it can, so
+/// filling 10 MiB takes 5 faults instead of 2 560 (a fresh capture of
+/// PageRank's 10 MiB: about 3.5 ms of faults measured here, 1 ms with
+/// huge pages). Where huge pages are off, or on other systems, it is a
+/// plain zeroed buffer.
+pub fn zeroed_buffer(len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    advise_huge_pages(&mut v);
+    v
+}
+
+#[cfg(target_os = "linux")]
+fn advise_huge_pages(v: &mut [u8]) {
+    const HUGE: usize = 2 << 20;
+    let start = v.as_mut_ptr() as usize;
+    let first = start.next_multiple_of(HUGE);
+    let end = (start + v.len()) & !(HUGE - 1);
+    if end > first {
+        // SAFETY: [first, end) lies inside `v`'s allocation, which this
+        // function borrows mutably; MADV_HUGEPAGE only changes how the
+        // kernel backs those pages, never their contents (zeros stay
+        // zeros), and its failure (huge pages disabled) changes nothing.
+        unsafe {
+            libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE);
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge_pages(_: &mut [u8]) {}
+
 /// Make the whole process allocate from one glibc arena. By default glibc
 /// gives threads up to 8 × cores arenas, and each keeps the memory of the
 /// biggest job the peer ever ran (measured with `cargo bench --bench

@@ -19,8 +19,13 @@ use bsp_api::rest::{JobEvent, JobEventKind, JobInfo, SubmitJob};
 pub const ADMIN: &str = "admin";
 pub const ADMIN_PASSWORD: &str = "correct horse battery staple";
 
+/// The `bspweb` binary the children run: this build's, or `BSPWEB_BIN`
+/// (a benchmark compares two builds with it).
 pub fn bspweb() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_bspweb"))
+    match std::env::var_os("BSPWEB_BIN") {
+        Some(bin) => Command::new(bin),
+        None => Command::new(env!("CARGO_BIN_EXE_bspweb")),
+    }
 }
 
 /// The log filter of the children: `BSPWEB_TEST_LOG`, else `warn`.
