@@ -448,6 +448,12 @@ fn main() {
                 .unwrap_or_else(|e| fail(format!("uploading {}.wasm: {e}", k.stem())));
             hashes.push(info.hash);
         }
+        let peers = cluster.peers.len();
+        for (k, hash) in kernels.iter().zip(&hashes) {
+            harness::warm_up(&client, peers, hash, json!(k.argv(1))).await;
+        }
+        let rust = json!({"n": PR_N, "m": PR_M, "iters": 1, "seed": PR_SEED});
+        harness::warm_up(&client, peers, "pagerank", rust).await;
         let mut measured = vec![];
         for (i, c) in CONFIGS.iter().enumerate() {
             if only.is_some_and(|o| o != i) {
@@ -463,7 +469,7 @@ fn main() {
             };
             let n = iterations(c.kernel);
             let label = format!("{} {}", c.kernel.stem(), c.label);
-            // Warm up: the peers download and compile the program once.
+            // Warm up this configuration (connections, allocator).
             bspweb(&client, c, program, 1).await;
             let (mut total, mut one_iteration) = (Duration::MAX, Duration::MAX);
             for _ in 0..runs {

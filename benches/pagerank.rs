@@ -210,8 +210,10 @@ fn main() {
     let rt = tokio::runtime::Runtime::new().expect("a tokio runtime");
     rt.block_on(async {
         let client = cluster.admin().await;
+        let warm = json!({"n": N, "m": M, "iters": 1, "seed": SEED});
+        harness::warm_up(&client, cluster.peers.len(), "pagerank", warm).await;
         for c in CONFIGS.iter().filter(|c| only.is_none_or(|o| c.label == o)) {
-            // Warm up: the peers download and compile the program once.
+            // Warm up this configuration (connections, allocator).
             bspweb(&client, c, 1).await;
             let (mut total, mut one_iteration) = (Duration::MAX, Duration::MAX);
             for _ in 0..runs {

@@ -459,7 +459,9 @@ fn resume_and_capture(
     slot: crate::slots::Slot,
     capture_input: Option<CaptureInput>,
 ) -> Task {
+    timeline(pid, s, "resumed");
     let outcome = p.process.resume_in(slot);
+    timeline(pid, s, "synced");
     let exited = match outcome {
         Outcome::Sync => false,
         Outcome::Done => true,
@@ -475,10 +477,17 @@ fn resume_and_capture(
         // The job's driver is gone: nobody reads the capture.
         return Task::Resumed(pid, Err("the job ended".to_string()));
     }
-    Task::Captured(
-        pid,
-        capture(&mut p, outbox, exited, Vec::new(), &c.targets).map(|(s, e)| (p, s, e)),
-    )
+    let captured = capture(&mut p, outbox, exited, Vec::new(), &c.targets);
+    timeline(pid, s, "captured");
+    Task::Captured(pid, captured.map(|(s, e)| (p, s, e)))
+}
+
+/// A point of a superstep's life on this peer, for `BSPWEB_LOG=
+/// bspweb::timeline=trace` (docs/benchmarks.md, "Profiling"): the log's
+/// microsecond timestamps show where a superstep's time goes between
+/// threads and peers. Free when the target is off.
+fn timeline(pid: Pid, superstep: u32, what: &str) {
+    tracing::trace!(target: "bspweb::timeline", pid, superstep, "{what}");
 }
 
 /// What a blocking task hands back.
@@ -771,6 +780,7 @@ async fn run_job(
     cancel: CancellationToken,
 ) {
     let job = a.job;
+    tracing::trace!(target: "bspweb::timeline", job, me, "job assigned");
     let kill = Arc::new(AtomicBool::new(false));
     let setup = check_assignment(me, &a)
         .and_then(|placement| job_info(&env, &a, kill.clone()).map(|info| (placement, info)));
@@ -1456,6 +1466,7 @@ impl Driver {
 
     /// Tell every peer (and the local barrier) that `pid` is through `s`.
     fn announce(&mut self, s: u32, d: ProcDone) {
+        timeline(d.pid, s, "Done sent");
         self.dones.insert((d.pid, s), d.clone());
         let peers: Vec<PeerId> = self.links.keys().copied().collect();
         for p in peers {
@@ -1511,12 +1522,15 @@ impl Driver {
                 let slot = slots.acquire(job).await.map_err(|e| e.to_string());
                 let joined = tokio::task::spawn_blocking(move || {
                     let slot = slot?;
+                    timeline(pid, 0, "instantiating");
                     let mut p = Proc {
                         process: runtime.instantiate(&module, info, pid)?,
                         tracker: PageTracker::new(),
                         recent: VecDeque::new(),
                     };
+                    timeline(pid, 0, "resumed");
                     let outcome = p.process.resume_in(slot);
+                    timeline(pid, 0, "synced");
                     Ok((p, outcome))
                 })
                 .await;
@@ -1677,6 +1691,11 @@ impl Driver {
     }
 
     fn on_captured(&mut self, pid: Pid, r: Result<(Proc, Arc<Snapshot>, Encoded), String>) {
+        timeline(
+            pid,
+            self.local.get(&pid).map_or(0, |l| l.superstep),
+            "capture handed over",
+        );
         let (mut p, snapshot, mut encoded) = match r {
             Ok(x) => x,
             Err(e) => {
@@ -1811,6 +1830,7 @@ impl Driver {
     }
 
     fn on_ack(&mut self, from: PeerId, pid: Pid, superstep: u32, ok: bool) {
+        tracing::trace!(target: "bspweb::timeline", pid, superstep, from, ok, "checkpoint acknowledged");
         let Some(l) = self.local.get_mut(&pid) else {
             return;
         };
@@ -2317,6 +2337,7 @@ impl Driver {
                 match built {
                     Ok(Some(Assembled::Checkpoint(snap))) => {
                         let (pid, superstep) = (snap.pid, snap.superstep);
+                        tracing::trace!(target: "bspweb::timeline", pid, superstep, from, "replica stored");
                         self.store.insert(snap);
                         self.send_to(
                             from,

@@ -815,6 +815,7 @@ pub async fn connect(
             Retry::Later => &mut later,
         };
         let wait = *backoff;
+        tracing::trace!(target: "bspweb::timeline", job, to = addr, "dialing again: {error}");
         *backoff = (wait * 2).min(Duration::from_secs(1));
         if Instant::now() + wait >= deadline {
             return Err(error);
@@ -894,9 +895,12 @@ pub fn spawn_writer(
                         Outgoing::Encoded(s) => s,
                     };
                     if segments.len() >= DIRECT_WRITE_BYTES {
+                        let bytes = segments.len();
+                        tracing::trace!(target: "bspweb::timeline", to = dial.to, bytes, "writing");
                         write_segments(&mut conn, segments)
                             .await
                             .map_err(|e| e.to_string())?;
+                        tracing::trace!(target: "bspweb::timeline", to = dial.to, bytes, "written");
                     } else {
                         conn.feed(segments.to_bytes())
                             .await

@@ -87,6 +87,9 @@ pub struct Runtime {
     /// `(hash, compiled, bytes)`: the bytes so the peer can pass the
     /// program on to other peers of a job.
     modules: Mutex<Vec<(String, Module, Bytes)>>,
+    /// One lock per program being compiled: a second compile of the same
+    /// program waits for the first and takes its result from the cache.
+    compiling: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     stop_ticker: Arc<AtomicBool>,
     ticker: Mutex<Option<JoinHandle<()>>>,
     /// The peer's memory budget, which every process asks before it holds
@@ -160,6 +163,7 @@ impl Runtime {
             engine,
             linker,
             modules: Mutex::new(Vec::new()),
+            compiling: Mutex::new(HashMap::new()),
             stop_ticker,
             ticker: Mutex::new(Some(ticker)),
             budget,
@@ -191,11 +195,36 @@ impl Runtime {
 
     /// Check that `bytes` hash to `hash`, validate them against the
     /// `bspweb_v1` contract, compile them and cache the result. CPU-heavy:
-    /// call it from a blocking thread.
+    /// call it from a blocking thread. Compiles of the same program are
+    /// done once: a caller that finds one under way waits for it (jobs
+    /// that start while the last one's compile still runs, and a peer's
+    /// download racing its copy from other peers, used to compile the same
+    /// program two to four times at once, on the cores the job computes on).
     pub fn compile(&self, hash: &str, bytes: &[u8]) -> Result<Module, CompileError> {
         if let Some(m) = self.cached(hash) {
             return Ok(m);
         }
+        let key = hash.to_ascii_lowercase();
+        let lock = {
+            let mut compiling = self.compiling.lock().unwrap_or_else(|p| p.into_inner());
+            compiling.entry(key.clone()).or_default().clone()
+        };
+        let result = {
+            let _only = lock.lock().unwrap_or_else(|p| p.into_inner());
+            match self.cached(hash) {
+                Some(m) => Ok(m),
+                None => self.compile_uncached(hash, bytes),
+            }
+        };
+        let mut compiling = self.compiling.lock().unwrap_or_else(|p| p.into_inner());
+        // Nobody else holds it (the map's and ours): forget it.
+        if Arc::strong_count(&lock) == 2 {
+            compiling.remove(&key);
+        }
+        result
+    }
+
+    fn compile_uncached(&self, hash: &str, bytes: &[u8]) -> Result<Module, CompileError> {
         let actual = module_hash(bytes);
         if !actual.eq_ignore_ascii_case(hash) {
             return Err(CompileError::HashMismatch {
@@ -203,6 +232,7 @@ impl Runtime {
                 actual,
             });
         }
+        let started = Instant::now();
         let summary = bspweb_abi::validate(bytes)?;
         // Every mutable global exported under a reserved name, so that
         // checkpoints can record and restore it (`bspweb_abi` module docs).
@@ -211,6 +241,12 @@ impl Runtime {
         let deterministic = bspweb_abi::canonicalize_nans(&checkpointable)?;
         let module = Module::new(&self.engine, &deterministic)
             .map_err(|e| CompileError::Compile(format!("{e:#}")))?;
+        tracing::info!(
+            program = hash,
+            kib = bytes.len() >> 10,
+            ms = started.elapsed().as_millis() as u64,
+            "compiled the program"
+        );
         let mut cache = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if !cache.iter().any(|(h, _, _)| h.eq_ignore_ascii_case(hash)) {
             if cache.len() >= MODULE_CACHE {

@@ -28,7 +28,6 @@ pub fn bspweb() -> Command {
     }
 }
 
-/// The log filter of the children: `BSPWEB_TEST_LOG`, else `warn`.
 /// The children's log filter: `BSPWEB_TEST_LOG`, else `info` when logs go
 /// to files (kept for a failed fault test), `warn` when they go to the
 /// test's stderr.
@@ -359,6 +358,17 @@ pub fn job(program: &str, nprocs: u32, args: serde_json::Value) -> SubmitJob {
         limits: None,
         min_peers: None,
     }
+}
+
+/// Runs `program` once with two processes per peer of a cluster of
+/// `peers`, so that every peer has downloaded and compiled it before a
+/// benchmark measures anything: a peer compiles a program the first time
+/// it hosts a process or a replica of one, for 100–400 ms on the cores the
+/// measured job runs on.
+#[allow(dead_code)] // the benchmarks' (`benches/`), which include this file
+pub async fn warm_up(client: &Client, peers: usize, program: &str, args: serde_json::Value) {
+    let r = run(client, job(program, 2 * peers as u32, args)).await;
+    r.assert_exited();
 }
 
 /// The stdout lines of `pid` among `events`, in order.
