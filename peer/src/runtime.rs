@@ -90,6 +90,8 @@ pub struct Runtime {
     /// One lock per program being compiled: a second compile of the same
     /// program waits for the first and takes its result from the cache.
     compiling: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// Programs compiled so far (cache misses).
+    compiled: std::sync::atomic::AtomicU64,
     stop_ticker: Arc<AtomicBool>,
     ticker: Mutex<Option<JoinHandle<()>>>,
     /// The peer's memory budget, which every process asks before it holds
@@ -164,6 +166,7 @@ impl Runtime {
             linker,
             modules: Mutex::new(Vec::new()),
             compiling: Mutex::new(HashMap::new()),
+            compiled: std::sync::atomic::AtomicU64::new(0),
             stop_ticker,
             ticker: Mutex::new(Some(ticker)),
             budget,
@@ -173,6 +176,11 @@ impl Runtime {
     /// The peer's memory budget (none until set).
     pub fn budget(&self) -> &Arc<MemoryBudget> {
         &self.budget
+    }
+
+    /// How many programs this runtime compiled (each once while cached).
+    pub fn compiled_count(&self) -> u64 {
+        self.compiled.load(Ordering::Relaxed)
     }
 
     /// A compiled module from the cache.
@@ -241,6 +249,7 @@ impl Runtime {
         let deterministic = bspweb_abi::canonicalize_nans(&checkpointable)?;
         let module = Module::new(&self.engine, &deterministic)
             .map_err(|e| CompileError::Compile(format!("{e:#}")))?;
+        self.compiled.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             program = hash,
             kib = bytes.len() >> 10,

@@ -649,6 +649,37 @@ fn compile_checks_the_hash_and_the_abi() {
     assert!(rt.cached(&hash).is_some());
 }
 
+/// Jobs that start together, or a download racing the copy from other
+/// peers, ask for the same program at once: it is compiled once.
+#[test]
+fn concurrent_compiles_of_one_program_compile_it_once() {
+    let rt = Runtime::new().expect("engine");
+    let wasm = guest(1, "", "(i32.const 2)");
+    let hash = module_hash(&wasm);
+    let barrier = std::sync::Barrier::new(4);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                barrier.wait();
+                rt.compile(&hash, &wasm).expect("compiles");
+            });
+        }
+    });
+    assert_eq!(rt.compiled_count(), 1);
+    assert!(
+        rt.compiling.lock().unwrap().is_empty(),
+        "no lock is left behind"
+    );
+    // A bad program fails every caller, and leaves nothing behind either.
+    let bad = b"\0asm\x01\0\0\0garbage".to_vec();
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| assert!(rt.compile(&module_hash(&bad), &bad).is_err()));
+        }
+    });
+    assert!(rt.compiling.lock().unwrap().is_empty());
+}
+
 #[test]
 fn guest_threads_can_be_niced() {
     let nice = std::thread::spawn(|| {
