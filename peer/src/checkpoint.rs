@@ -180,6 +180,22 @@ fn zero_page_hash() -> PageHash {
     *H.get_or_init(|| page_hash(&[0u8; PAGE_SIZE]))
 }
 
+/// `memory` grown with zeros (or cut) to `len` bytes. Growing past its
+/// capacity moves it into a fresh [`zeroed_buffer`](crate::sysinfo::zeroed_buffer)
+/// rather than `Vec::resize`'s reallocation and `memset`: a process whose
+/// memory grew from a few pages to 64 MiB in one superstep (the inner
+/// product's vectors) had its next capture, and each replica's copy of it,
+/// spend 20–30 ms zeroing pages that are overwritten right after.
+fn resized(mut memory: Vec<u8>, len: usize) -> Vec<u8> {
+    if len <= memory.capacity() {
+        memory.resize(len, 0);
+        return memory;
+    }
+    let mut grown = crate::sysinfo::zeroed_buffer(len);
+    grown[..memory.len()].copy_from_slice(&memory);
+    grown
+}
+
 /// Whether every byte is zero: 256-byte blocks OR-folded (vectorized),
 /// stopping at the first block that is not.
 fn is_zero(bytes: &[u8]) -> bool {
@@ -454,8 +470,7 @@ impl PageTracker {
         // zeros), the pages unchanged since `b` are already in place.
         let (mut copy, since) = match reuse {
             Some(p) => {
-                let mut m = p.memory;
-                m.resize(mem.len(), 0);
+                let m = resized(p.memory, mem.len());
                 (m, Some(u64::from(p.superstep) + 1))
             }
             // A fresh buffer is zeros already: zero pages are not copied
@@ -1151,12 +1166,12 @@ impl Assembler {
             return Err((error, base.or(unused).and_then(BaseSnap::into_owned)));
         }
         // The memory: the base's own buffer when we may consume it, else a copy.
-        let mut memory = match base {
+        let memory = match base {
             Some(BaseSnap::Owned(mut b)) => std::mem::take(&mut b.memory),
             Some(b) => b.get().memory.clone(),
             None => crate::sysinfo::zeroed_buffer(len),
         };
-        memory.resize(len, 0);
+        let mut memory = resized(memory, len);
         for (index, bytes) in &all_pages {
             let i = *index as usize;
             memory[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(bytes);
