@@ -482,10 +482,10 @@ fn resume_and_capture(
     Task::Captured(pid, captured.map(|(s, e)| (p, s, e)))
 }
 
-/// A point of a superstep's life on this peer, for `BSPWEB_LOG=
-/// bspweb::timeline=trace` (docs/benchmarks.md, "Profiling"): the log's
-/// microsecond timestamps show where a superstep's time goes between
-/// threads and peers. Free when the target is off.
+/// A point of a superstep's life on this peer, for
+/// `BSPWEB_LOG=bspweb::timeline=trace` (docs/benchmarks.md, "The superstep
+/// timeline"): the log's microsecond timestamps show where a superstep's
+/// time goes between threads and peers. Free when the target is off.
 fn timeline(pid: Pid, superstep: u32, what: &str) {
     tracing::trace!(target: "bspweb::timeline", pid, superstep, "{what}");
 }
