@@ -2,7 +2,8 @@
 
 use std::fmt;
 
-/// What went wrong when changing a [`Dhht`](crate::Dhht) or parsing a scheme.
+/// What went wrong when changing a [`Dhht`](crate::Dhht) or a
+/// [`TwoLevel`](crate::TwoLevel) table, or parsing a scheme.
 ///
 /// A failed call leaves the table unchanged.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +47,11 @@ pub enum PlacementError {
         /// The rejected name (at most 64 characters of it).
         given: String,
     },
+    /// A [`ClusterPeer`](crate::ClusterPeer) with no slots (cores).
+    InvalidSlots {
+        /// The peer.
+        peer: i64,
+    },
 }
 
 impl fmt::Display for PlacementError {
@@ -81,6 +87,10 @@ impl fmt::Display for PlacementError {
             PlacementError::UnknownScheme { given } => write!(
                 f,
                 "unknown position scheme `{given}`; use `random` or `golden`"
+            ),
+            PlacementError::InvalidSlots { peer } => write!(
+                f,
+                "peer {peer} has 0 slots; a peer offers at least one core, so give its core count"
             ),
         }
     }

@@ -47,7 +47,12 @@
 //!   "WS (Tail)", seeded with its own generator.
 //!
 //! [`Dhht`] is the lower envelope alone, for callers (the supernode) that
-//! keep positions and assignments themselves.
+//! keep positions and assignments themselves. [`TwoLevel`] is the two-level
+//! balancer of the dissertation's outlook (Fig. 6.1): a DHHT over network
+//! clusters weighted by their power picks each job's cluster (or, for a
+//! job larger than any cluster, the fewest clusters that hold it, in
+//! contiguous pid blocks), and one [`Dhht`] per cluster each process's
+//! peer; with one cluster it is exactly the flat [`Dhht`].
 //!
 //! # Example
 //!
@@ -93,18 +98,22 @@ mod position;
 mod rng;
 mod steal;
 mod table;
+mod two_level;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod two_level_tests;
 
 pub use dhht::{Dhht, Peer, envelope_value, is_eligible_weight, place};
 pub use error::PlacementError;
 pub use index::IndexAllocator;
 pub use position::{
     GOLDEN_STEP, PHI_INV, PHI_SQUARED, Position, PositionScheme, golden_position, hashed_position,
-    peer_key, process_key,
+    job_key, peer_key, process_key,
 };
 pub use steal::{StealFrom, WorkStealing};
 pub use table::{
     HashTable, HashVariant, Hashing, MAX_POWER, MIN_POWER, Move, PeerId, ProcessKey, peer_hash,
 };
+pub use two_level::{Block, ClusterInfo, ClusterPeer, JobPlacement, TwoLevel};

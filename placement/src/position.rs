@@ -109,6 +109,19 @@ pub fn process_key(job: i64, pid: u32) -> [u8; 17] {
     key
 }
 
+/// The canonical bytes hashed for job `job` on the top-level ring of a
+/// [`TwoLevel`](crate::TwoLevel) table when the caller keeps no per-job
+/// golden index: `b"job:"` followed by the id as 8 bytes big-endian (two's
+/// complement).
+///
+/// This layout is part of the placement contract, like [`peer_key`]'s.
+pub fn job_key(job: i64) -> [u8; 12] {
+    let mut key = [0u8; 12];
+    key[..4].copy_from_slice(b"job:");
+    key[4..].copy_from_slice(&job.to_be_bytes());
+    key
+}
+
 /// How peers or processes get their ring positions (§4.2.2, §4.2.4).
 ///
 /// The dissertation names the DHHT variants after the scheme of the peers and
