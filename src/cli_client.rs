@@ -1051,10 +1051,21 @@ pub async fn peers(a: PeersArgs) -> anyhow::Result<ExitCode> {
             mib(&p, p.memory.held_bytes),
             p.links.len(),
             p.state,
-            p.cluster.as_deref().unwrap_or("-")
+            cluster_column(&p)
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A peer's cluster as `bspweb peers` shows it: the one placement uses;
+/// when its volunteer named one and the measured links say otherwise,
+/// what they say too.
+fn cluster_column(p: &PeerInfo) -> String {
+    match (&p.cluster, &p.found_cluster) {
+        (None, _) => "-".to_string(),
+        (Some(c), Some(f)) if c != f => format!("{c} (links: {f})"),
+        (Some(c), _) => c.clone(),
+    }
 }
 
 /// `bspweb peers --links`: one line per measured link.

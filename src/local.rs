@@ -330,6 +330,7 @@ pub async fn supernode(a: SupernodeArgs) -> anyhow::Result<ExitCode> {
         |c| {
             c.power_hysteresis = a.power_hysteresis;
             c.migration_interval = Duration::from_millis(a.migration_interval_ms);
+            c.cluster_step = Duration::from_millis(a.cluster_step_ms);
             c.http.max_connections = a.max_connections.max(1);
             c.http.max_connections_per_address = a.max_connections_per_address.max(1);
             c.http.header_timeout = Duration::from_secs(a.header_timeout_secs.max(1));

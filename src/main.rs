@@ -142,6 +142,11 @@ pub struct SupernodeArgs {
     /// Shortest time between two migrations of one job, in milliseconds
     #[arg(long, default_value_t = 5000)]
     migration_interval_ms: u64,
+    /// Time between two steps of the clustering of the peers' measured
+    /// links (DiDiC), in milliseconds; a peer's found cluster is shown
+    /// after 30 steps
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    cluster_step_ms: u64,
     /// Open HTTP connections at most; at the limit, new clients wait to be
     /// accepted
     #[arg(long, default_value_t = 2048)]

@@ -2318,12 +2318,20 @@ function peersPage(main, ctx) {
     );
   }
 
+  // "cluster a" for a cluster its volunteer named, "cluster found-3
+  // (measured)" for one the supernode found from the measured links.
+  function peerClusterText(p) {
+    if (!p.cluster) return `id ${p.id}`;
+    const how = p.cluster === p.found_cluster ? ' (measured)' : (p.found_cluster ? ` (links say ${p.found_cluster})` : '');
+    return `id ${p.id} · cluster ${p.cluster}${how}`;
+  }
+
   function peerRow(p) {
     const idle = Math.max(0, Math.min(1, p.idle));
     return h(
       'tr',
       { dataset: { peer: p.id, state: p.state } },
-      h('th', { scope: 'row' }, h('span', { class: 'peer-name' }, p.name), h('span', { class: 'desc muted' }, p.cluster ? `id ${p.id} · cluster ${p.cluster}` : `id ${p.id}`)),
+      h('th', { scope: 'row' }, h('span', { class: 'peer-name' }, p.name), h('span', { class: 'desc muted' }, peerClusterText(p))),
       h('td', {}, h('span', { class: `badge peer-${p.state}` }, p.state)),
       h('td', { class: 'num' }, p.speed.toFixed(2)),
       h('td', {}, h('meter', { min: 0, max: 1, low: 0.05, optimum: 1, value: idle, 'aria-label': `idle ${pct(idle)}` }), ' ', pct(idle)),

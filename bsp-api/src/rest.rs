@@ -498,9 +498,17 @@ pub struct PeerInfo {
     /// Number of processes currently placed on it, or migrating away from it
     /// and not handed over yet.
     pub processes: u32,
-    /// The network cluster it said it is in (`bspweb peer --cluster`).
+    /// The network cluster placement and broadcast schedules put it in:
+    /// the one its volunteer named (`bspweb peer --cluster`), else the one
+    /// the supernode found from the links peers measure
+    /// ([`PeerInfo::found_cluster`]); none until either is known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
+    /// The cluster the supernode found for it by clustering the measured
+    /// links (DiDiC, `found-N`), once it has taken part long enough; shown
+    /// even when its volunteer named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub found_cluster: Option<String>,
     /// Its memory at its last renewal; all zero once it is `gone`.
     #[serde(default)]
     pub memory: crate::control::PeerMemory,

@@ -20,7 +20,7 @@ pub use didic::{Didic, DidicParams};
 pub use generate::{Dynamics, GraphModel, Point, Topology};
 pub use graph::{Graph, VertexId};
 pub use network::MeasuredNetwork;
-pub use probes::{ProbePolicy, neighbours, probe_targets};
+pub use probes::{ProbePolicy, fastest, neighbours, probe_targets};
 pub use quality::{modularity, ncv};
 pub use rng::Rng;
 

@@ -1,20 +1,27 @@
 //! Which links a peer measures: the supernode's choice of probe targets
-//! (the measured graph DiDiC will cluster, dissertation §5.1: every vertex
-//! keeps at most `maxNeigh` neighbours).
+//! (the measured graph DiDiC clusters; dissertation §5.1: every vertex
+//! keeps at most `maxNeigh` neighbours, and §5.4 links each vertex to its
+//! `maxNeigh` *nearest*, i.e. fastest, others).
 //!
-//! Each peer's neighbours are the `max_neigh` other peers with the smallest
-//! *affinity* hash of the pair: a fixed, well-spread choice that needs no
-//! coordination, and that changes little when peers come and go (a
-//! rendezvous hash). Among them, at each renewal, the ones due (never
-//! tried first, then the longest due), at most `per_round` of them; when a
-//! link is due again (a measurement to refresh, a failed one to retry) is
-//! the caller's policy.
+//! Each peer's *candidates* are the `candidates` other peers with the
+//! smallest *affinity* hash of the pair: a fixed, well-spread sample that
+//! needs no coordination and changes little when peers come and go (a
+//! rendezvous hash). A peer measures its candidates over a few renewals
+//! and keeps the `max_neigh` fastest of them as its *neighbours*
+//! ([`fastest`]); the others are measured again now and then (the network
+//! changes), the neighbours more often. At each renewal the ones due
+//! (never tried first, then the longest due), at most `per_round` of them;
+//! when a link is due again is the caller's policy, told whether the link
+//! is one of the neighbours.
 
 /// What to decide a peer's probes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProbePolicy {
     /// Neighbours per peer (the dissertation's `maxNeigh`).
     pub max_neigh: usize,
+    /// Peers a peer measures to find its neighbours among (at least
+    /// `max_neigh`).
+    pub candidates: usize,
     /// Targets per renewal at most.
     pub per_round: usize,
 }
@@ -23,6 +30,7 @@ impl Default for ProbePolicy {
     fn default() -> Self {
         ProbePolicy {
             max_neigh: 8,
+            candidates: 32,
             per_round: 2,
         }
     }
@@ -40,28 +48,52 @@ fn affinity(a: i64, b: i64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The neighbours of `me` among `peers` (itself excluded), closest first.
-pub fn neighbours(me: i64, peers: &[i64], max_neigh: usize) -> Vec<i64> {
+/// The `max` peers of `peers` closest to `me` by affinity (itself
+/// excluded), closest first: `me`'s probe candidates.
+pub fn neighbours(me: i64, peers: &[i64], max: usize) -> Vec<i64> {
     let mut others: Vec<i64> = peers.iter().copied().filter(|&p| p != me).collect();
     others.sort_unstable_by_key(|&p| (affinity(me, p), p));
     others.dedup();
-    others.truncate(max_neigh);
+    others.truncate(max);
     others
 }
 
-/// The peers `me` should measure now: `due_at(p)` is when the link to `p`
-/// is due to be measured (again), Unix ms; `None` if it was never tried.
+/// The `max_neigh` fastest of `measured` (`(peer, bandwidth)`), fastest
+/// first; ties go to the smaller id. Bandwidths that are not positive
+/// numbers do not count.
+pub fn fastest(measured: impl IntoIterator<Item = (i64, f64)>, max_neigh: usize) -> Vec<i64> {
+    let mut links: Vec<(i64, f64)> = measured
+        .into_iter()
+        .filter(|(_, b)| b.is_finite() && *b > 0.0)
+        .collect();
+    links.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    links.dedup_by_key(|l| l.0);
+    links.truncate(max_neigh);
+    links.into_iter().map(|(p, _)| p).collect()
+}
+
+/// The peers `me` should measure now. `bandwidth(p)` is the last measured
+/// bandwidth of the link to `p` (`None`: never measured);
+/// `due_at(p, neighbour)` is when that link is due to be measured (again),
+/// Unix ms, `None` if it was never tried; `neighbour` says whether `p` is
+/// among the `max_neigh` fastest measured candidates.
 pub fn probe_targets(
     me: i64,
     peers: &[i64],
-    due_at: impl Fn(i64) -> Option<i64>,
+    bandwidth: impl Fn(i64) -> Option<f64>,
+    due_at: impl Fn(i64, bool) -> Option<i64>,
     now_ms: i64,
     policy: ProbePolicy,
 ) -> Vec<i64> {
-    let mut due: Vec<(Option<i64>, usize, i64)> = neighbours(me, peers, policy.max_neigh)
+    let candidates = neighbours(me, peers, policy.candidates.max(policy.max_neigh));
+    let kept = fastest(
+        candidates.iter().filter_map(|&p| Some((p, bandwidth(p)?))),
+        policy.max_neigh,
+    );
+    let mut due: Vec<(Option<i64>, usize, i64)> = candidates
         .into_iter()
         .enumerate()
-        .map(|(rank, p)| (due_at(p), rank, p))
+        .map(|(rank, p)| (due_at(p, kept.contains(&p)), rank, p))
         .filter(|(at, _, _)| at.is_none_or(|t| t <= now_ms))
         .collect();
     // Never tried (None) sorts first, then the longest due; ties closest first.
@@ -108,41 +140,84 @@ mod tests {
     }
 
     #[test]
-    fn unmeasured_neighbours_come_first_then_the_oldest() {
+    fn unmeasured_candidates_come_first_then_the_oldest() {
         let policy = ProbePolicy {
-            max_neigh: 4,
+            max_neigh: 2,
+            candidates: 4,
             per_round: 2,
         };
         let peers: Vec<i64> = (0..10).collect();
         let n = neighbours(0, &peers, 4);
-        // Nothing tried: the first two neighbours.
-        assert_eq!(probe_targets(0, &peers, |_| None, 1_000, policy), n[..2]);
+        let never = |_| None;
+        // Nothing tried: the first two candidates.
+        assert_eq!(probe_targets(0, &peers, never, |_, _| None, 1_000, policy), n[..2]);
         // Nothing due yet: nothing to do.
-        assert!(probe_targets(0, &peers, |_| Some(1_001), 1_000, policy).is_empty());
+        assert!(probe_targets(0, &peers, never, |_, _| Some(1_001), 1_000, policy).is_empty());
         // One never tried, two due: the untried one, then the longest due.
-        let at = |p: i64| match p {
+        let at = |p: i64, _| match p {
             p if p == n[3] => None,
             p if p == n[1] => Some(500),
             p if p == n[2] => Some(800),
             _ => Some(2_000),
         };
         assert_eq!(
-            probe_targets(0, &peers, at, 1_000, policy),
+            probe_targets(0, &peers, never, at, 1_000, policy),
             vec![n[3], n[1]]
         );
-        // Only neighbours are ever targets.
+        // Only candidates are ever targets.
         let all = probe_targets(
             0,
             &peers,
-            |_| None,
+            never,
+            |_, _| None,
             0,
             ProbePolicy {
-                max_neigh: 4,
                 per_round: 9,
+                ..policy
             },
         );
         assert_eq!(all, n);
         // Alone: nobody to measure.
-        assert!(probe_targets(0, &[0], |_| None, 0, policy).is_empty());
+        assert!(probe_targets(0, &[0], never, |_, _| None, 0, policy).is_empty());
+    }
+
+    /// The fastest measured candidates are the neighbours: the caller is
+    /// told which, and can keep them fresher than the rest.
+    #[test]
+    fn the_fastest_candidates_are_the_neighbours() {
+        let policy = ProbePolicy {
+            max_neigh: 2,
+            candidates: 5,
+            per_round: 5,
+        };
+        let peers: Vec<i64> = (0..10).collect();
+        let n = neighbours(0, &peers, 5);
+        // n[4] and n[2] are the fastest; n[0] was never measured.
+        let bw = |p: i64| match p {
+            p if p == n[4] => Some(90.0),
+            p if p == n[2] => Some(80.0),
+            p if p == n[0] => None,
+            _ => Some(10.0),
+        };
+        let kept = std::cell::RefCell::new(Vec::new());
+        let due = |p: i64, neighbour: bool| {
+            if neighbour {
+                kept.borrow_mut().push(p);
+            }
+            Some(if neighbour { 100 } else { 1_000 })
+        };
+        assert!(probe_targets(0, &peers, bw, due, 50, policy).is_empty());
+        let mut k = kept.borrow().clone();
+        k.sort_unstable();
+        let mut want = vec![n[4], n[2]];
+        want.sort_unstable();
+        assert_eq!(k, want);
+        // At 500 only the neighbours are due; at 2 000 everything measured.
+        assert_eq!(probe_targets(0, &peers, bw, due, 500, policy).len(), 2);
+        assert_eq!(probe_targets(0, &peers, bw, due, 2_000, policy).len(), 5);
+        assert_eq!(
+            fastest([(3, 1.0), (4, f64::NAN), (5, 2.0), (6, 2.0), (7, -1.0)], 2),
+            vec![5, 6]
+        );
     }
 }

@@ -314,7 +314,13 @@ pub(crate) fn send_assignment(
     migrate: Vec<Pid>,
     now: i64,
 ) -> Result<JobAssignment, Error> {
-    let a = assignment(tx, job, restore, migrate)?;
+    let mut a = assignment(tx, job, restore, migrate)?;
+    // Sites for broadcast schedules and Robber: the volunteers' clusters,
+    // else the ones found on the measured links (issue 15). Every peer of
+    // the epoch gets the same ones.
+    for p in &mut a.peers {
+        p.cluster = inner.effective_cluster(p.id, p.cluster.take());
+    }
     let live = live_peers(tx, now)?;
     for peer in &a.peers {
         if live.contains(&peer.id) {

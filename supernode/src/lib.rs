@@ -28,6 +28,7 @@
 //! the tables.
 
 mod auth;
+mod clusters;
 mod control;
 mod db;
 mod epoch;
@@ -44,7 +45,7 @@ mod sse;
 mod state;
 mod suspect;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -96,6 +97,8 @@ pub struct Config {
     pub user_max_programs: u32,
     /// Serve `GET /metrics` (Prometheus text format).
     pub metrics: bool,
+    /// Time between two DiDiC time steps on the measured links (issue 15).
+    pub cluster_step: Duration,
 }
 
 impl Default for Config {
@@ -112,6 +115,7 @@ impl Default for Config {
             user_max_processes: 0,
             user_max_programs: 1000,
             metrics: true,
+            cluster_step: Duration::from_secs(2),
         }
     }
 }
@@ -149,6 +153,9 @@ pub(crate) struct Inner {
     pub(crate) metrics: metrics::Metrics,
     /// Every account's role and standing, for the token checks.
     accounts: Mutex<HashMap<i64, state::Account>>,
+    /// Each peer's cluster as DiDiC found it on the measured links
+    /// ([`clusters`]), for the peers whose cluster is ready.
+    found_clusters: Mutex<BTreeMap<PeerId, String>>,
 }
 
 /// In-memory state of the online peers: leases and command queues.
@@ -219,6 +226,29 @@ impl Effects {
 impl Inner {
     pub(crate) fn live(&self) -> MutexGuard<'_, Live> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The cluster DiDiC found for `peer`, once it is ready.
+    pub(crate) fn found_cluster(&self, peer: PeerId) -> Option<String> {
+        self.found_clusters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&peer)
+            .cloned()
+    }
+
+    /// The cluster placement and broadcasts use for a peer: the one its
+    /// volunteer named (`bspweb peer --cluster`), else the one DiDiC found.
+    pub(crate) fn effective_cluster(&self, peer: PeerId, named: Option<String>) -> Option<String> {
+        named.or_else(|| self.found_cluster(peer))
+    }
+
+    pub(crate) fn set_found_clusters(&self, found: BTreeMap<PeerId, String>) {
+        let mut f = self.found_clusters.lock().unwrap_or_else(|e| e.into_inner());
+        if *f != found {
+            tracing::debug!(clusters = ?found, "clusters found on the measured links changed");
+            *f = found;
+        }
     }
 
     /// Note that a write failed because the disk takes none (logged once,
@@ -370,6 +400,7 @@ impl Supernode {
                 storage_trouble: Mutex::new(None),
                 metrics: metrics::Metrics::default(),
                 accounts: Mutex::new(accounts),
+                found_clusters: Mutex::new(BTreeMap::new()),
             }),
         })
     }
@@ -546,6 +577,7 @@ impl Supernode {
         suspect::check_at_start(&self).await;
         let scheduler = tokio::spawn(state::scheduler_task(self.clone()));
         let sweeper = tokio::spawn(state::lease_task(self.clone()));
+        let clustering = tokio::spawn(clusters::cluster_task(self.clone()));
         let inner = self.inner.clone();
         tokio::spawn(async move {
             shutdown.await;
@@ -557,6 +589,7 @@ impl Supernode {
         let result = listen::serve(listener, app, limits, stop).await;
         scheduler.abort();
         sweeper.abort();
+        clustering.abort();
         result?;
         tracing::info!("supernode stopped");
         Ok(())

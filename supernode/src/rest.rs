@@ -551,6 +551,13 @@ pub(crate) async fn peers(
         links.sort_unstable_by_key(|l| l.peer);
         p.links = links;
     }
+    drop(live);
+    for p in &mut peers {
+        if p.state != "gone" {
+            p.found_cluster = sn.inner.found_cluster(p.id);
+            p.cluster = sn.inner.effective_cluster(p.id, p.cluster.take());
+        }
+    }
     Ok(Json(peers))
 }
 

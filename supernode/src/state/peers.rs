@@ -573,6 +573,7 @@ impl Core {
                 lease_expires_at: r.get(7)?,
                 processes: r.get(8)?,
                 cluster: r.get(9)?,
+                found_cluster: None,
                 memory,
                 links: Vec::new(),
             })
@@ -585,8 +586,13 @@ impl Core {
 /// renewal that asked for it.
 const PROBE_TICKET_MS: i64 = 60_000;
 
-/// A link is measured again this long after its last measurement.
+/// A link to one of a peer's neighbours (its fastest measured links) is
+/// measured again this long after its last measurement.
 const PROBE_REFRESH_MS: i64 = 10 * 60_000;
+
+/// A link to a candidate that is not a neighbour is measured again this
+/// long after its last measurement (a faster path may have appeared).
+const PROBE_REVISIT_MS: i64 = 60 * 60_000;
 
 /// A link asked for and not measured (the target refused, or was busy) is
 /// asked for again after this long.
@@ -626,10 +632,20 @@ fn record_links_and_choose_probes(
         peer,
         &online,
         |other| {
+            live.links
+                .get(&(peer, other))
+                .map(|l| l.bandwidth_bps as f64)
+        },
+        |other, neighbour| {
+            let again = if neighbour {
+                PROBE_REFRESH_MS
+            } else {
+                PROBE_REVISIT_MS
+            };
             let measured = live
                 .links
                 .get(&(peer, other))
-                .map(|l| l.measured_at + PROBE_REFRESH_MS);
+                .map(|l| l.measured_at + again);
             let asked = live
                 .probes_asked
                 .get(&(peer, other))
