@@ -8,6 +8,13 @@
 //!
 //! `-` keeps the experiment's default. The report's command line is the
 //! equivalent `bspweb sim` invocation (same spec ⇒ same report).
+//!
+//! Flat against two-level placement (`bspweb sim --experiment clusters`):
+//!
+//! ```text
+//! cargo run --release -p sim --example run -- clusters [topologies|-] [loads|-] \
+//!     [overloads|-] [jobs|-] [out-dir] [seed]
+//! ```
 
 use std::time::Instant;
 
@@ -32,8 +39,54 @@ where
     }
 }
 
+fn clusters(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+    use sim::clusters::{ClusterSpec, render_clusters, run_clusters};
+    let seed = args
+        .get(6)
+        .map_or(Ok(sim::experiment::DEFAULT_SEED), |s| s.parse())?;
+    let mut spec = ClusterSpec::defaults(seed);
+    if let Some(v) = list(args.get(1))? {
+        spec.topologies = v;
+    }
+    if let Some(v) = list(args.get(2))? {
+        spec.loads = v;
+    }
+    if let Some(v) = list(args.get(3))? {
+        spec.overloads = v;
+    }
+    if let Some(n) = args.get(4).filter(|a| *a != "-") {
+        spec.jobs = n.parse()?;
+    }
+    let out = args.get(5).cloned().unwrap_or_else(|| "sim-report".into());
+    let started = Instant::now();
+    let runs = run_clusters(&spec)?;
+    for r in &runs {
+        eprintln!(
+            "{} load {} o{} {:<10} stretch {:.3} fit {:.3} span {:.3} clusters/job {:.2} gateway {:.1} %",
+            r.topology,
+            r.load,
+            r.overload,
+            r.placer.label(),
+            r.stretch(),
+            r.stretch_by_fit(true),
+            r.stretch_by_fit(false),
+            r.clusters_per_job(),
+            100.0 * r.gateway_share()
+        );
+    }
+    std::fs::create_dir_all(&out)?;
+    for f in render_clusters(&spec, &runs, &spec.command_line(&out)) {
+        std::fs::write(std::path::Path::new(&out).join(&f.path), &f.contents)?;
+    }
+    eprintln!("{:.1?}: report in {out}/README.md", started.elapsed());
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("clusters") {
+        return clusters(&args);
+    }
     let kind: ExperimentKind = args.first().map_or("b", String::as_str).parse()?;
     let mut spec = ExperimentSpec::defaults(kind);
     if let Some(v) = list::<JobProfile>(args.get(1))? {

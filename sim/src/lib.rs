@@ -4,6 +4,8 @@
 //! stealing, and the dissertation's metrics and report tables.
 //!
 //! - [`engine`]: the event-driven simulation of one run ([`simulate`]).
+//! - [`clusters`]: flat against two-level placement on a clustered
+//!   network, with communication (issue 15, Fig. 6.1).
 //! - [`experiment`]: experiment types A, B, C — groups, inputs, runs.
 //! - [`metrics`]: stretch factors, CPU time, migrations, pending time.
 //! - [`report`]: markdown tables and SVG figures.
@@ -17,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod availability;
+pub mod clusters;
 pub mod dissertation;
 pub mod engine;
 pub mod error;
