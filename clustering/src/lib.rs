@@ -19,7 +19,7 @@ mod rng;
 pub use didic::{Didic, DidicParams};
 pub use generate::{Dynamics, GraphModel, Point, Topology};
 pub use graph::{Graph, VertexId};
-pub use network::MeasuredNetwork;
+pub use network::{EdgeRule, MeasuredNetwork, select_edges};
 pub use probes::{ProbePolicy, fastest, neighbours, probe_targets};
 pub use quality::{modularity, ncv};
 pub use rng::Rng;

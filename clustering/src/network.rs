@@ -5,15 +5,85 @@
 //! its loads to its neighbours, §5.3), and every [`MeasuredNetwork::step`]
 //! is one DiDiC time step.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{Didic, DidicParams, Graph, Rng, VertexId};
+
+/// Which measured links become DiDiC's edges (§5.4's disc-graph rule,
+/// read for bandwidths): each peer keeps its `max_neigh` fastest links,
+/// less those more than `within` times slower than its fastest; an edge
+/// is kept if either end keeps it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EdgeRule {
+    pub max_neigh: usize,
+    pub within: f64,
+}
+
+impl EdgeRule {
+    /// Every measured link is an edge (no selection).
+    pub const ALL: EdgeRule = EdgeRule {
+        max_neigh: usize::MAX,
+        within: f64::INFINITY,
+    };
+}
+
+impl Default for EdgeRule {
+    fn default() -> Self {
+        EdgeRule {
+            max_neigh: 8,
+            within: 3.0,
+        }
+    }
+}
+
+/// The undirected links of `links`, `(a, b)` with `a < b`, weighted by the
+/// larger of the two directions' bandwidths (a link measured one way only
+/// counts once). Self-links and bandwidths that are not positive numbers
+/// are ignored.
+fn undirected(links: impl IntoIterator<Item = (i64, i64, f64)>) -> BTreeMap<(i64, i64), f64> {
+    let mut edges: BTreeMap<(i64, i64), f64> = BTreeMap::new();
+    for (a, b, w) in links {
+        if a == b || !(w.is_finite() && w > 0.0) {
+            continue;
+        }
+        let e = edges.entry((a.min(b), a.max(b))).or_insert(0.0);
+        *e = e.max(w);
+    }
+    edges
+}
+
+/// DiDiC's edges from the measured links (see [`EdgeRule`]): `(a, b)`
+/// with `a < b`, weighted by the larger of the two directions' bandwidths.
+pub fn select_edges(
+    links: impl IntoIterator<Item = (i64, i64, f64)>,
+    rule: EdgeRule,
+) -> BTreeMap<(i64, i64), f64> {
+    let all = undirected(links);
+    let mut of: BTreeMap<i64, Vec<(f64, i64)>> = BTreeMap::new();
+    for (&(a, b), &w) in &all {
+        of.entry(a).or_default().push((w, b));
+        of.entry(b).or_default().push((w, a));
+    }
+    let mut kept: BTreeSet<(i64, i64)> = BTreeSet::new();
+    for (&p, links) in &mut of {
+        // Fastest first; ties go to the smaller id.
+        links.sort_unstable_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
+        let fastest = links[0].0;
+        for &(w, q) in links.iter().take(rule.max_neigh) {
+            if w * rule.within >= fastest {
+                kept.insert((p.min(q), p.max(q)));
+            }
+        }
+    }
+    all.into_iter().filter(|(e, _)| kept.contains(e)).collect()
+}
 
 /// The measured network and DiDiC's state on it.
 #[derive(Debug)]
 pub struct MeasuredNetwork {
     graph: Graph,
     didic: Didic,
+    rule: EdgeRule,
     vertex: BTreeMap<i64, VertexId>,
     peer: BTreeMap<VertexId, i64>,
     rng: Rng,
@@ -21,9 +91,14 @@ pub struct MeasuredNetwork {
 
 impl MeasuredNetwork {
     pub fn new(params: DidicParams, seed: u64) -> MeasuredNetwork {
+        MeasuredNetwork::with_edge_rule(params, EdgeRule::default(), seed)
+    }
+
+    pub fn with_edge_rule(params: DidicParams, rule: EdgeRule, seed: u64) -> MeasuredNetwork {
         MeasuredNetwork {
             graph: Graph::new(),
             didic: Didic::new(params),
+            rule,
             vertex: BTreeMap::new(),
             peer: BTreeMap::new(),
             rng: Rng::new(seed),
@@ -35,17 +110,8 @@ impl MeasuredNetwork {
     /// directions' `weight` (a link measured one way only counts once).
     /// Links with a weight that is not a positive number are ignored.
     pub fn update(&mut self, links: impl IntoIterator<Item = (i64, i64, f64)>) {
-        let mut edges: BTreeMap<(i64, i64), f64> = BTreeMap::new();
-        for (a, b, w) in links {
-            if a == b || !(w.is_finite() && w > 0.0) {
-                continue;
-            }
-            let key = (a.min(b), a.max(b));
-            let e = edges.entry(key).or_insert(0.0);
-            *e = e.max(w);
-        }
-        let wanted: std::collections::BTreeSet<i64> =
-            edges.keys().flat_map(|&(a, b)| [a, b]).collect();
+        let edges = select_edges(links, self.rule);
+        let wanted: BTreeSet<i64> = edges.keys().flat_map(|&(a, b)| [a, b]).collect();
         let gone: Vec<i64> = self
             .vertex
             .keys()
@@ -88,13 +154,48 @@ impl MeasuredNetwork {
         self.didic.step(&self.graph, &mut self.rng);
     }
 
-    /// Each peer's cluster (a number below `k`), for the peers of the graph.
+    /// Each peer's cluster, for the peers of the graph: DiDiC's cluster
+    /// number `c < k`, split into its connected parts (a cluster never
+    /// spans a link DiDiC does not have): the part with the smallest peer
+    /// id is `c`, the `j`-th `c + j·k`.
     pub fn clusters(&self) -> BTreeMap<i64, u32> {
-        self.didic
-            .clustering()
-            .into_iter()
-            .filter_map(|(v, c)| Some((*self.peer.get(&v)?, c)))
-            .collect()
+        let colour = self.didic.clustering();
+        let k = self.didic.params().k;
+        // Each connected part of a colour, found from its smallest peer id
+        // (peers in id order, so the first unvisited one of a part is it).
+        let mut out: BTreeMap<i64, u32> = BTreeMap::new();
+        let mut parts: BTreeMap<u32, u32> = BTreeMap::new();
+        for (&p, &v) in &self.vertex {
+            if out.contains_key(&p) {
+                continue;
+            }
+            let Some(&c) = colour.get(&v) else { continue };
+            let j = parts.entry(c).or_insert(0);
+            let label = c + *j * k;
+            *j += 1;
+            let mut stack = vec![v];
+            out.insert(p, label);
+            while let Some(u) = stack.pop() {
+                for (x, _) in self.graph.neighbours(u) {
+                    if colour.get(&x) == Some(&c) && !out.contains_key(&self.peer[&x]) {
+                        out.insert(self.peer[&x], label);
+                        stack.push(x);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// DiDiC's state (for tests and measurements).
+    #[cfg(test)]
+    pub(crate) fn didic(&self) -> &Didic {
+        &self.didic
+    }
+
+    #[cfg(test)]
+    pub(crate) fn graph(&self) -> &Graph {
+        &self.graph
     }
 
     /// Peers in the graph.
@@ -116,7 +217,7 @@ mod tests {
     /// that leaves leaves the clustering, one that joins gets a cluster.
     #[test]
     fn the_graph_follows_the_measurements() {
-        let mut net = MeasuredNetwork::new(DidicParams::default(), 7);
+        let mut net = MeasuredNetwork::with_edge_rule(DidicParams::default(), EdgeRule::ALL, 7);
         net.update([(1, 2, 10.0), (2, 1, 30.0), (2, 3, 5.0), (3, 4, 1.0)]);
         assert_eq!(net.len(), 4);
         let (v1, v2) = (net.vertex[&1], net.vertex[&2]);
@@ -127,7 +228,6 @@ mod tests {
         }
         let c = net.clusters();
         assert_eq!(c.keys().copied().collect::<Vec<_>>(), vec![1, 2, 3, 4]);
-        assert!(c.values().all(|&k| k < DidicParams::default().k));
         // 4 leaves, 5 joins next to 3; the link 2–3 is not measured any more.
         let k = DidicParams::default().k;
         let secondary = |net: &MeasuredNetwork| (0..k).map(|c| net.didic.totals(c).1).sum::<f64>();
@@ -153,5 +253,68 @@ mod tests {
         net.update([]);
         net.step();
         assert!(net.clusters().is_empty());
+    }
+
+    /// §5.4's rule read for bandwidths: a peer keeps its fastest links and
+    /// drops those more than `within` times slower than its fastest; an
+    /// edge stays if either end keeps it.
+    #[test]
+    fn edges_are_each_peer_s_fastest_links() {
+        let rule = EdgeRule {
+            max_neigh: 2,
+            within: 3.0,
+        };
+        // 1 keeps its two fastest, 2 and 5 (both directions of 1–5
+        // measured: the larger counts), not 6 or 3; 3 keeps 1–3 (exactly a
+        // third of its fastest), 4 its only link; 6 drops 1–6, more than
+        // 3× slower than 6–7.
+        let links = [
+            (1, 2, 90.0),
+            (2, 3, 90.0),
+            (1, 3, 30.0),
+            (1, 4, 10.0),
+            (1, 5, 40.0),
+            (5, 1, 35.0),
+            (1, 6, 35.0),
+            (6, 7, 200.0),
+        ];
+        let edges = select_edges(links, rule);
+        assert_eq!(
+            edges.into_iter().collect::<Vec<_>>(),
+            vec![
+                ((1, 2), 90.0),
+                ((1, 3), 30.0),
+                ((1, 4), 10.0),
+                ((1, 5), 40.0),
+                ((2, 3), 90.0),
+                ((6, 7), 200.0)
+            ]
+        );
+        // A link both ends find much slower than their fastest is dropped.
+        let only_fast = select_edges([(1, 2, 100.0), (2, 3, 100.0), (1, 3, 20.0)], rule);
+        assert_eq!(
+            only_fast.keys().copied().collect::<Vec<_>>(),
+            vec![(1, 2), (2, 3)]
+        );
+    }
+
+    /// A cluster never spans two parts of the graph with no edge between
+    /// them: with one cluster system, two separate pairs still get two
+    /// numbers, and the numbers do not change while nothing does.
+    #[test]
+    fn separate_parts_of_a_cluster_get_their_own_numbers() {
+        let params = DidicParams {
+            k: 1,
+            ..DidicParams::default()
+        };
+        let mut net = MeasuredNetwork::new(params, 3);
+        net.update([(1, 2, 100.0), (3, 4, 100.0)]);
+        net.step();
+        let first = net.clusters();
+        assert_eq!(first, BTreeMap::from([(1, 0), (2, 0), (3, 1), (4, 1)]));
+        for _ in 0..5 {
+            net.step();
+            assert_eq!(net.clusters(), first);
+        }
     }
 }
