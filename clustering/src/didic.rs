@@ -24,6 +24,15 @@ pub struct DidicParams {
     pub benefit: f64,
     /// The initial load of a vertex in its own cluster's systems (100).
     pub initial_load: f64,
+    /// A vertex that starts with a random cluster starts with an initial
+    /// load drawn uniformly from `initial_load · [1, 1 + initial_spread)`
+    /// (0: the dissertation's constant). A departure from Listing 5.1's
+    /// `SetInitialLoad`, for small networks: on a well-connected group the
+    /// cluster with the largest secondary total wins (each FOS/T iteration
+    /// adds it to the primary system), so equal totals — two clusters that
+    /// started with two vertices each — split the group for good; random
+    /// totals are never equal. Each vertex draws its own: distributed.
+    pub initial_spread: f64,
     /// After this many time steps a vertex may only join a cluster one of
     /// its neighbours is in (§5.3, "after 10 time steps").
     pub restrict_after: u32,
@@ -42,6 +51,7 @@ impl Default for DidicParams {
             rho: 11,
             benefit: 10.0,
             initial_load: 100.0,
+            initial_spread: 1.0,
             restrict_after: 10,
             switch_margin: 0.0001,
         }
@@ -103,12 +113,12 @@ impl Didic {
     /// `--cluster`) with the initial loads of that cluster.
     pub fn assign(&mut self, v: VertexId, cluster: u32) {
         let cluster = cluster % self.params.k;
-        self.state.insert(v, self.initial(cluster));
+        self.state.insert(v, self.initial(cluster, 0.0));
     }
 
-    fn initial(&self, cluster: u32) -> State {
+    fn initial(&self, cluster: u32, u: f64) -> State {
         let mut w = vec![0.0; self.params.k as usize];
-        w[cluster as usize] = self.params.initial_load;
+        w[cluster as usize] = self.params.initial_load * (1.0 + self.params.initial_spread * u);
         State {
             cluster,
             l: w.clone(),
@@ -158,7 +168,12 @@ impl Didic {
         for v in graph.vertices() {
             if !self.state.contains_key(&v) {
                 let c = rng.below(u64::from(self.params.k)) as u32;
-                self.state.insert(v, self.initial(c));
+                let u = if self.params.initial_spread > 0.0 {
+                    rng.unit()
+                } else {
+                    0.0
+                };
+                self.state.insert(v, self.initial(c, u));
             }
         }
     }

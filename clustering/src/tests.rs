@@ -414,3 +414,5 @@ fn didic_on_the_dissertation_s_800_vertex_example() {
     assert!(n > 0.95, "NCV {n} at step 60");
     assert!((5..=20).contains(&k), "{k} clusters at step 60");
 }
+
+mod small_networks;
