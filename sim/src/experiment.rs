@@ -63,7 +63,7 @@ impl FromStr for ExperimentKind {
             _ => Err(SimError::UnknownName {
                 what: "experiment type",
                 given: s.to_string(),
-                valid: "a, b, c".to_string(),
+                valid: "a, b, c, clusters".to_string(),
             }),
         }
     }
