@@ -1,77 +1,6 @@
 //! Two-level placement (dissertation ch. 6, Fig. 6.1): a DHHT over clusters
 //! picks where a job goes, one DHHT per cluster picks each process's peer.
-//!
-//! "On the top level, one load balancer assigns BSP programs (i.e., groups
-//! of processes) to fast connected clusters of the PUB-Web network. On the
-//! lower level, one load balancer per cluster schedules the BSP processes
-//! on the particular peers within the clusters." Both levels here are the
-//! lower envelope of §4.2.2:
-//!
-//! - **Top level.** Each cluster is a point of a second unit ring with the
-//!   cluster's power (the sum of its peers' weights) as its weight. The
-//!   clusters sit at the golden points `{1·Φ}, …, {m·Φ}` in the order of
-//!   their keys (see *Cluster positions* below). A job has its own position
-//!   on that ring, and goes to the cluster whose function
-//!   `((y − p_c) mod 1) / W_c` is lowest at the job's position `y` among the
-//!   clusters it *fits* into; ties go to the smaller cluster index.
-//! - **Lower level.** Inside the chosen cluster, a process at `x` goes to
-//!   the peer of that cluster's [`Dhht`] that wins `x` — exactly what the
-//!   flat DHHT would do if the cluster were the whole network.
-//!
-//! # When a job fits
-//!
-//! A job of `n` processes *fits* a cluster when `n` is at most the
-//! cluster's **slots**, the sum of its peers' cores. A BSP superstep ends
-//! with its slowest process; a job with more processes than the cluster
-//! has cores runs two of them on one core somewhere even on an idle
-//! cluster, so its compute phase takes at least twice as long as it needs
-//! to — at that point spreading it over more cores is worth crossing a
-//! gateway. The rule uses the peers' static capacity, not their current
-//! load, so like the flat DHHT a placement depends only on the peer table,
-//! never on the other jobs: any supernode with the same table computes the
-//! same placement, and a restarted one can recompute it.
-//!
-//! # Jobs that fit nowhere
-//!
-//! A job larger than every cluster *spans* clusters. It uses the fewest
-//! clusters whose slots together cover `n` (so it crosses as few gateways
-//! as possible), chosen by the envelope order at the job's position among
-//! the sets of that size (so that large jobs, too, spread over the
-//! clusters by power): walking the clusters from the lowest function value
-//! at `y` up, a cluster is taken when the still-uncovered processes can be
-//! covered by it plus the largest clusters not yet taken within the
-//! minimum count. The processes are split into **contiguous pid blocks**,
-//! filling the chosen clusters largest first, each up to its slots (the
-//! last one takes the rest). Contiguous blocks mean that block-distributed
-//! data, and nearest-neighbour or ring exchanges, cross a cluster boundary
-//! only between the `k` blocks; filling largest first makes the blocks as
-//! unequal as capacity allows, which minimises the cut of an all-to-all
-//! exchange (`Σ_{i<j} n_i·n_j` pairs cross a gateway, smallest when the
-//! sizes are most unequal). Every chosen cluster gets at least one process
-//! (otherwise fewer clusters would have sufficed).
-//!
-//! A job larger than all clusters together goes to every cluster, in blocks
-//! proportional to their slots (largest remainder, ties to the larger
-//! cluster, then the smaller index).
-//!
-//! # Cluster positions
-//!
-//! Clusters are ranked by key ([`ClusterPeer::cluster`], `None` first), and
-//! the cluster of rank `i` (from 1) sits at `golden_position(i)`. So the
-//! indices are always exactly `1..=m` — the golden points' best smoothness
-//! (φ², §4.2.4), which an [`IndexAllocator`](crate::IndexAllocator) keeps
-//! only until an index is freed — and the positions follow from the peer
-//! table alone: nothing to persist, the same on every supernode and after a
-//! restart. When a cluster appears or disappears the later ones shift, but
-//! that only changes where *new* jobs go: a placed job stays with its
-//! clusters ([`TwoLevel::lookup_within`]), so no process ever moves because
-//! the top ring changed.
-//!
-//! # One cluster is the flat DHHT
-//!
-//! With a single cluster — in particular when no peer names one — every
-//! process lands on `dhht.lookup(x)` of a [`Dhht`] over the same peers, so a
-//! caller can always use [`TwoLevel`].
+//! The rules and their reasons are on [`TwoLevel`].
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -173,8 +102,82 @@ impl Candidate<'_> {
     }
 }
 
-/// The two-level balancer: a DHHT over clusters weighted by their power,
-/// and one [`Dhht`] per cluster (see the [module docs](self) for the rules).
+/// The two-level balancer: a DHHT over clusters weighted by their power
+/// picks where a job goes, one [`Dhht`] per cluster each process's peer.
+///
+/// "On the top level, one load balancer assigns BSP programs (i.e., groups
+/// of processes) to fast connected clusters of the PUB-Web network. On the
+/// lower level, one load balancer per cluster schedules the BSP processes
+/// on the particular peers within the clusters." Both levels here are the
+/// lower envelope of §4.2.2:
+///
+/// - **Top level.** Each cluster is a point of a second unit ring with the
+///   cluster's power (the sum of its peers' weights) as its weight. The
+///   clusters sit at the golden points `{1·Φ}, …, {m·Φ}` in the order of
+///   their keys (see *Cluster positions* below). A job has its own position
+///   on that ring, and goes to the cluster whose function
+///   `((y − p_c) mod 1) / W_c` is lowest at the job's position `y` among the
+///   clusters it *fits* into; ties go to the smaller cluster index.
+/// - **Lower level.** Inside the chosen cluster, a process at `x` goes to
+///   the peer of that cluster's [`Dhht`] that wins `x` — exactly what the
+///   flat DHHT would do if the cluster were the whole network.
+///
+/// # When a job fits
+///
+/// A job of `n` processes *fits* a cluster when `n` is at most the
+/// cluster's **slots**, the sum of its peers' cores. A BSP superstep ends
+/// with its slowest process; a job with more processes than the cluster
+/// has cores runs two of them on one core somewhere even on an idle
+/// cluster, so its compute phase takes at least twice as long as it needs
+/// to — at that point spreading it over more cores is worth crossing a
+/// gateway. The rule uses the peers' static capacity, not their current
+/// load, so like the flat DHHT a placement depends only on the peer table,
+/// never on the other jobs: any supernode with the same table computes the
+/// same placement, and a restarted one can recompute it.
+///
+/// # Jobs that fit nowhere
+///
+/// A job larger than every cluster *spans* clusters. It uses the fewest
+/// clusters whose slots together cover `n` (so it crosses as few gateways
+/// as possible), chosen by the envelope order at the job's position among
+/// the sets of that size (so that large jobs, too, spread over the
+/// clusters by power): walking the clusters from the lowest function value
+/// at `y` up, a cluster is taken when the still-uncovered processes can be
+/// covered by it plus the largest clusters not yet taken within the
+/// minimum count. The processes are split into **contiguous pid blocks**,
+/// filling the chosen clusters largest first, each up to its slots (the
+/// last one takes the rest). Contiguous blocks mean that block-distributed
+/// data, and nearest-neighbour or ring exchanges, cross a cluster boundary
+/// only between the `k` blocks; filling largest first makes the blocks as
+/// unequal as capacity allows, which minimises the cut of an all-to-all
+/// exchange (`Σ_{i<j} n_i·n_j` pairs cross a gateway, smallest when the
+/// sizes are most unequal). Every chosen cluster gets at least one process
+/// (otherwise fewer clusters would have sufficed).
+///
+/// A job larger than all clusters together goes to every cluster, in blocks
+/// proportional to their slots (largest remainder, ties to the larger
+/// cluster, then the smaller index).
+///
+/// # Cluster positions
+///
+/// Clusters are ranked by key ([`ClusterPeer::cluster`], `None` first), and
+/// the cluster of rank `i` (from 1) sits at `golden_position(i)`. So the
+/// indices are always exactly `1..=m` — the golden points' best smoothness
+/// (φ², §4.2.4), which an [`IndexAllocator`](crate::IndexAllocator) keeps
+/// only until an index is freed — and the positions follow from the peer
+/// table alone: nothing to persist, the same on every supernode and after a
+/// restart. When a cluster appears or disappears the later ones shift, but
+/// that only changes where *new* jobs go: a placed job stays with its
+/// clusters ([`TwoLevel::lookup_within`]), so no process ever moves because
+/// the top ring changed.
+///
+/// # One cluster is the flat DHHT
+///
+/// With a single cluster — in particular when no peer names one — every
+/// process lands on `dhht.lookup(x)` of a [`Dhht`] over the same peers, so a
+/// caller can always use [`TwoLevel`].
+///
+/// # Example
 ///
 /// Pure and deterministic: the result of every query is a function of the
 /// set of peers in the table, not of the order they were added in.
