@@ -17,10 +17,22 @@ use sim::{BalancerSpec, JobProfile};
 #[derive(Args)]
 pub struct SimArgs {
     /// Experiment type: a (fixed processes, availability profiles, hash
-    /// balancers), b (job streams at 100 % availability) or c (job streams
-    /// under availability profiles)
+    /// balancers), b (job streams at 100 % availability), c (job streams
+    /// under availability profiles) or clusters (flat against two-level
+    /// placement of communicating jobs on a clustered network)
     #[arg(long, default_value = "b")]
     experiment: String,
+    /// Networks of the clusters experiment, comma-separated: testbed,
+    /// hetero [default: both]
+    #[arg(long, value_delimiter = ',')]
+    topology: Vec<String>,
+    /// Offered compute loads of the clusters experiment (fraction of all
+    /// cores), comma-separated [default: 0.3,0.7]
+    #[arg(long, value_delimiter = ',')]
+    load: Vec<f64>,
+    /// Jobs per run of the clusters experiment
+    #[arg(long, default_value_t = 400)]
+    jobs: usize,
     /// Job-stream profiles, comma-separated: hpc2n, atlas, thunder, blue,
     /// datastar [default: all]
     #[arg(long, value_delimiter = ',')]
@@ -143,7 +155,43 @@ fn spec_from(a: &SimArgs) -> anyhow::Result<ExperimentSpec> {
     Ok(spec)
 }
 
+/// `--experiment clusters`: flat against two-level placement (issue 15).
+fn run_clusters(a: &SimArgs) -> anyhow::Result<ExitCode> {
+    use sim::clusters::{ClusterSpec, render_clusters, run_clusters};
+    let mut spec = ClusterSpec::defaults(a.seed);
+    if !a.topology.is_empty() {
+        spec.topologies = parse_all(&a.topology)?;
+    }
+    if !a.load.is_empty() {
+        spec.loads = a.load.clone();
+    }
+    if !a.overload.is_empty() {
+        spec.overloads = a.overload.clone();
+    }
+    spec.jobs = a.jobs;
+    let started = Instant::now();
+    let runs = run_clusters(&spec)?;
+    let out = a.out.display().to_string();
+    std::fs::create_dir_all(&a.out)
+        .with_context(|| format!("cannot create the report folder {out}"))?;
+    for f in render_clusters(&spec, &runs, &spec.command_line(&out)) {
+        let path = a.out.join(&f.path);
+        std::fs::write(&path, &f.contents)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    eprintln!(
+        "{} runs in {:.1?}; report: {}",
+        runs.len(),
+        started.elapsed(),
+        a.out.join("README.md").display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn run(a: SimArgs) -> anyhow::Result<ExitCode> {
+    if a.experiment.eq_ignore_ascii_case("clusters") {
+        return run_clusters(&a);
+    }
     let spec = spec_from(&a)?;
     if a.threads == 0 {
         bail!("--threads must be at least 1");
