@@ -737,6 +737,31 @@ fn unpack_resources(hash: &str, bytes: &[u8], whence: &str) -> Result<Resources,
         .map_err(|e| format!("the job's resources from {whence} are malformed: {e}"))
 }
 
+/// "; the job's 5 peers are in clusters a (2), b (3)": the clusters of
+/// the job's peers (the sites broadcasts and Robber use), for status lines;
+/// empty when no peer has one.
+fn clusters_phrase<'a>(sites: impl Iterator<Item = &'a Site>) -> String {
+    let mut count: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    let (mut unnamed, mut all) = (0, 0);
+    for s in sites {
+        all += 1;
+        match &s.cluster {
+            Some(c) => *count.entry(c.as_str()).or_default() += 1,
+            None => unnamed += 1,
+        }
+    }
+    if count.is_empty() {
+        return String::new();
+    }
+    let mut parts: Vec<String> = count.iter().map(|(c, n)| format!("{c} ({n})")).collect();
+    if unnamed > 0 {
+        parts.push(format!("no cluster ({unnamed})"));
+    }
+    let s = if parts.len() == 1 { "" } else { "s" };
+    let are = if all == 1 { "peer is" } else { "peers are" };
+    format!("; the job's {all} {are} in cluster{s} {}", parts.join(", "))
+}
+
 fn sites_of(a: &JobAssignment) -> HashMap<PeerId, Site> {
     a.peers
         .iter()
@@ -1023,10 +1048,11 @@ impl Driver {
                             if dist.is_root() {
                                 let n = self.peers.len() - 1;
                                 self.status(format!(
-                                    "peer #{} downloaded the program ({} KiB) and passes it on to {n} peer{} by Robber",
+                                    "peer #{} downloaded the program ({} KiB) and passes it on to {n} peer{} by Robber{}",
                                     self.me,
                                     f.bytes.len() >> 10,
-                                    if n == 1 { "" } else { "s" }
+                                    if n == 1 { "" } else { "s" },
+                                    clusters_phrase(self.sites.values())
                                 ));
                             }
                             self.send_program_frames(out);

@@ -35,6 +35,19 @@ fn deploy(
     lease_ttl_secs: u64,
     peer_log: &str,
 ) -> Deployment {
+    deploy_with(tb, supernode_host, peers, lease_ttl_secs, peer_log, &[], &[])
+}
+
+/// [`deploy`] with more arguments for the supernode and for every peer.
+fn deploy_with(
+    tb: &mut Testbed,
+    supernode_host: &str,
+    peers: &[(&str, Option<&str>)],
+    lease_ttl_secs: u64,
+    peer_log: &str,
+    supernode_args: &[&str],
+    peer_args: &[&str],
+) -> Deployment {
     use crate::harness::{ADMIN, ADMIN_PASSWORD, bspweb};
     let data = tempfile::tempdir().unwrap();
     let mut sn = bspweb();
@@ -44,6 +57,7 @@ fn deploy(
         .arg("--data")
         .arg(data.path().join("supernode"))
         .args(["--lease-ttl-secs", &lease_ttl_secs.to_string()])
+        .args(supernode_args)
         .env("BSPWEB_USER", ADMIN)
         .env("BSPWEB_PASSWORD", ADMIN_PASSWORD)
         .env("BSPWEB_LOG", "warn")
@@ -73,6 +87,7 @@ fn deploy(
             .args(["--speed", "1.0", "--slots", "2", "--exit-on-stdin-eof"])
             .arg("--idle-file")
             .arg(&idle)
+            .args(peer_args)
             .env("BSPWEB_LOG", peer_log)
             .env("NO_COLOR", "1")
             .stdin(Stdio::piped())
@@ -339,5 +354,115 @@ fn killing_a_peer_during_broadcasts_still_delivers_everywhere() {
         restored > 0,
         "no process was restored: {:?}",
         statuses(&run)
+    );
+}
+
+/// The testbed's twelve `clusters` hosts, by cluster.
+const CLUSTER_HOSTS: [[&str; 4]; 3] = [
+    ["a0", "a1", "a2", "a3"],
+    ["b0", "b1", "b2", "b3"],
+    ["c0", "c1", "c2", "c3"],
+];
+
+/// The peers grouped by the cluster the supernode found for them (peer
+/// names, sorted), and how many peers have none yet.
+fn found_groups(peers: &[bsp_api::rest::PeerInfo]) -> (Vec<Vec<String>>, usize) {
+    let mut groups: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    let mut without = 0;
+    for p in peers.iter().filter(|p| p.state == "online") {
+        match &p.found_cluster {
+            Some(c) => groups.entry(c).or_default().push(p.name.clone()),
+            None => without += 1,
+        }
+    }
+    let mut groups: Vec<Vec<String>> = groups.into_values().collect();
+    for g in &mut groups {
+        g.sort();
+    }
+    groups.sort();
+    (groups, without)
+}
+
+/// Twelve peers behind three 20 Mbit/s gateways, started without
+/// `--cluster` (issue 15): they measure their links, the supernode
+/// clusters them with DiDiC, and within a bounded time every pair behind
+/// the same gateway shares a cluster and no cluster spans a gateway. A
+/// broadcast job then gets those clusters as its sites (its Robber status
+/// line names them).
+#[test]
+fn peers_find_their_clusters_from_measured_links() {
+    use crate::harness::{job, run as run_job};
+    const FIND_WITHIN: Duration = Duration::from_secs(240);
+
+    let mut tb = Testbed::create(&Topology::load("clusters").unwrap()).unwrap();
+    let left = Leftovers::of(&tb);
+    let peers: Vec<(&str, Option<&str>)> = CLUSTER_HOSTS
+        .iter()
+        .flatten()
+        .map(|&h| (h, None))
+        .collect();
+    let d = deploy_with(
+        &mut tb,
+        "a0",
+        &peers,
+        3,
+        "warn",
+        &["--cluster-step-ms", "100"],
+        // Every link within a few renewals (the default budget spreads
+        // them over minutes).
+        &["--probe-mib-per-hour", "4000"],
+    );
+    let url = d.url.clone();
+    let (groups, took, run) = with_client(tb, left, "a0", move || async move {
+        let client = online_client(&url, 12).await;
+        let start = Instant::now();
+        let want: Vec<Vec<String>> = CLUSTER_HOSTS
+            .iter()
+            .map(|hosts| hosts.iter().map(|h| format!("tb-{h}")).collect())
+            .collect();
+        // Right on five polls in a row (half a second apart): settled.
+        let mut right = 0;
+        let (groups, took) = loop {
+            let (groups, without) = found_groups(&client.peers().await.unwrap());
+            if without == 0 && groups == want {
+                right += 1;
+                if right == 5 {
+                    break (groups, start.elapsed());
+                }
+            } else {
+                right = 0;
+            }
+            assert!(
+                start.elapsed() < FIND_WITHIN,
+                "after {:?}: {without} peers without a cluster, found {groups:?}",
+                start.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        let args = serde_json::json!({"bytes": 200_000, "rounds": 2});
+        let run = run_job(&client, job("broadcast", 12, args)).await;
+        (groups, took, run)
+    });
+    eprintln!("the peers found their clusters {took:?} after all were online: {groups:?}");
+    run.assert_exited();
+    assert_broadcasts_arrived(&run, 12, 2, 200_000);
+    let st = statuses(&run);
+    let robber = st
+        .iter()
+        .find(|t| t.contains("by Robber; the job's 12 peers are in clusters"))
+        .unwrap_or_else(|| panic!("no Robber line names the clusters: {st:?}"));
+    // Three clusters of four peers, named as found.
+    let named: Vec<&str> = robber
+        .rsplit_once("are in clusters ")
+        .unwrap()
+        .1
+        .split(", ")
+        .collect();
+    assert_eq!(named.len(), 3, "{robber}");
+    assert!(
+        named
+            .iter()
+            .all(|c| c.starts_with("found-") && c.ends_with(" (4)")),
+        "{robber}"
     );
 }

@@ -1252,3 +1252,23 @@ fn newest_checkpointed_before_matches_a_scan() {
         }
     }
 }
+
+/// Status lines name the clusters the job's peers are in, as the
+/// assignment's sites have them (issue 15).
+#[test]
+fn status_lines_name_the_clusters_of_the_jobs_peers() {
+    let site = |id, c: Option<&str>| Site::new(id, "127.0.0.1:1", c.map(String::from));
+    assert_eq!(clusters_phrase([site(1, None), site(2, None)].iter()), "");
+    assert_eq!(
+        clusters_phrase([site(1, Some("b")), site(2, Some("a")), site(3, Some("b"))].iter()),
+        "; the job's 3 peers are in clusters a (1), b (2)"
+    );
+    assert_eq!(
+        clusters_phrase([site(1, Some("found-3")), site(2, None)].iter()),
+        "; the job's 2 peers are in clusters found-3 (1), no cluster (1)"
+    );
+    assert_eq!(
+        clusters_phrase([site(1, Some("a"))].iter()),
+        "; the job's 1 peer is in cluster a (1)"
+    );
+}
