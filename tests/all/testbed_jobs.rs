@@ -35,7 +35,15 @@ fn deploy(
     lease_ttl_secs: u64,
     peer_log: &str,
 ) -> Deployment {
-    deploy_with(tb, supernode_host, peers, lease_ttl_secs, peer_log, &[], &[])
+    deploy_with(
+        tb,
+        supernode_host,
+        peers,
+        lease_ttl_secs,
+        peer_log,
+        &[],
+        &[],
+    )
 }
 
 /// [`deploy`] with more arguments for the supernode and for every peer.
@@ -396,11 +404,8 @@ fn peers_find_their_clusters_from_measured_links() {
 
     let mut tb = Testbed::create(&Topology::load("clusters").unwrap()).unwrap();
     let left = Leftovers::of(&tb);
-    let peers: Vec<(&str, Option<&str>)> = CLUSTER_HOSTS
-        .iter()
-        .flatten()
-        .map(|&h| (h, None))
-        .collect();
+    let peers: Vec<(&str, Option<&str>)> =
+        CLUSTER_HOSTS.iter().flatten().map(|&h| (h, None)).collect();
     let d = deploy_with(
         &mut tb,
         "a0",
