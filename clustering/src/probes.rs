@@ -150,7 +150,10 @@ mod tests {
         let n = neighbours(0, &peers, 4);
         let never = |_| None;
         // Nothing tried: the first two candidates.
-        assert_eq!(probe_targets(0, &peers, never, |_, _| None, 1_000, policy), n[..2]);
+        assert_eq!(
+            probe_targets(0, &peers, never, |_, _| None, 1_000, policy),
+            n[..2]
+        );
         // Nothing due yet: nothing to do.
         assert!(probe_targets(0, &peers, never, |_, _| Some(1_001), 1_000, policy).is_empty());
         // One never tried, two due: the untried one, then the longest due.

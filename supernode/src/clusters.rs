@@ -90,10 +90,7 @@ pub(crate) async fn cluster_task(sn: Supernode) {
         let finder = finder.clone();
         // A step costs O(k·ψ·ρ·edges): off the async workers.
         let found = tokio::task::spawn_blocking(move || {
-            finder
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .step(links)
+            finder.lock().unwrap_or_else(|e| e.into_inner()).step(links)
         })
         .await;
         match found {
@@ -133,8 +130,15 @@ mod tests {
             assert!(f.step(two_sites()).is_empty());
         }
         let found = f.step(two_sites());
-        assert_eq!(found.keys().copied().collect::<Vec<_>>(), (1..=8).collect::<Vec<_>>());
-        assert!(found.values().all(|n| bsp_api::control::valid_cluster_name(n)));
+        assert_eq!(
+            found.keys().copied().collect::<Vec<_>>(),
+            (1..=8).collect::<Vec<_>>()
+        );
+        assert!(
+            found
+                .values()
+                .all(|n| bsp_api::control::valid_cluster_name(n))
+        );
         let mut with_nine = two_sites();
         with_nine.push((9, 8, 100e6));
         let found = f.step(with_nine.clone());

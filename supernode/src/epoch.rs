@@ -14,6 +14,8 @@ use bsp_api::control::{Command, JobAssignment, JobPeer};
 use bsp_api::rest::{JobEventKind, JobLimits, JobOutcome};
 use bsp_api::{JobId, PeerId, Pid};
 use placement::golden_position;
+
+use crate::jobs::{home_cluster, job_position};
 use rusqlite::{Connection, OptionalExtension, params};
 use sha2::{Digest, Sha256};
 
@@ -63,6 +65,9 @@ pub(crate) struct Placed {
     pub(crate) moved_from: Option<PeerId>,
     pub(crate) moved_kind: Option<MoveKind>,
     pub(crate) handed_over: bool,
+    /// The cluster its block was placed in (two-level placement); `None`:
+    /// placed without clusters.
+    pub(crate) cluster: Option<String>,
 }
 
 impl Placed {
@@ -86,8 +91,8 @@ impl Placed {
 /// The processes of `job` in pid order.
 pub(crate) fn placements(tx: &Connection, job: JobId) -> Result<Vec<Placed>, Error> {
     let mut stmt = tx.prepare_cached(
-        "SELECT pid, peer_id, position, moved_epoch, moved_from, moved_kind, handed_over \
-         FROM placements WHERE job = ?1 ORDER BY pid",
+        "SELECT pid, peer_id, position, moved_epoch, moved_from, moved_kind, handed_over, \
+         cluster FROM placements WHERE job = ?1 ORDER BY pid",
     )?;
     let rows = stmt.query_map([job], |r| {
         Ok(Placed {
@@ -101,6 +106,7 @@ pub(crate) fn placements(tx: &Connection, job: JobId) -> Result<Vec<Placed>, Err
                 .as_deref()
                 .and_then(MoveKind::parse),
             handed_over: r.get(6)?,
+            cluster: r.get(7)?,
         })
     })?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -530,6 +536,7 @@ pub(crate) fn restore_lost(
     }
     let usable = usable_peers(tx, now)?;
     let live = live_peers(tx, now)?;
+    let table = crate::jobs::two_level(tx, place, inner)?;
     for (job, gone) in by_job {
         let rows = placements(tx, job)?;
         let job_live: Vec<PeerId> = job_peers(tx, job)?
@@ -547,9 +554,12 @@ pub(crate) fn restore_lost(
         let mut moves = Vec::with_capacity(lost_pids.len());
         let mut homeless = Vec::new();
         for row in &lost_pids {
-            let target = place
-                .dhht
-                .lookup(golden_position(row.position))
+            let target = table
+                .lookup_within(
+                    home_cluster(&table, row.cluster.as_deref(), row.peer).as_deref(),
+                    job_position(job),
+                    golden_position(row.position),
+                )
                 .filter(|p| usable.contains(p))
                 .or_else(|| job_live.first().copied())
                 .or_else(|| usable.first().copied())
@@ -656,15 +666,19 @@ pub(crate) fn rebalance(
         .moves
         .retain_jobs(|j| jobs.iter().any(|&(active, _)| active == j));
     let mut pending = false;
+    let table = crate::jobs::two_level(tx, place, inner)?;
     for (job, migrated_at) in jobs {
         let rows = placements(tx, job)?;
         let mut moves = Vec::new();
         let mut load_moves = Vec::new();
         let mut forced = false;
         for row in &rows {
-            let Some(target) = place
-                .dhht
-                .lookup(golden_position(row.position))
+            let Some(target) = table
+                .lookup_within(
+                    home_cluster(&table, row.cluster.as_deref(), row.peer).as_deref(),
+                    job_position(job),
+                    golden_position(row.position),
+                )
                 .filter(|p| usable.contains(p) && *p != row.peer)
             else {
                 continue;
@@ -815,6 +829,7 @@ mod tests {
             moved_from: Some(1),
             moved_kind: Some(MoveKind::Migrate),
             handed_over: false,
+            cluster: None,
         };
         assert!(p.is_run_by(1) && p.is_run_by(2) && !p.is_run_by(3));
         p.handed_over = true;

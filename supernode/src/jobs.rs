@@ -36,6 +36,64 @@ pub(crate) struct Place {
     pub(crate) quota_waits: std::collections::HashMap<JobId, &'static str>,
 }
 
+/// A job's point on the top ring of two-level placement (the ring of
+/// clusters): the golden point of its id, so consecutive jobs spread over
+/// the clusters, and any supernode finds it again.
+pub(crate) fn job_position(job: JobId) -> placement::Position {
+    placement::golden_position(job.max(1) as u64)
+}
+
+/// The two-level placement table (dissertation Fig. 6.1, issue 15) of the
+/// peers in the DHHT: each at its DHHT position and power, in its
+/// effective cluster (its volunteer's `--cluster`, else the one found on
+/// the measured links), with its cores as slots. With no clusters known
+/// it places exactly as the flat DHHT.
+pub(crate) fn two_level(
+    tx: &Connection,
+    place: &Place,
+    inner: &Inner,
+) -> Result<placement::TwoLevel, Error> {
+    let mut named: std::collections::HashMap<PeerId, (u32, Option<String>)> = {
+        let mut stmt =
+            tx.prepare_cached("SELECT id, cores, cluster FROM peers WHERE state = 'online'")?;
+        stmt.query_map([], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))?
+            .collect::<rusqlite::Result<_>>()?
+    };
+    let mut table = placement::TwoLevel::new();
+    for p in place.dhht.peers() {
+        let (cores, cluster) = named.remove(&p.id).unwrap_or((1, None));
+        let peer = placement::ClusterPeer {
+            id: p.id,
+            cluster: inner.effective_cluster(p.id, cluster),
+            position: p.position,
+            weight: p.weight,
+            slots: cores.max(1),
+        };
+        if let Err(e) = table.insert(peer) {
+            tracing::error!(peer = p.id, error = %e, "cannot add a peer to the two-level table");
+        }
+    }
+    Ok(table)
+}
+
+/// The cluster a placed process should stay in: the one its block was
+/// placed in while that cluster has peers, else the one its peer is in
+/// now (clusters were found, or renamed, since it was placed), else the
+/// recorded one (its peer is gone: the table's fallback decides).
+pub(crate) fn home_cluster<'a>(
+    table: &'a placement::TwoLevel,
+    placed_in: Option<&'a str>,
+    peer: PeerId,
+) -> Option<std::borrow::Cow<'a, str>> {
+    if table.cluster_dhht(placed_in).is_some() {
+        return placed_in.map(std::borrow::Cow::Borrowed);
+    }
+    match table.get(peer) {
+        Some(p) => p.cluster.map(std::borrow::Cow::Owned),
+        None => placed_in.map(std::borrow::Cow::Borrowed),
+    }
+}
+
 /// Queues `command` for `peer` if it holds a valid lease; the command is
 /// stored in the `commands` table in the caller's transaction, so it
 /// survives a restart with its sequence number.

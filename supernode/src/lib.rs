@@ -244,7 +244,10 @@ impl Inner {
     }
 
     pub(crate) fn set_found_clusters(&self, found: BTreeMap<PeerId, String>) {
-        let mut f = self.found_clusters.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = self
+            .found_clusters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if *f != found {
             tracing::debug!(clusters = ?found, "clusters found on the measured links changed");
             *f = found;

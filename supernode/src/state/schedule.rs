@@ -2,6 +2,7 @@
 //! the peers' load and memory (dissertation §4.4; issue 20, finding 1).
 
 use super::*;
+use crate::jobs::job_position;
 
 impl Core {
     // ------------------------------------------------------------ scheduling
@@ -40,6 +41,9 @@ impl Core {
             })?
             .collect::<rusqlite::Result<_>>()?
         };
+        // Two-level placement (Fig. 6.1): a job that fits a cluster goes
+        // to one, chosen by DHHT over the clusters; flat without clusters.
+        let table = crate::jobs::two_level(&tx, &self.place, inner)?;
         let cores: f64 = online.values().map(|(_, c)| f64::from(*c)).sum();
         let capacity = inner.config.overload_factor * cores;
         let (mut running, mut active): (i64, i64) = tx.query_row(
@@ -111,6 +115,7 @@ impl Core {
             match place_job(
                 &tx,
                 &mut self.place,
+                &table,
                 inner,
                 fx,
                 &online,
@@ -217,13 +222,16 @@ pub(super) fn admit_memory(
     Ok(per_process)
 }
 
-/// Places one job: a golden index per process, its peer by DHHT lookup,
-/// placements stored, the job active, `StartJob` queued for each of its
-/// peers. Returns false if no peer could take it.
+/// Places one job: a golden index per process, its peers by two-level
+/// DHHT lookup in `table` (one cluster, if the job fits one; the flat DHHT
+/// when no clusters are known), placements stored, the job active,
+/// `StartJob` queued for each of its peers. Returns false if no peer could
+/// take it.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn place_job(
     tx: &Transaction<'_>,
     place: &mut Place,
+    table: &placement::TwoLevel,
     inner: &Inner,
     fx: &mut Effects,
     online: &HashMap<PeerId, (String, u32)>,
@@ -232,23 +240,25 @@ pub(super) fn place_job(
     nprocs: u32,
     now: i64,
 ) -> Result<Placing, Error> {
-    let mut indices = Vec::with_capacity(nprocs as usize);
-    let mut owners = Vec::with_capacity(nprocs as usize);
-    for _ in 0..nprocs {
-        let k = place.process_indices.alloc();
-        indices.push(k);
-        match place
-            .dhht
-            .lookup(golden_position(k))
-            .filter(|p| online.contains_key(p))
-        {
-            Some(peer) => owners.push(peer),
-            None => {
-                for k in indices {
-                    place.process_indices.free(k);
-                }
-                tracing::warn!(job, "the placement table has no usable peer; the job waits");
-                return Ok(Placing::NoPeer);
+    let indices: Vec<u64> = (0..nprocs).map(|_| place.process_indices.alloc()).collect();
+    let xs: Vec<placement::Position> = indices.iter().map(|&k| golden_position(k)).collect();
+    let placed = table
+        .place_job(job_position(job), &xs)
+        .filter(|p| p.owners.iter().all(|o| online.contains_key(o)));
+    let Some(placed) = placed else {
+        for k in indices {
+            place.process_indices.free(k);
+        }
+        tracing::warn!(job, "the placement table has no usable peer; the job waits");
+        return Ok(Placing::NoPeer);
+    };
+    let owners = placed.owners;
+    // Each pid's cluster, from the blocks (contiguous pid ranges).
+    let mut cluster_of: Vec<Option<String>> = vec![None; nprocs as usize];
+    for b in &placed.blocks {
+        for pid in b.pids.clone() {
+            if let Some(c) = cluster_of.get_mut(pid) {
+                c.clone_from(&b.cluster);
             }
         }
     }
@@ -329,10 +339,17 @@ pub(super) fn place_job(
     epoch::set_job_peers(tx, job, &peers)?;
     {
         let mut stmt = tx.prepare_cached(
-            "INSERT INTO placements (job, pid, peer_id, position) VALUES (?1, ?2, ?3, ?4)",
+            "INSERT INTO placements (job, pid, peer_id, position, cluster) \
+             VALUES (?1, ?2, ?3, ?4, ?5)",
         )?;
         for (pid, (&peer, &k)) in owners.iter().zip(&indices).enumerate() {
-            stmt.execute(params![job, pid as i64, peer, u64_to_sql(k)])?;
+            stmt.execute(params![
+                job,
+                pid as i64,
+                peer,
+                u64_to_sql(k),
+                cluster_of[pid]
+            ])?;
         }
     }
     let job_token = hex::encode(rand::random::<[u8; 32]>());
@@ -346,6 +363,7 @@ pub(super) fn place_job(
         if nprocs == 1 { "" } else { "es" },
         if hosts == 1 { "" } else { "s" }
     );
+    text.push_str(&blocks_phrase(&placed.blocks));
     if peers.len() > hosts {
         let extra = peers.len() - hosts;
         text.push_str(&format!(
@@ -368,4 +386,52 @@ pub(super) fn place_job(
     tracing::info!(job, nprocs, peers = ?per_peer, "job placed");
     fx.jobs.insert(job);
     Ok(Placing::Placed)
+}
+
+/// " in cluster a" or " across clusters a (pids 0–7), b (pids 8–11)": where
+/// two-level placement put a job, for its status line (empty without
+/// clusters).
+fn blocks_phrase(blocks: &[placement::Block]) -> String {
+    let named: Vec<(&str, &std::ops::Range<usize>)> = blocks
+        .iter()
+        .filter_map(|b| Some((b.cluster.as_deref()?, &b.pids)))
+        .collect();
+    match named.as_slice() {
+        [] => String::new(),
+        [(c, _)] if blocks.len() == 1 => format!(" in cluster {c}"),
+        _ => {
+            let parts: Vec<String> = blocks
+                .iter()
+                .map(|b| {
+                    let pids = if b.pids.len() == 1 {
+                        format!("pid {}", b.pids.start)
+                    } else {
+                        format!("pids {}–{}", b.pids.start, b.pids.end - 1)
+                    };
+                    format!("{} ({pids})", b.cluster.as_deref().unwrap_or("no cluster"))
+                })
+                .collect();
+            format!(" across clusters {}", parts.join(", "))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_lines_say_where_the_blocks_went() {
+        let block = |c: Option<&str>, pids| placement::Block {
+            cluster: c.map(String::from),
+            pids,
+        };
+        assert_eq!(blocks_phrase(&[]), "");
+        assert_eq!(blocks_phrase(&[block(None, 0..4)]), "");
+        assert_eq!(blocks_phrase(&[block(Some("a"), 0..4)]), " in cluster a");
+        assert_eq!(
+            blocks_phrase(&[block(Some("a"), 0..8), block(None, 8..9)]),
+            " across clusters a (pids 0–7), no cluster (pid 8)"
+        );
+    }
 }
