@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use crate::{
-    Didic, DidicParams, Dynamics, Graph, GraphModel, Rng, Topology, VertexId, modularity, ncv,
+    Didic, DidicParams, Dynamics, Graph, GraphModel, Rng, Topology, VertexId,
+    merge_while_modularity_rises, modularity, ncv,
 };
 
 /// A graph from `(u, v, w)` triples over `n` vertices (self-loops and
@@ -58,6 +59,39 @@ proptest! {
         let (a, b) = (modularity(&g, &c), modularity_pairs(&g, &c));
         prop_assert!((a - b).abs() < 1e-9, "{a} vs {b}");
         prop_assert!((-0.5 - 1e-9..=1.0).contains(&a));
+    }
+
+    /// Merging never lowers modularity (checked by the pairwise
+    /// definition), only ever relabels whole clusters into linked ones, and
+    /// stops where no merge of two clusters raises it.
+    #[test]
+    fn merges_raise_modularity_until_none_would(
+        (n, edges, labels) in small_graph(),
+    ) {
+        let g = graph_of(n, &edges);
+        let c: BTreeMap<VertexId, u32> = g.vertices().zip(labels).collect();
+        let merged = merge_while_modularity_rises(&g, &c);
+        let (before, after) = (modularity_pairs(&g, &c), modularity_pairs(&g, &merged));
+        prop_assert!(after >= before - 1e-9, "{before} -> {after}");
+        // Whole clusters move: vertices together before stay together.
+        for (v, cv) in &c {
+            for (u, cu) in &c {
+                if cv == cu {
+                    prop_assert_eq!(merged[v], merged[u]);
+                }
+            }
+        }
+        // No further merge of two clusters raises it.
+        let labels: std::collections::BTreeSet<u32> = merged.values().copied().collect();
+        for &a in &labels {
+            for &b in labels.iter().filter(|&&b| b > a) {
+                let joined: BTreeMap<VertexId, u32> = merged
+                    .iter()
+                    .map(|(v, &x)| (*v, if x == b { a } else { x }))
+                    .collect();
+                prop_assert!(modularity_pairs(&g, &joined) <= after + 1e-9);
+            }
+        }
     }
 
     /// FOS/B moves load around without creating any, per system; each of

@@ -428,3 +428,48 @@ fn experiment_shared_systems() {
     }
     println!("a system won two sites in {shared} of 40 runs");
 }
+
+/// After a long run (3 000 steps: 100 minutes of a supernode's 2 s steps;
+/// 30 000 passes too, in 8 s) a peer that moves from one site to another
+/// (its links change) joins its new site's cluster at once, and nobody else
+/// moves: §5.3's switching margin `|w(c)|·0.0001·t` grows with `t`, but
+/// the moved peer's load in its old system drains into its new site, where
+/// that system is weak, while the new site's system floods it.
+#[test]
+fn a_peer_that_moves_after_a_long_run_joins_its_new_site() {
+    for seed in 0..4u64 {
+        let mut r = Rng::new(2000 + seed);
+        let links = sites(3, 4, 20.0, true, &mut r);
+        let mut net = MeasuredNetwork::new(DidicParams::measured(), seed);
+        net.update(links.iter().copied());
+        for _ in 0..3000 {
+            net.step();
+        }
+        let before = net.clusters();
+        assert_eq!(partition(&before), want(3, 4), "seed {seed}");
+        // Peer 4 moves from site 0 to site 1.
+        let peers: Vec<i64> = (1..=12).collect();
+        let site = |p: i64| if p == 4 { 1 } else { (p - 1) / 4 };
+        let moved = measure(
+            &peers,
+            |_, _| true,
+            |a, b| if site(a) == site(b) { 100.0 } else { 20.0 },
+            &mut r,
+        );
+        net.update(moved);
+        let mut steps = 0;
+        while net.clusters()[&4] != before[&5] {
+            net.step();
+            steps += 1;
+            assert!(
+                steps <= 100,
+                "seed {seed}: peer 4 is still in {:?}",
+                net.clusters()
+            );
+        }
+        let now = net.clusters();
+        for p in (1..=12).filter(|&p| p != 4) {
+            assert_eq!(now[&p], before[&p], "seed {seed}: peer {p} changed");
+        }
+    }
+}
