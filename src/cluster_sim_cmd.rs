@@ -12,6 +12,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use clustering::{
     Didic, DidicParams, Dynamics, Graph, GraphModel, Rng, Topology, VertexId, modularity, ncv,
+    refine,
 };
 use sim::svg::{Series, line_plot};
 
@@ -69,12 +70,17 @@ pub struct ClusterSimArgs {
     out: PathBuf,
 }
 
-/// One graph's run: DiDiC's quality at every step, MCL's at some.
+/// One time step's quality: `(time step, modularity, NCV, clusters)`.
+type Quality = (u32, f64, f64, usize);
+
+/// One graph's run: DiDiC's quality at every step (as Listing 5.1 leaves
+/// it, and refined as the supernode uses it), MCL's at some.
 struct Run {
     n: usize,
     repeat: u32,
-    didic: Vec<(u32, f64, f64, usize)>,
-    mcl: Vec<(u32, f64, f64, usize)>,
+    didic: Vec<Quality>,
+    refined: Vec<Quality>,
+    mcl: Vec<Quality>,
 }
 
 fn clusters(c: &BTreeMap<VertexId, u32>) -> usize {
@@ -156,6 +162,7 @@ fn run_one(a: &ClusterSimArgs, n: usize, repeat: u32, dir: &Path) -> anyhow::Res
         n,
         repeat,
         didic: vec![],
+        refined: vec![],
         mcl: vec![],
     };
     for t in 1..=a.steps {
@@ -164,6 +171,9 @@ fn run_one(a: &ClusterSimArgs, n: usize, repeat: u32, dir: &Path) -> anyhow::Res
         let g = topology.graph();
         run.didic
             .push((t, modularity(g, &c), ncv(g, &c), clusters(&c)));
+        let r = refine(g, &c, a.k);
+        run.refined
+            .push((t, modularity(g, &r), ncv(g, &r), clusters(&r)));
         if a.mcl_every > 0 && (t % a.mcl_every == 0 || t == a.steps) {
             let m = mcl(g, a.inflation, dir)?;
             run.mcl
@@ -171,8 +181,9 @@ fn run_one(a: &ClusterSimArgs, n: usize, repeat: u32, dir: &Path) -> anyhow::Res
         }
         if t % 25 == 0 || t == a.steps {
             let (_, m, v, k) = run.didic[run.didic.len() - 1];
+            let (_, rm, _, rk) = run.refined[run.refined.len() - 1];
             eprintln!(
-                "  n = {n}, graph {}: time step {t}/{}: DiDiC modularity {m:.4}, NCV {v:.4}, {k} clusters",
+                "  n = {n}, graph {}: time step {t}/{}: DiDiC modularity {m:.4}, NCV {v:.4}, {k} clusters; refined {rm:.4}, {rk} clusters",
                 repeat + 1,
                 a.steps
             );
@@ -225,18 +236,16 @@ fn mean_sd(x: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// DiDiC's mean modularity and MCL's at MCL's time steps in the second
-/// half of the run ("once stable").
-fn stable(run: &Run, steps: u32) -> Option<(f64, f64, usize)> {
-    let late: Vec<&(u32, f64, f64, usize)> = run.mcl.iter().filter(|m| m.0 > steps / 2).collect();
+/// DiDiC's mean modularity (in `series`, one entry per time step) and
+/// MCL's at MCL's time steps in the second half of the run ("once
+/// stable").
+fn stable(run: &Run, series: &[Quality], steps: u32) -> Option<(f64, f64, usize)> {
+    let late: Vec<&Quality> = run.mcl.iter().filter(|m| m.0 > steps / 2).collect();
     if late.is_empty() {
         return None;
     }
-    let didic: f64 = late
-        .iter()
-        .map(|m| run.didic[m.0 as usize - 1].1)
-        .sum::<f64>()
-        / late.len() as f64;
+    let didic: f64 =
+        late.iter().map(|m| series[m.0 as usize - 1].1).sum::<f64>() / late.len() as f64;
     let mcl: f64 = late.iter().map(|m| m.1).sum::<f64>() / late.len() as f64;
     Some((didic, mcl, late.len()))
 }
@@ -279,6 +288,14 @@ pub fn run(a: ClusterSimArgs) -> anyhow::Result<ExitCode> {
     for r in &runs {
         for (t, m, v, k) in &r.didic {
             let _ = writeln!(csv, "{},{},{t},didic,{m},{v},{k}", r.n, r.repeat + 1);
+        }
+        for (t, m, v, k) in &r.refined {
+            let _ = writeln!(
+                csv,
+                "{},{},{t},didic-refined,{m},{v},{k}",
+                r.n,
+                r.repeat + 1
+            );
         }
         for (t, m, v, k) in &r.mcl {
             let _ = writeln!(csv, "{},{},{t},mcl,{m},{v},{k}", r.n, r.repeat + 1);
@@ -333,6 +350,53 @@ pub fn run(a: ClusterSimArgs) -> anyhow::Result<ExitCode> {
             )
         }
     );
+    let _ = writeln!(md, "## DiDiC as Listing 5.1 leaves it\n");
+    table(&mut md, &a, &runs, |r| &r.didic);
+    let _ = writeln!(
+        md,
+        "## DiDiC as the supernode uses it\n\nEach DiDiC cluster split into its connected parts, then clusters merged while a merge raises the modularity (`clustering::refine`; `MeasuredNetwork::clusters` does the same from time step 30).\n"
+    );
+    table(&mut md, &a, &runs, |r| &r.refined);
+    let _ = writeln!(md);
+    for r in runs.iter().filter(|r| r.repeat == 0) {
+        let series = |pick: fn(&(u32, f64, f64, usize)) -> f64, label: &str| {
+            vec![
+                Series {
+                    label: format!("DiDiC {label}"),
+                    points: r.didic.iter().map(|p| (f64::from(p.0), pick(p))).collect(),
+                },
+                Series {
+                    label: format!("MCL {label}"),
+                    points: r.mcl.iter().map(|p| (f64::from(p.0), pick(p))).collect(),
+                },
+            ]
+        };
+        let mut all = series(|p| p.1, "modularity");
+        all.push(Series {
+            label: "DiDiC refined modularity".to_string(),
+            points: r.refined.iter().map(|p| (f64::from(p.0), p.1)).collect(),
+        });
+        all.extend(series(|p| p.2, "NCV"));
+        let svg = line_plot(
+            &format!("{} vertices (graph 1): modularity and NCV over time", r.n),
+            "time step",
+            "modularity, NCV",
+            &all,
+        );
+        let name = format!("quality-{}.svg", r.n);
+        std::fs::write(a.out.join(&name), svg)?;
+        let _ = writeln!(md, "![{} vertices]({name})\n", r.n);
+    }
+    std::fs::write(a.out.join("README.md"), md)?;
+    eprintln!(
+        "wrote {} (README.md, results.csv, quality-N.svg)",
+        a.out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The comparison table of one DiDiC series (`pick`) against MCL.
+fn table(md: &mut String, a: &ClusterSimArgs, runs: &[Run], pick: fn(&Run) -> &[Quality]) {
     let _ = writeln!(
         md,
         "| vertices | DiDiC modularity, once stable | MCL modularity | DiDiC − MCL | within 0.01 | DiDiC NCV at the end | clusters at the end (DiDiC / MCL) |"
@@ -342,11 +406,11 @@ pub fn run(a: ClusterSimArgs) -> anyhow::Result<ExitCode> {
         let of_size: Vec<&Run> = runs.iter().filter(|r| r.n == n).collect();
         let stables: Vec<(f64, f64)> = of_size
             .iter()
-            .filter_map(|r| stable(r, a.steps).map(|(d, m, _)| (d, m)))
+            .filter_map(|r| stable(r, pick(r), a.steps).map(|(d, m, _)| (d, m)))
             .collect();
-        let lasts: Vec<&(u32, f64, f64, usize)> = of_size
+        let lasts: Vec<&Quality> = of_size
             .iter()
-            .map(|r| r.didic.last().expect("at least one step"))
+            .map(|r| pick(r).last().expect("at least one step"))
             .collect();
         let ncv = summary(&lasts.iter().map(|l| l.2).collect::<Vec<_>>());
         let didic_k = count_summary(&lasts.iter().map(|l| l.3 as f64).collect::<Vec<_>>());
@@ -378,36 +442,4 @@ pub fn run(a: ClusterSimArgs) -> anyhow::Result<ExitCode> {
             diffs.len()
         );
     }
-    let _ = writeln!(md);
-    for r in runs.iter().filter(|r| r.repeat == 0) {
-        let series = |pick: fn(&(u32, f64, f64, usize)) -> f64, label: &str| {
-            vec![
-                Series {
-                    label: format!("DiDiC {label}"),
-                    points: r.didic.iter().map(|p| (f64::from(p.0), pick(p))).collect(),
-                },
-                Series {
-                    label: format!("MCL {label}"),
-                    points: r.mcl.iter().map(|p| (f64::from(p.0), pick(p))).collect(),
-                },
-            ]
-        };
-        let mut all = series(|p| p.1, "modularity");
-        all.extend(series(|p| p.2, "NCV"));
-        let svg = line_plot(
-            &format!("{} vertices (graph 1): modularity and NCV over time", r.n),
-            "time step",
-            "modularity, NCV",
-            &all,
-        );
-        let name = format!("quality-{}.svg", r.n);
-        std::fs::write(a.out.join(&name), svg)?;
-        let _ = writeln!(md, "![{} vertices]({name})\n", r.n);
-    }
-    std::fs::write(a.out.join("README.md"), md)?;
-    eprintln!(
-        "wrote {} (README.md, results.csv, quality-N.svg)",
-        a.out.display()
-    );
-    Ok(ExitCode::SUCCESS)
 }

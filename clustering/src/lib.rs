@@ -21,7 +21,7 @@ pub use generate::{Dynamics, GraphModel, Point, Topology};
 pub use graph::{Graph, VertexId};
 pub use network::{EdgeRule, MeasuredNetwork, select_edges};
 pub use probes::{ProbePolicy, fastest, neighbours, probe_targets};
-pub use quality::{merge_while_modularity_rises, modularity, ncv};
+pub use quality::{connected_parts, merge_while_modularity_rises, modularity, ncv, refine};
 pub use rng::Rng;
 
 #[cfg(test)]

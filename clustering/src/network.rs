@@ -192,34 +192,18 @@ impl MeasuredNetwork {
     }
 
     /// DiDiC's clusters split into their connected parts (see
-    /// [`clusters`](Self::clusters)).
+    /// [`clusters`](Self::clusters)), numbered from the peers in id order.
     fn parts(&self) -> BTreeMap<i64, u32> {
-        let colour = self.didic.clustering();
-        let k = self.didic.params().k;
-        // Each connected part of a colour, found from its smallest peer id
-        // (peers in id order, so the first unvisited one of a part is it).
-        let mut out: BTreeMap<i64, u32> = BTreeMap::new();
-        let mut parts: BTreeMap<u32, u32> = BTreeMap::new();
-        for (&p, &v) in &self.vertex {
-            if out.contains_key(&p) {
-                continue;
-            }
-            let Some(&c) = colour.get(&v) else { continue };
-            let j = parts.entry(c).or_insert(0);
-            let label = c + *j * k;
-            *j += 1;
-            let mut stack = vec![v];
-            out.insert(p, label);
-            while let Some(u) = stack.pop() {
-                for (x, _) in self.graph.neighbours(u) {
-                    if colour.get(&x) == Some(&c) && !out.contains_key(&self.peer[&x]) {
-                        out.insert(self.peer[&x], label);
-                        stack.push(x);
-                    }
-                }
-            }
-        }
-        out
+        let parts = crate::connected_parts(
+            &self.graph,
+            &self.didic.clustering(),
+            self.didic.params().k,
+            self.vertex.values().copied(),
+        );
+        parts
+            .into_iter()
+            .filter_map(|(v, c)| Some((*self.peer.get(&v)?, c)))
+            .collect()
     }
 
     /// DiDiC's state (for tests and measurements).

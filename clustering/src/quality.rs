@@ -40,6 +40,50 @@ pub fn modularity(graph: &Graph, cluster: &BTreeMap<VertexId, u32>) -> f64 {
         - alone
 }
 
+/// `cluster` (numbers below `k`) with each cluster split into its
+/// connected parts (components of the subgraph it induces): visiting the
+/// vertices in `order`, the first part met of cluster `c` keeps `c`, the
+/// `j`-th gets `c + j·k`. Vertices `cluster` does not name, or that
+/// `order` does not visit, are left out. Splitting a cluster whose parts
+/// share no edge never lowers the modularity.
+pub fn connected_parts(
+    graph: &Graph,
+    cluster: &BTreeMap<VertexId, u32>,
+    k: u32,
+    order: impl IntoIterator<Item = VertexId>,
+) -> BTreeMap<VertexId, u32> {
+    let mut out: BTreeMap<VertexId, u32> = BTreeMap::new();
+    let mut parts: BTreeMap<u32, u32> = BTreeMap::new();
+    for v in order {
+        if out.contains_key(&v) {
+            continue;
+        }
+        let Some(&c) = cluster.get(&v) else { continue };
+        let j = parts.entry(c).or_insert(0);
+        let label = c + *j * k;
+        *j += 1;
+        let mut stack = vec![v];
+        out.insert(v, label);
+        while let Some(u) = stack.pop() {
+            for (x, _) in graph.neighbours(u) {
+                if cluster.get(&x) == Some(&c) && !out.contains_key(&x) {
+                    out.insert(x, label);
+                    stack.push(x);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// DiDiC's clustering as the supernode uses it: split into connected
+/// parts ([`connected_parts`], in vertex order), then merged while
+/// modularity rises ([`merge_while_modularity_rises`]).
+pub fn refine(graph: &Graph, cluster: &BTreeMap<VertexId, u32>, k: u32) -> BTreeMap<VertexId, u32> {
+    let parts = connected_parts(graph, cluster, k, graph.vertices());
+    merge_while_modularity_rises(graph, &parts)
+}
+
 /// Merges clusters of `cluster` (as for [`modularity`]) while some pair of
 /// linked clusters would raise the modularity together: each time the
 /// pair with the largest gain `ω(E_ab)/ω(E) − d_a·d_b / (2·ω(E)²)`, which
