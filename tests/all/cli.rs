@@ -333,22 +333,29 @@ fn cluster_sim_compares_didic_with_mcl_reproducibly() {
         "{readme}"
     );
     for n in [120, 200] {
-        let row = readme
+        // A row in each table: DiDiC as Listing 5.1 leaves it, and refined.
+        let rows: Vec<&str> = readme
             .lines()
-            .find(|l| l.starts_with(&format!("| {n} |")))
-            .unwrap_or_else(|| panic!("no row for {n} vertices:\n{readme}"));
-        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
-        let didic: f64 = cells[2].parse().unwrap();
-        let mcl: f64 = cells[3].parse().unwrap();
+            .filter(|l| l.starts_with(&format!("| {n} |")))
+            .collect();
+        assert_eq!(rows.len(), 2, "{n} vertices:\n{readme}");
+        let quality = |row: &str| -> (f64, f64) {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            (cells[2].parse().unwrap(), cells[3].parse().unwrap())
+        };
+        let ((didic, mcl), (refined, mcl_again)) = (quality(rows[0]), quality(rows[1]));
         assert!(
             (-0.5..=1.0).contains(&didic) && (-0.5..=1.0).contains(&mcl),
-            "{row}"
+            "{rows:?}"
         );
+        assert_eq!(mcl, mcl_again);
+        // Splitting into connected parts and merging only raise modularity.
+        assert!(refined >= didic - 1e-4, "{rows:?}");
         assert!(a.join(format!("quality-{n}.svg")).is_file());
     }
     let csv = std::fs::read_to_string(a.join("results.csv")).unwrap();
-    // 40 DiDiC rows and 4 MCL rows per graph, and the header.
-    assert_eq!(csv.lines().count(), 1 + 2 * (40 + 4), "{csv}");
+    // 40 DiDiC rows, 40 refined and 4 MCL rows per graph, and the header.
+    assert_eq!(csv.lines().count(), 1 + 2 * (2 * 40 + 4), "{csv}");
     assert_eq!(
         csv,
         std::fs::read_to_string(b.join("results.csv")).unwrap(),
@@ -374,7 +381,7 @@ fn cluster_sim_compares_didic_with_mcl_reproducibly() {
         rows(&csv, "120", None),
         "graph 1 of a repeated run is the single run's graph"
     );
-    assert_eq!(rows(&repeated, "120", Some("2")).len(), 40 + 4);
+    assert_eq!(rows(&repeated, "120", Some("2")).len(), 2 * 40 + 4);
     assert_ne!(
         rows(&repeated, "120", Some("2")),
         rows(&repeated, "120", Some("1"))
