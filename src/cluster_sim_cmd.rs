@@ -52,6 +52,11 @@ pub struct ClusterSimArgs {
     /// Benefit B of a vertex in its own cluster's system
     #[arg(long, default_value_t = 10.0)]
     benefit: f64,
+    /// How FOS/T takes the secondary load: zero-sum (§5.3's prose: the load
+    /// sent to a cluster is subtracted from the other vertices) or listing
+    /// (Listing 5.1 as printed: added, so primary totals grow)
+    #[arg(long, value_enum, default_value_t = DrainArg::ZeroSum)]
+    drain: DrainArg,
     /// Run MCL on the current graph every this many time steps
     #[arg(long, default_value_t = 50)]
     mcl_every: u32,
@@ -68,6 +73,29 @@ pub struct ClusterSimArgs {
     /// Folder for the report (README.md, results.csv, SVG figures)
     #[arg(long, default_value = "cluster-report")]
     out: PathBuf,
+}
+
+/// `--drain` ([`clustering::Drain`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DrainArg {
+    ZeroSum,
+    Listing,
+}
+
+impl DrainArg {
+    fn drain(self) -> clustering::Drain {
+        match self {
+            DrainArg::ZeroSum => clustering::Drain::ZeroSum,
+            DrainArg::Listing => clustering::Drain::Listing,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            DrainArg::ZeroSum => "zero-sum",
+            DrainArg::Listing => "listing",
+        }
+    }
 }
 
 /// One time step's quality: `(time step, modularity, NCV, clusters)`.
@@ -152,6 +180,7 @@ fn run_one(a: &ClusterSimArgs, n: usize, repeat: u32, dir: &Path) -> anyhow::Res
         psi: a.psi,
         rho: a.rho,
         benefit: a.benefit,
+        drain: a.drain.drain(),
         ..DidicParams::default()
     });
     let dynamics = Dynamics {
@@ -310,7 +339,7 @@ pub fn run(a: ClusterSimArgs) -> anyhow::Result<ExitCode> {
     );
     let _ = writeln!(
         md,
-        "`bspweb cluster-sim --sizes {} --steps {} --areas {} --rad {} --max-neigh {} --dynamics {} --dynamics-every {} --k {} --psi {} --rho {} --benefit {} --mcl-every {} --inflation {} --seed {} --repeats {}`\n",
+        "`bspweb cluster-sim --sizes {} --steps {} --areas {} --rad {} --max-neigh {} --dynamics {} --dynamics-every {} --k {} --psi {} --rho {} --benefit {} --drain {} --mcl-every {} --inflation {} --seed {} --repeats {}`\n",
         a.sizes
             .iter()
             .map(|n| n.to_string())
@@ -326,6 +355,7 @@ pub fn run(a: ClusterSimArgs) -> anyhow::Result<ExitCode> {
         a.psi,
         a.rho,
         a.benefit,
+        a.drain.name(),
         a.mcl_every,
         a.inflation,
         a.seed,

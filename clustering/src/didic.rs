@@ -42,18 +42,48 @@ pub struct DidicParams {
     /// 1 + 0.0001·t times higher"; the absolute value keeps the rule
     /// meaningful for negative loads).
     pub switch_margin: f64,
+    /// How the secondary load drains into the primary system in each FOS/T
+    /// iteration ([`Drain`]).
+    pub drain: Drain,
+}
+
+/// How FOS/T takes the secondary load `l` (Listing 5.1, line 15).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drain {
+    /// As §5.3's prose and the FOS/C scheme DiDiC builds on [MMS09] have
+    /// it: load is sent back to the cluster "by subtracting it from the
+    /// remaining vertices (this may lead to a negative load for some
+    /// vertices)" — `w ← w − flow + l − l̄`, with `l̄` the mean secondary
+    /// load of the vertex's connected part (what a plain averaging
+    /// diffusion of `l` converges to, so a distributed run can have it).
+    /// Each system's primary total then stays constant.
+    ZeroSum,
+    /// Listing 5.1 as printed: `w ← w − flow + l`. Each FOS/T iteration
+    /// adds the whole secondary total `L_c` to system `c`'s primary one,
+    /// so `w(c) ≈ t·ψ·L_c/n` plus a bounded term: given time, the system
+    /// with the largest secondary total wins every vertex it reaches,
+    /// whatever the edges (measured: modularity on §5.4's 800-vertex
+    /// graphs falls from 0.79 at step 50 to 0.55 at step 300 without
+    /// dynamics, 13 clusters to 5).
+    Listing,
 }
 
 impl DidicParams {
     /// The parameters for the small networks peers measure
     /// ([`crate::MeasuredNetwork`]): the dissertation's, with initial loads
-    /// random in [100, 400) (`initial_spread` 3). On §5.4's large graphs
-    /// the constant did better (the 800-vertex example at step 60:
-    /// modularity 0.79 with it, 0.75 with the spread), so it stays the
-    /// default there.
+    /// random in [100, 400) (`initial_spread` 3) and Listing 5.1's drain
+    /// ([`Drain::Listing`]). On a dozen peers its growth term — the
+    /// system with the largest secondary total wins a connected part — is
+    /// what joins a site into one cluster (the edge rule keeps slow
+    /// gateways out of the parts; random totals are never equal); the
+    /// zero-sum drain has no such force and leaves a flat network of 12
+    /// peers in several clusters from 30 of 40 starts. On §5.4's large
+    /// graphs the same force eats real clusters, so the default there is
+    /// [`Drain::ZeroSum`] with the constant initial load.
     pub fn measured() -> DidicParams {
         DidicParams {
             initial_spread: 3.0,
+            drain: Drain::Listing,
             ..DidicParams::default()
         }
     }
@@ -70,6 +100,7 @@ impl Default for DidicParams {
             initial_spread: 0.0,
             restrict_after: 10,
             switch_margin: 0.0001,
+            drain: Drain::ZeroSum,
         }
     }
 }
@@ -222,6 +253,8 @@ impl Didic {
             .collect();
         let cluster: Vec<u32> = ids.iter().map(|v| self.state[v].cluster).collect();
         let n = ids.len();
+        // Connected parts, for the zero-sum drain's means.
+        let (part, part_size) = connected_parts(&adj);
         let (mut w, mut l) = (vec![0.0; n], vec![0.0; n]);
         let (mut next_w, mut next_l) = (vec![0.0; n], vec![0.0; n]);
         let mut scaled = vec![0.0; n];
@@ -251,9 +284,18 @@ impl Didic {
                     std::mem::swap(&mut l, &mut next_l);
                 }
                 // FOS/T, plus the drained load.
+                let mut mean = vec![0.0; part_size.len()];
+                if p.drain == Drain::ZeroSum {
+                    for i in 0..n {
+                        mean[part[i]] += l[i];
+                    }
+                    for (m, size) in mean.iter_mut().zip(&part_size) {
+                        *m /= *size as f64;
+                    }
+                }
                 for i in 0..n {
                     let flow: f64 = adj[i].iter().map(|&(j, a)| a * (w[i] - w[j])).sum();
-                    next_w[i] = w[i] - flow + l[i];
+                    next_w[i] = w[i] - flow + l[i] - mean[part[i]];
                 }
                 std::mem::swap(&mut w, &mut next_w);
             }
@@ -295,4 +337,31 @@ impl Didic {
             self.state.get_mut(v).expect("known vertex").cluster = c;
         }
     }
+}
+
+/// The connected part of each vertex of `adj` (numbered from 0 in order of
+/// their first vertex) and each part's size.
+fn connected_parts(adj: &[Vec<(usize, f64)>]) -> (Vec<usize>, Vec<usize>) {
+    let mut part = vec![usize::MAX; adj.len()];
+    let mut sizes = Vec::new();
+    for start in 0..adj.len() {
+        if part[start] != usize::MAX {
+            continue;
+        }
+        let id = sizes.len();
+        let mut size = 0;
+        let mut stack = vec![start];
+        part[start] = id;
+        while let Some(i) = stack.pop() {
+            size += 1;
+            for &(j, _) in &adj[i] {
+                if part[j] == usize::MAX {
+                    part[j] = id;
+                    stack.push(j);
+                }
+            }
+        }
+        sizes.push(size);
+    }
+    (part, sizes)
 }

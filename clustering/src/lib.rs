@@ -16,7 +16,7 @@ mod probes;
 mod quality;
 mod rng;
 
-pub use didic::{Didic, DidicParams};
+pub use didic::{Didic, DidicParams, Drain};
 pub use generate::{Dynamics, GraphModel, Point, Topology};
 pub use graph::{Graph, VertexId};
 pub use network::{EdgeRule, MeasuredNetwork, select_edges};

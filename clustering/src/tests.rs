@@ -6,9 +6,13 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use crate::{
-    Didic, DidicParams, Dynamics, Graph, GraphModel, Rng, Topology, VertexId,
+    Didic, DidicParams, Drain, Dynamics, Graph, GraphModel, Rng, Topology, VertexId,
     merge_while_modularity_rises, modularity, ncv,
 };
+
+fn any_drain() -> impl Strategy<Value = Drain> {
+    prop_oneof![Just(Drain::ZeroSum), Just(Drain::Listing)]
+}
 
 /// A graph from `(u, v, w)` triples over `n` vertices (self-loops and
 /// repeated pairs dropped by `set_edge`'s rules: the last weight wins).
@@ -94,15 +98,17 @@ proptest! {
         }
     }
 
-    /// FOS/B moves load around without creating any, per system; each of
-    /// the ψ FOS/T iterations adds exactly that load to the primary system.
+    /// FOS/B moves load around without creating any, per system; with the
+    /// zero-sum drain FOS/T keeps the primary total too, with Listing 5.1's
+    /// each of the ψ FOS/T iterations adds exactly the secondary total.
     #[test]
     fn didic_conserves_the_load_of_every_diffusion_system(
         (n, edges, _labels) in small_graph(),
         seed in any::<u64>(),
+        drain in any_drain(),
     ) {
         let g = graph_of(n, &edges);
-        let params = DidicParams { k: 3, psi: 4, rho: 3, ..DidicParams::default() };
+        let params = DidicParams { k: 3, psi: 4, rho: 3, drain, ..DidicParams::default() };
         let mut d = Didic::new(params);
         let mut rng = Rng::new(seed);
         d.step(&g, &mut rng);
@@ -114,7 +120,10 @@ proptest! {
                 let (w1, l1) = d.totals(c);
                 let scale = 1.0 + w0.abs() + l0.abs();
                 prop_assert!((l1 - l0).abs() < 1e-9 * scale, "system {c}: l {l0} -> {l1}");
-                let want = w0 + f64::from(params.psi) * l0;
+                let want = match drain {
+                    Drain::ZeroSum => w0,
+                    Drain::Listing => w0 + f64::from(params.psi) * l0,
+                };
                 prop_assert!((w1 - want).abs() < 1e-9 * scale.max(want.abs()), "system {c}: w {w0} -> {w1}, want {want}");
             }
         }
@@ -133,8 +142,24 @@ proptest! {
     }
 }
 
+/// The vertices of `v`'s connected part in `g` (`v` included).
+fn part_of(g: &Graph, v: VertexId) -> Vec<VertexId> {
+    let mut seen = vec![v];
+    let mut i = 0;
+    while i < seen.len() {
+        for (u, _) in g.neighbours(seen[i]) {
+            if !seen.contains(&u) {
+                seen.push(u);
+            }
+        }
+        i += 1;
+    }
+    seen
+}
+
 /// Definitions 5.1 and 5.2 written edge by edge: each edge's flow is
-/// computed once and applied to both ends.
+/// computed once and applied to both ends; the zero-sum drain subtracts
+/// the mean secondary load of each vertex's connected part.
 fn reference_diffusion(
     g: &Graph,
     p: &DidicParams,
@@ -166,9 +191,17 @@ fn reference_diffusion(
                 *delta.entry(u).or_default() -= x;
                 *delta.entry(v).or_default() += x;
             }
+            let mean = |v: VertexId| match p.drain {
+                Drain::Listing => 0.0,
+                Drain::ZeroSum => {
+                    let part = part_of(g, v);
+                    part.iter().map(|u| l[&(*u, c)]).sum::<f64>() / part.len() as f64
+                }
+            };
+            let means: BTreeMap<VertexId, f64> = g.vertices().map(|v| (v, mean(v))).collect();
             for v in g.vertices() {
                 let d = delta.get(&v).copied().unwrap_or(0.0);
-                *w.get_mut(&(v, c)).unwrap() += d + l[&(v, c)];
+                *w.get_mut(&(v, c)).unwrap() += d + l[&(v, c)] - means[&v];
             }
         }
     }
@@ -219,9 +252,10 @@ proptest! {
         seed in any::<u64>(),
         benefit in 1.0f64..50.0,
         margin in 0.0f64..0.05,
+        drain in any_drain(),
     ) {
         let g = graph_of(n, &edges);
-        let p = DidicParams { k: 3, psi: 2, rho: 2, benefit, restrict_after: 2, switch_margin: margin, ..DidicParams::default() };
+        let p = DidicParams { k: 3, psi: 2, rho: 2, benefit, restrict_after: 2, switch_margin: margin, drain, ..DidicParams::default() };
         let mut d = Didic::new(p);
         let mut rng = Rng::new(seed);
         d.step(&g, &mut rng);
