@@ -185,6 +185,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         data,
         lease_ttl_secs,
         idle_file,
+        cluster_step_ms,
     } = args;
     // From the start: a SIGTERM while it starts stops it like one later
     // (the default action would end it at once, its peers without a word).
@@ -196,7 +197,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(listen).await?;
     let addr = listener.local_addr()?;
     let url = format!("http://{addr}");
-    let node = open_supernode(&data, lease_ttl_secs, 4.0, url.clone(), |_| {})?;
+    let node = open_supernode(&data, lease_ttl_secs, 4.0, url.clone(), |c| {
+        c.cluster_step = Duration::from_millis(cluster_step_ms);
+    })?;
     let examples = register_examples(&node, &data).await?;
     let (user, password) = ensure_user(&node, &data).await?;
 

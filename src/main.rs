@@ -116,6 +116,10 @@ pub struct UpArgs {
     /// the CPU: for demos and tests on a busy machine
     #[arg(long)]
     idle_file: Option<PathBuf>,
+    /// Time between two steps of the clustering of the peers' measured
+    /// links, in milliseconds (as for `bspweb supernode`)
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    cluster_step_ms: u64,
 }
 
 #[derive(Args)]

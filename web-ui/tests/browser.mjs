@@ -185,7 +185,7 @@ async function startServer() {
   const idle = path.join(tmp, 'idle');
   fs.writeFileSync(idle, '1.0\n');
   // Short leases, so a killed peer is noticed within seconds.
-  server = spawn(BIN, ['up', '--listen', `127.0.0.1:${port}`, '--data', data, '--peers', String(PEERS), '--idle-file', idle, '--lease-ttl-secs', '5'], {
+  server = spawn(BIN, ['up', '--listen', `127.0.0.1:${port}`, '--data', data, '--peers', String(PEERS), '--idle-file', idle, '--lease-ttl-secs', '5', '--cluster-step-ms', '100'], {
     env: {
       ...process.env,
       BSPWEB_USER: 'admin',
@@ -715,6 +715,11 @@ async function main() {
     await page.waitForFunction(() => [...document.querySelectorAll('#peers tr[data-state="online"]')].every((r) => /\d+ measured/.test(r.children[9].textContent)), null, { timeout: 60_000 });
     const link = await page.$eval('#peers tr[data-state="online"] details.peer-links li', (li) => li.textContent);
     check(/ ms, .*\/s$/.test(link), `a measured link lacks its round trip or bandwidth: ${link}`);
+    // The clusters the supernode finds from those links (DiDiC, a step every 100 ms here): one fast
+    // loopback network is one cluster, shown under every online peer's name as measured.
+    await page.waitForFunction(() => [...document.querySelectorAll('#peers tr[data-state="online"]')].every((r) => /cluster found-\d+ \(measured\)/.test(r.children[0].textContent)), null, { timeout: 60_000 });
+    const found = await page.$$eval('#peers tr[data-state="online"] th', (ths) => [...new Set(ths.map((th) => th.textContent.match(/cluster (found-\d+)/)[1]))]);
+    check(found.length === 1, `the local peers are in several clusters: ${found.join(', ')}`);
     check(hosted >= 3, `the peers host ${hosted} processes, expected the long job's 3`);
     check(ringAvailable, 'GET /api/v1/ring is missing on this supernode (the ring picture cannot be drawn)');
     await page.waitForSelector('#ring-svg');
