@@ -665,6 +665,9 @@ pub(crate) fn rebalance(
     place
         .moves
         .retain_jobs(|j| jobs.iter().any(|&(active, _)| active == j));
+    if jobs.is_empty() {
+        return Ok(false);
+    }
     let mut pending = false;
     let table = crate::jobs::two_level(tx, place, inner)?;
     for (job, migrated_at) in jobs {

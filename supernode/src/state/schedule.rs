@@ -41,9 +41,6 @@ impl Core {
             })?
             .collect::<rusqlite::Result<_>>()?
         };
-        // Two-level placement (Fig. 6.1): a job that fits a cluster goes
-        // to one, chosen by DHHT over the clusters; flat without clusters.
-        let table = crate::jobs::two_level(&tx, &self.place, inner)?;
         let cores: f64 = online.values().map(|(_, c)| f64::from(*c)).sum();
         let capacity = inner.config.overload_factor * cores;
         let (mut running, mut active): (i64, i64) = tx.query_row(
@@ -58,6 +55,12 @@ impl Core {
             stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
                 .collect::<rusqlite::Result<_>>()?
         };
+        if waiting.is_empty() {
+            return Ok(0);
+        }
+        // Two-level placement (Fig. 6.1): a job that fits a cluster goes
+        // to one, chosen by DHHT over the clusters; flat without clusters.
+        let table = crate::jobs::two_level(&tx, &self.place, inner)?;
         // Each owner's standing: disabled, process quota (0: none), and
         // processes of its active jobs.
         let mut owners: HashMap<i64, (bool, u32, u64)> = HashMap::new();
