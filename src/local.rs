@@ -360,9 +360,12 @@ pub async fn supernode(a: SupernodeArgs) -> anyhow::Result<ExitCode> {
 
 pub async fn peer(a: PeerRunArgs) -> anyhow::Result<ExitCode> {
     if let Some(c) = &a.cluster
-        && !bsp_api::control::valid_cluster_name(c)
+        && !bsp_api::control::valid_named_cluster(c)
     {
-        anyhow::bail!("--cluster must be 1 to 64 letters, digits, `.`, `_` or `-`, not `{c}`");
+        anyhow::bail!(
+            "--cluster must be {}, not `{c}`",
+            bsp_api::control::NAMED_CLUSTER_RULE
+        );
     }
     let name = a.name.unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -167,8 +167,10 @@ pub struct PeerRunArgs {
     #[arg(long)]
     pub(crate) idle_file: Option<PathBuf>,
     /// The network cluster this peer is in (letters, digits, `.`, `_`, `-`):
-    /// peers of one cluster share fast links. Broadcasts and program
-    /// downloads use it (docs/broadcast.md); unset means one cluster
+    /// peers of one cluster share fast links. Placement, broadcasts and
+    /// program downloads use it (docs/broadcast.md); unset, the supernode
+    /// finds the peer's cluster from the links peers measure
+    /// (docs/clustering.md)
     #[arg(long, env = "BSPWEB_CLUSTER")]
     pub(crate) cluster: Option<String>,
     /// How large send_range/send_list payloads travel: auto (the rule in
@@ -536,10 +538,11 @@ fn install(a: InstallArgs) -> anyhow::Result<ExitCode> {
         ));
     }
     if let Some(c) = &a.cluster
-        && !bsp_api::control::valid_cluster_name(c)
+        && !bsp_api::control::valid_named_cluster(c)
     {
         return Err(usage(format!(
-            "--cluster must be 1 to 64 letters, digits, `.`, `_` or `-`, not `{c}`"
+            "--cluster must be {}, not `{c}`",
+            bsp_api::control::NAMED_CLUSTER_RULE
         )));
     }
     let config = a.config.clone().unwrap_or_else(|| {

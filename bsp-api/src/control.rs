@@ -313,13 +313,30 @@ pub fn valid_cluster_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
+/// The prefix of the names the supernode gives the clusters it finds from
+/// measured links; a volunteer's `--cluster` may not use it.
+pub const FOUND_CLUSTER_PREFIX: &str = "found-";
+
+/// Whether `name` may be a volunteer's [`PeerLogin::cluster`]: a
+/// [`valid_cluster_name`] that does not start with
+/// [`FOUND_CLUSTER_PREFIX`].
+pub fn valid_named_cluster(name: &str) -> bool {
+    valid_cluster_name(name) && !name.starts_with(FOUND_CLUSTER_PREFIX)
+}
+
+/// What a volunteer's cluster name must be, for error messages.
+pub const NAMED_CLUSTER_RULE: &str = "1 to 64 letters, digits, `.`, `_` or `-`, not starting with `found-` (the names of the clusters the supernode finds)";
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobPeer {
     pub id: PeerId,
     /// Data-plane address `host:port`.
     pub addr: String,
-    /// The peer's cluster, as it logged in with ([`PeerLogin::cluster`]).
+    /// The peer's cluster for this epoch: the one its volunteer named
+    /// ([`PeerLogin::cluster`]), else the one the supernode found from
+    /// measured links (`found-N`). Broadcast schedules and Robber group
+    /// peers by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
 }

@@ -295,6 +295,44 @@ impl TwoLevel {
         Ok(())
     }
 
+    /// Inserts many peers as [`insert`](Self::insert) does, but computes
+    /// each cluster's power once at the end: n peers cost O(n log n), where
+    /// n single inserts into one cluster cost O(n²). Returns the peers
+    /// refused, each with its error; all others are in.
+    pub fn insert_all(
+        &mut self,
+        peers: impl IntoIterator<Item = ClusterPeer>,
+    ) -> Vec<(i64, PlacementError)> {
+        let mut refused = Vec::new();
+        let mut touched = std::collections::BTreeSet::new();
+        for peer in peers {
+            if let Err(e) = check(&peer) {
+                refused.push((peer.id, e));
+                continue;
+            }
+            if self.contains(peer.id) {
+                refused.push((peer.id, PlacementError::DuplicatePeer { peer: peer.id }));
+                continue;
+            }
+            let cluster = self.clusters.entry(peer.cluster.clone()).or_default();
+            if let Err(e) = cluster.dhht.insert(peer.peer()) {
+                refused.push((peer.id, e));
+                continue;
+            }
+            cluster.slots += u64::from(peer.slots);
+            touched.insert(peer.cluster.clone());
+            self.peers.insert(peer.id, (peer.cluster, peer.slots));
+        }
+        for key in touched {
+            if let Some(c) = self.clusters.get_mut(&key) {
+                c.refresh_power();
+            }
+        }
+        // A refused first peer may have left its new cluster empty.
+        self.clusters.retain(|_, c| !c.dhht.is_empty());
+        refused
+    }
+
     /// Changes a peer's cluster, position, weight or slots, and returns its
     /// previous state. A weight change alone is O(log n + cluster size).
     ///

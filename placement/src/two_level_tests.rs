@@ -229,7 +229,13 @@ proptest! {
         let got = t.place_job(y, &xs).unwrap();
         let (blocks, owners) = model_place(&peers, y, &xs).unwrap();
         prop_assert_eq!(sizes(&got), blocks);
-        prop_assert_eq!(got.owners, owners);
+        prop_assert_eq!(&got.owners, &owners);
+        // Built at once (`insert_all`, each cluster's power summed once):
+        // the same table, the same placement.
+        let mut bulk = TwoLevel::new();
+        prop_assert!(bulk.insert_all(peers.values().cloned()).is_empty());
+        prop_assert_eq!(bulk.clusters().collect::<Vec<_>>(), t.clusters().collect::<Vec<_>>());
+        prop_assert_eq!(bulk.place_job(y, &xs).unwrap().owners, owners);
     }
 
     /// A job that fits lands in exactly one cluster, which is the argmin of

@@ -43,10 +43,6 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0008_accounts.sql",
         include_str!("../../migrations/0008_accounts.sql"),
     ),
-    (
-        "0009_two_level.sql",
-        include_str!("../../migrations/0009_two_level.sql"),
-    ),
 ];
 
 /// Opens (creating if needed) the database and brings its schema up to date.

@@ -13,9 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use bsp_api::control::{Command, JobAssignment, JobPeer};
 use bsp_api::rest::{JobEventKind, JobLimits, JobOutcome};
 use bsp_api::{JobId, PeerId, Pid};
-use placement::golden_position;
 
-use crate::jobs::{home_cluster, job_position};
+use crate::jobs::two_level_target;
 use rusqlite::{Connection, OptionalExtension, params};
 use sha2::{Digest, Sha256};
 
@@ -65,9 +64,6 @@ pub(crate) struct Placed {
     pub(crate) moved_from: Option<PeerId>,
     pub(crate) moved_kind: Option<MoveKind>,
     pub(crate) handed_over: bool,
-    /// The cluster its block was placed in (two-level placement); `None`:
-    /// placed without clusters.
-    pub(crate) cluster: Option<String>,
 }
 
 impl Placed {
@@ -91,8 +87,8 @@ impl Placed {
 /// The processes of `job` in pid order.
 pub(crate) fn placements(tx: &Connection, job: JobId) -> Result<Vec<Placed>, Error> {
     let mut stmt = tx.prepare_cached(
-        "SELECT pid, peer_id, position, moved_epoch, moved_from, moved_kind, handed_over, \
-         cluster FROM placements WHERE job = ?1 ORDER BY pid",
+        "SELECT pid, peer_id, position, moved_epoch, moved_from, moved_kind, handed_over \
+         FROM placements WHERE job = ?1 ORDER BY pid",
     )?;
     let rows = stmt.query_map([job], |r| {
         Ok(Placed {
@@ -106,10 +102,17 @@ pub(crate) fn placements(tx: &Connection, job: JobId) -> Result<Vec<Placed>, Err
                 .as_deref()
                 .and_then(MoveKind::parse),
             handed_over: r.get(6)?,
-            cluster: r.get(7)?,
         })
     })?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// The peer of pid `q` among `rows` (ordered by pid, as [`placements`]
+/// returns them).
+fn peer_of_pid(rows: &[Placed], q: Pid) -> Option<PeerId> {
+    rows.binary_search_by_key(&q, |r| r.pid)
+        .ok()
+        .map(|i| rows[i].peer)
 }
 
 /// Records `peers` as the peer list of `job`.
@@ -324,8 +327,9 @@ pub(crate) fn send_assignment(
     // Sites for broadcast schedules and Robber: the volunteers' clusters,
     // else the ones found on the measured links (issue 15). Every peer of
     // the epoch gets the same ones.
+    let found = inner.found_clusters();
     for p in &mut a.peers {
-        p.cluster = inner.effective_cluster(p.id, p.cluster.take());
+        p.cluster = crate::clusters::effective(p.id, p.cluster.take(), &found);
     }
     let live = live_peers(tx, now)?;
     for peer in &a.peers {
@@ -553,13 +557,10 @@ pub(crate) fn restore_lost(
             .collect();
         let mut moves = Vec::with_capacity(lost_pids.len());
         let mut homeless = Vec::new();
+        let nprocs = rows.last().map_or(0, |r| r.pid + 1);
+        let peer_of = |q: Pid| peer_of_pid(&rows, q).filter(|p| !gone.contains(p));
         for row in &lost_pids {
-            let target = table
-                .lookup_within(
-                    home_cluster(&table, row.cluster.as_deref(), row.peer).as_deref(),
-                    job_position(job),
-                    golden_position(row.position),
-                )
+            let target = two_level_target(&table, job, row.pid, nprocs, row.position, peer_of)
                 .filter(|p| usable.contains(p))
                 .or_else(|| job_live.first().copied())
                 .or_else(|| usable.first().copied())
@@ -675,14 +676,12 @@ pub(crate) fn rebalance(
         let mut moves = Vec::new();
         let mut load_moves = Vec::new();
         let mut forced = false;
+        let nprocs = rows.last().map_or(0, |r| r.pid + 1);
+        let peer_of = |q: Pid| peer_of_pid(&rows, q);
         for row in &rows {
-            let Some(target) = table
-                .lookup_within(
-                    home_cluster(&table, row.cluster.as_deref(), row.peer).as_deref(),
-                    job_position(job),
-                    golden_position(row.position),
-                )
-                .filter(|p| usable.contains(p) && *p != row.peer)
+            let Some(target) =
+                two_level_target(&table, job, row.pid, nprocs, row.position, peer_of)
+                    .filter(|p| usable.contains(p) && *p != row.peer)
             else {
                 continue;
             };
@@ -832,7 +831,6 @@ mod tests {
             moved_from: Some(1),
             moved_kind: Some(MoveKind::Migrate),
             handed_over: false,
-            cluster: None,
         };
         assert!(p.is_run_by(1) && p.is_run_by(2) && !p.is_run_by(3));
         p.handed_over = true;

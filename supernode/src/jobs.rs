@@ -59,38 +59,67 @@ pub(crate) fn two_level(
         stmt.query_map([], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))?
             .collect::<rusqlite::Result<_>>()?
     };
+    let found = inner.found_clusters();
+    let peers: Vec<placement::ClusterPeer> = place
+        .dhht
+        .peers()
+        .map(|p| {
+            let (cores, cluster) = named.remove(&p.id).unwrap_or((1, None));
+            placement::ClusterPeer {
+                id: p.id,
+                cluster: crate::clusters::effective(p.id, cluster, &found),
+                position: p.position,
+                weight: p.weight,
+                // Cores are what the peer says: capped, so one claim cannot
+                // make a cluster fit every job.
+                slots: cores.clamp(1, 256),
+            }
+        })
+        .collect();
     let mut table = placement::TwoLevel::new();
-    for p in place.dhht.peers() {
-        let (cores, cluster) = named.remove(&p.id).unwrap_or((1, None));
-        let peer = placement::ClusterPeer {
-            id: p.id,
-            cluster: inner.effective_cluster(p.id, cluster),
-            position: p.position,
-            weight: p.weight,
-            slots: cores.max(1),
-        };
-        if let Err(e) = table.insert(peer) {
-            tracing::error!(peer = p.id, error = %e, "cannot add a peer to the two-level table");
-        }
+    for (peer, e) in table.insert_all(peers) {
+        tracing::error!(peer, error = %e, "cannot add a peer to the two-level table");
     }
     Ok(table)
 }
 
-/// The cluster a placed process should stay in: the one its block was
-/// placed in while that cluster has peers, else the one its peer is in
-/// now (clusters were found, or renamed, since it was placed), else the
-/// recorded one (its peer is gone: the table's fallback decides).
-pub(crate) fn home_cluster<'a>(
-    table: &'a placement::TwoLevel,
-    placed_in: Option<&'a str>,
-    peer: PeerId,
-) -> Option<std::borrow::Cow<'a, str>> {
-    if table.cluster_dhht(placed_in).is_some() {
-        return placed_in.map(std::borrow::Cow::Borrowed);
-    }
-    match table.get(peer) {
-        Some(p) => p.cluster.map(std::borrow::Cow::Owned),
-        None => placed_in.map(std::borrow::Cow::Borrowed),
+/// Where a placed process `pid` of a job should be now, by two-level
+/// placement: inside the cluster its job is in there, by the DHHT of that
+/// cluster. `peer_of(q)` is the peer pid `q` is on while that peer can
+/// take work (in `table`); `None` if it is lost, draining or busy.
+///
+/// The cluster is the one the process's own peer is in now, else the one
+/// of its nearest pid (`pid ± 1`, `± 2`, …) whose peer is in the table: a
+/// job's blocks are contiguous pid ranges, so that is its block's cluster.
+/// Clusters are read from the peers *now*, never recorded, so a cluster
+/// that is renamed, found for the first time or lost moves nobody; a
+/// process moves to another cluster only when its peer does, or when its
+/// peer is lost and its block's cluster is now elsewhere. With no pid of
+/// the job in the table, the job goes where a new one would
+/// (`TwoLevel::place_job`). `None` if the table is empty.
+pub(crate) fn two_level_target(
+    table: &placement::TwoLevel,
+    job: JobId,
+    pid: Pid,
+    nprocs: u32,
+    position: u64,
+    peer_of: impl Fn(Pid) -> Option<PeerId>,
+) -> Option<PeerId> {
+    let x = placement::golden_position(position);
+    let home = (0..nprocs).find_map(|d| {
+        let near = [
+            pid.checked_sub(d),
+            pid.checked_add(d).filter(|&q| q < nprocs),
+        ];
+        near.into_iter()
+            .flatten()
+            .find_map(|q| table.get(peer_of(q)?).map(|p| p.cluster))
+    });
+    match home {
+        Some(cluster) => table.lookup_within(cluster.as_deref(), job_position(job), x),
+        None => table
+            .place_job(job_position(job), &[x])
+            .and_then(|p| p.owners.first().copied()),
     }
 }
 
@@ -254,5 +283,76 @@ mod tests {
         assert_eq!(pid_list(&[0, 2]), "pids 0, 2");
         let many: Vec<Pid> = (0..25).collect();
         assert!(pid_list(&many).ends_with("19 and 5 more"));
+    }
+
+    /// Peers 1–4 in `a`, 5–8 in `b` (names from `name`), one core each.
+    fn table(name: impl Fn(PeerId) -> Option<String>) -> placement::TwoLevel {
+        let mut t = placement::TwoLevel::new();
+        for id in 1..=8 {
+            t.insert(placement::ClusterPeer {
+                id,
+                cluster: name(id),
+                position: placement::golden_position(id as u64),
+                weight: 1.0,
+                slots: 1,
+            })
+            .unwrap();
+        }
+        t
+    }
+
+    fn ab(id: PeerId) -> Option<String> {
+        Some(if id <= 4 { "a" } else { "b" }.to_string())
+    }
+
+    /// Where two-level placement keeps the processes of a placed job:
+    /// inside their peers' clusters, whatever the clusters are called, and
+    /// a lost process inside its block's cluster.
+    #[test]
+    fn placed_processes_stay_in_their_clusters() {
+        let t = table(ab);
+        // A job of 8 on peers 1..=8 (pid i on peer i + 1): pids 0–3 in a,
+        // 4–7 in b; every target stays in its peer's cluster.
+        let on = |q: Pid| Some(PeerId::from(q) + 1);
+        for pid in 0..8 {
+            let target = two_level_target(&t, 7, pid, 8, u64::from(pid) * 3 + 1, on).unwrap();
+            assert_eq!(ab(target), ab(on(pid).unwrap()), "pid {pid}");
+        }
+        // Renamed clusters (the same groups): the same targets, so nothing
+        // moves when DiDiC's numbers change.
+        let renamed = table(|id| Some(if id <= 4 { "found-9" } else { "found-2" }.to_string()));
+        for pid in 0..8 {
+            let k = u64::from(pid) * 3 + 1;
+            assert_eq!(
+                two_level_target(&t, 7, pid, 8, k, on),
+                two_level_target(&renamed, 7, pid, 8, k, on)
+            );
+        }
+        // Pid 5's peer (6) is lost: it goes to its neighbours' cluster, b.
+        let mut lost = table(ab);
+        lost.remove(6);
+        let gone = |q: Pid| on(q).filter(|&p| p != 6);
+        let target = two_level_target(&lost, 7, 5, 8, 16, gone).unwrap();
+        assert_eq!(ab(target), ab(6));
+        assert_ne!(target, 6);
+        // No pid of the job is placed any more: where a new job would go.
+        let nowhere = |_: Pid| None;
+        let fresh = t
+            .place_job(job_position(7), &[placement::golden_position(5)])
+            .unwrap()
+            .owners[0];
+        assert_eq!(two_level_target(&t, 7, 0, 8, 5, nowhere), Some(fresh));
+        // Without clusters it is the flat DHHT.
+        let flat = table(|_| None);
+        let mut dhht = placement::Dhht::new();
+        for p in flat.cluster_dhht(None).unwrap().peers() {
+            dhht.insert(p).unwrap();
+        }
+        for k in 1..50 {
+            assert_eq!(
+                two_level_target(&flat, 7, 0, 1, k, |_| Some(1)),
+                dhht.lookup(placement::golden_position(k))
+            );
+        }
     }
 }

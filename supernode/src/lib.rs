@@ -155,7 +155,7 @@ pub(crate) struct Inner {
     accounts: Mutex<HashMap<i64, state::Account>>,
     /// Each peer's cluster as DiDiC found it on the measured links
     /// ([`clusters`]), for the peers whose cluster is ready.
-    found_clusters: Mutex<BTreeMap<PeerId, String>>,
+    found_clusters: Mutex<Arc<BTreeMap<PeerId, String>>>,
 }
 
 /// In-memory state of the online peers: leases and command queues.
@@ -167,6 +167,27 @@ pub(crate) struct Live {
     pub(crate) links: HashMap<(PeerId, PeerId), bsp_api::rest::PeerLink>,
     /// When each link `(from, to)` was last handed out to measure.
     pub(crate) probes_asked: HashMap<(PeerId, PeerId), i64>,
+}
+
+impl Live {
+    /// Forget peers that are gone: their leases and command queues (their
+    /// waiting polls are woken), and the links measured to or from them,
+    /// which mean nothing any more (a peer may come back elsewhere in the
+    /// network).
+    pub(crate) fn forget(&mut self, gone: &[PeerId]) {
+        if gone.is_empty() {
+            return;
+        }
+        for id in gone {
+            if let Some(p) = self.peers.remove(id) {
+                p.notify.notify_waiters();
+            }
+        }
+        self.links
+            .retain(|(from, to), _| !gone.contains(from) && !gone.contains(to));
+        self.probes_asked
+            .retain(|(from, to), _| !gone.contains(from) && !gone.contains(to));
+    }
 }
 
 pub(crate) struct LivePeer {
@@ -228,19 +249,13 @@ impl Inner {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The cluster DiDiC found for `peer`, once it is ready.
-    pub(crate) fn found_cluster(&self, peer: PeerId) -> Option<String> {
+    /// The clusters DiDiC found, for the peers whose cluster is ready: one
+    /// consistent snapshot (a step replaces it whole).
+    pub(crate) fn found_clusters(&self) -> Arc<BTreeMap<PeerId, String>> {
         self.found_clusters
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&peer)
-            .cloned()
-    }
-
-    /// The cluster placement and broadcasts use for a peer: the one its
-    /// volunteer named (`bspweb peer --cluster`), else the one DiDiC found.
-    pub(crate) fn effective_cluster(&self, peer: PeerId, named: Option<String>) -> Option<String> {
-        named.or_else(|| self.found_cluster(peer))
+            .clone()
     }
 
     pub(crate) fn set_found_clusters(&self, found: BTreeMap<PeerId, String>) {
@@ -248,9 +263,12 @@ impl Inner {
             .found_clusters
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if *f != found {
-            tracing::debug!(clusters = ?found, "clusters found on the measured links changed");
-            *f = found;
+        if **f != found {
+            tracing::debug!(
+                peers = found.len(),
+                "the clusters found on the measured links changed"
+            );
+            *f = Arc::new(found);
         }
     }
 
@@ -403,7 +421,7 @@ impl Supernode {
                 storage_trouble: Mutex::new(None),
                 metrics: metrics::Metrics::default(),
                 accounts: Mutex::new(accounts),
-                found_clusters: Mutex::new(BTreeMap::new()),
+                found_clusters: Mutex::new(Arc::new(BTreeMap::new())),
             }),
         })
     }

@@ -552,10 +552,11 @@ pub(crate) async fn peers(
         p.links = links;
     }
     drop(live);
+    let found = sn.inner.found_clusters();
     for p in &mut peers {
         if p.state != "gone" {
-            p.found_cluster = sn.inner.found_cluster(p.id);
-            p.cluster = sn.inner.effective_cluster(p.id, p.cluster.take());
+            p.found_cluster = found.get(&p.id).cloned();
+            p.cluster = crate::clusters::effective(p.id, p.cluster.take(), &found);
         }
     }
     Ok(Json(peers))

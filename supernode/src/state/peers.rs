@@ -63,11 +63,7 @@ impl Core {
         insert_peer(&mut self.place.dhht, id, k, weight(login.speed, login.idle));
         {
             let mut live = inner.live();
-            for gone in expired {
-                if let Some(p) = live.peers.remove(&gone) {
-                    p.notify.notify_waiters();
-                }
-            }
+            live.forget(&expired);
             live.peers.insert(
                 id,
                 LivePeer {
@@ -353,19 +349,7 @@ impl Core {
                 p.pruned = p.pruned.max(upto);
             }
         }
-        for id in &expired {
-            if let Some(p) = live.peers.remove(id) {
-                p.notify.notify_waiters();
-            }
-        }
-        if !expired.is_empty() {
-            // A gone peer's links mean nothing any more (it may come back
-            // elsewhere in the network).
-            live.links
-                .retain(|(from, to), _| !expired.contains(from) && !expired.contains(to));
-            live.probes_asked
-                .retain(|(from, to), _| !expired.contains(from) && !expired.contains(to));
-        }
+        live.forget(&expired);
         Ok(expired)
     }
 
@@ -484,9 +468,7 @@ impl Core {
         )?;
         fx.wake_scheduler = true;
         tx.commit()?;
-        if let Some(p) = inner.live().peers.remove(&suspect.peer) {
-            p.notify.notify_waiters();
-        }
+        inner.live().forget(&[suspect.peer]);
         Ok(true)
     }
 
@@ -586,13 +568,21 @@ impl Core {
 /// renewal that asked for it.
 const PROBE_TICKET_MS: i64 = 60_000;
 
+/// A measurement is recorded only if the link was asked for this recently
+/// (the probe starts within the ticket's minute; its result comes with a
+/// renewal after it ends).
+const PROBE_REPORT_MS: i64 = 2 * PROBE_TICKET_MS + 60_000;
+
 /// A link to one of a peer's neighbours (its fastest measured links) is
 /// measured again this long after its last measurement.
 const PROBE_REFRESH_MS: i64 = 10 * 60_000;
 
 /// A link to a candidate that is not a neighbour is measured again this
 /// long after its last measurement (a faster path may have appeared).
-const PROBE_REVISIT_MS: i64 = 60 * 60_000;
+/// With 8 neighbours every 10 minutes and 24 other candidates every 3
+/// hours a peer sends about 56 probes an hour and answers as many: about
+/// 30 MiB, within the default `--probe-mib-per-hour` of 32.
+const PROBE_REVISIT_MS: i64 = 3 * 60 * 60_000;
 
 /// A link asked for and not measured (the target refused, or was busy) is
 /// asked for again after this long.
@@ -610,7 +600,13 @@ fn record_links_and_choose_probes(
     let mut live = inner.live();
     let live = &mut *live;
     for m in measured {
-        if m.peer != peer && live.peers.contains_key(&m.peer) {
+        // Only links this supernode asked `peer` to measure, lately: a
+        // peer cannot add links of its own choosing to the graph.
+        let asked = live
+            .probes_asked
+            .get(&(peer, m.peer))
+            .is_some_and(|&at| now.saturating_sub(at) <= PROBE_REPORT_MS);
+        if m.peer != peer && asked && live.peers.contains_key(&m.peer) {
             live.links.insert(
                 (peer, m.peer),
                 bsp_api::rest::PeerLink {

@@ -256,15 +256,7 @@ pub(super) fn place_job(
         return Ok(Placing::NoPeer);
     };
     let owners = placed.owners;
-    // Each pid's cluster, from the blocks (contiguous pid ranges).
-    let mut cluster_of: Vec<Option<String>> = vec![None; nprocs as usize];
-    for b in &placed.blocks {
-        for pid in b.pids.clone() {
-            if let Some(c) = cluster_of.get_mut(pid) {
-                c.clone_from(&b.cluster);
-            }
-        }
-    }
+    debug_assert_eq!(owners.len(), nprocs as usize);
     // Every peer must have the memory for its share (issue 20, finding 1).
     let proc_bytes: i64 =
         tx.query_row("SELECT proc_bytes FROM jobs WHERE id = ?1", [job], |r| {
@@ -342,17 +334,10 @@ pub(super) fn place_job(
     epoch::set_job_peers(tx, job, &peers)?;
     {
         let mut stmt = tx.prepare_cached(
-            "INSERT INTO placements (job, pid, peer_id, position, cluster) \
-             VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO placements (job, pid, peer_id, position) VALUES (?1, ?2, ?3, ?4)",
         )?;
         for (pid, (&peer, &k)) in owners.iter().zip(&indices).enumerate() {
-            stmt.execute(params![
-                job,
-                pid as i64,
-                peer,
-                u64_to_sql(k),
-                cluster_of[pid]
-            ])?;
+            stmt.execute(params![job, pid as i64, peer, u64_to_sql(k)])?;
         }
     }
     let job_token = hex::encode(rand::random::<[u8; 32]>());

@@ -217,10 +217,11 @@ pub(crate) fn validate_login(login: &PeerLogin) -> Result<(), Error> {
         )));
     }
     if let Some(c) = &login.cluster
-        && !bsp_api::control::valid_cluster_name(c)
+        && !bsp_api::control::valid_named_cluster(c)
     {
         return Err(Error::bad_request(format!(
-            "`cluster` must be 1 to 64 letters, digits, `.`, `_` or `-`, not `{}`",
+            "`cluster` must be {}, not `{}`",
+            bsp_api::control::NAMED_CLUSTER_RULE,
             truncate(c, 80)
         )));
     }
