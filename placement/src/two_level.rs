@@ -13,8 +13,10 @@ use crate::{PlacementError, Position, golden_position};
 pub struct ClusterPeer {
     /// The peer id (the supernode's `PeerId`).
     pub id: i64,
-    /// The cluster the peer is in (its `--cluster`), or `None` when it did
-    /// not say: all such peers form one cluster of their own.
+    /// The cluster the peer is in (for the supernode: its effective
+    /// cluster, the volunteer's `--cluster` or the one found from measured
+    /// links), or `None` when none is known: all such peers form one
+    /// cluster of their own.
     pub cluster: Option<String>,
     /// The peer's point on the lower-level ring (its golden index's point,
     /// as for the flat DHHT).
