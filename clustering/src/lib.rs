@@ -15,6 +15,7 @@ mod network;
 mod probes;
 mod quality;
 mod rng;
+pub mod scenarios;
 
 pub use didic::{Didic, DidicParams, Drain};
 pub use generate::{Dynamics, GraphModel, Point, Topology};

@@ -207,13 +207,12 @@ impl MeasuredNetwork {
     }
 
     /// DiDiC's state (for tests and measurements).
-    #[cfg(test)]
-    pub(crate) fn didic(&self) -> &Didic {
+    pub fn didic(&self) -> &Didic {
         &self.didic
     }
 
-    #[cfg(test)]
-    pub(crate) fn graph(&self) -> &Graph {
+    /// The graph DiDiC runs on: the measured links the edge rule kept.
+    pub fn graph(&self) -> &Graph {
         &self.graph
     }
 
