@@ -417,6 +417,22 @@ impl TwoLevel {
         Self::top(job, self.candidates().filter(|c| c.cluster.slots >= n)).map(|c| c.key.as_deref())
     }
 
+    /// Every cluster a job of `n` processes at top-level position `job`
+    /// fits, best first: in the order of the top-level envelope's values
+    /// at `job` (ties: the smaller index). The first is
+    /// [`fitting_cluster`](Self::fitting_cluster)'s; the others are where
+    /// the job may go when that one cannot take it now (memory).
+    pub fn fitting_clusters(&self, job: Position, n: usize) -> Vec<Option<&str>> {
+        let n = n as u64;
+        let mut fit: Vec<(f64, u64, Option<&str>)> = self
+            .candidates()
+            .filter(|c| c.cluster.slots >= n)
+            .map(|c| (c.value(job), c.index, c.key.as_deref()))
+            .collect();
+        fit.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        fit.into_iter().map(|(_, _, key)| key).collect()
+    }
+
     /// Places a job: `job` is its position on the top-level ring (e.g.
     /// `golden_position` of an index from a per-job
     /// [`IndexAllocator`](crate::IndexAllocator), or `hashed_position` of

@@ -236,6 +236,20 @@ proptest! {
         prop_assert!(bulk.insert_all(peers.values().cloned()).is_empty());
         prop_assert_eq!(bulk.clusters().collect::<Vec<_>>(), t.clusters().collect::<Vec<_>>());
         prop_assert_eq!(bulk.place_job(y, &xs).unwrap().owners, owners);
+        // The fitting clusters, best first: the first is where a fitting
+        // job goes, each fits, and each fitting cluster is listed once.
+        let fit = t.fitting_clusters(y, xs.len());
+        prop_assert_eq!(fit.first().copied(), t.fitting_cluster(y, xs.len()));
+        let fitting: Vec<Option<&str>> = t
+            .clusters()
+            .filter(|c| c.slots >= xs.len() as u64)
+            .map(|c| c.key)
+            .collect();
+        let mut sorted = fit.clone();
+        sorted.sort();
+        let mut want = fitting.clone();
+        want.sort();
+        prop_assert_eq!(sorted, want);
     }
 
     /// A job that fits lands in exactly one cluster, which is the argmin of

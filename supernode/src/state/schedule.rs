@@ -255,24 +255,59 @@ pub(super) fn place_job(
         tracing::warn!(job, "the placement table has no usable peer; the job waits");
         return Ok(Placing::NoPeer);
     };
-    let owners = placed.owners;
-    debug_assert_eq!(owners.len(), nprocs as usize);
+    debug_assert_eq!(placed.owners.len(), nprocs as usize);
     // Every peer must have the memory for its share (issue 20, finding 1).
     let proc_bytes: i64 =
         tx.query_row("SELECT proc_bytes FROM jobs WHERE id = ?1", [job], |r| {
             r.get(0)
         })?;
     let proc_bytes = u64::try_from(proc_bytes).unwrap_or(0);
-    let mut shares: BTreeMap<PeerId, u64> = BTreeMap::new();
-    for &peer in &owners {
-        *shares.entry(peer).or_default() += 1;
+    // The peer of `owners` that lacks the memory for its share, if any.
+    let short_of = |owners: &[PeerId]| {
+        let mut shares: BTreeMap<PeerId, u64> = BTreeMap::new();
+        for &peer in owners {
+            *shares.entry(peer).or_default() += 1;
+        }
+        shares.into_iter().find_map(|(peer, n)| {
+            let need = n.saturating_mul(proc_bytes);
+            room.get(&peer)
+                .filter(|r| need > r.free)
+                .map(|r| (peer, n, need, *r))
+        })
+    };
+    let first_short = short_of(&placed.owners);
+    // A job placed in one cluster whose peers lack the memory now may go
+    // to the next cluster it fits, in the top ring's order.
+    let mut owners = placed.owners.clone();
+    let mut elsewhere = None;
+    let mut never = first_short.is_some_and(|(_, _, need, r)| need > r.budget);
+    if first_short.is_some() && placed.blocks.len() == 1 {
+        let fits = table.fitting_clusters(job_position(job), xs.len());
+        for cluster in fits.into_iter().skip(1) {
+            let other: Option<Vec<PeerId>> = xs
+                .iter()
+                .map(|&x| {
+                    table
+                        .lookup_within(cluster, job_position(job), x)
+                        .filter(|p| online.contains_key(p))
+                })
+                .collect();
+            let Some(other) = other else { continue };
+            match short_of(&other) {
+                None => {
+                    owners = other;
+                    elsewhere = Some(cluster.map(str::to_string));
+                    break;
+                }
+                Some((_, _, need, r)) => never &= need > r.budget,
+            }
+        }
     }
-    let short = shares.iter().find_map(|(&peer, &n)| {
-        let need = n.saturating_mul(proc_bytes);
-        room.get(&peer)
-            .filter(|r| need > r.free)
-            .map(|r| (peer, n, need, *r))
-    });
+    let short = if elsewhere.is_some() {
+        None
+    } else {
+        first_short
+    };
     if let Some((peer, n, need, r)) = short {
         for k in indices {
             place.process_indices.free(k);
@@ -283,8 +318,9 @@ pub(super) fn place_job(
             if n == 1 { "" } else { "es" },
             need.div_ceil(MIB),
         );
-        if need > r.budget {
-            // It would not fit on that peer even with nothing else running.
+        if need > r.budget && never {
+            // It would not fit on that peer even with nothing else running
+            // (nor in any other cluster it fits).
             place.memory_waits.remove(&job);
             let reason = format!(
                 "not enough memory: {share}, and may use only {} MiB for bspweb; run fewer processes, or wait for more peers and submit it again",
@@ -312,9 +348,9 @@ pub(super) fn place_job(
         }
         return Ok(Placing::NoMemory);
     }
-    for (peer, n) in &shares {
+    for peer in &owners {
         if let Some(r) = room.get_mut(peer) {
-            r.free = r.free.saturating_sub(n.saturating_mul(proc_bytes));
+            r.free = r.free.saturating_sub(proc_bytes);
         }
     }
     place.memory_waits.remove(&job);
@@ -329,6 +365,15 @@ pub(super) fn place_job(
     let replicas: u32 = tx.query_row("SELECT replicas FROM jobs WHERE id = ?1", [job], |r| {
         r.get(0)
     })?;
+    // Replica-only peers keep every process's checkpoints: peers with the
+    // memory for a process's worth first (a peer without a budget has it),
+    // the others only if those are too few.
+    let roomy: std::collections::BTreeSet<PeerId> = online
+        .keys()
+        .copied()
+        .filter(|p| room.get(p).is_none_or(|r| r.free >= proc_bytes))
+        .collect();
+    epoch::top_up_replicas(job, &mut peers, replicas, &roomy);
     let candidates = online.keys().copied().collect();
     epoch::top_up_replicas(job, &mut peers, replicas, &candidates);
     epoch::set_job_peers(tx, job, &peers)?;
@@ -351,7 +396,13 @@ pub(super) fn place_job(
         if nprocs == 1 { "" } else { "es" },
         if hosts == 1 { "" } else { "s" }
     );
-    text.push_str(&blocks_phrase(&placed.blocks));
+    match &elsewhere {
+        Some(cluster) => text.push_str(&format!(
+            " in cluster {} (the first choice lacked the memory)",
+            cluster.as_deref().unwrap_or("of peers without one")
+        )),
+        None => text.push_str(&blocks_phrase(&placed.blocks)),
+    }
     if peers.len() > hosts {
         let extra = peers.len() - hosts;
         text.push_str(&format!(
