@@ -171,19 +171,32 @@ fn run_clusters(a: &SimArgs) -> anyhow::Result<ExitCode> {
     spec.jobs = a.jobs;
     let started = Instant::now();
     let runs = run_clusters(&spec)?;
-    let out = a.out.display().to_string();
-    std::fs::create_dir_all(&a.out)
-        .with_context(|| format!("cannot create the report folder {out}"))?;
-    for f in render_clusters(&spec, &runs, &spec.command_line(&out)) {
-        let path = a.out.join(&f.path);
+    let files = render_clusters(
+        &spec,
+        &runs,
+        &spec.command_line(&a.out.display().to_string()),
+    );
+    write_report(&a.out, &files, runs.len(), started)
+}
+
+/// Writes a report's files into `out` and says where it is.
+fn write_report(
+    out: &std::path::Path,
+    files: &[sim::report::ReportFile],
+    runs: usize,
+    started: Instant,
+) -> anyhow::Result<ExitCode> {
+    std::fs::create_dir_all(out)
+        .with_context(|| format!("cannot create the report folder {}", out.display()))?;
+    for f in files {
+        let path = out.join(&f.path);
         std::fs::write(&path, &f.contents)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     eprintln!(
-        "{} runs in {:.1?}; report: {}",
-        runs.len(),
+        "{runs} runs in {:.1?}; report: {}",
         started.elapsed(),
-        a.out.join("README.md").display()
+        out.join("README.md").display()
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -238,18 +251,5 @@ pub fn run(a: SimArgs) -> anyhow::Result<ExitCode> {
         &results,
         &spec.command_line(&a.out.display().to_string()),
     );
-    std::fs::create_dir_all(&a.out)
-        .with_context(|| format!("cannot create the report folder {}", a.out.display()))?;
-    for f in &files {
-        let path = a.out.join(&f.path);
-        std::fs::write(&path, &f.contents)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    eprintln!(
-        "{} runs in {:.1?}; report: {}",
-        results.len(),
-        started.elapsed(),
-        a.out.join("README.md").display()
-    );
-    Ok(ExitCode::SUCCESS)
+    write_report(&a.out, &files, results.len(), started)
 }

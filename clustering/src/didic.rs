@@ -254,7 +254,17 @@ impl Didic {
         let cluster: Vec<u32> = ids.iter().map(|v| self.state[v].cluster).collect();
         let n = ids.len();
         // Connected parts, for the zero-sum drain's means.
-        let (part, part_size) = connected_parts(&adj);
+        let parts = crate::connected_parts(
+            graph,
+            &ids.iter().map(|v| (*v, 0)).collect(),
+            1,
+            ids.iter().copied(),
+        );
+        let part: Vec<usize> = ids.iter().map(|v| parts[v] as usize).collect();
+        let mut part_size = vec![0usize; part.iter().max().map_or(0, |m| m + 1)];
+        for &p in &part {
+            part_size[p] += 1;
+        }
         let (mut w, mut l) = (vec![0.0; n], vec![0.0; n]);
         let (mut next_w, mut next_l) = (vec![0.0; n], vec![0.0; n]);
         let mut scaled = vec![0.0; n];
@@ -337,31 +347,4 @@ impl Didic {
             self.state.get_mut(v).expect("known vertex").cluster = c;
         }
     }
-}
-
-/// The connected part of each vertex of `adj` (numbered from 0 in order of
-/// their first vertex) and each part's size.
-fn connected_parts(adj: &[Vec<(usize, f64)>]) -> (Vec<usize>, Vec<usize>) {
-    let mut part = vec![usize::MAX; adj.len()];
-    let mut sizes = Vec::new();
-    for start in 0..adj.len() {
-        if part[start] != usize::MAX {
-            continue;
-        }
-        let id = sizes.len();
-        let mut size = 0;
-        let mut stack = vec![start];
-        part[start] = id;
-        while let Some(i) = stack.pop() {
-            size += 1;
-            for &(j, _) in &adj[i] {
-                if part[j] == usize::MAX {
-                    part[j] = id;
-                    stack.push(j);
-                }
-            }
-        }
-        sizes.push(size);
-    }
-    (part, sizes)
 }
