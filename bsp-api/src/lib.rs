@@ -8,11 +8,13 @@
 //! - [`control`]: the peer ↔ supernode control plane (JSON over HTTP, lease token).
 //! - [`wire`]: the peer ↔ peer data plane (postcard frames over TCP).
 //! - [`probe`]: tickets for the link measurements between peers.
+//! - [`tls`]: the supernode certificate's fingerprint, as printed and pinned.
 //! - `client` (feature `client`): an async HTTP client for the REST API.
 
 pub mod control;
 pub mod probe;
 pub mod rest;
+pub mod tls;
 pub mod wire;
 
 #[cfg(feature = "client")]

@@ -26,6 +26,12 @@ pub enum ClientError {
         #[source]
         source: reqwest::Error,
     },
+    /// The TLS connection to an `https://` supernode failed: its
+    /// certificate is not the pinned one, not signed by a trusted CA, or
+    /// not valid for the URL's host, or the handshake failed. `reason` says
+    /// what to do. Nothing was sent. Retrying as it is does not help.
+    #[error("cannot connect securely to the supernode at {url}: {reason}")]
+    Tls { url: String, reason: String },
     /// The supernode URL given to [`Client::login`](super::Client::login) or
     /// [`Client::with_token`](super::Client::with_token) is not one this
     /// client can use; `reason` says how to fix it. Retrying does not help.
@@ -78,6 +84,7 @@ impl ClientError {
             ClientError::InvalidProgram { .. } => Some(422),
             ClientError::Api { status, .. } => Some(*status),
             ClientError::NotConnected { .. }
+            | ClientError::Tls { .. }
             | ClientError::InvalidUrl { .. }
             | ClientError::Args(_)
             | ClientError::Protocol(_) => None,
@@ -92,6 +99,7 @@ impl ClientError {
             ClientError::ProgramNotFound { .. } => Some(PROGRAM_NOT_FOUND),
             ClientError::InvalidProgram { .. } => Some(INVALID_MODULE),
             ClientError::NotConnected { .. }
+            | ClientError::Tls { .. }
             | ClientError::InvalidUrl { .. }
             | ClientError::Args(_)
             | ClientError::Protocol(_) => None,
@@ -114,7 +122,15 @@ impl ClientError {
         self.is_not_connected() || matches!(self.status(), Some(408 | 429 | 500..=599))
     }
 
+    /// A failed request: [`Tls`](ClientError::Tls) when TLS refused the
+    /// supernode, [`NotConnected`](ClientError::NotConnected) otherwise.
     pub(crate) fn transport(url: &str, source: reqwest::Error) -> ClientError {
+        if let Some(reason) = super::tls::tls_failure(&source) {
+            return ClientError::Tls {
+                url: url.to_string(),
+                reason,
+            };
+        }
         ClientError::NotConnected {
             url: url.to_string(),
             source,

@@ -13,7 +13,14 @@
 //! - errors are typed by cause: [`ClientError::NotConnected`],
 //!   [`ClientError::Unauthorized`], [`ClientError::ProgramNotFound`],
 //!   [`ClientError::InvalidProgram`], [`ClientError::NotEnoughPeers`],
-//!   [`ClientError::InvalidUrl`].
+//!   [`ClientError::InvalidUrl`], [`ClientError::Tls`].
+//!
+//! # TLS
+//!
+//! `https://` URLs are verified by CA (Mozilla's roots, and any CA of one's
+//! own) or by the certificate's pinned fingerprint, as the supernode prints
+//! it at start; [`ClientOptions`] says which ([`tls`]). A plain `http://`
+//! URL is for a supernode on loopback, the only place it serves plain HTTP.
 //!
 //! # Timeouts, reconnection and retries
 //!
@@ -57,6 +64,7 @@
 mod error;
 mod events;
 mod spec;
+pub mod tls;
 
 use std::time::Duration;
 
@@ -68,6 +76,7 @@ pub use self::events::{
     ConsumerEvent, EventStream, JobEvents, JobListEvents, STREAM_RETRY_FOR, Subscription,
 };
 pub use self::spec::{JobSpec, Program};
+pub use self::tls::TlsOptions;
 use crate::JobId;
 use crate::rest::{
     ChangePasswordRequest, CreateUserRequest, Health, JobInfo, JobState, LoginRequest,
@@ -102,6 +111,8 @@ pub struct Client {
     sse: reqwest::Client,
     request_timeout: Duration,
     stream_idle_timeout: Duration,
+    /// How `sse` is rebuilt with another idle timeout.
+    tls: TlsOptions,
 }
 
 impl std::fmt::Debug for Client {
@@ -114,18 +125,23 @@ impl std::fmt::Debug for Client {
     }
 }
 
-fn http(read_timeout: Option<Duration>) -> reqwest::Client {
+fn http(read_timeout: Option<Duration>, tls: &TlsOptions) -> reqwest::Client {
     // Idle connections are let go before the supernode closes them (after
     // 20 s without a request), so a request never meets one closing.
-    let builder = reqwest::Client::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .pool_idle_timeout(Duration::from_secs(10));
+    let builder = tls::http_builder(tls, CONNECT_TIMEOUT);
     match read_timeout {
         Some(t) => builder.read_timeout(t),
         None => builder,
     }
     .build()
-    .unwrap_or_default()
+    .or_else(|_| {
+        reqwest::Client::builder()
+            .use_preconfigured_tls(tls::client_config(tls))
+            .build()
+    })
+    // Building fails only for settings this client does not use (system
+    // proxies, a TLS backend without a configuration).
+    .unwrap_or_else(|e| unreachable!("cannot build an HTTP client: {e}"))
 }
 
 /// Percent-encode everything but unreserved characters (RFC 3986).
@@ -142,7 +158,7 @@ fn percent_encode(s: &str) -> String {
 }
 
 /// The base URL without trailing slashes, and why this client cannot use
-/// it, if it cannot (it speaks plain HTTP only: it is built without TLS).
+/// it, if it cannot.
 fn check_base(base: &str) -> (String, Option<String>) {
     let given = base.trim();
     let base = given.trim_end_matches('/').to_string();
@@ -153,12 +169,8 @@ fn check_base(base: &str) -> (String, Option<String>) {
     } else {
         match reqwest::Url::parse(given) {
             Err(e) => Some(format!("{e}; write it as http://HOST:PORT")),
-            Ok(url) if url.scheme() == "https" => Some(format!(
-                "this client has no TLS support, so https is not possible; use the supernode's plain http address (http://{})",
-                base.split_once("://").map_or("HOST:PORT", |(_, rest)| rest)
-            )),
-            Ok(url) if url.scheme() != "http" => Some(format!(
-                "the scheme must be http, not {}; write it as http://HOST:PORT",
+            Ok(url) if !matches!(url.scheme(), "http" | "https") => Some(format!(
+                "the scheme must be https or http, not {}; write it as https://HOST:PORT",
                 url.scheme()
             )),
             Ok(url) if url.host_str().is_none_or(str::is_empty) => {
@@ -187,41 +199,67 @@ async fn decode<T: DeserializeOwned>(url: &str, resp: reqwest::Response) -> Resu
     }
 }
 
-impl Client {
-    fn new(base: &str, token: String) -> Client {
-        let (base, bad_base) = check_base(base);
-        Client {
-            base,
-            bad_base,
-            token,
-            http: http(None),
-            sse: http(Some(DEFAULT_STREAM_IDLE_TIMEOUT)),
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
-            stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
-        }
+/// How a [`Client`] connects: for now, how it verifies the supernode's
+/// TLS certificate. `ClientOptions::default()` is what [`Client::login`]
+/// and [`Client::with_token`] use (CA verification by Mozilla's roots).
+///
+/// ```no_run
+/// # async fn f() -> Result<(), bsp_api::client::ClientError> {
+/// use bsp_api::client::ClientOptions;
+/// let pin = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+/// let client = ClientOptions::new()
+///     .fingerprint(pin.parse().expect("a fingerprint"))
+///     .login("https://bsp.example.org:7878", "alice", "secret")
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ClientOptions {
+    tls: TlsOptions,
+}
+
+impl ClientOptions {
+    /// CA verification by Mozilla's roots.
+    pub fn new() -> ClientOptions {
+        ClientOptions::default()
     }
 
-    /// A client that uses an existing token (from an earlier [`Client::login`]).
-    /// If `base` is not a URL this client can use, every call fails with
-    /// [`ClientError::InvalidUrl`].
-    pub fn with_token(base: &str, token: &str) -> Client {
-        Client::new(base, token.to_string())
+    /// Verify the supernode's certificate as `tls` says.
+    pub fn tls(mut self, tls: TlsOptions) -> ClientOptions {
+        self.tls = tls;
+        self
     }
 
-    /// Log in with a user name and password; `base` is the supernode's
-    /// `http://` URL ([`ClientError::InvalidUrl`] if it is not one).
-    pub async fn login(base: &str, name: &str, password: &str) -> Result<Client, ClientError> {
-        let (client, _) = Client::login_full(base, name, password).await?;
+    /// Accept exactly the supernode certificate with this fingerprint.
+    pub fn fingerprint(mut self, fingerprint: crate::tls::Fingerprint) -> ClientOptions {
+        self.tls.fingerprint = Some(fingerprint);
+        self
+    }
+
+    /// The TLS options.
+    pub fn tls_options(&self) -> &TlsOptions {
+        &self.tls
+    }
+
+    /// A client that uses an existing token; see [`Client::with_token`].
+    pub fn with_token(&self, base: &str, token: &str) -> Client {
+        Client::new(base, token.to_string(), self.tls.clone())
+    }
+
+    /// Log in with a user name and password; see [`Client::login`].
+    pub async fn login(&self, base: &str, name: &str, password: &str) -> Result<Client, ClientError> {
+        let (client, _) = self.login_full(base, name, password).await?;
         Ok(client)
     }
 
     /// Log in and also return the token's details.
     pub async fn login_full(
+        &self,
         base: &str,
         name: &str,
         password: &str,
     ) -> Result<(Client, LoginResponse), ClientError> {
-        let mut client = Client::new(base, String::new());
+        let mut client = Client::new(base, String::new(), self.tls.clone());
         client.check()?;
         let url = client.url("/login");
         let resp = client
@@ -239,6 +277,53 @@ impl Client {
         client.token.clone_from(&login.token);
         Ok((client, login))
     }
+}
+
+impl Client {
+    fn new(base: &str, token: String, tls: TlsOptions) -> Client {
+        let (base, bad_base) = check_base(base);
+        Client {
+            base,
+            bad_base,
+            token,
+            http: http(None, &tls),
+            sse: http(Some(DEFAULT_STREAM_IDLE_TIMEOUT), &tls),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
+            tls,
+        }
+    }
+
+    /// A client that uses an existing token (from an earlier [`Client::login`]).
+    /// If `base` is not a URL this client can use, every call fails with
+    /// [`ClientError::InvalidUrl`].
+    ///
+    /// An `https://` supernode's certificate is verified by Mozilla's
+    /// roots; [`ClientOptions::with_token`] verifies otherwise (a pinned
+    /// fingerprint, a CA of one's own).
+    pub fn with_token(base: &str, token: &str) -> Client {
+        ClientOptions::default().with_token(base, token)
+    }
+
+    /// Log in with a user name and password; `base` is the supernode's
+    /// `https://` or `http://` URL ([`ClientError::InvalidUrl`] if it is not
+    /// one). An `https://` supernode's certificate is verified by Mozilla's
+    /// roots; [`ClientOptions::login`] verifies otherwise (a pinned
+    /// fingerprint, a CA of one's own).
+    pub async fn login(base: &str, name: &str, password: &str) -> Result<Client, ClientError> {
+        ClientOptions::default().login(base, name, password).await
+    }
+
+    /// Log in and also return the token's details.
+    pub async fn login_full(
+        base: &str,
+        name: &str,
+        password: &str,
+    ) -> Result<(Client, LoginResponse), ClientError> {
+        ClientOptions::default()
+            .login_full(base, name, password)
+            .await
+    }
 
     /// The same client with another timeout for ordinary calls (default
     /// [`DEFAULT_REQUEST_TIMEOUT`]): the time to send the request and read
@@ -255,7 +340,7 @@ impl Client {
     /// even the supernode's keep-alive, for this long is reconnected.
     pub fn with_stream_idle_timeout(mut self, timeout: Duration) -> Client {
         self.stream_idle_timeout = timeout;
-        self.sse = http(Some(timeout));
+        self.sse = http(Some(timeout), &self.tls);
         self
     }
 
@@ -487,6 +572,42 @@ impl Client {
         self.get("/peers").await
     }
 
+    /// Disable a peer of yours (an administrator: any): it is fenced, its
+    /// processes restored elsewhere, and its logins refused; or enable it.
+    pub async fn set_peer_disabled(
+        &self,
+        peer: crate::PeerId,
+        disabled: bool,
+    ) -> Result<PeerInfo, ClientError> {
+        let url = self.url(&format!("/peers/{peer}"));
+        let body = crate::rest::UpdatePeer { disabled };
+        self.send(self.http.patch(&url).json(&body), &url).await
+    }
+
+    /// Create an enrollment token for your peers; the answer holds its
+    /// secret, which the supernode cannot show again.
+    pub async fn create_enrollment(
+        &self,
+        name: &str,
+    ) -> Result<crate::rest::NewEnrollment, ClientError> {
+        let url = self.url("/enrollments");
+        let body = crate::rest::CreateEnrollment {
+            name: name.to_string(),
+        };
+        self.send(self.http.post(&url).json(&body), &url).await
+    }
+
+    /// Your enrollment tokens (an administrator's: everyone's), newest first.
+    pub async fn enrollments(&self) -> Result<Vec<crate::rest::EnrollmentInfo>, ClientError> {
+        self.get("/enrollments").await
+    }
+
+    /// Revoke an enrollment token: its peers are fenced and refused.
+    pub async fn revoke_enrollment(&self, id: i64) -> Result<(), ClientError> {
+        let url = self.url(&format!("/enrollments/{id}"));
+        self.send_empty(self.http.delete(&url), &url).await
+    }
+
     /// Follow a job's events from after `after` (an event id), reconnecting
     /// with `Last-Event-ID` when the connection breaks and retrying
     /// transient failures for [`STREAM_RETRY_FOR`]. The stream ends after
@@ -533,15 +654,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_base_url_must_be_plain_http_with_a_host() {
+    fn a_base_url_must_be_http_or_https_with_a_host() {
         for (base, hint) in [
             ("127.0.0.1:7878", "write http://127.0.0.1:7878"),
             ("localhost:7878", "write http://localhost:7878"),
             (
-                "https://bsp.example.org",
-                "use the supernode's plain http address",
+                "ftp://bsp.example.org",
+                "the scheme must be https or http, not ftp",
             ),
-            ("ftp://bsp.example.org", "the scheme must be http, not ftp"),
             ("http://", "http://HOST:PORT"),
             ("http://h:7878/?x=1", "must not have a query"),
             ("", "it is empty"),
@@ -554,6 +674,7 @@ mod tests {
         for (base, normal) in [
             ("http://127.0.0.1:7878", "http://127.0.0.1:7878"),
             ("http://bsp.example.org/", "http://bsp.example.org"),
+            ("https://bsp.example.org:7878/", "https://bsp.example.org:7878"),
             (" http://[::1]:7878/bsp// ", "http://[::1]:7878/bsp"),
         ] {
             assert_eq!(check_base(base), (normal.to_string(), None), "{base:?}");
@@ -576,7 +697,7 @@ mod tests {
                 .starts_with("invalid supernode URL `localhost:7878`: "),
             "{e}"
         );
-        let client = Client::with_token("https://example.org", "t");
+        let client = Client::with_token("ftp://example.org", "t");
         let e = client.jobs(None).await.unwrap_err();
         assert!(matches!(e, ClientError::InvalidUrl { .. }), "{e:?}");
         let e = client.job_events(1).next().await.unwrap_err();
