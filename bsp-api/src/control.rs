@@ -43,6 +43,51 @@ pub struct PeerLogin {
     /// pick broadcast schedules and Robber's collectives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
+    /// The enrollment token a volunteer created for their peers
+    /// (`bspweb token create`). The supernode refuses a login without a
+    /// valid one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<EnrollmentToken>,
+}
+
+/// A secret that enrolls peers: `bwpeer-<id>-<64 hex digits>`. Its `Debug`
+/// shows the id only, so it never reaches a log.
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(value_type = String, example = "bwpeer-1-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"))]
+#[serde(transparent)]
+pub struct EnrollmentToken(pub String);
+
+/// The prefix of every [`EnrollmentToken`].
+pub const ENROLLMENT_TOKEN_PREFIX: &str = "bwpeer-";
+
+impl EnrollmentToken {
+    /// The token of enrollment `id` with `secret`.
+    pub fn new(id: i64, secret: &[u8; 32]) -> EnrollmentToken {
+        EnrollmentToken(format!("{ENROLLMENT_TOKEN_PREFIX}{id}-{}", hex::encode(secret)))
+    }
+
+    /// The enrollment id and the secret, when the token is well-formed
+    /// (surrounding white space, as from a file, is ignored).
+    pub fn parse(&self) -> Option<(i64, [u8; 32])> {
+        let rest = self.0.trim().strip_prefix(ENROLLMENT_TOKEN_PREFIX)?;
+        let (id, secret) = rest.split_once('-')?;
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) || id.len() > 18 {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(secret, &mut out).ok()?;
+        Some((id.parse().ok()?, out))
+    }
+}
+
+impl std::fmt::Debug for EnrollmentToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.parse() {
+            Some((id, _)) => write!(f, "EnrollmentToken(#{id}, secret hidden)"),
+            None => f.write_str("EnrollmentToken(malformed, hidden)"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

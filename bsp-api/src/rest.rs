@@ -515,6 +515,66 @@ pub struct PeerInfo {
     /// The links it measured to other peers, newest measurement of each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<PeerLink>,
+    /// The account whose enrollment token it logged in with (its volunteer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The enrollment token it logged in with ([`EnrollmentInfo::id`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enrollment: Option<i64>,
+    /// Disabled by its volunteer or an administrator: fenced, and refused
+    /// when it logs in again under this name with this token.
+    #[serde(default)]
+    pub disabled: bool,
+}
+
+/// `POST /api/v1/enrollments`: a new enrollment token for the caller's peers.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CreateEnrollment {
+    /// What the token is for, for people ("lab machines"); 1 to 64
+    /// printable characters.
+    pub name: String,
+}
+
+/// An enrollment token as listed: everything but its secret.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EnrollmentInfo {
+    pub id: i64,
+    pub name: String,
+    /// The account that created it; its peers are that account's.
+    pub owner: String,
+    /// Unix milliseconds.
+    pub created_at: i64,
+    /// Unix milliseconds of the last peer login with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_used_at: Option<i64>,
+    /// Unix milliseconds at which it was revoked; a revoked token enrolls
+    /// nothing and its peers were fenced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<i64>,
+    /// Peers online with it now.
+    pub peers_online: u32,
+}
+
+/// `POST /api/v1/enrollments`' answer: the token, shown this once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NewEnrollment {
+    pub enrollment: EnrollmentInfo,
+    /// The secret to give `bspweb peer --token-file` (or `--token`,
+    /// `BSPWEB_PEER_TOKEN`). The supernode keeps only its hash: it cannot
+    /// show it again.
+    pub token: crate::control::EnrollmentToken,
+}
+
+/// `PATCH /api/v1/peers/{id}` (its volunteer or an administrator).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct UpdatePeer {
+    /// Disable (fence it, restore its processes elsewhere, refuse its
+    /// logins) or enable it again.
+    pub disabled: bool,
 }
 
 /// A measured link from a peer to another ([`PeerInfo::links`]).

@@ -43,6 +43,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0008_accounts.sql",
         include_str!("../../migrations/0008_accounts.sql"),
     ),
+    (
+        "0009_enrollment.sql",
+        include_str!("../../migrations/0009_enrollment.sql"),
+    ),
 ];
 
 /// Opens (creating if needed) the database and brings its schema up to date.

@@ -501,6 +501,10 @@ pub(crate) enum LossCause {
     /// Another peer of the job lost its link to it and its data-plane
     /// address refused the supernode's connection.
     Unreachable,
+    /// Its volunteer or an administrator disabled it (or its account).
+    Disabled,
+    /// The enrollment token it logged in with was revoked.
+    Revoked,
 }
 
 impl LossCause {
@@ -509,6 +513,10 @@ impl LossCause {
             (LossCause::LeaseExpired, false) => "stopped renewing its lease",
             (LossCause::LeaseExpired, true) => "stopped renewing their leases",
             (LossCause::Unreachable, _) => "died (its data port refuses connections)",
+            (LossCause::Disabled, false) => "was disabled by its volunteer or an administrator",
+            (LossCause::Disabled, true) => "were disabled by their volunteer or an administrator",
+            (LossCause::Revoked, false) => "lost its enrollment (its token was revoked)",
+            (LossCause::Revoked, true) => "lost their enrollment (their token was revoked)",
         }
     }
 }

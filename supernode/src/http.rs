@@ -17,7 +17,7 @@ use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
 use utoipa_axum::routes;
 
 use crate::error::api_error;
-use crate::{Error, Supernode, control, rest, sse};
+use crate::{Error, Supernode, control, enrollments, rest, sse};
 
 /// Body limit for program uploads and job submissions.
 pub(crate) const LARGE_BODY: usize = 64 << 20;
@@ -146,6 +146,9 @@ fn api_v1() -> OpenApiRouter<Supernode> {
         .routes(routes!(sse::events))
         .routes(routes!(sse::job_list_events))
         .routes(routes!(rest::peers))
+        .routes(routes!(enrollments::update_peer))
+        .routes(routes!(enrollments::create, enrollments::list))
+        .routes(routes!(enrollments::revoke))
         .routes(routes!(rest::ring))
         .routes(routes!(rest::health))
         .routes(routes!(control::login))

@@ -539,9 +539,15 @@ pub(crate) async fn peers(
     _auth: AuthUser,
 ) -> Result<Json<Vec<PeerInfo>>, Error> {
     let mut peers = sn.with_core(|core, _, _| core.peers()).await?;
-    // The links each measured to peers that are still online.
+    with_measurements(&sn, &mut peers);
+    Ok(Json(peers))
+}
+
+/// Adds to `peers` what the supernode holds in memory only: the links each
+/// measured to peers that are still online, and the clusters it found.
+pub(crate) fn with_measurements(sn: &Supernode, peers: &mut [PeerInfo]) {
     let live = sn.inner.live();
-    for p in &mut peers {
+    for p in peers.iter_mut() {
         let mut links: Vec<bsp_api::rest::PeerLink> = live
             .links
             .iter()
@@ -553,13 +559,12 @@ pub(crate) async fn peers(
     }
     drop(live);
     let found = sn.inner.found_clusters();
-    for p in &mut peers {
+    for p in peers.iter_mut() {
         if p.state != "gone" {
             p.found_cluster = found.get(&p.id).cloned();
             p.cluster = crate::clusters::effective(p.id, p.cluster.take(), &found);
         }
     }
-    Ok(Json(peers))
 }
 
 /// Peers holding a valid lease now.

@@ -42,6 +42,8 @@ struct Harness {
     http: reqwest::Client,
     sn: Supernode,
     dir: tempfile::TempDir,
+    /// What fake peers log in with.
+    peer_token: bsp_api::control::EnrollmentToken,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
@@ -89,17 +91,27 @@ impl Harness {
                 .await
                 .unwrap();
         }
+        // Fake peers log in with an enrollment token of the administrator's.
+        let peer_token = sn
+            .create_enrollment("admin", "fake peers of the API tests")
+            .await
+            .unwrap()
+            .token;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(sn.clone().serve(listener, async move {
             let _ = stopped.await;
         }));
+        // In a workspace build reqwest has rustls (bsp-api's client turns
+        // it on) and needs a process-wide provider for plain clients.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         Harness {
             base,
             http: reqwest::Client::new(),
             sn,
             dir,
+            peer_token,
             stop: Some(stop),
             server: Some(server),
         }
@@ -391,11 +403,13 @@ fn login_body(name: &str, cores: u32, previous_id: Option<i64>) -> PeerLogin {
         version: bsp_api::API_VERSION,
         previous_id,
         cluster: None,
+        token: None,
     }
 }
 
 impl Harness {
-    async fn peer_login(&self, login: PeerLogin) -> FakePeer {
+    async fn peer_login(&self, mut login: PeerLogin) -> FakePeer {
+        login.token.get_or_insert_with(|| self.peer_token.clone());
         let resp = self
             .http
             .post(self.url("/peer/login"))

@@ -82,6 +82,7 @@ fn deploy_with(
         .find(|w| w.starts_with("http://"))
         .unwrap_or_else(|| panic!("the supernode printed {line:?}"))
         .to_string();
+    let token = crate::harness::enroll(&url, "testbed peers");
     let mut started = Vec::new();
     for &(host, cluster) in peers {
         let idle = data.path().join(format!("idle-{host}"));
@@ -97,6 +98,7 @@ fn deploy_with(
             .arg(&idle)
             .args(peer_args)
             .env("BSPWEB_LOG", peer_log)
+            .env("BSPWEB_PEER_TOKEN", &token)
             .env("NO_COLOR", "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::null())

@@ -135,12 +135,17 @@ fn install_writes_a_unit_systemd_accepts_and_settings_the_peer_reads() {
     let home = tempfile::tempdir().unwrap();
     let units = home.path().join("units");
     let config = home.path().join("peer.toml");
+    let given_token = home.path().join("given.token");
+    let token = format!("bwpeer-7-{}", "ab".repeat(32));
+    std::fs::write(&given_token, format!("{token}\n")).unwrap();
     let install = |extra: &[&str]| {
         bspweb()
             .args(["peer", "install", "--user", "--no-start", "--unit-dir"])
             .arg(&units)
             .arg("--config")
             .arg(&config)
+            .arg("--token-file")
+            .arg(&given_token)
             .args(["--supernode", "http://127.0.0.1:9", "--cpu-percent", "50"])
             .args([
                 "--run-between",
@@ -166,16 +171,68 @@ fn install_writes_a_unit_systemd_accepts_and_settings_the_peer_reads() {
         text.contains(&format!("--config {}", config.display())),
         "{text}"
     );
-    let verify = std::process::Command::new("systemd-analyze")
-        .arg("verify")
-        .arg(&unit)
-        .output()
-        .expect("systemd-analyze (Debian's `systemd` package; .ci/run installs it)");
-    let complaints = String::from_utf8_lossy(&verify.stderr);
+    let verify = |unit: &std::path::Path| {
+        let verify = std::process::Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(unit)
+            .output()
+            .expect("systemd-analyze (Debian's `systemd` package; .ci/run installs it)");
+        let complaints = String::from_utf8_lossy(&verify.stderr);
+        assert!(
+            verify.status.success() && complaints.trim().is_empty(),
+            "systemd-analyze verify: {complaints}"
+        );
+    };
+    verify(&unit);
+    // The token is copied next to the settings, for its owner's eyes only,
+    // and the settings name it.
+    let copied = home.path().join("peer.token");
+    assert_eq!(std::fs::read_to_string(&copied).unwrap().trim(), token);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&copied).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "peer.token is readable by others: {mode:o}");
     assert!(
-        verify.status.success() && complaints.trim().is_empty(),
-        "systemd-analyze verify: {complaints}"
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .contains(&format!("token-file = \"{}\"", copied.display())),
+        "{}",
+        std::fs::read_to_string(&config).unwrap()
     );
+    // A system service runs as a user of its own, which gets the token as a
+    // systemd credential.
+    let system_units = home.path().join("system-units");
+    let out = bspweb()
+        .args(["peer", "install", "--system", "--no-start", "--unit-dir"])
+        .arg(&system_units)
+        .arg("--config")
+        .arg(home.path().join("system/peer.toml"))
+        .arg("--token-file")
+        .arg(&given_token)
+        .args(["--supernode", "http://127.0.0.1:9"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let system_unit = system_units.join("bspweb-peer.service");
+    let text = std::fs::read_to_string(&system_unit).unwrap();
+    assert!(
+        text.contains(&format!(
+            "LoadCredential=peer-token:{}",
+            home.path().join("system/peer.token").display()
+        )) && text.contains("--token-file ${CREDENTIALS_DIRECTORY}/peer-token"),
+        "{text}"
+    );
+    verify(&system_unit);
+    // Without a token there is nothing to install.
+    let out = bspweb()
+        .args(["peer", "install", "--user", "--no-start", "--unit-dir"])
+        .arg(&units)
+        .args(["--supernode", "http://127.0.0.1:9"])
+        .env("HOME", home.path())
+        .env_remove("BSPWEB_PEER_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--token"), "{out:?}");
 
     // A second install keeps the settings unless told to replace them.
     let out = install(&[]);

@@ -27,6 +27,7 @@ use crate::jobs::{Ending, Place, finish_job, list_changed, queue};
 use crate::metrics::Counter;
 use crate::{Effects, Error, Inner, Live, LivePeer, Supernode, epoch, lease, now_ms};
 
+mod enroll;
 mod job_ops;
 mod peers;
 mod report;

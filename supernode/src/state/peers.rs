@@ -1,6 +1,7 @@
 //! Peers: login, lease renewal and expiry, drains, loss by an unreachable
 //! data port, what peers fetch, the peer list.
 
+use super::enroll;
 use super::*;
 
 impl Core {
@@ -16,16 +17,30 @@ impl Core {
         let now = now_ms();
         let ttl = inner.config.lease_ttl;
         let tx = self.conn.transaction()?;
-        // Settle overdue leases first, so a returning peer whose lease ran
+        // The token first, before anything changes: a refused login changes
+        // nothing.
+        let enrollment = enroll::check_login(&tx, login.token.as_ref(), &login.name)
+            .inspect_err(|refusal| {
+                tracing::info!(name = %login.name, addr = %login.addr, "peer login refused: {refusal}");
+            })?;
+        // Settle overdue leases next, so a returning peer whose lease ran
         // out is seen as gone (and its lost jobs are failed) before it is back.
         let expired = expire_overdue(&tx, &mut self.place, inner, fx, now)?;
+        tx.execute(
+            "UPDATE enrollments SET last_used_at = ?2 WHERE id = ?1",
+            params![enrollment, now],
+        )?;
+        // The old id is kept only for the same peer: gone, and enrolled
+        // with the same token.
         let reuse = match login.previous_id {
             Some(id) => tx
-                .query_row("SELECT state FROM peers WHERE id = ?1", [id], |r| {
-                    r.get::<_, String>(0)
-                })
+                .query_row(
+                    "SELECT state, enrollment FROM peers WHERE id = ?1",
+                    [id],
+                    |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?)),
+                )
                 .optional()?
-                .filter(|state| state == "gone")
+                .filter(|(state, e)| state == "gone" && *e == Some(enrollment))
                 .map(|_| id),
             None => None,
         };
@@ -37,21 +52,21 @@ impl Core {
                 tx.execute(
                     "UPDATE peers SET name = ?2, addr = ?3, speed = ?4, idle = ?5, cores = ?6, golden = ?7, \
                          lease_id = ?8, lease_expires_at = ?9, state = 'online', last_seen = ?10, \
-                         draining = 0, power = ?11, cluster = ?12 WHERE id = ?1",
+                         draining = 0, power = ?11, cluster = ?12, enrollment = ?13 WHERE id = ?1",
                     params![id, login.name, login.addr, login.speed, login.idle, login.cores,
                         u64_to_sql(k), lease_id, expires_at, now, weight(login.speed, login.idle),
-                        login.cluster],
+                        login.cluster, enrollment],
                 )?;
                 id
             }
             None => {
                 tx.execute(
                     "INSERT INTO peers (name, addr, speed, idle, cores, golden, lease_id, lease_expires_at, \
-                         state, first_seen, last_seen, power, cluster) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'online', ?9, ?9, ?10, ?11)",
+                         state, first_seen, last_seen, power, cluster, enrollment) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'online', ?9, ?9, ?10, ?11, ?12)",
                     params![login.name, login.addr, login.speed, login.idle, login.cores,
                         u64_to_sql(k), lease_id, expires_at, now, weight(login.speed, login.idle),
-                        login.cluster],
+                        login.cluster, enrollment],
                 )?;
                 tx.last_insert_rowid()
             }
@@ -529,7 +544,9 @@ impl Core {
                  (SELECT count(*) FROM placements pl JOIN jobs j ON j.id = pl.job \
                   WHERE j.state = 'active' AND (pl.peer_id = peers.id OR (pl.moved_from = peers.id \
                       AND pl.moved_kind = 'migrate' AND pl.handed_over = 0))), \
-                 cluster, rss_bytes, held_bytes, budget_bytes \
+                 cluster, rss_bytes, held_bytes, budget_bytes, enrollment, disabled, \
+                 (SELECT u.name FROM enrollments e JOIN users u ON u.id = e.owner \
+                  WHERE e.id = peers.enrollment) \
              FROM peers ORDER BY state != 'online', id",
         )?;
         let rows = stmt.query_map([], |r| {
@@ -558,6 +575,9 @@ impl Core {
                 found_cluster: None,
                 memory,
                 links: Vec::new(),
+                enrollment: r.get(13)?,
+                disabled: r.get(14)?,
+                owner: r.get(15)?,
             })
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)

@@ -199,7 +199,7 @@ impl Core {
     }
 
     /// The id of the account named `name`, or a 404 saying how to list them.
-    fn user_id(&self, name: &str) -> Result<i64, Error> {
+    pub(crate) fn user_id(&self, name: &str) -> Result<i64, Error> {
         self.conn
             .query_row("SELECT id FROM users WHERE name = ?1", [name], |r| r.get(0))
             .optional()?
@@ -298,6 +298,13 @@ impl Core {
                 generation,
             },
         );
+        // A disabled volunteer's peers stop with their account.
+        if ends_logins {
+            let fenced = self.fence_account_peers(inner, fx, id, now_ms())?;
+            if !fenced.is_empty() {
+                tracing::warn!(user = name, peers = ?fenced, "account disabled: its peers are fenced");
+            }
+        }
         let mut user = self.account(inner, id)?;
         user.usage = Some(usage_of(&self.conn, id)?);
         tracing::info!(user = name, by = actor, ?change, "account changed");
