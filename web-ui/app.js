@@ -2272,6 +2272,82 @@ function peersPage(main, ctx) {
   );
   let ringSupported = true;
   let peerCache = [];
+  const me = session?.user ?? {};
+  const isAdmin = me.role === 'admin' || me.admin;
+  const canChange = (p) => isAdmin || (p.owner && p.owner === me.name);
+
+  // Enrollment tokens: peers log in with one, and are its account's.
+  const tokenBody = h('tbody');
+  const tokenEmpty = h('p', { class: 'muted', hidden: true }, 'No enrollment tokens yet.');
+  const tokenName = h('input', { id: 'token-name', name: 'name', required: true, maxlength: 64, placeholder: 'e.g. lab machines', 'aria-describedby': 'token-help' });
+  const tokenErr = h('p', { id: 'token-error', class: 'form-error', role: 'alert', hidden: true, tabindex: -1 });
+  const tokenShown = h('div', { id: 'token-new', class: 'token-new', hidden: true });
+  const tokenForm = h(
+    'form',
+    { id: 'token-form', class: 'inline-form' },
+    h('div', { class: 'field' }, h('label', { for: 'token-name' }, 'Name'), tokenName,
+      h('p', { id: 'token-help', class: 'help' }, 'A peer started with the token is yours. The token is shown once; the supernode keeps only its hash.')),
+    h('button', { type: 'submit' }, 'Create token'),
+    tokenErr,
+  );
+  tokenForm.addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    tokenErr.hidden = true;
+    try {
+      const made = await api('POST', '/enrollments', { json: { name: tokenName.value.trim() }, signal: ctx.signal });
+      const base = location.origin;
+      fill(tokenShown,
+        h('p', {}, `Token #${made.enrollment.id} “${made.enrollment.name}” — copy it now, it is not shown again:`),
+        h('pre', { class: 'token-secret' }, h('code', { id: 'token-secret' }, made.token)),
+        h('p', { class: 'small muted' }, 'Save it in a file only you can read, then start a peer with it:'),
+        h('pre', {}, h('code', {}, `bspweb peer --supernode ${base} --token-file FILE\n# or as a service:\nbspweb peer install --supernode ${base} --token-file FILE`)),
+      );
+      tokenShown.hidden = false;
+      tokenName.value = '';
+      notify(`Created enrollment token #${made.enrollment.id}.`);
+      await loadTokens();
+    } catch (e) {
+      tokenErr.textContent = e.message;
+      tokenErr.hidden = false;
+      tokenErr.focus();
+    }
+  });
+
+  async function revokeToken(t) {
+    if (!confirm(`Revoke enrollment token #${t.id} (${t.name})? Its ${t.peers_online} online peer(s) stop at once and their processes move elsewhere.`)) return;
+    try {
+      await api('DELETE', `/enrollments/${t.id}`, { signal: ctx.signal });
+      notify(`Revoked enrollment token #${t.id}.`);
+      await Promise.all([loadTokens(), loadPeers()]);
+    } catch (e) {
+      showError(e);
+    }
+  }
+
+  async function setPeerDisabled(p, disabled) {
+    if (disabled && !confirm(`Disable peer ${p.name}? It stops at once, its processes move elsewhere, and it cannot log in again until you enable it.`)) return;
+    try {
+      await api('PATCH', `/peers/${p.id}`, { json: { disabled }, signal: ctx.signal });
+      notify(`${disabled ? 'Disabled' : 'Enabled'} peer ${p.name}.`);
+      await Promise.all([loadTokens(), loadPeers()]);
+    } catch (e) {
+      showError(e);
+    }
+  }
+
+  async function loadTokens() {
+    const tokens = await api('GET', '/enrollments', { signal: ctx.signal });
+    fill(tokenBody, ...tokens.map((t) => h(
+      'tr',
+      { dataset: { token: t.id } },
+      h('th', { scope: 'row' }, t.name, h('span', { class: 'desc muted' }, `id ${t.id}`)),
+      h('td', {}, t.owner),
+      h('td', { class: 'num' }, String(t.peers_online)),
+      h('td', {}, t.last_used_at ? timeEl(t.last_used_at, fmtRelative(t.last_used_at)) : h('span', { class: 'muted' }, 'never')),
+      h('td', {}, t.revoked_at ? h('span', { class: 'badge failed' }, 'revoked') : h('button', { type: 'button', class: 'secondary', onclick: () => revokeToken(t) }, 'Revoke')),
+    )));
+    tokenEmpty.hidden = tokens.length > 0;
+  }
 
   main.append(
     h('h1', {}, 'Peers'),
@@ -2285,6 +2361,16 @@ function peersPage(main, ctx) {
         'Peers',
         h('table', { id: 'peers' }, h('thead', {}, h('tr', {}, ['Peer', 'State', 'Speed', 'Idle', 'Cores', 'Lease expires', 'Processes', 'Memory', 'Address', 'Links'].map((t) => colHead(t)))), tbody),
       ),
+    ),
+    h(
+      'section',
+      { 'aria-labelledby': 'tokens-heading' },
+      h('h2', { id: 'tokens-heading' }, 'Enrollment tokens'),
+      h('p', { class: 'muted small' }, 'The supernode admits only peers that log in with an enrollment token. Revoking a token stops its peers at once.'),
+      tokenForm,
+      tokenShown,
+      tokenEmpty,
+      scrollTable('Enrollment tokens', h('table', { id: 'tokens' }, h('thead', {}, h('tr', {}, ['Token', 'Owner', 'Peers online', 'Last used', ''].map((t) => colHead(t)))), tokenBody)),
     ),
     h(
       'section',
@@ -2321,9 +2407,19 @@ function peersPage(main, ctx) {
   // "cluster a" for a cluster its volunteer named, "cluster found-3
   // (measured)" for one the supernode found from the measured links.
   function peerClusterText(p) {
-    if (!p.cluster) return `id ${p.id}`;
+    const owner = p.owner ? ` · ${p.owner}’s` : '';
+    if (!p.cluster) return `id ${p.id}${owner}`;
     const how = p.cluster === p.found_cluster ? ' (measured)' : (p.found_cluster ? ` (links say ${p.found_cluster})` : '');
-    return `id ${p.id} · cluster ${p.cluster}${how}`;
+    return `id ${p.id}${owner} · cluster ${p.cluster}${how}`;
+  }
+
+  function peerState(p) {
+    const badge = p.disabled ? h('span', { class: 'badge failed' }, 'disabled') : h('span', { class: `badge peer-${p.state}` }, p.state);
+    if (!canChange(p)) return h('td', {}, badge);
+    const action = p.disabled
+      ? h('button', { type: 'button', class: 'secondary small-btn', onclick: () => setPeerDisabled(p, false) }, 'Enable')
+      : h('button', { type: 'button', class: 'secondary small-btn', onclick: () => setPeerDisabled(p, true) }, 'Disable');
+    return h('td', {}, badge, ' ', action);
   }
 
   function peerRow(p) {
@@ -2332,7 +2428,7 @@ function peersPage(main, ctx) {
       'tr',
       { dataset: { peer: p.id, state: p.state } },
       h('th', { scope: 'row' }, h('span', { class: 'peer-name' }, p.name), h('span', { class: 'desc muted' }, peerClusterText(p))),
-      h('td', {}, h('span', { class: `badge peer-${p.state}` }, p.state)),
+      peerState(p),
       h('td', { class: 'num' }, p.speed.toFixed(2)),
       h('td', {}, h('meter', { min: 0, max: 1, low: 0.05, optimum: 1, value: idle, 'aria-label': `idle ${pct(idle)}` }), ' ', pct(idle)),
       h('td', { class: 'num' }, String(p.cores)),
@@ -2420,6 +2516,7 @@ function peersPage(main, ctx) {
     await loadPeers();
     await loadRing();
   }, 'peers');
+  loadTokens().catch((e) => { if (e.name !== 'AbortError') showError(e); });
 }
 
 // ----------------------------------------------------------------------- boot

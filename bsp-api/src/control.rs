@@ -479,3 +479,41 @@ pub enum PeerEvent {
     /// (docs/fault-tolerance.md, "Failure and restore").
     PeerUnreachable { job: JobId, peer: PeerId },
 }
+
+#[cfg(test)]
+mod enrollment_token_tests {
+    use super::*;
+
+    #[test]
+    fn tokens_round_trip_and_malformed_ones_are_refused() {
+        for (id, byte) in [(1, 0u8), (42, 0xab), (i64::from(u32::MAX), 0xff)] {
+            let secret = [byte; 32];
+            let token = EnrollmentToken::new(id, &secret);
+            assert_eq!(token.parse(), Some((id, secret)));
+            // White space around it, as read from a file, is fine.
+            let padded = EnrollmentToken(format!("  {}\n", token.0));
+            assert_eq!(padded.parse(), Some((id, secret)));
+            // The secret never shows in Debug.
+            let shown = format!("{token:?}");
+            assert!(!shown.contains(&hex::encode(secret)), "{shown}");
+            assert!(shown.contains(&format!("#{id}")), "{shown}");
+        }
+        let hex64 = "0".repeat(64);
+        for bad in [
+            String::new(),
+            "letmein".into(),
+            format!("bwpeer--{hex64}"),
+            format!("bwpeer-x-{hex64}"),
+            format!("bwpeer-+1-{hex64}"),
+            format!("bwpeer-1-{}", "0".repeat(63)),
+            format!("bwpeer-1-{}", "0".repeat(66)),
+            format!("bwpeer-1-{}g", "0".repeat(63)),
+            format!("bwpeer-99999999999999999999-{hex64}"),
+            format!("BWPEER-1-{hex64}"),
+        ] {
+            let token = EnrollmentToken(bad.clone());
+            assert_eq!(token.parse(), None, "{bad}");
+            assert!(!format!("{token:?}").contains(&hex64));
+        }
+    }
+}

@@ -3,8 +3,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bsp_api::PeerId;
 use bsp_api::rest::{CreateEnrollment, EnrollmentInfo, NewEnrollment, PeerInfo, Role, UpdatePeer};
 
@@ -20,7 +19,7 @@ use crate::{Error, Supernode, now_ms};
     request_body = CreateEnrollment,
     security(("user" = [])),
     responses(
-        (status = 201, description = "The token (`token`) and what is listed of it", body = NewEnrollment),
+        (status = 200, description = "The token (`token`) and what is listed of it", body = NewEnrollment),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
         (status = 401, description = "No token, a bad one, an expired one or one that ended with a password change (`unauthorized`, `token_expired`), or a disabled account (`account_disabled`): log in again", body = bsp_api::rest::ApiError),
         (status = 409, description = "The account holds the most enrollment tokens it may (`quota_exceeded`): revoke one", body = bsp_api::rest::ApiError),
@@ -34,12 +33,12 @@ pub(crate) async fn create(
     State(sn): State<Supernode>,
     auth: AuthUser,
     ApiJson(req): ApiJson<CreateEnrollment>,
-) -> Result<Response, Error> {
+) -> Result<Json<NewEnrollment>, Error> {
     let owner = auth.id;
-    let created = sn
-        .with_core(move |core, _, _| core.create_enrollment(owner, &req.name, now_ms()))
-        .await?;
-    Ok((StatusCode::CREATED, Json(created)).into_response())
+    Ok(Json(
+        sn.with_core(move |core, _, _| core.create_enrollment(owner, &req.name, now_ms()))
+            .await?,
+    ))
 }
 
 #[utoipa::path(

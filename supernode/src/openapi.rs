@@ -108,8 +108,10 @@ mod tests {
             .collect();
         ops.sort();
         let expected = [
+            "delete /api/v1/enrollments/{id}",
             "delete /api/v1/jobs/{id}",
             "delete /api/v1/programs/{program}",
+            "get /api/v1/enrollments",
             "get /api/v1/events",
             "get /api/v1/health",
             "get /api/v1/jobs",
@@ -124,7 +126,9 @@ mod tests {
             "get /api/v1/programs",
             "get /api/v1/ring",
             "get /api/v1/users",
+            "patch /api/v1/peers/{id}",
             "patch /api/v1/users/{user}",
+            "post /api/v1/enrollments",
             "post /api/v1/jobs",
             "post /api/v1/jobs/{id}/kill",
             "post /api/v1/login",

@@ -732,6 +732,27 @@ async function main() {
     await shot('peers');
   });
 
+  await step('peers page: enrollment tokens are created (shown once), listed and revoked; peers show their volunteer', async () => {
+    await page.goto(`${base}/#/peers`);
+    await page.waitForSelector('#tokens');
+    // `bspweb up` enrolled its peers with a token of its user's.
+    await page.waitForFunction(() => document.querySelectorAll('#tokens tbody tr').length >= 1);
+    const owner = await page.locator('#peers tr[data-state="online"] th').first().innerText();
+    check(/’s/.test(owner), `a local peer does not show its volunteer: ${owner}`);
+    await page.fill('#token-name', 'browser test <&> token');
+    await page.click('#token-form button[type="submit"]');
+    await page.waitForSelector('#token-secret');
+    const secret = (await page.locator('#token-secret').innerText()).trim();
+    check(/^bwpeer-\d+-[0-9a-f]{64}$/.test(secret), `the new token looks wrong: ${secret}`);
+    const id = secret.split('-')[1];
+    await page.waitForSelector(`#tokens tr[data-token="${id}"]`);
+    const row = await page.locator(`#tokens tr[data-token="${id}"]`).innerText();
+    check(row.includes('browser test <&> token') && !row.includes(secret), `the token row is wrong: ${row}`);
+    await page.click(`#tokens tr[data-token="${id}"] button`);
+    await page.waitForFunction((t) => /revoked/.test(document.querySelector(`#tokens tr[data-token="${t}"]`)?.textContent ?? ''), id);
+    await shot('enrollment-tokens');
+  });
+
   await step('a peer under the long job dies: the timeline shows its process rolled back', async () => {
     await page.goto(`${base}/#/jobs/${longJob}`);
     await page.waitForSelector('#job-state:has-text("active")');
