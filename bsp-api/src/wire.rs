@@ -5,12 +5,19 @@
 //! postcard inside a 4-byte big-endian length prefix (tokio-util's
 //! `LengthDelimitedCodec`), at most [`MAX_FRAME_BYTES`] long.
 //!
-//! The first frame on a connection is [`Frame::Hello`]; the listener answers
-//! [`Frame::Welcome`] if the token matches the one the supernode gave it for
-//! that job and the sender is one of the job's peers, and [`Frame::Reject`]
-//! (then closes) otherwise. A peer that has not yet received the job's
-//! assignment rejects with [`RejectReason::UnknownJob`]; the sender retries
-//! with backoff until its connect deadline.
+//! The first frame on a connection is [`Frame::Hello`]: the job id in the
+//! clear and the first message of a Noise handshake under the job's key
+//! (derived from the token the supernode issues per job; the token itself
+//! never travels here), whose encrypted payload is a [`HelloPayload`]. The
+//! listener answers [`Frame::Answer`], the second handshake message, whose
+//! payload is [`Frame::Welcome`] if the sender is one of the job's peers and
+//! [`Frame::Reject`] otherwise. A listener that cannot try the handshake
+//! answers a plain [`Frame::Reject`] and closes: a peer that has not yet
+//! received the job's assignment with [`RejectReason::UnknownJob`] (the
+//! sender retries with backoff until its connect deadline), a handshake that
+//! does not decrypt under the job's key with [`RejectReason::NotAuthorized`].
+//! From then on the connection carries encrypted records, and the frames
+//! below travel inside them (`peer/src/noise.rs`, SECURITY.md).
 //!
 //! **Process-level barrier** (docs/fault-tolerance.md): after superstep `s`,
 //! every process `Q` is announced to every peer of the job with
@@ -50,8 +57,9 @@ use crate::{JobId, PeerId, Pid};
 
 /// Version of the data-plane protocol carried in [`Frame::Hello`]. 5:
 /// checkpoints carry every mutable global in index order (was: the
-/// exported ones in export order).
-pub const WIRE_VERSION: u32 = 6;
+/// exported ones in export order). 7: the Noise handshake and encrypted
+/// records (was: a clear `Hello` showing the job token).
+pub const WIRE_VERSION: u32 = 7;
 
 /// Largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
@@ -61,15 +69,18 @@ pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub enum Frame {
+    /// The first frame of a data-plane connection, in the clear.
     Hello {
         version: u32,
+        /// The job whose key the handshake is under (bound into the Noise
+        /// prologue, so it cannot be changed on the way).
         job: JobId,
-        from: PeerId,
-        token: String,
-        /// The sender's assignment epoch for the job. A listener that holds a
-        /// newer epoch in which the sender is no longer a peer refuses it.
-        epoch: u64,
+        /// Noise message 1 (`psk, e`); its payload is a [`HelloPayload`].
+        #[serde(with = "shared_bytes")]
+        handshake: Bytes,
     },
+    /// The payload of the listener's [`Frame::Answer`] when it admits the
+    /// sender.
     Welcome,
     Reject {
         reason: RejectReason,
@@ -104,15 +115,9 @@ pub enum Frame {
     Checkpoint(Box<Checkpoint>),
     /// A replica's answer to [`Frame::Checkpoint`]. `ok = false`: the replica
     /// lacks the base or the result did not match the hash; send it whole.
-    CheckpointAck {
-        pid: Pid,
-        superstep: u32,
-        ok: bool,
-    },
+    CheckpointAck { pid: Pid, superstep: u32, ok: bool },
     /// The sender now hosts `pid`: send it your newest whole snapshot.
-    FetchCheckpoint {
-        pid: Pid,
-    },
+    FetchCheckpoint { pid: Pid },
     /// Answer to [`Frame::FetchCheckpoint`]; `None` if the sender holds none.
     Snapshot {
         pid: Pid,
@@ -132,13 +137,26 @@ pub enum Frame {
     /// Robber (den Burger and Kielmann) spreading the job's program among
     /// the peers of its first assignment (`epoch`), so that only one of them
     /// downloads it from the supernode.
-    Program {
-        epoch: u64,
-        msg: ProgramMsg,
-    },
+    Program { epoch: u64, msg: ProgramMsg },
     /// A link measurement ([`crate::probe`]): a connection of its own,
     /// opened with [`ProbeFrame::Hello`] instead of [`Frame::Hello`].
     Probe(ProbeFrame),
+    /// The listener's answer to [`Frame::Hello`], in the clear: Noise
+    /// message 2 (`e, ee`), whose payload is the encoded [`Frame::Welcome`]
+    /// or [`Frame::Reject`].
+    Answer {
+        #[serde(with = "shared_bytes")]
+        handshake: Bytes,
+    },
+}
+
+/// What [`Frame::Hello`]'s handshake carries, encrypted under the job's key.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HelloPayload {
+    pub from: PeerId,
+    /// The sender's assignment epoch for the job. A listener that holds a
+    /// newer epoch in which the sender is no longer a peer refuses it.
+    pub epoch: u64,
 }
 
 /// The frames of a link measurement, in order: `Hello` → `Ready` (or
@@ -270,7 +288,8 @@ pub struct Checkpoint {
 pub enum RejectReason {
     /// The listener has no assignment for this job (yet); retry.
     UnknownJob,
-    /// The token does not match, or the sender is not a peer of the job.
+    /// The handshake did not decrypt under the job's key (a plain reject),
+    /// or the sender is not a peer of the job (inside [`Frame::Answer`]).
     NotAuthorized,
     /// The protocol version is not supported.
     Version,

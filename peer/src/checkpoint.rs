@@ -1242,6 +1242,7 @@ impl Assembler {
                 }))
             }
             Frame::Hello { .. } => Err(CheckpointError::NotCheckpoint("Hello")),
+            Frame::Answer { .. } => Err(CheckpointError::NotCheckpoint("Answer")),
             Frame::Welcome => Err(CheckpointError::NotCheckpoint("Welcome")),
             Frame::Reject { .. } => Err(CheckpointError::NotCheckpoint("Reject")),
             Frame::Data { .. } => Err(CheckpointError::NotCheckpoint("Data")),

@@ -2446,7 +2446,7 @@ impl Driver {
                 bytes,
             } => self.on_relay(from, *head, offset, bytes)?,
             Frame::Program { epoch, msg } => self.on_program_msg(from, epoch, msg),
-            Frame::Hello { .. } | Frame::Welcome | Frame::Reject { .. } => {
+            Frame::Hello { .. } | Frame::Answer { .. } | Frame::Welcome | Frame::Reject { .. } => {
                 return Err("a handshake frame is not allowed after the handshake".into());
             }
             Frame::Probe(_) => {

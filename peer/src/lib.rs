@@ -25,6 +25,7 @@ pub mod links;
 #[cfg(test)]
 mod nan_tests;
 pub mod net;
+pub mod noise;
 pub mod program;
 pub mod relay;
 pub mod report;

@@ -2,18 +2,21 @@
 //! connection per (job, remote peer), postcard [`Frame`]s in length-delimited
 //! framing (see [`bsp_api::wire`]).
 //!
-//! The listener admits a connection only after a `Hello` that names a job
-//! this peer holds an assignment for, shows that job's token and comes from
-//! one of the job's other peers; it then forwards the connection's frames to
-//! the job as [`Inbound`] events. A malformed frame closes that one
-//! connection and tells its job; other connections and jobs are unaffected.
+//! Every data-plane connection is encrypted and authenticated under its
+//! job's key ([`crate::noise`]): the listener admits a connection only after
+//! a `Hello` that names a job this peer holds an assignment for, whose Noise
+//! handshake decrypts under that job's key, that comes from one of the job's
+//! other peers and whose key confirmation arrived. It then forwards the
+//! connection's frames to the job as [`Inbound`] events. A malformed frame
+//! or a record that does not decrypt closes that one connection and tells
+//! its job; other connections and jobs are unaffected.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bsp_api::wire::{Frame, MAX_FRAME_BYTES, RejectReason, WIRE_VERSION};
+use bsp_api::wire::{Frame, HelloPayload, MAX_FRAME_BYTES, RejectReason, WIRE_VERSION};
 use bsp_api::{JobId, PeerId};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
@@ -24,17 +27,20 @@ use tokio::time::{Instant, sleep, timeout};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use tokio_util::sync::CancellationToken;
 
+use crate::noise::{Initiator, JobKey, Responder, SecureStream};
+
 /// How long a new connection may take to send its `Hello`, and a dialer to
 /// get its answer.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The largest first frame a connection may send: its `Hello` (a version,
-/// two ids, a job token and an epoch take well under 200 bytes). Nothing
-/// larger is buffered from a connection that has not been admitted.
+/// a job id and a Noise message of about 100 bytes). Nothing larger is
+/// buffered from a connection that has not been admitted.
 pub const MAX_HELLO_BYTES: usize = 1024;
 
-/// How long a new connection may take to send its `Hello`. Dialers send it
-/// right after connecting.
+/// How long a new connection may take to send its `Hello` and its key
+/// confirmation. Dialers send them right after connecting and after the
+/// answer.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Connections not admitted yet, at most: from everywhere, and from one
@@ -45,8 +51,13 @@ pub const MAX_PENDING_PER_ADDRESS: usize = 16;
 /// Frames queued from the listener to a job before the connection is paused.
 const INBOUND_QUEUE: usize = 256;
 
-/// A framed data-plane connection.
+/// A framed connection in the clear: a data-plane connection before its
+/// handshake, and link probes.
 pub type FramedConn = Framed<TcpStream, LengthDelimitedCodec>;
+
+/// A framed data-plane connection after its handshake: the same frames,
+/// inside encrypted records.
+pub type SecureConn = Framed<SecureStream<TcpStream>, LengthDelimitedCodec>;
 
 /// The data plane's framing: 4-byte big-endian length, at most [`MAX_FRAME_BYTES`].
 pub fn codec() -> LengthDelimitedCodec {
@@ -234,7 +245,7 @@ pub fn encode_segments(frame: &Frame) -> Result<Segments, postcard::Error> {
 /// Write one frame straight to the socket, after what the codec buffered:
 /// its length prefix and segments in vectored writes (no copy into a
 /// buffer).
-async fn write_segments(conn: &mut FramedConn, frame: Segments) -> std::io::Result<()> {
+async fn write_segments(conn: &mut SecureConn, frame: Segments) -> std::io::Result<()> {
     use bytes::Buf;
     use std::collections::VecDeque;
     use std::io::IoSlice;
@@ -321,7 +332,7 @@ pub enum Inbound {
 }
 
 struct Entry {
-    token: String,
+    key: JobKey,
     me: PeerId,
     peers: HashSet<PeerId>,
     /// The live connection from each peer; a newer one replaces it (the
@@ -362,8 +373,8 @@ impl Registry {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Admit connections for `job` from `peers` (other than `me`) showing
-    /// `token`. Returns the job's event channel: a sender (for the job's own
+    /// Admit connections for `job` from `peers` (other than `me`) under the
+    /// key of the job's `token`. Returns the job's event channel: a sender (for the job's own
     /// outbound writers) and the receiver. Replaces an earlier registration.
     pub fn register(
         &self,
@@ -374,7 +385,7 @@ impl Registry {
     ) -> (mpsc::Sender<Inbound>, mpsc::Receiver<Inbound>) {
         let (tx, rx) = mpsc::channel(INBOUND_QUEUE);
         let entry = Entry {
-            token: token.to_string(),
+            key: JobKey::derive(token),
             me,
             peers: peers.into_iter().filter(|p| *p != me).collect(),
             connected: HashMap::new(),
@@ -442,31 +453,41 @@ impl Registry {
         }
     }
 
-    fn admit(
-        &self,
-        job: JobId,
-        from: PeerId,
-        token: &str,
-    ) -> Result<(mpsc::Sender<Inbound>, CancellationToken), (RejectReason, String)> {
-        let mut jobs = self.lock();
-        let Some(e) = jobs.get_mut(&job) else {
-            return Err((
-                RejectReason::UnknownJob,
-                format!("this peer has no assignment for job {job} (yet); retry later"),
-            ));
-        };
-        if !constant_time_eq(e.token.as_bytes(), token.as_bytes()) {
-            return Err((
-                RejectReason::NotAuthorized,
-                format!("wrong token for job {job}"),
-            ));
+    /// The key of `job`'s connections.
+    fn key(&self, job: JobId) -> Result<JobKey, (RejectReason, String)> {
+        match self.lock().get(&job) {
+            Some(e) => Ok(e.key.clone()),
+            None => Err(unknown_job(job)),
         }
+    }
+
+    /// Whether `from` may connect for `job`.
+    fn check(&self, job: JobId, from: PeerId) -> Result<(), (RejectReason, String)> {
+        let jobs = self.lock();
+        let e = jobs.get(&job).ok_or_else(|| unknown_job(job))?;
+        Self::member(e, job, from)
+    }
+
+    fn member(e: &Entry, job: JobId, from: PeerId) -> Result<(), (RejectReason, String)> {
         if from == e.me || !e.peers.contains(&from) {
             return Err((
                 RejectReason::NotAuthorized,
                 format!("peer #{from} is not one of the other peers of job {job}"),
             ));
         }
+        Ok(())
+    }
+
+    /// Admit `from`'s connection for `job`, whose handshake and key
+    /// confirmation succeeded.
+    fn admit(
+        &self,
+        job: JobId,
+        from: PeerId,
+    ) -> Result<(mpsc::Sender<Inbound>, CancellationToken), (RejectReason, String)> {
+        let mut jobs = self.lock();
+        let e = jobs.get_mut(&job).ok_or_else(|| unknown_job(job))?;
+        Self::member(e, job, from)?;
         // A peer reconnects when its connection broke; the old one, if it is
         // still half open, is closed.
         let conn = CancellationToken::new();
@@ -477,11 +498,11 @@ impl Registry {
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+fn unknown_job(job: JobId) -> (RejectReason, String) {
+    (
+        RejectReason::UnknownJob,
+        format!("this peer has no assignment for job {job} (yet); retry later"),
+    )
 }
 
 /// Connections accepted but not admitted yet, counted from everywhere and
@@ -585,6 +606,7 @@ async fn handle_connection(
     shutdown: CancellationToken,
 ) {
     let _ = stream.set_nodelay(true);
+    let deadline = Instant::now() + HELLO_TIMEOUT;
     // Until the Hello is admitted, frames are at most MAX_HELLO_BYTES: a
     // longer length prefix ends the connection before its body is read.
     let mut conn = Framed::new(
@@ -593,7 +615,7 @@ async fn handle_connection(
             .max_frame_length(MAX_HELLO_BYTES)
             .new_codec(),
     );
-    let first = match timeout(HELLO_TIMEOUT, conn.next()).await {
+    let first = match tokio::time::timeout_at(deadline, conn.next()).await {
         Ok(Some(Ok(bytes))) => decode(bytes),
         Ok(Some(Err(e))) => {
             tracing::debug!("data plane: connection from {addr} sent a bad first frame: {e}");
@@ -601,22 +623,12 @@ async fn handle_connection(
         }
         Ok(None) | Err(_) => return,
     };
-    let (job, from, token) = match first {
+    let (version, job, handshake) = match first {
         Ok(Frame::Hello {
             version,
             job,
-            from,
-            token,
-            epoch: _,
-        }) => {
-            if version != WIRE_VERSION {
-                let msg = format!(
-                    "data-plane protocol version {version} is not supported; this peer speaks version {WIRE_VERSION}"
-                );
-                return reject(conn, RejectReason::Version, msg).await;
-            }
-            (job, from, token)
-        }
+            handshake,
+        }) => (version, job, handshake),
         Ok(Frame::Probe(hello)) => {
             drop(slot);
             return registry.links.answer(conn, hello).await;
@@ -626,25 +638,99 @@ async fn handle_connection(
             return reject(conn, RejectReason::Protocol, msg).await;
         }
     };
-    let (tx, this_conn) = match registry.admit(job, from, &token) {
-        Ok(x) => x,
+    if version != WIRE_VERSION {
+        let msg = format!(
+            "data-plane protocol version {version} is not supported; this peer speaks version {WIRE_VERSION}"
+        );
+        return reject(conn, RejectReason::Version, msg).await;
+    }
+    let key = match registry.key(job) {
+        Ok(k) => k,
         Err((reason, msg)) => return reject(conn, reason, msg).await,
     };
-    drop(slot);
-    conn.codec_mut().set_max_frame_length(MAX_FRAME_BYTES);
-    let welcomed = match encode(&Frame::Welcome) {
-        Ok(b) => conn.send(b).await,
-        Err(e) => Err(std::io::Error::other(e)),
+    let (responder, payload) = match Responder::accept(&key, version, job, &handshake) {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::warn!(
+                "data plane: a connection from {addr} for job {job} failed the handshake ({e}); closing it"
+            );
+            let msg = format!("the handshake did not decrypt under job {job}'s key");
+            return reject(conn, RejectReason::NotAuthorized, msg).await;
+        }
     };
-    if let Err(e) = welcomed {
-        let _ = tx
-            .send(Inbound::Closed {
-                from,
-                error: Some(format!("cannot answer its hello: {e}")),
-            })
-            .await;
+    let Ok(HelloPayload { from, epoch: _ }) = postcard::from_bytes(&payload) else {
+        let msg = "the hello's payload is malformed".to_string();
+        return reject(conn, RejectReason::Protocol, msg).await;
+    };
+    // The answer, Welcome or Reject, is authenticated under the job's key.
+    let verdict = registry.check(job, from);
+    let answer = match &verdict {
+        Ok(()) => Frame::Welcome,
+        Err((reason, message)) => Frame::Reject {
+            reason: *reason,
+            message: message.clone(),
+        },
+    };
+    let answered = encode(&answer)
+        .map_err(|e| e.to_string())
+        .and_then(|a| responder.answer(&a).map_err(|e| e.to_string()));
+    let (transport, handshake) = match answered {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::warn!("data plane: cannot answer {addr}'s hello for job {job}: {e}");
+            return;
+        }
+    };
+    let sent = tokio::time::timeout_at(deadline, async {
+        let answer = encode(&Frame::Answer {
+            handshake: handshake.into(),
+        })
+        .map_err(std::io::Error::other)?;
+        conn.send(answer).await?;
+        if verdict.is_err() {
+            SinkExt::<Bytes>::close(&mut conn).await?;
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+    if let Err((reason, message)) = verdict {
+        tracing::debug!("data plane: rejecting a connection ({reason:?}): {message}");
         return;
     }
+    if !matches!(sent, Ok(Ok(()))) {
+        return;
+    }
+    // Admit only once the dialer proves it holds the handshake's keys: a
+    // replayed Hello gets this far, but can never replace a live connection.
+    let parts = conn.into_parts();
+    let mut secure = SecureStream::new(parts.io, transport, parts.read_buf);
+    match tokio::time::timeout_at(deadline, secure.read_confirmation()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(
+                "data plane: peer #{from}'s connection from {addr} for job {job} sent no valid key confirmation ({e}); closing it"
+            );
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(
+                "data plane: peer #{from}'s connection from {addr} for job {job} sent no key confirmation within {HELLO_TIMEOUT:?}; closing it"
+            );
+            return;
+        }
+    }
+    let mut conn = Framed::new(secure, codec());
+    let (tx, this_conn) = match registry.admit(job, from) {
+        Ok(x) => x,
+        // Fenced out or unregistered while it confirmed.
+        Err((reason, message)) => {
+            if let Ok(b) = encode(&Frame::Reject { reason, message }) {
+                let _ = timeout(HANDSHAKE_TIMEOUT, conn.send(b)).await;
+            }
+            return;
+        }
+    };
+    drop(slot);
     if tx.send(Inbound::Connected { from }).await.is_err() {
         return;
     }
@@ -699,7 +785,7 @@ async fn handle_connection(
 /// reconnect and re-send what nobody will read; then read (and drop) what
 /// is still coming until it closes, because closing with unread bytes would
 /// reset the connection and lose the notice.
-async fn say_job_ended(mut conn: FramedConn, job: JobId) {
+async fn say_job_ended(mut conn: SecureConn, job: JobId) {
     let ended = Frame::Reject {
         reason: RejectReason::JobEnded,
         message: format!("job {job} has ended on this peer"),
@@ -744,12 +830,14 @@ enum Retry {
 }
 
 /// Open a data-plane connection to `addr` for `job` and get it welcomed.
-/// Retries refused connections and `Reject{UnknownJob}` with backoff until
-/// `deadline`; other rejections fail at once. A peer that does not know
-/// the job yet usually gets its assignment within milliseconds (all peers
-/// of a job hear of it at once), so that retry starts at
-/// [`UNKNOWN_JOB_RETRY`], not at the 50 ms of a refused connection: the
-/// first checkpoint of a job waits for this connection.
+/// Retries refused connections, `Reject{UnknownJob}` and handshakes that
+/// fail (a plain reject is not authenticated: anyone on the path could
+/// forge it) with backoff until `deadline`; a version mismatch and a
+/// rejection inside the authenticated answer fail at once. A peer that
+/// does not know the job yet usually gets its assignment within
+/// milliseconds (all peers of a job hear of it at once), so that retry
+/// starts at [`UNKNOWN_JOB_RETRY`], not at the 50 ms of a refused
+/// connection: the first checkpoint of a job waits for this connection.
 pub async fn connect(
     addr: &str,
     job: JobId,
@@ -757,15 +845,8 @@ pub async fn connect(
     token: &str,
     epoch: u64,
     deadline: Instant,
-) -> Result<FramedConn, String> {
-    let hello = encode(&Frame::Hello {
-        version: WIRE_VERSION,
-        job,
-        from,
-        token: token.to_string(),
-        epoch,
-    })
-    .map_err(|e| format!("cannot encode hello: {e}"))?;
+) -> Result<SecureConn, String> {
+    let key = JobKey::derive(token);
     let mut later = Duration::from_millis(50);
     let mut soon = UNKNOWN_JOB_RETRY;
     loop {
@@ -775,33 +856,7 @@ pub async fn connect(
                 .await
                 .map_err(|e| (Retry::Later, format!("cannot connect: {e}")))?;
             let _ = stream.set_nodelay(true);
-            let mut conn = Framed::new(stream, codec());
-            conn.send(hello.clone())
-                .await
-                .map_err(|e| (Retry::Later, format!("cannot send hello: {e}")))?;
-            match conn.next().await {
-                Some(Ok(bytes)) => match decode(bytes) {
-                    Ok(Frame::Welcome) => Ok(conn),
-                    Ok(Frame::Reject {
-                        reason: RejectReason::UnknownJob,
-                        message,
-                    }) => Err((
-                        Retry::Soon,
-                        format!("it does not know the job yet: {message}"),
-                    )),
-                    Ok(Frame::Reject { reason, message }) => Err((
-                        Retry::Never,
-                        format!("it rejected us ({reason:?}): {message}"),
-                    )),
-                    Ok(other) => Err((Retry::Never, format!("it answered hello with {other:?}"))),
-                    Err(e) => Err((Retry::Never, format!("it sent a malformed answer: {e}"))),
-                },
-                Some(Err(e)) => Err((Retry::Later, format!("the handshake failed: {e}"))),
-                None => Err((
-                    Retry::Later,
-                    "it closed the connection during the handshake".into(),
-                )),
-            }
+            handshake(stream, job, from, &key, epoch).await
         })
         .await;
         let (retry, error) = match attempt {
@@ -822,6 +877,103 @@ pub async fn connect(
         }
         sleep(wait).await;
     }
+}
+
+/// The dialer's side of the handshake on a new connection (see
+/// [`crate::noise`]): Hello, the answer, then the key confirmation.
+async fn handshake(
+    stream: TcpStream,
+    job: JobId,
+    from: PeerId,
+    key: &JobKey,
+    epoch: u64,
+) -> Result<SecureConn, (Retry, String)> {
+    let payload = postcard::to_allocvec(&HelloPayload { from, epoch })
+        .map_err(|e| (Retry::Never, format!("cannot encode hello: {e}")))?;
+    let (initiator, first) = Initiator::start(key, WIRE_VERSION, job, &payload)
+        .map_err(|e| (Retry::Never, format!("cannot start the handshake: {e}")))?;
+    let hello = encode(&Frame::Hello {
+        version: WIRE_VERSION,
+        job,
+        handshake: first.into(),
+    })
+    .map_err(|e| (Retry::Never, format!("cannot encode hello: {e}")))?;
+    let mut conn = Framed::new(
+        stream,
+        LengthDelimitedCodec::builder()
+            .max_frame_length(MAX_HELLO_BYTES)
+            .new_codec(),
+    );
+    conn.send(hello)
+        .await
+        .map_err(|e| (Retry::Later, format!("cannot send hello: {e}")))?;
+    let answer = match conn.next().await {
+        Some(Ok(bytes)) => decode(bytes),
+        Some(Err(e)) => return Err((Retry::Later, format!("the handshake failed: {e}"))),
+        None => {
+            return Err((
+                Retry::Later,
+                "it closed the connection during the handshake".into(),
+            ));
+        }
+    };
+    let handshake = match answer {
+        Ok(Frame::Answer { handshake }) => handshake,
+        Ok(Frame::Reject {
+            reason: RejectReason::UnknownJob,
+            message,
+        }) => {
+            return Err((
+                Retry::Soon,
+                format!("it does not know the job yet: {message}"),
+            ));
+        }
+        Ok(Frame::Reject {
+            reason: reason @ (RejectReason::Version | RejectReason::Protocol),
+            message,
+        }) => {
+            return Err((
+                Retry::Never,
+                format!("it rejected us ({reason:?}): {message}"),
+            ));
+        }
+        Ok(Frame::Reject { reason, message }) => {
+            return Err((
+                Retry::Later,
+                format!("it refused the handshake ({reason:?}): {message}"),
+            ));
+        }
+        Ok(other) => return Err((Retry::Never, format!("it answered hello with {other:?}"))),
+        Err(e) => return Err((Retry::Never, format!("it sent a malformed answer: {e}"))),
+    };
+    let (transport, payload) = initiator.finish(&handshake).map_err(|e| {
+        tracing::warn!("data plane: job {job}: a listener's answer failed the handshake ({e})");
+        (
+            Retry::Later,
+            format!("its answer failed the handshake: {e}"),
+        )
+    })?;
+    match decode(payload) {
+        Ok(Frame::Welcome) => {}
+        Ok(Frame::Reject { reason, message }) => {
+            return Err((
+                Retry::Never,
+                format!("it rejected us ({reason:?}): {message}"),
+            ));
+        }
+        Ok(other) => return Err((Retry::Never, format!("it answered hello with {other:?}"))),
+        Err(e) => return Err((Retry::Never, format!("it sent a malformed answer: {e}"))),
+    }
+    let parts = conn.into_parts();
+    let mut secure = SecureStream::new(parts.io, transport, parts.read_buf);
+    secure
+        .queue_confirmation()
+        .map_err(|e| (Retry::Never, format!("cannot confirm the handshake: {e}")))?;
+    let mut conn = Framed::new(secure, codec());
+    SinkExt::<Bytes>::flush(&mut conn)
+        .await
+        .map_err(|e| (Retry::Later, format!("cannot confirm the handshake: {e}")))?;
+    Ok(conn)
 }
 
 /// What a job needs to dial one remote peer.
@@ -941,22 +1093,43 @@ mod tests {
         Framed::new(TcpStream::connect(addr).await.unwrap(), codec())
     }
 
-    async fn answer(conn: &mut FramedConn) -> Option<Frame> {
+    async fn answer<S: tokio::io::AsyncRead + Unpin>(
+        conn: &mut Framed<S, LengthDelimitedCodec>,
+    ) -> Option<Frame> {
         match timeout(Duration::from_secs(10), conn.next()).await.unwrap() {
             Some(Ok(b)) => Some(decode(b).unwrap()),
             _ => None,
         }
     }
 
-    fn hello(job: JobId, from: PeerId, token: &str) -> Bytes {
+    /// A dialer's handshake on a connection opened earlier.
+    async fn say_hello(
+        stream: TcpStream,
+        job: JobId,
+        from: PeerId,
+        token: &str,
+    ) -> Result<SecureConn, String> {
+        handshake(stream, job, from, &JobKey::derive(token), 0)
+            .await
+            .map_err(|(_, e)| e)
+    }
+
+    /// A Hello as a dialer under `token` would send it for `job`, naming
+    /// `named` in the clear.
+    fn hello_for(job: JobId, named: JobId, from: PeerId, token: &str) -> Bytes {
+        let payload = postcard::to_allocvec(&HelloPayload { from, epoch: 0 }).unwrap();
+        let (_, first) =
+            Initiator::start(&JobKey::derive(token), WIRE_VERSION, job, &payload).unwrap();
         encode(&Frame::Hello {
             version: WIRE_VERSION,
-            job,
-            from,
-            token: token.into(),
-            epoch: 0,
+            job: named,
+            handshake: first.into(),
         })
         .unwrap()
+    }
+
+    fn hello(job: JobId, from: PeerId, token: &str) -> Bytes {
+        hello_for(job, job, from, token)
     }
 
     fn soon() -> Instant {
@@ -1069,20 +1242,25 @@ mod tests {
     /// encode, in order, between frames the codec buffered.
     #[tokio::test]
     async fn segmented_frames_arrive_whole_over_a_socket() {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
+        let (addr, reg, _stop) = listener().await;
+        let (_tx, mut rx) = reg.register(7, "secret", 1, [1, 2]);
         let frames = bulky_frames();
         let expected = frames.clone();
         let reader = tokio::spawn(async move {
-            let (s, _) = l.accept().await.unwrap();
-            let mut conn = Framed::new(s, codec());
             let mut got = Vec::new();
-            while let Some(b) = conn.next().await {
-                got.push(decode(b.unwrap()).unwrap());
+            while let Some(event) = rx.recv().await {
+                match event {
+                    Inbound::Connected { .. } => {}
+                    Inbound::Frame { frame, .. } => got.push(frame),
+                    Inbound::Closed { error: None, .. } => break,
+                    other => panic!("{other:?}"),
+                }
             }
             got
         });
-        let mut conn = Framed::new(TcpStream::connect(addr).await.unwrap(), codec());
+        let mut conn = connect(&addr.to_string(), 7, 2, "secret", 0, soon())
+            .await
+            .unwrap();
         for f in &frames {
             // Small ones through the codec's buffer, large ones direct.
             conn.feed(encode(&Frame::Welcome).unwrap()).await.unwrap();
@@ -1125,18 +1303,16 @@ mod tests {
         let long = encode(&Frame::Hello {
             version: WIRE_VERSION,
             job: 7,
-            from: 2,
-            token: "x".repeat(MAX_HELLO_BYTES),
-            epoch: 0,
+            handshake: vec![0u8; MAX_HELLO_BYTES].into(),
         })
         .unwrap();
         c.send(long).await.unwrap();
         assert_eq!(answer(&mut c).await, None);
         // The listener still serves the real peer, whose frames after the
         // hello may be large.
-        let mut c = raw(addr).await;
-        c.send(hello(7, 2, "secret")).await.unwrap();
-        assert_eq!(answer(&mut c).await, Some(Frame::Welcome));
+        let mut c = connect(&addr.to_string(), 7, 2, "secret", 0, soon())
+            .await
+            .unwrap();
         let big = Frame::Data {
             messages: vec![bsp_api::wire::WireMessage {
                 src: 1,
@@ -1168,17 +1344,25 @@ mod tests {
         let (_tx, _rx) = reg.register(7, "secret", 1, [1, 2]);
         let mut silent = Vec::new();
         for _ in 0..MAX_PENDING_PER_ADDRESS {
-            silent.push(raw(addr).await);
+            silent.push(TcpStream::connect(addr).await.unwrap());
         }
         let mut extra = raw(addr).await;
         assert_eq!(answer(&mut extra).await, None, "closed at once");
-        let mut first = silent.remove(0);
-        first.send(hello(7, 2, "secret")).await.unwrap();
-        assert_eq!(answer(&mut first).await, Some(Frame::Welcome));
-        // An admitted connection no longer counts: one more may wait.
-        let mut another = raw(addr).await;
-        another.send(hello(7, 2, "secret")).await.unwrap();
-        assert_eq!(answer(&mut another).await, Some(Frame::Welcome));
+        let first = silent.remove(0);
+        say_hello(first, 7, 2, "secret").await.unwrap();
+        // An admitted connection no longer counts: one more may wait. (The
+        // listener admits after the key confirmation, which the dialer
+        // sends without waiting: give it a moment.)
+        let mut admitted = false;
+        for _ in 0..100 {
+            let another = TcpStream::connect(addr).await.unwrap();
+            if say_hello(another, 7, 2, "secret").await.is_ok() {
+                admitted = true;
+                break;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+        assert!(admitted);
     }
 
     #[tokio::test]
@@ -1186,7 +1370,7 @@ mod tests {
         let (addr, reg, _stop) = listener().await;
         let (_tx, mut rx) = reg.register(7, "secret", 1, [1, 2]);
 
-        // Wrong token.
+        // Wrong token (so another key): the handshake does not decrypt.
         let mut c = raw(addr).await;
         c.send(hello(7, 2, "guess")).await.unwrap();
         assert!(matches!(
@@ -1213,16 +1397,56 @@ mod tests {
             })
         ));
 
-        // A sender that is not a peer of the job.
+        // A Hello for another job: made under job 9's key (which the
+        // listener also holds) but naming job 7 in the clear, and one made
+        // for job 9 under job 7's key. Neither decrypts: the job id is
+        // bound into the handshake.
+        let (_tx9, _rx9) = reg.register(9, "secret", 1, [1, 2]);
+        for h in [hello_for(9, 7, 2, "secret"), hello_for(7, 9, 2, "secret")] {
+            let mut c = raw(addr).await;
+            c.send(h).await.unwrap();
+            assert!(matches!(
+                answer(&mut c).await,
+                Some(Frame::Reject {
+                    reason: RejectReason::NotAuthorized,
+                    ..
+                })
+            ));
+        }
+
+        // A sender that is not a peer of the job: refused inside the
+        // authenticated answer, and the dialer does not retry.
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let err = say_hello(stream, 7, 99, "secret").await.unwrap_err();
+        assert!(err.contains("not one of the other peers"), "{err}");
+        let err = connect(&addr.to_string(), 7, 99, "secret", 0, soon())
+            .await
+            .unwrap_err();
+        assert!(err.contains("not one of the other peers"), "{err}");
+
+        // A dialer under the wrong key retries until its deadline, then
+        // gives up; the job hears of nothing.
+        let err = connect(
+            &addr.to_string(),
+            7,
+            2,
+            "guess",
+            0,
+            Instant::now() + Duration::from_millis(300),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.contains("NotAuthorized"), "{err}");
+
+        // A replayed Hello: the listener answers, but the replayer cannot
+        // confirm, so it is never admitted (and so never replaces the real
+        // peer's connection, below).
+        let replayed = hello(7, 2, "secret");
         let mut c = raw(addr).await;
-        c.send(hello(7, 99, "secret")).await.unwrap();
-        assert!(matches!(
-            answer(&mut c).await,
-            Some(Frame::Reject {
-                reason: RejectReason::NotAuthorized,
-                ..
-            })
-        ));
+        c.send(replayed).await.unwrap();
+        assert!(matches!(answer(&mut c).await, Some(Frame::Answer { .. })));
+        c.send(Bytes::from_static(&[0; 18])).await.unwrap();
+        assert_eq!(answer(&mut c).await, None, "closed without admission");
 
         // A first frame that is not Hello.
         let mut c = raw(addr).await;
@@ -1284,6 +1508,40 @@ mod tests {
             rx.recv().await,
             Some(Inbound::Closed { from: 2, error: Some(e) }) if e.contains("malformed")
         ));
+
+        // A record altered on the way closes the connection and tells the
+        // job; the job's other connections go on.
+        let mut c3 = connect(&addr.to_string(), 7, 2, "secret", 0, soon())
+            .await
+            .unwrap();
+        assert_eq!(rx.recv().await, Some(Inbound::Connected { from: 2 }));
+        {
+            use tokio::io::AsyncWriteExt;
+            // A record of 100 bytes that was not encrypted under the key.
+            let mut forged = vec![0u8, 100];
+            forged.extend_from_slice(&[0x5a; 100]);
+            c3.get_mut().raw_mut().write_all(&forged).await.unwrap();
+        }
+        assert!(matches!(
+            rx.recv().await,
+            Some(Inbound::Closed { from: 2, error: Some(e) }) if e.contains("did not decrypt")
+        ));
+        let mut c4 = connect(&addr.to_string(), 7, 2, "secret", 0, soon())
+            .await
+            .unwrap();
+        let data = Frame::Done {
+            superstep: 1,
+            procs: Vec::new(),
+        };
+        c4.send(encode(&data).unwrap()).await.unwrap();
+        assert_eq!(rx.recv().await, Some(Inbound::Connected { from: 2 }));
+        assert_eq!(
+            rx.recv().await,
+            Some(Inbound::Frame {
+                from: 2,
+                frame: data
+            })
+        );
     }
 
     #[tokio::test]
