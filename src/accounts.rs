@@ -323,6 +323,7 @@ pub async fn passwd(a: OwnPasswdArgs) -> anyhow::Result<ExitCode> {
             user: login.user.name.clone(),
             token: login.token,
             expires_at: login.expires_at,
+            tls: saved.map(|s| s.tls).unwrap_or_default(),
         })?;
     }
     println!(

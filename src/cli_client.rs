@@ -2,6 +2,9 @@
 //!
 //! Credentials come from `BSPWEB_URL` / `BSPWEB_USER` / `BSPWEB_PASSWORD`
 //! when set, otherwise from the session `bspweb login` (or `bspweb up`) saved.
+//! An `https://` supernode's certificate is verified as the session says
+//! (the pin or CA `login` was given), or as `BSPWEB_SUPERNODE_FINGERPRINT` /
+//! `BSPWEB_CA_CERT` say, which win.
 //! The exit status tells scripts what happened: see [`EXIT_CODES`].
 
 use std::collections::BTreeMap;
@@ -13,8 +16,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use base64::Engine;
 use bsp_api::PeerId;
-use bsp_api::client::{Client, ClientError, EventStream};
+use bsp_api::client::{Client, ClientError, ClientOptions, EventStream, TlsOptions};
 use bsp_api::rest::{JobEventKind, JobInfo, JobLimits, JobOutcome, JobState, PeerInfo, SubmitJob};
+use bsp_api::tls::Fingerprint;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
@@ -56,7 +60,7 @@ Exit status:
     5  with --follow: the job was killed
     6  not found: no such job, program or file
     7  unauthorized: not logged in, wrong user name or password, session expired
-    8  cannot connect to the supernode
+    8  cannot connect to the supernode (or its TLS certificate is refused)
     9  --min-peers: fewer peers are online than the job asks for
   130  interrupted while following (the job keeps running)";
 
@@ -90,7 +94,7 @@ pub(crate) fn usage(message: impl Into<String>) -> anyhow::Error {
 /// The exit status of a client error.
 fn client_code(e: &ClientError) -> u8 {
     match e {
-        ClientError::NotConnected { .. } => exit::NOT_CONNECTED,
+        ClientError::NotConnected { .. } | ClientError::Tls { .. } => exit::NOT_CONNECTED,
         ClientError::Unauthorized { .. } => exit::UNAUTHORIZED,
         ClientError::NotEnoughPeers { .. } => exit::NOT_ENOUGH_PEERS,
         ClientError::ProgramNotFound { .. } => exit::NOT_FOUND,
@@ -124,6 +128,66 @@ pub struct Session {
     pub user: String,
     pub token: String,
     pub expires_at: i64,
+    /// How an `https://` supernode's certificate is verified.
+    #[serde(flatten)]
+    pub tls: SessionTls,
+}
+
+/// The certificate check `bspweb login` was told to use, saved with the
+/// session so that later commands use it too.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SessionTls {
+    /// The pinned fingerprint of the supernode's certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supernode_fingerprint: Option<Fingerprint>,
+    /// A CA certificate file (PEM) trusted besides Mozilla's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_cert: Option<PathBuf>,
+}
+
+impl SessionTls {
+    /// From `--supernode-fingerprint` / `--ca-cert` (or their environment
+    /// variables); a relative CA path is made absolute, so later commands
+    /// find it from anywhere.
+    pub fn new(fingerprint: Option<Fingerprint>, ca_cert: Option<&Path>) -> SessionTls {
+        let ca_cert = ca_cert.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()));
+        SessionTls {
+            supernode_fingerprint: fingerprint,
+            ca_cert,
+        }
+    }
+
+    /// These settings overridden by `BSPWEB_SUPERNODE_FINGERPRINT` and
+    /// `BSPWEB_CA_CERT` where set.
+    fn with_env(mut self) -> anyhow::Result<SessionTls> {
+        if let Some(fp) = std::env::var(bsp_api::client::tls::FINGERPRINT_ENV)
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+        {
+            let fp = fp
+                .parse::<Fingerprint>()
+                .map_err(|e| usage(format!("{}: {e}", bsp_api::client::tls::FINGERPRINT_ENV)))?;
+            self.supernode_fingerprint = Some(fp);
+        }
+        if let Some(ca) =
+            std::env::var_os(bsp_api::client::tls::CA_CERT_ENV).filter(|s| !s.is_empty())
+        {
+            self.ca_cert = Some(PathBuf::from(ca));
+        }
+        Ok(self)
+    }
+
+    /// The client options these settings stand for.
+    pub fn options(&self) -> anyhow::Result<ClientOptions> {
+        let mut tls = TlsOptions::new();
+        tls.fingerprint = self.supernode_fingerprint;
+        if let Some(ca) = &self.ca_cert {
+            tls = tls
+                .with_ca_file(ca)
+                .map_err(|e| coded(exit::NOT_FOUND, e.to_string()))?;
+        }
+        Ok(ClientOptions::new().tls(tls))
+    }
 }
 
 /// `$BSPWEB_CONFIG_DIR`, else `$XDG_CONFIG_HOME/bspweb`, else `~/.config/bspweb`.
@@ -192,12 +256,20 @@ pub async fn connect() -> anyhow::Result<Client> {
     let user = std::env::var("BSPWEB_USER").ok();
     let password = std::env::var("BSPWEB_PASSWORD").ok();
     if let (Some(user), Some(password)) = (&user, &password) {
-        let url = env_url.unwrap_or_else(|| {
-            load_session()
-                .map(|s| s.url)
-                .unwrap_or_else(|| DEFAULT_URL.to_string())
-        });
-        return Client::login(&url, user, password)
+        let saved = load_session();
+        let url = env_url
+            .clone()
+            .or_else(|| saved.as_ref().map(|s| s.url.clone()))
+            .unwrap_or_else(|| DEFAULT_URL.to_string());
+        // The saved pin or CA only for the supernode it was saved for.
+        let tls = saved
+            .filter(|s| s.url == url)
+            .map(|s| s.tls)
+            .unwrap_or_default()
+            .with_env()?;
+        return tls
+            .options()?
+            .login(&url, user, password)
             .await
             .map_err(|e| login_error(&url, e));
     }
@@ -212,7 +284,11 @@ pub async fn connect() -> anyhow::Result<Client> {
                     ),
                 ));
             }
-            Ok(Client::with_token(&s.url, &s.token))
+            Ok(s.tls
+                .clone()
+                .with_env()?
+                .options()?
+                .with_token(&s.url, &s.token))
         }
         _ => Err(coded(
             exit::UNAUTHORIZED,
@@ -234,7 +310,7 @@ fn login_error(url: &str, e: ClientError) -> anyhow::Error {
     coded(client_code(&e), message)
 }
 
-pub async fn login(url: &str, user: &str) -> anyhow::Result<ExitCode> {
+pub async fn login(url: &str, user: &str, tls: SessionTls) -> anyhow::Result<ExitCode> {
     let password = match std::env::var("BSPWEB_PASSWORD") {
         Ok(p) => p,
         Err(_) => {
@@ -249,7 +325,9 @@ pub async fn login(url: &str, user: &str) -> anyhow::Result<ExitCode> {
             line.trim_end_matches(['\r', '\n']).to_string()
         }
     };
-    let (client, resp) = Client::login_full(url, user, &password)
+    let (client, resp) = tls
+        .options()?
+        .login_full(url, user, &password)
         .await
         .map_err(|e| login_error(url, e))?;
     let path = save_session(&Session {
@@ -257,6 +335,7 @@ pub async fn login(url: &str, user: &str) -> anyhow::Result<ExitCode> {
         user: user.to_string(),
         token: resp.token,
         expires_at: resp.expires_at,
+        tls,
     })?;
     println!(
         "logged in to {url} as {user}; session saved in {}",

@@ -232,6 +232,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         user: user.clone(),
         token: me.token,
         expires_at: me.expires_at,
+        // `up` serves plain HTTP on loopback: nothing to verify.
+        tls: Default::default(),
     };
     let session_path = save_session(&session)?;
 
@@ -319,12 +321,14 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn supernode(a: SupernodeArgs) -> anyhow::Result<ExitCode> {
-    let data = a.data.unwrap_or_else(default_data_dir);
+    let data = a.data.clone().unwrap_or_else(default_data_dir);
     std::fs::create_dir_all(&data)
         .with_context(|| format!("cannot create the data directory {}", data.display()))?;
     let listener = bind(a.listen).await?;
     let addr = listener.local_addr()?;
-    let url = format!("http://{addr}");
+    let tls = supernode_tls(&a, &data, addr)?;
+    let url = format!("{}://{addr}", if tls.is_some() { "https" } else { "http" });
+    let start_text = start_text(&url, tls.as_ref());
     let node = open_supernode(
         &data,
         a.lease_ttl_secs,
@@ -341,6 +345,7 @@ pub async fn supernode(a: SupernodeArgs) -> anyhow::Result<ExitCode> {
             c.metrics = !a.no_metrics;
             c.user_max_processes = a.user_max_processes;
             c.user_max_programs = a.user_max_programs;
+            c.tls = tls;
         },
     )?;
     if !a.no_examples {
@@ -351,11 +356,81 @@ pub async fn supernode(a: SupernodeArgs) -> anyhow::Result<ExitCode> {
         tracing::info!(%user, "user ready");
     }
     tracing::info!(%url, "supernode listening");
-    // Supervisors and tests read the URL from the first line of stdout.
-    println!("bspweb supernode listening on {url}");
+    // Supervisors and tests read the URL from the first line of stdout, and
+    // the fingerprint from the next ones. One write, and no panic if
+    // nobody reads (a supervisor may close the pipe after the first line).
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(start_text.as_bytes());
+        let _ = out.flush();
+    }
     node.serve(listener, shutdown_signal(a.exit_on_stdin_eof))
         .await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The supernode's TLS: from `--tls-cert`/`--tls-key`; else self-signed in
+/// `DATA/tls` when asked (`--tls`) or needed (a non-loopback address);
+/// else none (plain HTTP on loopback).
+fn supernode_tls(
+    a: &SupernodeArgs,
+    data: &Path,
+    addr: SocketAddr,
+) -> anyhow::Result<Option<bspweb_supernode::ServerTls>> {
+    use bspweb_supernode::ServerTls;
+    if let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) {
+        return Ok(Some(ServerTls::from_pem_files(cert, key)?));
+    }
+    if !a.tls && addr.ip().is_loopback() {
+        if !a.tls_name.is_empty() {
+            bail!("--tls-name names the self-signed certificate: give --tls too");
+        }
+        return Ok(None);
+    }
+    let mut names = Vec::new();
+    if !addr.ip().is_unspecified() && !addr.ip().is_loopback() {
+        names.push(addr.ip().to_string());
+    } else if addr.ip().is_unspecified() {
+        // Any address of this machine: its host name at least.
+        let host = bspweb_peer::host_name();
+        if host != "peer" {
+            names.push(host);
+        }
+    }
+    names.extend(a.tls_name.iter().cloned());
+    let dir = data.join("tls");
+    ServerTls::self_signed(&dir, &names)
+        .with_context(|| format!("cannot set up TLS in {}", dir.display()))
+        .map(Some)
+}
+
+/// What `bspweb supernode` prints at start: its URL on the first line,
+/// then how clients verify it.
+fn start_text(url: &str, tls: Option<&bspweb_supernode::ServerTls>) -> String {
+    use bspweb_supernode::CertificateSource;
+    let mut text = format!("bspweb supernode listening on {url}\n");
+    match tls {
+        None => text.push_str(
+            "plain HTTP on loopback only; use --tls (a self-signed certificate) or --tls-cert/--tls-key to serve HTTPS\n",
+        ),
+        Some(tls) => {
+            let fp = tls.fingerprint();
+            let what = match tls.source() {
+                CertificateSource::Files => "certificate",
+                CertificateSource::Generated => "self-signed certificate (made now)",
+                CertificateSource::Reused => "self-signed certificate",
+            };
+            text.push_str(&format!(
+                "TLS {what} {}\ncertificate fingerprint {fp}\n",
+                tls.cert_path().display()
+            ));
+            text.push_str(&format!(
+                "pin it: bspweb login --url {url} --supernode-fingerprint {fp}\n       bspweb peer --supernode {url} --supernode-fingerprint {fp}\n       (or BSPWEB_SUPERNODE_FINGERPRINT={fp}); a CA-signed certificate needs no pin\n"
+            ));
+        }
+    }
+    text
 }
 
 pub async fn peer(a: PeerRunArgs) -> anyhow::Result<ExitCode> {
@@ -376,6 +451,10 @@ pub async fn peer(a: PeerRunArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--supernode URL is needed to run a peer");
     };
     let config = bspweb_peer::PeerConfig {
+        supernode_tls: bsp_api::client::TlsOptions {
+            fingerprint: a.supernode_fingerprint,
+            ca_certs: Vec::new(),
+        },
         supernode,
         listen: a.listen,
         advertise: a.advertise,

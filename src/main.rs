@@ -38,6 +38,7 @@ enum Command {
     #[command(long_about = UP_ABOUT)]
     Up(UpArgs),
     /// Run a supernode
+    #[command(long_about = SUPERNODE_ABOUT)]
     Supernode(SupernodeArgs),
     /// Run a peer that donates this machine's idle time to a supernode; or
     /// install it as a service, or show, pause or resume the running one
@@ -122,11 +123,39 @@ pub struct UpArgs {
     cluster_step_ms: u64,
 }
 
+const SUPERNODE_ABOUT: &str =
+    "Run a supernode: the REST API, the web UI and the peers' control plane on one listener.
+
+On a loopback address (the default, 127.0.0.1:7878) it serves plain HTTP \
+unless --tls or --tls-cert is given. On any other address it always serves \
+HTTPS: with --tls-cert/--tls-key, or with a self-signed certificate it makes \
+at first start and keeps in DATA/tls/ (cert.pem, key.pem). At every start it \
+prints the certificate's SHA-256 fingerprint; clients and peers pin it \
+(--supernode-fingerprint sha256:…, or BSPWEB_SUPERNODE_FINGERPRINT), or \
+verify a CA-signed certificate by its CA.";
+
 #[derive(Args)]
 pub struct SupernodeArgs {
-    /// Address of the HTTP listener (API and web UI)
+    /// Address of the listener (API and web UI); a non-loopback address is
+    /// always served over HTTPS
     #[arg(long, default_value = "127.0.0.1:7878")]
     listen: SocketAddr,
+    /// Serve HTTPS also on a loopback address (with --tls-cert/--tls-key,
+    /// or a self-signed certificate kept in DATA/tls/)
+    #[arg(long)]
+    tls: bool,
+    /// The TLS certificate chain (PEM, leaf first) to serve instead of a
+    /// self-signed one; needs --tls-key
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The TLS certificate's private key (PEM); needs --tls-cert
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// A DNS name (or IP address) the self-signed certificate is also made
+    /// for, besides the listen address, localhost, 127.0.0.1 and ::1
+    /// (repeatable; a new name makes a new certificate)
+    #[arg(long, value_name = "NAME")]
+    tls_name: Vec<String>,
     /// Directory for the database and secrets [default: ~/.local/share/bspweb]
     #[arg(long)]
     data: Option<PathBuf>,
@@ -194,6 +223,15 @@ struct LoginArgs {
     /// User name
     #[arg(long, env = "BSPWEB_USER")]
     user: String,
+    /// Accept exactly the supernode certificate with this SHA-256
+    /// fingerprint (`sha256:…`, as the supernode prints it at start) and no
+    /// other; saved with the session for later commands
+    #[arg(long, env = "BSPWEB_SUPERNODE_FINGERPRINT", value_name = "sha256:HEX")]
+    supernode_fingerprint: Option<bsp_api::tls::Fingerprint>,
+    /// Also trust the CA certificate(s) in this PEM file for an https://
+    /// supernode (besides Mozilla's roots); saved with the session
+    #[arg(long, env = "BSPWEB_CA_CERT", value_name = "FILE")]
+    ca_cert: Option<PathBuf>,
 }
 
 fn init_tracing(default: &str) {
@@ -243,7 +281,11 @@ fn main() -> ExitCode {
             Command::Up(a) => local::up(a).await,
             Command::Supernode(a) => local::supernode(a).await,
             Command::Peer(a) => peer_cmd::peer(*a).await,
-            Command::Login(a) => cli_client::login(&a.url, &a.user).await,
+            Command::Login(a) => {
+                let tls =
+                    cli_client::SessionTls::new(a.supernode_fingerprint, a.ca_cert.as_deref());
+                cli_client::login(&a.url, &a.user, tls).await
+            }
             Command::Submit(a) => cli_client::submit(a).await,
             Command::Jobs(a) => cli_client::jobs(a).await,
             Command::Logs(a) => cli_client::logs(a).await,

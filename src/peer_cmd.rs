@@ -128,6 +128,12 @@ pub struct PeerRunArgs {
     // need none.
     #[arg(long, env = "BSPWEB_SUPERNODE", required = true)]
     pub(crate) supernode: Option<String>,
+    /// Accept exactly the supernode certificate with this SHA-256
+    /// fingerprint (`sha256:…`, as the supernode prints it at start) and no
+    /// other; without it, an https:// supernode's certificate must be
+    /// signed by a CA of Mozilla's list
+    #[arg(long, env = "BSPWEB_SUPERNODE_FINGERPRINT", value_name = "sha256:HEX")]
+    pub(crate) supernode_fingerprint: Option<bsp_api::tls::Fingerprint>,
     /// Address of the peer-to-peer listener
     #[arg(long, default_value = "0.0.0.0:0")]
     pub(crate) listen: SocketAddr,

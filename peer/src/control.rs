@@ -26,7 +26,7 @@ pub const COMMAND_WAIT: Duration = Duration::from_secs(20);
 /// Errors talking to the supernode.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
-    #[error("the supernode is unreachable: {0}")]
+    #[error("the supernode is unreachable: {}", unreachable_reason(.0))]
     Unreachable(#[source] reqwest::Error),
     #[error("the supernode refused the lease (401): log in again")]
     Unauthorized,
@@ -57,6 +57,12 @@ impl ControlError {
     }
 }
 
+/// Why a request failed to reach the supernode: what TLS refused and what
+/// to do (a wrong pin, say), else the transport error.
+fn unreachable_reason(e: &reqwest::Error) -> String {
+    bsp_api::client::tls::tls_failure(e).unwrap_or_else(|| e.to_string())
+}
+
 /// What the peer does when its lease turns out to be gone.
 pub type FencedHook = Box<dyn Fn() + Send + Sync>;
 
@@ -80,9 +86,14 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// A client for the supernode at `base` (e.g. `http://127.0.0.1:7878`)
-    /// that logs in with `login`.
-    pub fn new(base: &str, login: PeerLogin) -> Result<Arc<Client>, String> {
+    /// A client for the supernode at `base` (e.g. `https://bsp.example.org:7878`,
+    /// or `http://127.0.0.1:7878` on loopback) that logs in with `login`
+    /// and verifies an `https://` supernode's certificate as `tls` says.
+    pub fn new(
+        base: &str,
+        login: PeerLogin,
+        tls: &bsp_api::client::TlsOptions,
+    ) -> Result<Arc<Client>, String> {
         let url = reqwest::Url::parse(base)
             .map_err(|e| format!("the supernode URL `{base}` is invalid: {e}"))?;
         if !matches!(url.scheme(), "http" | "https") {
@@ -92,9 +103,7 @@ impl Client {
         }
         // Idle connections are let go before the supernode closes them
         // (after 20 s without a request).
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .pool_idle_timeout(Duration::from_secs(10))
+        let http = bsp_api::client::tls::http_builder(tls, Duration::from_secs(10))
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         Ok(Arc::new(Client {

@@ -104,6 +104,9 @@ pub struct PeerConfig {
     /// The cap on link-probe traffic, sent and answered, MiB per hour
     /// (`--probe-mib-per-hour`, [`links`]); 0: no probes.
     pub probe_mib_per_hour: u64,
+    /// How an `https://` supernode's certificate is verified
+    /// (`--supernode-fingerprint`; default: Mozilla's roots).
+    pub supernode_tls: bsp_api::client::TlsOptions,
 }
 
 impl PeerConfig {
@@ -130,6 +133,7 @@ impl PeerConfig {
             windows: Vec::new(),
             cpu_percent: None,
             probe_mib_per_hour: links::DEFAULT_MIB_PER_HOUR,
+            supernode_tls: bsp_api::client::TlsOptions::default(),
         }
     }
 }
@@ -236,6 +240,7 @@ pub async fn run(
             previous_id: None,
             cluster: config.cluster.clone(),
         },
+        &config.supernode_tls,
     )
     .map_err(anyhow::Error::msg)?;
     tracing::info!(

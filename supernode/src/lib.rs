@@ -44,6 +44,7 @@ mod rest;
 mod sse;
 mod state;
 mod suspect;
+mod tls;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
@@ -63,6 +64,7 @@ const JOB_LIST_CAPACITY: usize = 1024;
 pub use error::Error;
 pub use http::openapi;
 pub use listen::HttpLimits;
+pub use tls::{CertificateSource, ServerTls, TlsError};
 
 /// How a supernode is set up.
 #[derive(Debug, Clone)]
@@ -99,6 +101,9 @@ pub struct Config {
     pub metrics: bool,
     /// Time between two DiDiC time steps on the measured links (issue 15).
     pub cluster_step: Duration,
+    /// Serve HTTPS with this certificate; `None`: plain HTTP, which
+    /// [`Supernode::serve`] allows on a loopback address only.
+    pub tls: Option<ServerTls>,
 }
 
 impl Default for Config {
@@ -116,6 +121,7 @@ impl Default for Config {
             user_max_programs: 1000,
             metrics: true,
             cluster_step: Duration::from_secs(2),
+            tls: None,
         }
     }
 }
@@ -591,6 +597,11 @@ impl Supernode {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
+        if self.inner.config.tls.is_none() && !addr.ip().is_loopback() {
+            anyhow::bail!(
+                "plain HTTP is served on loopback addresses only, not on {addr}: passwords and tokens would cross the network in clear text; serve HTTPS (`bspweb supernode` does so by itself on such an address)"
+            );
+        }
         match &self.inner.config.public_url {
             Some(url) => tracing::info!(%addr, public_url = %url, "supernode listening"),
             None => tracing::info!(%addr, "supernode listening"),
@@ -607,7 +618,8 @@ impl Supernode {
         let app = self.router();
         let limits = self.inner.config.http;
         let stop = self.inner.shutdown_signal();
-        let result = listen::serve(listener, app, limits, stop).await;
+        let tls = self.inner.config.tls.as_ref().map(ServerTls::acceptor);
+        let result = listen::serve(listener, app, limits, stop, tls).await;
         scheduler.abort();
         sweeper.abort();
         clustering.abort();

@@ -16,6 +16,12 @@
 //!
 //! Streams of events and long polls are responses being written, not
 //! headers being read, so the timeouts do not end them.
+//!
+//! With TLS ([`crate::ServerTls`]) the handshake runs inside the
+//! connection's slot and must finish within the header timeout, so a
+//! client that stalls it holds its slot no longer than a slow request
+//! would. A client that speaks plain HTTP to the TLS listener is answered
+//! `400` in plain text, saying to use `https://`.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -27,7 +33,8 @@ use axum::body::Body;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tower::ServiceExt;
 use tower_http::timeout::TimeoutBody;
@@ -152,6 +159,7 @@ pub(crate) async fn serve(
     app: Router,
     limits: HttpLimits,
     mut stop: watch::Receiver<bool>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> std::io::Result<()> {
     let limits = within_open_file_limit(limits);
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
@@ -214,9 +222,27 @@ pub(crate) async fn serve(
         let service = TowerToHyperService::new(service);
         let mut stop = stop.clone();
         let header_timeout = limits.header_timeout;
+        let tls = tls.clone();
         tracker.spawn(async move {
             let _slot = slot;
             let _counted = counted;
+            let stream: Box<dyn Io> = match tls {
+                None => Box::new(stream),
+                Some(acceptor) => {
+                    let handshake = tokio::time::timeout(header_timeout, accept(acceptor, stream));
+                    tokio::select! {
+                        _ = stopped(&mut stop) => return,
+                        done = handshake => match done {
+                            Ok(Some(s)) => s,
+                            Ok(None) => return,
+                            Err(_) => {
+                                tracing::debug!("HTTP: the TLS handshake with {addr} timed out");
+                                return;
+                            }
+                        },
+                    }
+                }
+            };
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
@@ -242,6 +268,43 @@ pub(crate) async fn serve(
     tracker.close();
     tracker.wait().await;
     Ok(())
+}
+
+/// A connection's byte stream, plain or TLS.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// The first byte of a TLS record carrying a handshake message.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// The TLS handshake on `stream`; `None` if it failed (logged), or if the
+/// client spoke plain HTTP, which is answered saying to use `https://`.
+async fn accept(acceptor: tokio_rustls::TlsAcceptor, mut stream: TcpStream) -> Option<Box<dyn Io>> {
+    let addr = stream.peer_addr().ok();
+    let mut first = [0u8; 1];
+    match stream.peek(&mut first).await {
+        Ok(1) if first[0] != TLS_HANDSHAKE => {
+            if first[0].is_ascii_uppercase() {
+                let body = "this bspweb supernode serves HTTPS only: use its https:// URL\n";
+                let answer = format!(
+                    "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+                let _ = stream.shutdown().await;
+            }
+            return None;
+        }
+        Ok(1) => {}
+        _ => return None,
+    }
+    match acceptor.accept(stream).await {
+        Ok(s) => Some(Box::new(s)),
+        Err(e) => {
+            tracing::debug!("HTTP: the TLS handshake with {addr:?} failed: {e}");
+            None
+        }
+    }
 }
 
 /// Until `stop` turns true (or its sender is gone).

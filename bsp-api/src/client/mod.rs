@@ -247,7 +247,12 @@ impl ClientOptions {
     }
 
     /// Log in with a user name and password; see [`Client::login`].
-    pub async fn login(&self, base: &str, name: &str, password: &str) -> Result<Client, ClientError> {
+    pub async fn login(
+        &self,
+        base: &str,
+        name: &str,
+        password: &str,
+    ) -> Result<Client, ClientError> {
         let (client, _) = self.login_full(base, name, password).await?;
         Ok(client)
     }
@@ -674,7 +679,10 @@ mod tests {
         for (base, normal) in [
             ("http://127.0.0.1:7878", "http://127.0.0.1:7878"),
             ("http://bsp.example.org/", "http://bsp.example.org"),
-            ("https://bsp.example.org:7878/", "https://bsp.example.org:7878"),
+            (
+                "https://bsp.example.org:7878/",
+                "https://bsp.example.org:7878",
+            ),
             (" http://[::1]:7878/bsp// ", "http://[::1]:7878/bsp"),
         ] {
             assert_eq!(check_base(base), (normal.to_string(), None), "{base:?}");

@@ -159,9 +159,7 @@ pub enum CertificateRefused {
     Untrusted { got: Fingerprint, reason: String },
     /// The certificate chains to a trusted CA but is not valid for this
     /// host, or not at this time.
-    #[error(
-        "the supernode's certificate (fingerprint {got}) is not valid for {server}: {reason}"
-    )]
+    #[error("the supernode's certificate (fingerprint {got}) is not valid for {server}: {reason}")]
     Invalid {
         got: Fingerprint,
         server: String,
@@ -297,25 +295,22 @@ fn certificate_error_text(e: &CertificateError) -> String {
 /// If `error` (anywhere in its chain of sources) is a TLS failure, what
 /// went wrong and what to do about it.
 pub fn tls_failure(error: &(dyn std::error::Error + 'static)) -> Option<String> {
-    let mut next = Some(error);
-    while let Some(e) = next {
-        if let Some(t) = as_rustls(e) {
-            return Some(describe(t));
-        }
-        // `io::Error::source` skips the error it wraps; look at it too.
-        if let Some(io) = e.downcast_ref::<std::io::Error>()
-            && let Some(inner) = io.get_ref()
-        {
-            if let Some(t) = as_rustls(inner) {
-                return Some(describe(t));
-            }
-            if let Some(r) = inner.downcast_ref::<CertificateRefused>() {
-                return Some(r.to_string());
-            }
-        }
-        next = e.source();
+    if let Some(t) = as_rustls(error) {
+        return Some(describe(t));
     }
-    None
+    if let Some(r) = error.downcast_ref::<CertificateRefused>() {
+        return Some(r.to_string());
+    }
+    // `io::Error::source` skips the error it wraps (itself often another
+    // `io::Error`, as reqwest's connector nests them); look into it too.
+    if let Some(inner) = error
+        .downcast_ref::<std::io::Error>()
+        .and_then(std::io::Error::get_ref)
+        && let Some(found) = tls_failure(inner)
+    {
+        return Some(found);
+    }
+    tls_failure(error.source()?)
 }
 
 fn as_rustls<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
@@ -402,7 +397,11 @@ mod tests {
             got: Fingerprint::of_der(b"a"),
             pinned: Fingerprint::of_der(b"b"),
         };
-        let io = std::io::Error::other(refused(r));
+        // As reqwest's connector nests them.
+        let io = std::io::Error::other(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            refused(r),
+        ));
         let text = tls_failure(&io).expect("found");
         assert!(text.contains("not the pinned"), "{text}");
         let plain = std::io::Error::other("connection refused");
@@ -411,7 +410,12 @@ mod tests {
 
     /// A self-signed certificate for `names` and its key, as rcgen makes
     /// them (the supernode makes its own the same way).
-    fn self_signed(names: &[&str]) -> (CertificateDer<'static>, rustls::pki_types::PrivateKeyDer<'static>) {
+    fn self_signed(
+        names: &[&str],
+    ) -> (
+        CertificateDer<'static>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    ) {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let c = rcgen::generate_simple_self_signed(names).unwrap();
         let key = rustls::pki_types::PrivatePkcs8KeyDer::from(c.signing_key.serialize_der());
@@ -506,7 +510,9 @@ mod tests {
         let e = handshake(&TlsOptions::new(), cert, key).unwrap_err();
         let text = describe(&e);
         assert!(
-            text.contains(&format!("(fingerprint {got}) is not signed by a trusted CA")),
+            text.contains(&format!(
+                "(fingerprint {got}) is not signed by a trusted CA"
+            )),
             "{text}"
         );
         assert!(text.contains("--supernode-fingerprint"), "{text}");
