@@ -1077,7 +1077,10 @@ pub async fn programs(a: ListArgs) -> anyhow::Result<ExitCode> {
 }
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct PeersArgs {
+    #[command(subcommand)]
+    command: Option<PeersCommand>,
     /// Print a JSON array instead of a table
     #[arg(long)]
     json: bool,
@@ -1090,8 +1093,44 @@ pub struct PeersArgs {
     links: bool,
 }
 
+#[derive(clap::Subcommand)]
+enum PeersCommand {
+    /// Disable a peer of yours (administrators: any): it is fenced at once,
+    /// its processes restored elsewhere, and its logins under its name with
+    /// its token refused until it is enabled
+    Disable(PeerRef),
+    /// Let a disabled peer log in again
+    Enable(PeerRef),
+}
+
+#[derive(clap::Args)]
+struct PeerRef {
+    /// The peer's id (`bspweb peers`)
+    id: bsp_api::PeerId,
+}
+
 pub async fn peers(a: PeersArgs) -> anyhow::Result<ExitCode> {
     let client = connect().await?;
+    if let Some(command) = a.command {
+        let (id, disabled) = match command {
+            PeersCommand::Disable(p) => (p.id, true),
+            PeersCommand::Enable(p) => (p.id, false),
+        };
+        let peer = client.set_peer_disabled(id, disabled).await?;
+        if disabled {
+            println!(
+                "peer {} `{}` is disabled: fenced, and its logins are refused until \
+                 `bspweb peers enable {}`",
+                peer.id, peer.name, peer.id
+            );
+        } else {
+            println!(
+                "peer {} `{}` is enabled: it may log in again",
+                peer.id, peer.name
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut peers = client.peers().await?;
     if a.online {
         peers.retain(|p| p.state == "online");
@@ -1105,8 +1144,20 @@ pub async fn peers(a: PeersArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:>4}  {:<20} {:<22} {:>6} {:>5} {:>5} {:>6} {:>8} {:>8} {:>5}  {:<9} CLUSTER",
-        "ID", "NAME", "ADDRESS", "SPEED", "IDLE", "CORES", "PROCS", "RSS", "HELD", "LINKS", "STATE"
+        "{:>4}  {:<20} {:<12} {:<22} {:>6} {:>5} {:>6} {:>5} {:>6} {:>8} {:>8} {:>5}  {:<9} CLUSTER",
+        "ID",
+        "NAME",
+        "OWNER",
+        "ADDRESS",
+        "SPEED",
+        "IDLE",
+        "POWER",
+        "CORES",
+        "PROCS",
+        "RSS",
+        "HELD",
+        "LINKS",
+        "STATE"
     );
     // A gone peer's memory is unknown: `-`, not a stale figure.
     let mib = |p: &PeerInfo, b: u64| {
@@ -1118,18 +1169,24 @@ pub async fn peers(a: PeersArgs) -> anyhow::Result<ExitCode> {
     };
     for p in peers {
         println!(
-            "{:>4}  {:<20} {:<22} {:>6.2} {:>5.2} {:>5} {:>6} {:>8} {:>8} {:>5}  {:<9} {}",
+            "{:>4}  {:<20} {:<12} {:<22} {:>6.2} {:>5.2} {:>6} {:>5} {:>6} {:>8} {:>8} {:>5}  {:<9} {}",
             p.id,
             truncate(&p.name, 20),
+            truncate(p.owner.as_deref().unwrap_or("-"), 12),
             p.addr,
             p.speed,
             p.idle,
+            p.power.map_or("-".to_string(), |w| format!("{w:.2}")),
             p.cores,
             p.processes,
             mib(&p, p.memory.rss_bytes),
             mib(&p, p.memory.held_bytes),
             p.links.len(),
-            p.state,
+            if p.disabled && p.state == "gone" {
+                "disabled"
+            } else {
+                &p.state
+            },
             cluster_column(&p)
         );
     }

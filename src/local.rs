@@ -152,6 +152,29 @@ async fn ensure_user(
     Ok((user, password))
 }
 
+/// The enrollment token of `bspweb up`'s local peers: the one kept in the
+/// data directory while the supernode still admits it, else a new one of
+/// `user`'s.
+async fn local_enrollment(
+    node: &bspweb_supernode::Supernode,
+    data: &Path,
+    user: &str,
+) -> anyhow::Result<bsp_api::control::EnrollmentToken> {
+    let path = data.join("local-peers.token");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let token = bsp_api::control::EnrollmentToken(text.trim().to_string());
+        if node.admits(&token).await? {
+            return Ok(token);
+        }
+    }
+    let created = node
+        .create_enrollment(user, "local peers of bspweb up")
+        .await
+        .context("cannot enroll the local peers")?;
+    crate::cli_client::write_private(&path, format!("{}\n", created.token.0).as_bytes())?;
+    Ok(created.token)
+}
+
 /// The command that starts local peer `i` of `bspweb up`. Its stdin is a
 /// pipe that `up` holds and never writes: when `up` ends in any way (even
 /// SIGKILL), the pipe closes and the peer stops (`--exit-on-stdin-eof`;
@@ -162,9 +185,12 @@ fn local_peer(
     i: usize,
     idle_file: Option<&Path>,
     data: &Path,
+    token: &bsp_api::control::EnrollmentToken,
 ) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(exe);
     cmd.args(["peer", "--supernode", url, "--listen", "127.0.0.1:0"])
+        // In the environment, not the process list.
+        .env("BSPWEB_PEER_TOKEN", &token.0)
         .args(["--name", &format!("local-{i}")])
         // Each its own control socket: `bspweb peer status --socket DATA/peer-local-I.sock`.
         .arg("--control-socket")
@@ -202,6 +228,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     })?;
     let examples = register_examples(&node, &data).await?;
     let (user, password) = ensure_user(&node, &data).await?;
+    let token = local_enrollment(&node, &data, &user).await?;
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(node.clone().serve(listener, async move {
@@ -217,7 +244,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         let log_path = logs.join(format!("peer-{i}.log"));
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("cannot create {}", log_path.display()))?;
-        let child = local_peer(&exe, &url, i, idle_file.as_deref(), &data)
+        let child = local_peer(&exe, &url, i, idle_file.as_deref(), &data, &token)
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
@@ -297,7 +324,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
                     for (i, child, log) in children.iter_mut() {
                         if let Ok(Some(status)) = child.try_wait() {
                             eprintln!("warning: local peer {i} stopped ({status}); see {}", log.display());
-                            *child = local_peer(&exe, &url, *i, idle_file.as_deref(), &data)
+                            *child = local_peer(&exe, &url, *i, idle_file.as_deref(), &data, &token)
                                 .stdout(std::fs::File::options().append(true).open(&*log)?)
                                 .stderr(std::fs::File::options().append(true).open(&*log)?)
                                 .spawn()
@@ -488,6 +515,16 @@ pub async fn peer(a: PeerRunArgs) -> anyhow::Result<ExitCode> {
         windows: a.run_between,
         cpu_percent: a.cpu_percent,
         probe_mib_per_hour: a.probe_mib_per_hour,
+        token: Some(
+            crate::peer_cmd::read_token(a.token_file.as_deref(), a.token.as_deref())?.ok_or_else(
+                || {
+                    crate::cli_client::usage(format!(
+                        "no enrollment token: the supernode admits only enrolled peers; {}",
+                        crate::peer_cmd::HOW_TO_ENROLL
+                    ))
+                },
+            )?,
+        ),
     };
     // The first Ctrl-C or SIGTERM drains the peer, a second one stops it at once.
     let stops = stop_requests(a.exit_on_stdin_eof);
@@ -501,7 +538,14 @@ pub async fn peer(a: PeerRunArgs) -> anyhow::Result<ExitCode> {
             let _ = second.wait_for(|n| *n >= 2).await;
         },
     )
-    .await?;
+    .await
+    .map_err(|e| match e.downcast::<bspweb_peer::Refused>() {
+        // Its own exit status: a service does not restart it in vain.
+        Ok(refused) => {
+            crate::cli_client::coded(crate::cli_client::exit::UNAUTHORIZED, refused.to_string())
+        }
+        Err(e) => e,
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 

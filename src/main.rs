@@ -10,6 +10,7 @@ mod cluster_sim_cmd;
 mod local;
 mod peer_cmd;
 mod sim_cmd;
+mod token_cmd;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -71,6 +72,9 @@ enum Command {
     /// List the peers of the supernode
     #[command(after_long_help = cli_client::EXIT_CODES)]
     Peers(cli_client::PeersArgs),
+    /// Enrollment tokens for the peers you donate: create, list, revoke
+    #[command(subcommand, after_long_help = cli_client::EXIT_CODES)]
+    Token(token_cmd::TokenCommand),
     /// Manage accounts (administrators): add, list, passwd, disable, enable, set
     #[command(subcommand, after_long_help = cli_client::EXIT_CODES)]
     User(accounts::UserCommand),
@@ -295,6 +299,7 @@ fn main() -> ExitCode {
             Command::Programs(a) => cli_client::programs(a).await,
             Command::Peers(a) => cli_client::peers(a).await,
             Command::User(c) => accounts::user(c).await,
+            Command::Token(c) => token_cmd::token(c).await,
             Command::Passwd(a) => accounts::passwd(a).await,
             Command::Sim(a) => sim_cmd::run(a),
             Command::Cc(a) => cc::main(a).map(|()| ExitCode::SUCCESS),

@@ -87,9 +87,13 @@ struct InstallArgs {
     user: bool,
     #[command(flatten)]
     service: ServiceArgs,
-    /// Base URL of the supernode, e.g. http://supernode.example:7878
+    /// Base URL of the supernode, e.g. https://supernode.example:7878
     #[arg(long, env = "BSPWEB_SUPERNODE")]
     supernode: String,
+    /// The supernode certificate's SHA-256 fingerprint to pin (`sha256:…`,
+    /// as the supernode prints it), for a self-signed certificate
+    #[arg(long, env = "BSPWEB_SUPERNODE_FINGERPRINT", value_name = "sha256:HEX")]
+    supernode_fingerprint: Option<bsp_api::tls::Fingerprint>,
     /// Name shown in peer lists [default: host name]
     #[arg(long)]
     name: Option<String>,
@@ -106,6 +110,20 @@ struct InstallArgs {
     /// The network cluster this peer is in
     #[arg(long)]
     cluster: Option<String>,
+    /// The file holding the enrollment token (from `bspweb token create`);
+    /// it is copied next to the settings, readable by its owner only
+    /// (a system service gets it as a systemd credential)
+    #[arg(long, value_name = "FILE", required_unless_present = "token")]
+    token_file: Option<PathBuf>,
+    /// The enrollment token itself (prefer --token-file: a flag shows in
+    /// the process list)
+    #[arg(
+        long,
+        env = "BSPWEB_PEER_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    token: Option<String>,
     /// Address of the peer-to-peer listener, e.g. 0.0.0.0:7900
     #[arg(long)]
     listen: Option<SocketAddr>,
@@ -207,6 +225,20 @@ pub struct PeerRunArgs {
     /// supernode clusters peers by what they measure (docs/clustering.md)
     #[arg(long, value_name = "MIB", default_value_t = bspweb_peer::links::DEFAULT_MIB_PER_HOUR)]
     pub(crate) probe_mib_per_hour: u64,
+    /// The enrollment token to log in with (from `bspweb token create` or
+    /// the web UI's Peers page); the supernode admits no peer without one.
+    /// A flag shows in the process list: prefer --token-file or the
+    /// environment variable
+    #[arg(
+        long,
+        env = "BSPWEB_PEER_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub(crate) token: Option<String>,
+    /// Read the enrollment token from this file (wins over --token)
+    #[arg(long, value_name = "FILE")]
+    pub(crate) token_file: Option<PathBuf>,
     /// Read settings from this TOML file (keys are these flags' names, e.g.
     /// `supernode = "http://…"`, `cpu-percent = 50`, `run-between =
     /// ["22:00-07:00"]`); flags given here win [default:
@@ -249,6 +281,44 @@ fn runs_a_peer(args: &[std::ffi::OsString]) -> bool {
             .get(2)
             .and_then(|a| a.to_str())
             .is_some_and(|a| subcommands.contains(&a))
+}
+
+/// How to get an enrollment token, for error messages.
+pub const HOW_TO_ENROLL: &str = "create one with `bspweb token create` (as the account that \
+     donates this computer) or on the web UI's Peers page, and give it with --token-file FILE \
+     (or the BSPWEB_PEER_TOKEN environment variable)";
+
+/// The enrollment token of `--token-file` (first) or `--token`, checked
+/// for its form; `None` when neither is given.
+pub fn read_token(
+    file: Option<&Path>,
+    token: Option<&str>,
+) -> anyhow::Result<Option<bsp_api::control::EnrollmentToken>> {
+    use bsp_api::control::EnrollmentToken;
+    let (token, from) = match (file, token) {
+        (Some(f), _) => {
+            let text = std::fs::read_to_string(f).with_context(|| {
+                format!("cannot read the enrollment token file {}", f.display())
+            })?;
+            (
+                text.trim().to_string(),
+                format!("the token file {}", f.display()),
+            )
+        }
+        (None, Some(t)) => (
+            t.trim().to_string(),
+            "--token (or BSPWEB_PEER_TOKEN)".to_string(),
+        ),
+        (None, None) => return Ok(None),
+    };
+    let token = EnrollmentToken(token);
+    if token.parse().is_none() {
+        return Err(usage(format!(
+            "the enrollment token in {from} is malformed: a token reads `bwpeer-<id>-<64 hex \
+             digits>`, as `bspweb token create` prints it"
+        )));
+    }
+    Ok(Some(token))
 }
 
 /// The default settings file of a peer: `peer.toml` in the CLI's config
@@ -441,15 +511,26 @@ fn status_text(s: &PeerStatus) -> String {
 }
 
 /// The unit file of the peer service.
-fn unit_text(exe: &Path, config: &Path, system: bool, memory_max: &str) -> String {
-    let (socket, user_lines, wanted_by) = if system {
+fn unit_text(exe: &Path, config: &Path, token: &Path, system: bool, memory_max: &str) -> String {
+    let (socket, user_lines, wanted_by, token_arg) = if system {
         (
             SYSTEM_SOCKET.to_string(),
-            "DynamicUser=yes\nRuntimeDirectory=bspweb\nStateDirectory=bspweb\n",
+            // The token file stays root's; the service's own user reads it
+            // as a credential.
+            format!(
+                "DynamicUser=yes\nRuntimeDirectory=bspweb\nStateDirectory=bspweb\nLoadCredential=peer-token:{}\n",
+                systemd_quote(&token.display().to_string())
+            ),
             "multi-user.target",
+            " --token-file ${CREDENTIALS_DIRECTORY}/peer-token",
         )
     } else {
-        ("%t/bspweb-peer.sock".to_string(), "", "default.target")
+        (
+            "%t/bspweb-peer.sock".to_string(),
+            String::new(),
+            "default.target",
+            "",
+        )
     };
     format!(
         "# Written by `bspweb peer install`; `bspweb peer uninstall` removes it.\n\
@@ -460,11 +541,14 @@ Wants=network-online.target\n\
 \n\
 [Service]\n\
 Type=simple\n\
-ExecStart={exe} peer --config {config} --control-socket {socket}\n\
+ExecStart={exe} peer --config {config} --control-socket {socket}{token_arg}\n\
 {user_lines}\
 Environment=BSPWEB_LOG=info\n\
 Restart=on-failure\n\
 RestartSec=10s\n\
+# 7: the supernode refuses this peer (its token was revoked, or the peer\n\
+# disabled); restarting would not change that.\n\
+RestartPreventExitStatus=7\n\
 # Only idle time: the lowest CPU and I/O priority, a memory ceiling.\n\
 Nice=19\n\
 CPUWeight=1\n\
@@ -574,8 +658,18 @@ fn install(a: InstallArgs) -> anyhow::Result<ExitCode> {
     } else {
         std::env::current_dir()?.join(config)
     };
+    let token = read_token(a.token_file.as_deref(), a.token.as_deref())?
+        .ok_or_else(|| usage(format!("an enrollment token is needed: {HOW_TO_ENROLL}")))?;
+    let token_path = config.with_file_name("peer.token");
     let mut settings = toml::Table::new();
     settings.insert("supernode".into(), a.supernode.clone().into());
+    if let Some(fp) = a.supernode_fingerprint {
+        settings.insert("supernode-fingerprint".into(), fp.to_string().into());
+    }
+    if !system {
+        // A system service reads it as a credential (see `unit_text`).
+        settings.insert("token-file".into(), token_path.display().to_string().into());
+    }
     if let Some(n) = &a.name {
         settings.insert("name".into(), n.clone().into());
     }
@@ -611,6 +705,8 @@ fn install(a: InstallArgs) -> anyhow::Result<ExitCode> {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     std::fs::write(&config, body).with_context(|| format!("cannot write {}", config.display()))?;
+    crate::cli_client::write_private(&token_path, format!("{}\n", token.0).as_bytes())
+        .with_context(|| format!("cannot write {}", token_path.display()))?;
     let memory_max = match a.memory_budget_mib {
         Some(m) if m > 0 => format!("{}M", m + m / 4),
         _ => "60%".to_string(),
@@ -618,9 +714,17 @@ fn install(a: InstallArgs) -> anyhow::Result<ExitCode> {
     let dir = unit_dir(&a.service);
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let unit = dir.join(UNIT);
-    std::fs::write(&unit, unit_text(&exe, &config, system, &memory_max))
-        .with_context(|| format!("cannot write {}", unit.display()))?;
-    println!("wrote {} and {}", config.display(), unit.display());
+    std::fs::write(
+        &unit,
+        unit_text(&exe, &config, &token_path, system, &memory_max),
+    )
+    .with_context(|| format!("cannot write {}", unit.display()))?;
+    println!(
+        "wrote {}, {} and {}",
+        config.display(),
+        token_path.display(),
+        unit.display()
+    );
     let user = if system { "" } else { "--user " };
     if a.service.no_start {
         println!(
@@ -744,6 +848,7 @@ mod tests {
         let unit = unit_text(
             Path::new("/opt/my apps/bspweb"),
             Path::new("/home/v/.config/bspweb/peer.toml"),
+            Path::new("/home/v/.config/bspweb/peer.token"),
             false,
             "60%",
         );
@@ -754,6 +859,7 @@ mod tests {
             "IOSchedulingClass=idle",
             "MemoryMax=60%",
             "Restart=on-failure",
+            "RestartPreventExitStatus=7",
             "KillSignal=SIGTERM",
             "WantedBy=default.target",
         ] {
@@ -762,6 +868,7 @@ mod tests {
         let system = unit_text(
             Path::new("/usr/bin/bspweb"),
             Path::new("/etc/bspweb/peer.toml"),
+            Path::new("/etc/bspweb/peer.token"),
             true,
             "2560M",
         );
@@ -769,6 +876,9 @@ mod tests {
             system.contains("DynamicUser=yes")
                 && system.contains(SYSTEM_SOCKET)
                 && system.contains("WantedBy=multi-user.target")
+                && system.contains("LoadCredential=peer-token:/etc/bspweb/peer.token\n")
+                && system.contains("--token-file ${CREDENTIALS_DIRECTORY}/peer-token\n"),
+            "{system}"
         );
     }
 }

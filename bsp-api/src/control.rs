@@ -64,7 +64,10 @@ pub const ENROLLMENT_TOKEN_PREFIX: &str = "bwpeer-";
 impl EnrollmentToken {
     /// The token of enrollment `id` with `secret`.
     pub fn new(id: i64, secret: &[u8; 32]) -> EnrollmentToken {
-        EnrollmentToken(format!("{ENROLLMENT_TOKEN_PREFIX}{id}-{}", hex::encode(secret)))
+        EnrollmentToken(format!(
+            "{ENROLLMENT_TOKEN_PREFIX}{id}-{}",
+            hex::encode(secret)
+        ))
     }
 
     /// The enrollment id and the secret, when the token is well-formed
@@ -110,6 +113,39 @@ pub struct PeerRenew {
     /// Links it measured since its last renewal ([`Lease::probe`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<LinkMeasurement>,
+    /// How the other peers of its jobs kept up since its last renewal: the
+    /// supernode caps a peer's claimed speed by what it delivers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub observed: Vec<PeerObservation>,
+    /// Barriers of its jobs that wait long for some processes: the
+    /// supernode restores processes whose peer makes no progress.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits: Vec<BarrierWait>,
+}
+
+/// How one peer's processes of a job kept up, seen from another peer of
+/// the job: the time from each barrier to the arrival of the peer's last
+/// `Done` for the next superstep, summed over `supersteps` barriers.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PeerObservation {
+    pub job: JobId,
+    /// The peer observed.
+    pub peer: PeerId,
+    /// Its processes in the job, as the observer knows the placement.
+    pub processes: u32,
+    pub supersteps: u32,
+    pub busy_ms: u64,
+}
+
+/// A job's barrier on the reporting peer has waited `waited_ms` for the
+/// `Done`s of `pids`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct BarrierWait {
+    pub job: JobId,
+    pub waited_ms: u64,
+    pub pids: Vec<Pid>,
 }
 
 /// A link a peer measured to another ([`crate::probe`]).

@@ -525,6 +525,16 @@ pub struct PeerInfo {
     /// when it logs in again under this name with this token.
     #[serde(default)]
     pub disabled: bool,
+    /// The power placement gives it while online: speed × idle fraction,
+    /// believed only as far as it has been shown (a new peer is on
+    /// probation; a measured one gets at most a little more than it
+    /// delivered, see `SECURITY.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<f64>,
+    /// The power it delivered in its jobs, as the other peers of the jobs
+    /// measured it; none until measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered_power: Option<f64>,
 }
 
 /// `POST /api/v1/enrollments`: a new enrollment token for the caller's peers.

@@ -237,6 +237,14 @@ impl Barrier {
         out.join(", ")
     }
 
+    /// The processes whose `Done` for `s` is not here (and that did not
+    /// exit before).
+    pub fn missing_done(&self, s: u32) -> Vec<Pid> {
+        (0..self.nprocs)
+            .filter(|&q| self.done_rec(q, s).is_none())
+            .collect()
+    }
+
     /// Whether every process's `Done` for `s` is here (or it exited before).
     pub fn complete(&self, s: u32) -> bool {
         (0..self.nprocs).all(|q| self.done_rec(q, s).is_some())

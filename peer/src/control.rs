@@ -40,7 +40,20 @@ pub enum ControlError {
     Invalid { what: &'static str, error: String },
     #[error("the program is larger than {} MiB", MAX_MODULE_BYTES >> 20)]
     ModuleTooLarge,
+    /// The supernode refuses this peer for good: no enrollment token, a bad
+    /// or revoked one, or the peer was disabled ([`REFUSAL_CODES`]).
+    #[error("the supernode refuses this peer: {message}")]
+    Refused { code: String, message: String },
 }
+
+/// The codes of a login refusal that retrying cannot change.
+pub const REFUSAL_CODES: &[&str] = &[
+    "enrollment_required",
+    "bad_enrollment_token",
+    "enrollment_revoked",
+    "enrollment_owner_disabled",
+    "peer_disabled",
+];
 
 impl ControlError {
     /// Whether retrying the same request later may succeed.
@@ -52,7 +65,9 @@ impl ControlError {
                     || *status == StatusCode::REQUEST_TIMEOUT
                     || *status == StatusCode::TOO_MANY_REQUESTS
             }
-            ControlError::Invalid { .. } | ControlError::ModuleTooLarge => false,
+            ControlError::Invalid { .. }
+            | ControlError::ModuleTooLarge
+            | ControlError::Refused { .. } => false,
         }
     }
 }
@@ -74,6 +89,9 @@ pub struct Client {
     lease: RwLock<Option<Lease>>,
     relogin: tokio::sync::Mutex<()>,
     on_fenced: RwLock<Option<FencedHook>>,
+    /// Set once the supernode refuses this peer for good.
+    refusal: RwLock<Option<String>>,
+    refused: CancellationToken,
 }
 
 impl std::fmt::Debug for Client {
@@ -113,7 +131,14 @@ impl Client {
             lease: RwLock::new(None),
             relogin: tokio::sync::Mutex::new(()),
             on_fenced: RwLock::new(None),
+            refusal: RwLock::new(None),
+            refused: CancellationToken::new(),
         }))
+    }
+
+    /// The supernode's base URL.
+    pub fn base_url(&self) -> &str {
+        &self.base
     }
 
     fn url(&self, path: &str) -> String {
@@ -161,6 +186,20 @@ impl Client {
         *self.on_fenced.write().unwrap_or_else(|p| p.into_inner()) = Some(hook);
     }
 
+    /// Resolves once the supernode refused this peer for good
+    /// ([`ControlError::Refused`]); [`Client::refusal`] then says why.
+    pub fn refused(&self) -> CancellationToken {
+        self.refused.clone()
+    }
+
+    /// Why the supernode refused this peer for good, if it did.
+    pub fn refusal(&self) -> Option<String> {
+        self.refusal
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Log in and store the lease. The first login and every login after a
     /// fence are fresh (a new peer id); `previous_id` is only sent for a
     /// login while a lease is held.
@@ -177,6 +216,29 @@ impl Client {
             .send()
             .await
             .map_err(ControlError::Unreachable)?;
+        let status = resp.status();
+        if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+            let body = resp.bytes().await.map_err(ControlError::Unreachable)?;
+            let error = serde_json::from_slice::<bsp_api::rest::ApiError>(&body)
+                .ok()
+                .filter(|e| REFUSAL_CODES.contains(&e.code.as_str()));
+            return Err(match error {
+                Some(e) => {
+                    *self.refusal.write().unwrap_or_else(|p| p.into_inner()) =
+                        Some(e.message.clone());
+                    self.refused.cancel();
+                    ControlError::Refused {
+                        code: e.code,
+                        message: e.message,
+                    }
+                }
+                None => ControlError::Status {
+                    what: "login",
+                    status,
+                    body: String::from_utf8_lossy(&body[..body.len().min(500)]).into_owned(),
+                },
+            });
+        }
         let lease: Lease = json(check("login", resp).await?, "login").await?;
         self.set_lease(lease.clone());
         Ok(lease)
@@ -188,6 +250,10 @@ impl Client {
         loop {
             match self.login().await {
                 Ok(lease) => return Some(lease),
+                Err(e @ ControlError::Refused { .. }) => {
+                    tracing::error!("{e}");
+                    return None;
+                }
                 Err(e) => tracing::warn!(
                     "cannot log in to the supernode at {}: {e}; retrying in {:?}",
                     self.base,

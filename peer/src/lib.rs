@@ -26,6 +26,7 @@ pub mod links;
 mod nan_tests;
 pub mod net;
 pub mod noise;
+pub mod observe;
 pub mod program;
 pub mod relay;
 pub mod report;
@@ -54,6 +55,12 @@ use crate::runtime::Runtime;
 /// How long a peer keeps dialing another peer of a job that does not know
 /// the job yet.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// [`run`]'s error when the supernode refuses this peer for good (no
+/// enrollment token, a bad or revoked one, or the peer was disabled).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
 
 /// Configuration of a peer.
 #[derive(Debug, Clone)]
@@ -107,6 +114,9 @@ pub struct PeerConfig {
     /// How an `https://` supernode's certificate is verified
     /// (`--supernode-fingerprint`; default: Mozilla's roots).
     pub supernode_tls: bsp_api::client::TlsOptions,
+    /// The enrollment token the peer logs in with (`--token-file`): the
+    /// supernode admits no peer without one.
+    pub token: Option<bsp_api::control::EnrollmentToken>,
 }
 
 impl PeerConfig {
@@ -134,6 +144,7 @@ impl PeerConfig {
             cpu_percent: None,
             probe_mib_per_hour: links::DEFAULT_MIB_PER_HOUR,
             supernode_tls: bsp_api::client::TlsOptions::default(),
+            token: None,
         }
     }
 }
@@ -239,6 +250,7 @@ pub async fn run(
             version: bsp_api::API_VERSION,
             previous_id: None,
             cluster: config.cluster.clone(),
+            token: config.token.clone(),
         },
         &config.supernode_tls,
     )
@@ -352,7 +364,20 @@ pub async fn run(
         }
     };
     let main = tokio::spawn(main);
-    shutdown.await;
+    let refused = client.refused();
+    let supernode = client.base_url().to_string();
+    tokio::select! {
+        () = shutdown => {}
+        () = refused.cancelled() => {
+            // Refused for good (no enrollment token, a revoked one, or the
+            // peer was disabled): nothing to drain, the lease is gone.
+            jobs.kill_all();
+            cancel.cancel();
+            let _ = main.await;
+            let why = client.refusal().unwrap_or_default();
+            return Err(Refused(format!("the supernode at {supernode} refuses this peer: {why}")).into());
+        }
+    }
     stop_availability.stopping.store(true, Ordering::SeqCst);
     stop_availability.changed.notify_one();
     tokio::pin!(force);
@@ -497,6 +522,8 @@ async fn renew_loop(
             },
             counters: stats.counters(),
             links: links.take_results(),
+            observed: stats.observed.drain(),
+            waits: stats.observed.waits(std::time::Instant::now()),
         };
         // A refused lease fences the peer (see `control`); an unreachable
         // supernode is retried at the next tick, the jobs carry on.

@@ -57,6 +57,8 @@ pub struct DataStats {
     pub checkpoints: std::sync::atomic::AtomicU64,
     /// Checkpoint bytes (whole pages and deltas) planned for replicas.
     pub checkpoint_bytes: std::sync::atomic::AtomicU64,
+    /// How the other peers of the jobs kept up ([`crate::observe`]).
+    pub observed: crate::observe::Ledger,
 }
 
 impl DataStats {

@@ -505,6 +505,9 @@ pub(crate) enum LossCause {
     Disabled,
     /// The enrollment token it logged in with was revoked.
     Revoked,
+    /// It renewed its lease but made no progress beyond its jobs'
+    /// superstep limit, say most of the jobs' other peers.
+    Stalled,
 }
 
 impl LossCause {
@@ -517,6 +520,12 @@ impl LossCause {
             (LossCause::Disabled, true) => "were disabled by their volunteer or an administrator",
             (LossCause::Revoked, false) => "lost its enrollment (its token was revoked)",
             (LossCause::Revoked, true) => "lost their enrollment (their token was revoked)",
+            (LossCause::Stalled, false) => {
+                "made no progress past the superstep limit while it renewed its lease"
+            }
+            (LossCause::Stalled, true) => {
+                "made no progress past the superstep limit while they renewed their leases"
+            }
         }
     }
 }

@@ -31,6 +31,7 @@ mod auth;
 mod clusters;
 mod control;
 mod db;
+mod enrollments;
 mod epoch;
 mod error;
 mod http;
@@ -45,6 +46,7 @@ mod sse;
 mod state;
 mod suspect;
 mod tls;
+mod verify;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
@@ -173,6 +175,8 @@ pub(crate) struct Live {
     pub(crate) links: HashMap<(PeerId, PeerId), bsp_api::rest::PeerLink>,
     /// When each link `(from, to)` was last handed out to measure.
     pub(crate) probes_asked: HashMap<(PeerId, PeerId), i64>,
+    /// What peers delivered, against what they claim (issue 18).
+    pub(crate) verify: verify::Verifier,
 }
 
 impl Live {
@@ -193,6 +197,7 @@ impl Live {
             .retain(|(from, to), _| !gone.contains(from) && !gone.contains(to));
         self.probes_asked
             .retain(|(from, to), _| !gone.contains(from) && !gone.contains(to));
+        self.verify.forget(gone);
     }
 }
 
@@ -230,6 +235,8 @@ pub(crate) struct Effects {
     pub(crate) wake_scheduler: bool,
     /// What to add to the `/metrics` counters.
     pub(crate) counts: metrics::Counts,
+    /// Peers declared gone in the committed transaction: their leases end.
+    pub(crate) forget_peers: Vec<PeerId>,
 }
 
 /// Unix time in milliseconds.
@@ -247,6 +254,7 @@ impl Effects {
         self.job_list.extend(other.job_list);
         self.wake_scheduler |= other.wake_scheduler;
         self.counts.merge(&other.counts);
+        self.forget_peers.extend(other.forget_peers);
     }
 }
 
@@ -330,6 +338,9 @@ impl Inner {
     /// and the scheduler.
     pub(crate) fn apply(&self, fx: Effects) {
         self.metrics.add(&fx.counts);
+        if !fx.forget_peers.is_empty() {
+            self.live().forget(&fx.forget_peers);
+        }
         if !fx.commands.is_empty() {
             let mut live = self.live();
             for (peer, cmd) in fx.commands {
@@ -477,6 +488,29 @@ impl Supernode {
     ) -> Result<UserInfo, Error> {
         self.create_user_with(name, password, role, QuotaChange::default())
             .await
+    }
+
+    /// A new enrollment token of the account `owner` (`bspweb up` enrolls
+    /// its local peers with one). Fails with [`Error::NotFound`] if there is
+    /// no such account.
+    pub async fn create_enrollment(
+        &self,
+        owner: &str,
+        name: &str,
+    ) -> Result<bsp_api::rest::NewEnrollment, Error> {
+        let (owner, name) = (owner.to_string(), name.to_string());
+        self.with_core(move |core, _, _| {
+            let id = core.user_id(&owner)?;
+            core.create_enrollment(id, &name, now_ms())
+        })
+        .await
+    }
+
+    /// Whether a peer logging in with `token` would be admitted (under a
+    /// name that is not disabled).
+    pub async fn admits(&self, token: &bsp_api::control::EnrollmentToken) -> Result<bool, Error> {
+        let token = token.clone();
+        self.with_core(move |core, _, _| core.admits(&token)).await
     }
 
     /// [`Supernode::create_user`] with quotas of its own.

@@ -556,6 +556,9 @@ pub(crate) fn with_measurements(sn: &Supernode, peers: &mut [PeerInfo]) {
             .collect();
         links.sort_unstable_by_key(|l| l.peer);
         p.links = links;
+        if p.state != "gone" {
+            p.delivered_power = live.verify.delivered(p.id);
+        }
     }
     drop(live);
     let found = sn.inner.found_clusters();

@@ -486,6 +486,8 @@ impl Harness {
             memory: Default::default(),
             counters: Default::default(),
             links: vec![],
+            observed: vec![],
+            waits: vec![],
         };
         self.send_renew(peer, &renew).await
     }
@@ -505,6 +507,8 @@ impl Harness {
             },
             counters: Default::default(),
             links: vec![],
+            observed: vec![],
+            waits: vec![],
         };
         self.send_renew(peer, &renew).await
     }
@@ -526,6 +530,8 @@ impl Harness {
                     memory: Default::default(),
                     counters: Default::default(),
                     links: vec![],
+                    observed: vec![],
+                    waits: vec![],
                 };
                 match http
                     .post(&url)
@@ -576,6 +582,8 @@ impl Harness {
             memory: Default::default(),
             counters: Default::default(),
             links: vec![],
+            observed: vec![],
+            waits: vec![],
         };
         let resp = self
             .http
@@ -2178,6 +2186,8 @@ async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_o
             },
             counters: Default::default(),
             links: vec![],
+            observed: vec![],
+            waits: vec![],
         })
         .send()
         .await
@@ -2220,6 +2230,8 @@ async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_o
             },
             counters: Default::default(),
             links: vec![],
+            observed: vec![],
+            waits: vec![],
         })
         .send()
         .await

@@ -61,7 +61,13 @@ async fn a_peer_without_a_valid_token_is_refused() {
     // A real peer with that token stops at once, saying why; it never
     // shows up among the peers.
     let mut child = bspweb()
-        .args(["peer", "--supernode", &cluster.url, "--listen", "127.0.0.1:0"])
+        .args([
+            "peer",
+            "--supernode",
+            &cluster.url,
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .args(["--name", "forger", "--speed", "1", "--no-control-socket"])
         .env("BSPWEB_PEER_TOKEN", &forged)
         .env("BSPWEB_CONFIG_DIR", cluster.data_dir())
@@ -122,7 +128,9 @@ async fn revoking_a_token_or_disabling_a_peer_fences_it_and_its_job_goes_on() {
     let vera = Client::login(&cluster.url, "vera", "pw-of-vera")
         .await
         .unwrap();
-    let bob = Client::login(&cluster.url, "bob", "pw-of-bob").await.unwrap();
+    let bob = Client::login(&cluster.url, "bob", "pw-of-bob")
+        .await
+        .unwrap();
     let token = vera.create_enrollment("vera's laptop").await.unwrap();
     assert_eq!(token.enrollment.owner, "vera");
     let index = cluster.add_peer("vera-laptop", &["--token".into(), token.token.0.clone()]);
@@ -139,7 +147,10 @@ async fn revoking_a_token_or_disabling_a_peer_fences_it_and_its_job_goes_on() {
     // Only her and an administrator may touch it; others see no such thing.
     let e = bob.set_peer_disabled(mine.id, true).await.unwrap_err();
     assert_eq!(e.status(), Some(404), "{e}");
-    let e = bob.revoke_enrollment(token.enrollment.id).await.unwrap_err();
+    let e = bob
+        .revoke_enrollment(token.enrollment.id)
+        .await
+        .unwrap_err();
     assert_eq!(e.status(), Some(404), "{e}");
     assert!(bob.enrollments().await.unwrap().is_empty());
     let listed = vera.enrollments().await.unwrap();

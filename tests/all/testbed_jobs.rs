@@ -3,7 +3,6 @@
 //! supernode's namespace.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -73,15 +72,12 @@ fn deploy_with(
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     let i = tb.spawn(supernode_host, sn).unwrap();
-    let mut line = String::new();
-    BufReader::new(tb.child(i).stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("the supernode printed {line:?}"))
-        .to_string();
+    // Not on loopback: it serves HTTPS with a self-signed certificate,
+    // which the peers and the harness's clients pin.
+    let (url, fingerprint) = crate::harness::read_start(tb.child(i).stdout.take().unwrap())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(url.starts_with("https://"), "{url}");
+    let fingerprint = fingerprint.expect("the certificate's fingerprint");
     let token = crate::harness::enroll(&url, "testbed peers");
     let mut started = Vec::new();
     for &(host, cluster) in peers {
@@ -97,6 +93,7 @@ fn deploy_with(
             .arg("--idle-file")
             .arg(&idle)
             .args(peer_args)
+            .args(["--supernode-fingerprint", &fingerprint])
             .env("BSPWEB_LOG", peer_log)
             .env("BSPWEB_PEER_TOKEN", &token)
             .env("NO_COLOR", "1")
@@ -119,7 +116,8 @@ fn deploy_with(
 /// Log in from inside the current namespace and wait for `n` online peers.
 async fn online_client(url: &str, n: usize) -> bsp_api::client::Client {
     use crate::harness::{ADMIN, ADMIN_PASSWORD};
-    let client = bsp_api::client::Client::login(url, ADMIN, ADMIN_PASSWORD)
+    let client = crate::harness::client_options(url)
+        .login(url, ADMIN, ADMIN_PASSWORD)
         .await
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -190,7 +190,11 @@ fn install_writes_a_unit_systemd_accepts_and_settings_the_peer_reads() {
     assert_eq!(std::fs::read_to_string(&copied).unwrap().trim(), token);
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&copied).unwrap().permissions().mode();
-    assert_eq!(mode & 0o077, 0, "peer.token is readable by others: {mode:o}");
+    assert_eq!(
+        mode & 0o077,
+        0,
+        "peer.token is readable by others: {mode:o}"
+    );
     assert!(
         std::fs::read_to_string(&config)
             .unwrap()
@@ -211,7 +215,11 @@ fn install_writes_a_unit_systemd_accepts_and_settings_the_peer_reads() {
         .args(["--supernode", "http://127.0.0.1:9"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let system_unit = system_units.join("bspweb-peer.service");
     let text = std::fs::read_to_string(&system_unit).unwrap();
     assert!(
@@ -232,7 +240,10 @@ fn install_writes_a_unit_systemd_accepts_and_settings_the_peer_reads() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--token"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--token"),
+        "{out:?}"
+    );
 
     // A second install keeps the settings unless told to replace them.
     let out = install(&[]);

@@ -36,6 +36,8 @@ pub(crate) enum FenceCause {
     Disabled,
     /// Their volunteer's account was disabled.
     AccountDisabled,
+    /// They hold processes but make no progress, say the jobs' other peers.
+    Stalled,
 }
 
 impl FenceCause {
@@ -43,6 +45,7 @@ impl FenceCause {
         match self {
             FenceCause::Revoked => LossCause::Revoked,
             FenceCause::Disabled | FenceCause::AccountDisabled => LossCause::Disabled,
+            FenceCause::Stalled => LossCause::Stalled,
         }
     }
 }
@@ -163,8 +166,7 @@ impl Core {
         if name.is_empty() || name.chars().count() > 64 || name.chars().any(char::is_control) {
             return Err(Error::Unprocessable {
                 code: "invalid_body",
-                message: "an enrollment token's `name` must be 1 to 64 printable characters"
-                    .into(),
+                message: "an enrollment token's `name` must be 1 to 64 printable characters".into(),
             });
         }
         let secret: [u8; 32] = rand::random();
@@ -185,8 +187,7 @@ impl Core {
             params![owner, name, &Sha256::digest(secret)[..], now],
         )?;
         let id = tx.last_insert_rowid();
-        let enrollment =
-            tx.query_row(&format!("{INFO_SELECT} WHERE e.id = ?1"), [id], info_row)?;
+        let enrollment = tx.query_row(&format!("{INFO_SELECT} WHERE e.id = ?1"), [id], info_row)?;
         tx.commit()?;
         tracing::info!(enrollment = id, owner = %enrollment.owner, "enrollment token created");
         Ok(NewEnrollment {
@@ -231,7 +232,9 @@ impl Core {
             .optional()?;
         match owner {
             Some((owner, _)) if owner != caller && !admin => {
-                return Err(Error::NotFound(format!("no enrollment token #{id} of yours")));
+                return Err(Error::NotFound(format!(
+                    "no enrollment token #{id} of yours"
+                )));
             }
             None => return Err(Error::NotFound(format!("no enrollment token #{id}"))),
             Some((_, Some(_))) => return Ok(()),
@@ -242,7 +245,15 @@ impl Core {
             params![id, now],
         )?;
         let online = online_peers(&tx, "enrollment = ?1", id)?;
-        let fenced = fence(&tx, &mut self.place, inner, fx, &online, FenceCause::Revoked, now)?;
+        let fenced = fence(
+            &tx,
+            &mut self.place,
+            inner,
+            fx,
+            &online,
+            FenceCause::Revoked,
+            now,
+        )?;
         tx.commit()?;
         inner.live().forget(&fenced);
         tracing::warn!(enrollment = id, peers = ?fenced, "enrollment token revoked; its peers are fenced");
@@ -302,7 +313,15 @@ impl Core {
                 }
                 None => online_peers(&tx, "id = ?1", peer)?,
             };
-            fenced = fence(&tx, &mut self.place, inner, fx, &online, FenceCause::Disabled, now)?;
+            fenced = fence(
+                &tx,
+                &mut self.place,
+                inner,
+                fx,
+                &online,
+                FenceCause::Disabled,
+                now,
+            )?;
         }
         tx.commit()?;
         inner.live().forget(&fenced);
@@ -356,7 +375,7 @@ fn online_peers(tx: &Connection, filter: &str, arg: i64) -> Result<Vec<PeerId>, 
 /// Marks `peers` gone now and restores their processes elsewhere, as an
 /// expired lease would; their lease tokens stop working once the caller
 /// removes them from [`Live`] after the commit. Returns them.
-fn fence(
+pub(super) fn fence(
     tx: &Transaction<'_>,
     place: &mut Place,
     inner: &Inner,

@@ -77,6 +77,22 @@ fn weight(speed: f64, idle: f64) -> f64 {
     }
 }
 
+/// The power placement gives `peer`, which claims `speed` and `idle`: its
+/// claim as far as it has been shown ([`crate::verify`]).
+fn allowed_weight(place: &Place, inner: &Inner, peer: PeerId, speed: f64, idle: f64) -> f64 {
+    let claimed = weight(speed, idle);
+    if claimed <= 0.0 {
+        return claimed;
+    }
+    let others: Vec<f64> = place
+        .dhht
+        .peers()
+        .filter(|p| p.id != peer)
+        .map(|p| p.weight)
+        .collect();
+    inner.live().verify.allowed(peer, claimed, &others)
+}
+
 /// Whether a peer's power moved from `old` to `new` by more than the
 /// relative `hysteresis`, so the DHHT should follow. Becoming busy (0) or
 /// available again always counts.

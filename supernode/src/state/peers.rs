@@ -1,6 +1,8 @@
 //! Peers: login, lease renewal and expiry, drains, loss by an unreachable
 //! data port, what peers fetch, the peer list.
 
+use std::collections::BTreeSet;
+
 use super::enroll;
 use super::*;
 
@@ -47,6 +49,14 @@ impl Core {
         let lease_id = hex::encode(rand::random::<[u8; 16]>());
         let expires_at = lease::expiry(now, ttl);
         let k = self.place.peer_indices.alloc();
+        // A new id is unmeasured: on probation (crate::verify).
+        let power = allowed_weight(
+            &self.place,
+            inner,
+            reuse.unwrap_or(-1),
+            login.speed,
+            login.idle,
+        );
         let id = match reuse {
             Some(id) => {
                 tx.execute(
@@ -54,7 +64,7 @@ impl Core {
                          lease_id = ?8, lease_expires_at = ?9, state = 'online', last_seen = ?10, \
                          draining = 0, power = ?11, cluster = ?12, enrollment = ?13 WHERE id = ?1",
                     params![id, login.name, login.addr, login.speed, login.idle, login.cores,
-                        u64_to_sql(k), lease_id, expires_at, now, weight(login.speed, login.idle),
+                        u64_to_sql(k), lease_id, expires_at, now, power,
                         login.cluster, enrollment],
                 )?;
                 id
@@ -65,7 +75,7 @@ impl Core {
                          state, first_seen, last_seen, power, cluster, enrollment) \
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'online', ?9, ?9, ?10, ?11, ?12)",
                     params![login.name, login.addr, login.speed, login.idle, login.cores,
-                        u64_to_sql(k), lease_id, expires_at, now, weight(login.speed, login.idle),
+                        u64_to_sql(k), lease_id, expires_at, now, power,
                         login.cluster, enrollment],
                 )?;
                 tx.last_insert_rowid()
@@ -75,7 +85,7 @@ impl Core {
             r.get(0)
         })?;
         tx.commit()?;
-        insert_peer(&mut self.place.dhht, id, k, weight(login.speed, login.idle));
+        insert_peer(&mut self.place.dhht, id, k, power);
         {
             let mut live = inner.live();
             live.forget(&expired);
@@ -255,6 +265,30 @@ impl Core {
             ],
             |r| r.get(0),
         )?;
+        // What it saw of the other peers of its jobs (crate::verify).
+        if !renew.observed.is_empty() {
+            let dhht = &self.place.dhht;
+            inner.live().verify.observe(
+                peer,
+                &renew.observed,
+                |p| dhht.get(p).map(|x| x.weight),
+                now,
+            );
+        }
+        let stalled = Self::check_waits(&tx, inner, peer, &renew.waits, now)?;
+        let fenced = enroll::fence(
+            &tx,
+            &mut self.place,
+            inner,
+            fx,
+            &stalled,
+            enroll::FenceCause::Stalled,
+            now,
+        )?;
+        if !fenced.is_empty() {
+            // Their lease tokens stop working with the commit below.
+            fx.forget_peers.extend(fenced);
+        }
         // Jobs the peer runs but should not: finished, unknown, or not among its peers.
         let mut stale = Vec::new();
         {
@@ -291,7 +325,7 @@ impl Core {
         if renew.draining && !draining {
             drain_in(&tx, &mut self.place, inner, fx, peer, now)?;
         } else if !draining {
-            let w = weight(renew.speed, renew.idle);
+            let w = allowed_weight(&self.place, inner, peer, renew.speed, renew.idle);
             // Out of the DHHT (and not draining): busy, power 0.
             let old = self.place.dhht.get(peer).map_or(0.0, |p| p.weight);
             if power_moved(old, w, inner.config.power_hysteresis) {
@@ -413,7 +447,7 @@ impl Core {
         let Some((true, speed, idle, golden)) = row else {
             return Ok(());
         };
-        let w = weight(speed, idle);
+        let w = allowed_weight(&self.place, inner, peer, speed, idle);
         tx.execute(
             "UPDATE peers SET draining = 0, power = ?2 WHERE id = ?1",
             params![peer, w],
@@ -533,6 +567,68 @@ impl Core {
         Ok(bsp_api::control::encode_resources(&resources))
     }
 
+    /// Records `reporter`'s long barrier waits and returns the peers that,
+    /// by the reports of most of their jobs' other peers, hold processes but
+    /// make no progress ([`crate::verify`]).
+    fn check_waits(
+        tx: &Connection,
+        inner: &Inner,
+        reporter: PeerId,
+        waits: &[bsp_api::control::BarrierWait],
+        now: i64,
+    ) -> Result<Vec<PeerId>, Error> {
+        let mut hosts: HashMap<JobId, HashMap<Pid, PeerId>> = HashMap::new();
+        let mut limits: HashMap<JobId, u64> = HashMap::new();
+        for w in waits {
+            if hosts.contains_key(&w.job) {
+                continue;
+            }
+            let limit: Option<i64> = tx
+                .query_row(
+                    "SELECT superstep_ms FROM jobs WHERE id = ?1 AND state = 'active'",
+                    [w.job],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let Some(limit) = limit else { continue };
+            let mut stmt =
+                tx.prepare_cached("SELECT pid, peer_id FROM placements WHERE job = ?1")?;
+            let placed = stmt
+                .query_map([w.job], |r| {
+                    Ok((r.get::<_, Pid>(0)?, r.get::<_, PeerId>(1)?))
+                })?
+                .collect::<rusqlite::Result<HashMap<Pid, PeerId>>>()?;
+            hosts.insert(w.job, placed);
+            limits.insert(w.job, u64::try_from(limit).unwrap_or(0));
+        }
+        let mut live = inner.live();
+        live.verify.waits(
+            reporter,
+            waits,
+            |job, pids| {
+                hosts.get(&job).map_or_else(BTreeSet::new, |h| {
+                    pids.iter().filter_map(|p| h.get(p).copied()).collect()
+                })
+            },
+            now,
+        );
+        let mut stalled = BTreeSet::new();
+        for (job, placed) in &hosts {
+            let peers: BTreeSet<PeerId> = placed.values().copied().collect();
+            for x in live.verify.stalled(*job, &peers, limits[job], now) {
+                tracing::warn!(
+                    peer = x,
+                    job,
+                    "peer #{x} holds processes of job {job} but made no progress for longer than \
+                     its superstep limit and {} s, say most of the job's other peers",
+                    crate::verify::STALL_GRACE_MS / 1000
+                );
+                stalled.insert(x);
+            }
+        }
+        Ok(stalled.into_iter().collect())
+    }
+
     /// Every peer the supernode knows, online (and draining) first. A
     /// peer's `processes` counts those placed on it and those it still hands
     /// over to their new host.
@@ -546,7 +642,8 @@ impl Core {
                       AND pl.moved_kind = 'migrate' AND pl.handed_over = 0))), \
                  cluster, rss_bytes, held_bytes, budget_bytes, enrollment, disabled, \
                  (SELECT u.name FROM enrollments e JOIN users u ON u.id = e.owner \
-                  WHERE e.id = peers.enrollment) \
+                  WHERE e.id = peers.enrollment), \
+                 CASE WHEN state = 'online' THEN power END \
              FROM peers ORDER BY state != 'online', id",
         )?;
         let rows = stmt.query_map([], |r| {
@@ -578,6 +675,8 @@ impl Core {
                 enrollment: r.get(13)?,
                 disabled: r.get(14)?,
                 owner: r.get(15)?,
+                power: r.get(16)?,
+                delivered_power: None,
             })
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)

@@ -253,8 +253,29 @@ pub(crate) fn validate_renew(renew: &PeerRenew) -> Result<(), Error> {
             renew.links.len()
         )));
     }
+    if renew.observed.len() > MAX_OBSERVATIONS_PER_RENEWAL {
+        return Err(Error::bad_request(format!(
+            "`observed` lists {} observations; a renewal carries at most \
+             {MAX_OBSERVATIONS_PER_RENEWAL}",
+            renew.observed.len()
+        )));
+    }
+    if renew.waits.len() > MAX_WAITS_PER_RENEWAL
+        || renew.waits.iter().any(|w| w.pids.len() > 1 << 16)
+    {
+        return Err(Error::bad_request(format!(
+            "`waits` lists more than {MAX_WAITS_PER_RENEWAL} jobs, or a wait more than 65536 \
+             processes"
+        )));
+    }
     Ok(())
 }
+
+/// Observations of other peers one renewal may carry (a peer runs a few
+/// jobs with a few peers each).
+pub(crate) const MAX_OBSERVATIONS_PER_RENEWAL: usize = 4096;
+/// Jobs whose barrier waits one renewal may report.
+pub(crate) const MAX_WAITS_PER_RENEWAL: usize = 1024;
 
 /// Measurements one renewal may carry: a peer measures a few links per
 /// renewal, this leaves room for renewals that failed.

@@ -1,0 +1,355 @@
+//! Checking what peers claim against what they deliver (issue 18). Pure:
+//! no IO, no clock; the renewal handler feeds it and asks.
+//!
+//! **Speed.** Placement believes a peer's claimed power (speed × idle
+//! fraction) only as far as it has been shown:
+//! - a peer nobody has measured yet is on *probation*: its power is at
+//!   most [`PROBATION`] times the median power of the other online peers,
+//!   so a peer that lies cannot take a whole job (whose other peers then
+//!   could not observe it) the moment it joins;
+//! - once measured, at most [`SLACK`] times the power it delivered. Peers
+//!   of a job report, for each other peer, the time from each barrier to
+//!   the arrival of that peer's last `Done` for the next superstep
+//!   ([`PeerObservation`]): its processes' superstep time, which it
+//!   cannot make look shorter. Its throughput ρ = process-supersteps per
+//!   second, divided by its power, is about the same for every honest
+//!   peer of the job; the median of that ratio over the job's peers (the
+//!   largest, with two) converts a peer's throughput into the power it
+//!   delivered. A peer that claims 100× its speed gets many processes,
+//!   runs them no faster, and is capped near its real power after a few
+//!   supersteps; an honest fast peer earns its claim in steps of
+//!   [`SLACK`].
+//!
+//! **Progress.** Peers report barriers that wait long and for which
+//! processes ([`BarrierWait`]). A peer whose processes a strict majority of
+//! the job's other peers have waited for longer than the job's superstep
+//! limit plus [`STALL_GRACE_MS`] (and which reports no such wait of its
+//! own, i.e. is not itself held up by someone else) makes no progress
+//! while it renews its lease: its processes are restored elsewhere.
+//! An honest peer ends a process that runs past the superstep limit
+//! itself, so only a faulty or lying peer gets there.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use bsp_api::control::{BarrierWait, PeerObservation};
+use bsp_api::{JobId, PeerId};
+
+/// Placement believes at most this multiple of the power a peer delivered.
+pub(crate) const SLACK: f64 = 1.25;
+/// An unmeasured peer's power is at most this multiple of the median of
+/// the other online peers'.
+pub(crate) const PROBATION: f64 = 2.0;
+/// A measurement needs this much observed time of the peer in one job.
+const MIN_BUSY_MS: f64 = 1_000.0;
+/// And this many supersteps.
+const MIN_SUPERSTEPS: f64 = 5.0;
+/// A job's sums are halved once they hold this much observed time, so the
+/// estimate follows what peers do now.
+const WINDOW_MS: f64 = 20_000.0;
+/// A job nobody reported on for this long is forgotten.
+const JOB_TTL_MS: i64 = 10 * 60_000;
+/// Beyond the job's superstep limit, a barrier may wait this long for a
+/// peer before the peer counts as making no progress.
+pub(crate) const STALL_GRACE_MS: u64 = 10_000;
+/// A wait report counts this long after it arrived.
+const WAIT_TTL_MS: i64 = 30_000;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Sum {
+    process_supersteps: f64,
+    supersteps: f64,
+    busy_ms: f64,
+}
+
+#[derive(Debug, Default)]
+struct JobSums {
+    peers: BTreeMap<PeerId, Sum>,
+    updated: i64,
+}
+
+#[derive(Debug, Clone)]
+struct Wait {
+    waited_ms: u64,
+    /// The peers hosting the processes waited for.
+    hosts: BTreeSet<PeerId>,
+    at: i64,
+}
+
+/// What the supernode has learned of its peers' delivered speed and
+/// progress.
+#[derive(Debug, Default)]
+pub(crate) struct Verifier {
+    jobs: HashMap<JobId, JobSums>,
+    /// A peer's delivered power, as last measured.
+    delivered: HashMap<PeerId, f64>,
+    /// `(job, reporter)` → its newest long wait.
+    waits: HashMap<(JobId, PeerId), Wait>,
+}
+
+impl Verifier {
+    /// `reporter`'s observations of the other peers of its jobs, with the
+    /// power placement used for each peer (`power`; `None`: offline or
+    /// unknown).
+    pub(crate) fn observe(
+        &mut self,
+        reporter: PeerId,
+        observed: &[PeerObservation],
+        power: impl Fn(PeerId) -> Option<f64>,
+        now: i64,
+    ) {
+        let mut touched = BTreeSet::new();
+        for o in observed {
+            if o.peer == reporter || o.supersteps == 0 || o.processes == 0 {
+                continue;
+            }
+            let job = self.jobs.entry(o.job).or_default();
+            job.updated = now;
+            let s = job.peers.entry(o.peer).or_default();
+            s.process_supersteps += f64::from(o.processes) * f64::from(o.supersteps);
+            s.supersteps += f64::from(o.supersteps);
+            s.busy_ms += o.busy_ms as f64;
+            touched.insert(o.job);
+        }
+        for job in touched {
+            self.estimate(job, &power);
+        }
+        self.jobs.retain(|_, j| now - j.updated < JOB_TTL_MS);
+    }
+
+    fn estimate(&mut self, job: JobId, power: &impl Fn(PeerId) -> Option<f64>) {
+        let Some(sums) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        let rates: Vec<(PeerId, f64, f64)> = sums
+            .peers
+            .iter()
+            .filter(|(_, s)| s.busy_ms >= MIN_BUSY_MS && s.supersteps >= MIN_SUPERSTEPS)
+            .filter_map(|(&peer, s)| {
+                let p = power(peer).filter(|p| *p > 0.0)?;
+                Some((peer, s.process_supersteps / s.busy_ms, p))
+            })
+            .collect();
+        if rates.len() < 2 {
+            return;
+        }
+        let mut ratios: Vec<f64> = rates.iter().map(|(_, rho, p)| rho / p).collect();
+        ratios.sort_by(f64::total_cmp);
+        let reference = if ratios.len() == 2 {
+            ratios[1]
+        } else if ratios.len() % 2 == 1 {
+            ratios[ratios.len() / 2]
+        } else {
+            (ratios[ratios.len() / 2 - 1] + ratios[ratios.len() / 2]) / 2.0
+        };
+        if !(reference.is_finite() && reference > 0.0) {
+            return;
+        }
+        for (peer, rho, _) in rates {
+            self.delivered.insert(peer, rho / reference);
+        }
+        if sums.peers.values().any(|s| s.busy_ms > WINDOW_MS) {
+            for s in sums.peers.values_mut() {
+                s.process_supersteps /= 2.0;
+                s.supersteps /= 2.0;
+                s.busy_ms /= 2.0;
+            }
+        }
+    }
+
+    /// The power placement may give `peer`, which claims `claimed`, while
+    /// the other online peers have powers `others`.
+    pub(crate) fn allowed(&self, peer: PeerId, claimed: f64, others: &[f64]) -> f64 {
+        let cap = match self.delivered.get(&peer) {
+            Some(d) => d * SLACK,
+            None => {
+                let mut o: Vec<f64> = others.iter().copied().filter(|w| *w > 0.0).collect();
+                if o.is_empty() {
+                    return claimed;
+                }
+                o.sort_by(f64::total_cmp);
+                o[o.len() / 2] * PROBATION
+            }
+        };
+        claimed.min(cap)
+    }
+
+    /// The power `peer` delivered when last measured.
+    pub(crate) fn delivered(&self, peer: PeerId) -> Option<f64> {
+        self.delivered.get(&peer).copied()
+    }
+
+    /// `reporter`'s long waits; `hosts(job, pids)` names the peers hosting
+    /// those processes now.
+    pub(crate) fn waits(
+        &mut self,
+        reporter: PeerId,
+        waits: &[BarrierWait],
+        hosts: impl Fn(JobId, &[bsp_api::Pid]) -> BTreeSet<PeerId>,
+        now: i64,
+    ) {
+        self.waits
+            .retain(|&(_, r), w| r != reporter && now - w.at < WAIT_TTL_MS);
+        for w in waits {
+            let mut hosts = hosts(w.job, &w.pids);
+            hosts.remove(&reporter);
+            self.waits.insert(
+                (w.job, reporter),
+                Wait {
+                    waited_ms: w.waited_ms,
+                    hosts,
+                    at: now,
+                },
+            );
+        }
+    }
+
+    /// The peers of `job` (whose peers hosting processes are `job_peers`
+    /// and whose superstep limit is `limit_ms`) that make no progress.
+    pub(crate) fn stalled(
+        &self,
+        job: JobId,
+        job_peers: &BTreeSet<PeerId>,
+        limit_ms: u64,
+        now: i64,
+    ) -> Vec<PeerId> {
+        let bound = limit_ms.saturating_add(STALL_GRACE_MS);
+        let current = |r: PeerId| {
+            self.waits
+                .get(&(job, r))
+                .filter(|w| now - w.at < WAIT_TTL_MS)
+        };
+        job_peers
+            .iter()
+            .copied()
+            .filter(|&x| {
+                // Held up itself: someone else is to blame.
+                if current(x).is_some() {
+                    return false;
+                }
+                let others = job_peers.len().saturating_sub(1);
+                let blaming = job_peers
+                    .iter()
+                    .filter(|&&r| r != x)
+                    .filter(|&&r| {
+                        current(r).is_some_and(|w| w.waited_ms >= bound && w.hosts.contains(&x))
+                    })
+                    .count();
+                others > 0 && 2 * blaming > others
+            })
+            .collect()
+    }
+
+    /// Forget peers that are gone.
+    pub(crate) fn forget(&mut self, gone: &[PeerId]) {
+        for p in gone {
+            self.delivered.remove(p);
+        }
+        self.waits.retain(|(_, r), _| !gone.contains(r));
+        for j in self.jobs.values_mut() {
+            j.peers.retain(|p, _| !gone.contains(p));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs(
+        job: JobId,
+        peer: PeerId,
+        processes: u32,
+        supersteps: u32,
+        busy_ms: u64,
+    ) -> PeerObservation {
+        PeerObservation {
+            job,
+            peer,
+            processes,
+            supersteps,
+            busy_ms,
+        }
+    }
+
+    /// Three honest peers of power 1 and a liar claiming 100 on the same
+    /// kind of machine, holding 12 of 16 processes: its superstep takes
+    /// six times as long as theirs (two processes each on two cores).
+    #[test]
+    fn a_liar_is_capped_near_its_delivered_power_and_honest_peers_are_not() {
+        let mut v = Verifier::default();
+        let claimed = |p: PeerId| Some(if p == 4 { 100.0 } else { 1.0 });
+        // Unmeasured: probation at twice the others' median.
+        assert_eq!(v.allowed(4, 100.0, &[1.0, 1.0, 1.0]), 2.0);
+        assert_eq!(v.allowed(4, 1.5, &[1.0, 1.0, 1.0]), 1.5);
+        // Alone, a peer is believed.
+        assert_eq!(v.allowed(4, 100.0, &[]), 100.0);
+        // Honest peers hold 1–2 processes (2 ms a superstep each), the
+        // liar 12 (12 ms: six rounds of two on its two cores).
+        for reporter in 1..=4 {
+            let mut o = Vec::new();
+            for peer in 1..=4 {
+                let (n, ms) = if peer == 4 {
+                    (12, 12)
+                } else {
+                    (if peer == 1 { 2 } else { 1 }, 2)
+                };
+                o.push(obs(9, peer, n, 1000, 1000 * ms));
+            }
+            v.observe(reporter, &o, claimed, 0);
+        }
+        let liar = v.delivered(4).unwrap();
+        assert!((0.5..=2.0).contains(&liar), "the liar delivered {liar}");
+        assert!(v.allowed(4, 100.0, &[1.0, 1.0, 1.0]) <= 2.0 * SLACK);
+        for honest in 1..=3 {
+            assert_eq!(v.allowed(honest, 1.0, &[1.0, 100.0]), 1.0);
+        }
+        // Its own reports about itself count for nothing.
+        let mut w = Verifier::default();
+        w.observe(4, &[obs(9, 4, 12, 100, 1)], claimed, 0);
+        assert_eq!(w.delivered(4), None);
+    }
+
+    #[test]
+    fn a_peer_blamed_by_most_others_past_the_limit_is_stalled() {
+        let mut v = Verifier::default();
+        let peers = BTreeSet::from([1, 2, 3, 4]);
+        // Peer 4 hosts pid 7; peers 1 and 2 wait for it beyond the bound.
+        let hosts = |_: JobId, pids: &[bsp_api::Pid]| {
+            pids.iter().map(|&p| if p == 7 { 4 } else { 1 }).collect()
+        };
+        let long = |ms| {
+            vec![BarrierWait {
+                job: 9,
+                waited_ms: ms,
+                pids: vec![7],
+            }]
+        };
+        v.waits(1, &long(20_001), hosts, 0);
+        // One of three is not a majority.
+        assert!(v.stalled(9, &peers, 10_000, 0).is_empty());
+        v.waits(2, &long(20_000), hosts, 0);
+        assert_eq!(v.stalled(9, &peers, 10_000, 0), vec![4]);
+        // Not past the limit plus the grace: not stalled.
+        assert!(v.stalled(9, &peers, 10_001, 0).is_empty());
+        // Reports go stale.
+        assert!(v.stalled(9, &peers, 10_000, WAIT_TTL_MS).is_empty());
+        // A peer that itself waits for another is not to blame.
+        v.waits(
+            4,
+            &[BarrierWait {
+                job: 9,
+                waited_ms: 20_000,
+                pids: vec![1],
+            }],
+            hosts,
+            0,
+        );
+        assert!(v.stalled(9, &peers, 10_000, 0).is_empty());
+        // A new report of a reporter replaces its old one; no wait: none.
+        v.waits(4, &[], hosts, 1);
+        v.waits(1, &[], hosts, 1);
+        assert!(v.stalled(9, &peers, 10_000, 1).is_empty());
+        v.forget(&[2]);
+        assert!(v.stalled(9, &peers, 10_000, 1).is_empty());
+    }
+}
