@@ -706,6 +706,14 @@ async fn handle_connection(
     let mut secure = SecureStream::new(parts.io, transport, parts.read_buf);
     match tokio::time::timeout_at(deadline, secure.read_confirmation()).await {
         Ok(Ok(())) => {}
+        // The dialer went away (its job ended, or it timed out) before it
+        // confirmed: nothing wrong with the connection's bytes.
+        Ok(Err(crate::noise::NoiseError::Truncated)) => {
+            tracing::debug!(
+                "data plane: peer #{from}'s connection from {addr} for job {job} closed before its key confirmation"
+            );
+            return;
+        }
         Ok(Err(e)) => {
             tracing::warn!(
                 "data plane: peer #{from}'s connection from {addr} for job {job} sent no valid key confirmation ({e}); closing it"

@@ -507,6 +507,7 @@ fn reference_cluster() -> &'static Mutex<Cluster> {
             supernode_data: None,
             idle_files: true,
             log_files: true,
+            tls: false,
         }))
     })
 }
@@ -703,6 +704,7 @@ fn fault_cluster(peers: usize) -> Cluster {
         supernode_data: None,
         idle_files: true,
         log_files: true,
+        tls: false,
     })
 }
 

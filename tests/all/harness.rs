@@ -9,11 +9,11 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bsp_api::PeerId;
-use bsp_api::client::Client;
+use bsp_api::client::{Client, ClientOptions};
 use bsp_api::rest::{JobEvent, JobEventKind, JobInfo, SubmitJob};
 
 pub const ADMIN: &str = "admin";
@@ -50,6 +50,9 @@ pub struct Peer {
 /// A supernode and its peers, each a separate OS process.
 pub struct Cluster {
     pub url: String,
+    /// With [`Options::tls`]: the supernode's certificate fingerprint, which
+    /// its peers and [`client_options`] pin.
+    pub fingerprint: Option<String>,
     /// `host:port` the supernode listens on; a restart binds it again.
     listen: String,
     supernode: Child,
@@ -87,6 +90,9 @@ pub struct Options {
     /// Write each child's log to a file in the data directory (see
     /// [`Cluster::keep_logs`]) instead of the test's stderr.
     pub log_files: bool,
+    /// Serve HTTPS (`--tls`: a self-signed certificate) and pin it in the
+    /// peers and the harness's clients.
+    pub tls: bool,
 }
 
 impl Default for Options {
@@ -99,6 +105,7 @@ impl Default for Options {
             supernode_data: None,
             idle_files: true,
             log_files: false,
+            tls: false,
         }
     }
 }
@@ -107,11 +114,15 @@ impl Cluster {
     pub fn start(opts: Options) -> Cluster {
         let data = tempfile::tempdir().expect("temp dir");
         let data_path = data.path().to_path_buf();
-        let (supernode, url) =
+        let (supernode, url, fingerprint) =
             spawn_supernode("127.0.0.1:0", &data_path, &opts).expect("start the supernode");
-        let listen = url.trim_start_matches("http://").to_string();
+        let listen = url
+            .trim_start_matches("http://")
+            .trim_start_matches("https://")
+            .to_string();
         let mut cluster = Cluster {
             url,
+            fingerprint,
             listen,
             supernode,
             peers: vec![],
@@ -139,6 +150,11 @@ impl Cluster {
             .arg(self.control_socket(name))
             // No peer.toml of the machine's user is read.
             .env("BSPWEB_CONFIG_DIR", &self.data_path)
+            .args(
+                self.fingerprint
+                    .iter()
+                    .flat_map(|f| ["--supernode-fingerprint", f.as_str()]),
+            )
             .args(extra)
             .env("BSPWEB_LOG", log_filter(self.opts.log_files))
             .stdin(Stdio::piped())
@@ -267,7 +283,7 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             match spawn_supernode(&self.listen, &self.data_path, &self.opts) {
-                Ok((child, url)) => {
+                Ok((child, url, _)) => {
                     assert_eq!(url, self.url, "the restarted supernode moved");
                     self.supernode = child;
                     return;
@@ -298,7 +314,8 @@ impl Cluster {
     }
 
     pub async fn admin(&self) -> Client {
-        Client::login(&self.url, ADMIN, ADMIN_PASSWORD)
+        client_options(&self.url)
+            .login(&self.url, ADMIN, ADMIN_PASSWORD)
             .await
             .expect("admin login")
     }
@@ -306,23 +323,18 @@ impl Cluster {
     /// Create a user and log in as it.
     pub async fn user(&self, name: &str) -> Client {
         let admin = self.admin().await;
-        let http = reqwest::Client::builder()
-            .pool_idle_timeout(Duration::from_secs(10))
-            .build()
-            .unwrap();
-        let resp = http
-            .post(format!("{}/api/v1/users", self.url))
-            .bearer_auth(admin.token())
-            .json(&serde_json::json!({"name": name, "password": "pw-of-" .to_string() + name}))
-            .send()
+        admin
+            .create_user(&bsp_api::rest::CreateUserRequest {
+                name: name.to_string(),
+                password: format!("pw-of-{name}"),
+                role: None,
+                admin: false,
+                quotas: Default::default(),
+            })
             .await
-            .unwrap();
-        assert!(
-            resp.status().is_success(),
-            "create user {name}: {}",
-            resp.status()
-        );
-        Client::login(&self.url, name, &format!("pw-of-{name}"))
+            .unwrap_or_else(|e| panic!("create user {name}: {e}"));
+        client_options(&self.url)
+            .login(&self.url, name, &format!("pw-of-{name}"))
             .await
             .unwrap()
     }
@@ -483,11 +495,33 @@ fn log_sink(dir: &Path, file: &str, to_file: bool) -> Stdio {
     Stdio::from(f)
 }
 
+/// The certificate fingerprints of the TLS supernodes started here, by URL.
+static PINS: Mutex<Vec<(String, bsp_api::tls::Fingerprint)>> = Mutex::new(Vec::new());
+
+/// How the harness's clients reach the supernode at `url`: pinning its
+/// certificate if it serves HTTPS.
+pub fn client_options(url: &str) -> ClientOptions {
+    let pins = PINS.lock().unwrap_or_else(|p| p.into_inner());
+    match pins.iter().find(|(u, _)| u == url) {
+        Some((_, fp)) => ClientOptions::new().fingerprint(*fp),
+        None => ClientOptions::new(),
+    }
+}
+
 /// Start a supernode listening on `listen` with its state in `data`;
-/// returns it and the URL it printed, or why it did not start.
-fn spawn_supernode(listen: &str, data: &Path, opts: &Options) -> Result<(Child, String), String> {
+/// returns it, the URL it printed and, with TLS, its certificate's
+/// fingerprint, or why it did not start.
+fn spawn_supernode(
+    listen: &str,
+    data: &Path,
+    opts: &Options,
+) -> Result<(Child, String, Option<String>), String> {
+    // The tests' own plain `reqwest` clients need a process-wide rustls
+    // provider (bspweb's clients pass theirs).
+    bsp_api::client::tls::install_default_provider();
     let mut supernode = bspweb()
         .args(["supernode", "--listen", listen, "--exit-on-stdin-eof"])
+        .args(opts.tls.then_some("--tls"))
         .arg("--data")
         .arg(opts.supernode_data.as_deref().unwrap_or(data))
         .args(["--lease-ttl-secs", &opts.lease_ttl_secs.to_string()])
@@ -500,19 +534,81 @@ fn spawn_supernode(listen: &str, data: &Path, opts: &Options) -> Result<(Child, 
         .stderr(log_sink(data, "supernode.log", opts.log_files))
         .spawn()
         .map_err(|e| format!("cannot run bspweb: {e}"))?;
-    // The first line on stdout names the URL it listens on.
     let stdout = supernode.stdout.take().expect("stdout");
-    let mut line = String::new();
-    let read = BufReader::new(stdout).read_line(&mut line);
-    match line.split_whitespace().find(|w| w.starts_with("http://")) {
-        Some(url) => Ok((supernode, url.to_string())),
-        None => {
+    match read_start(stdout) {
+        Ok((url, fingerprint)) => Ok((supernode, url, fingerprint)),
+        Err(printed) => {
             let status = supernode.wait().ok();
-            Err(format!(
-                "the supernode printed {line:?} ({read:?}) and exited with {status:?}"
-            ))
+            Err(format!("{printed} and exited with {status:?}"))
         }
     }
+}
+
+/// What `bspweb supernode` printed at start on `stdout`: the URL of its
+/// first line and, with TLS, the certificate fingerprint of a later one,
+/// which [`client_options`] then pins; or what it printed instead.
+pub fn read_start(stdout: impl std::io::Read) -> Result<(String, Option<String>), String> {
+    let mut stdout = BufReader::new(stdout);
+    let mut line = String::new();
+    let read = stdout.read_line(&mut line);
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://") || w.starts_with("https://"));
+    let Some(url) = url else {
+        return Err(format!("the supernode printed {line:?} ({read:?})"));
+    };
+    if url.starts_with("http://") {
+        return Ok((url.to_string(), None));
+    }
+    let mut fingerprint = None;
+    for _ in 0..10 {
+        let mut next = String::new();
+        if stdout.read_line(&mut next).unwrap_or(0) == 0 {
+            break;
+        }
+        fingerprint = next
+            .split_whitespace()
+            .find(|w| w.starts_with("sha256:"))
+            .map(str::to_string);
+        if fingerprint.is_some() {
+            break;
+        }
+    }
+    let Some(fp) = fingerprint else {
+        return Err(format!("the supernode at {url} printed no fingerprint"));
+    };
+    let pin = fp.parse().map_err(|e| format!("{e}"))?;
+    PINS.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((url.to_string(), pin));
+    Ok((url.to_string(), Some(fp)))
+}
+
+/// A new enrollment token of the administrator's on the supernode at `url`
+/// (on a thread of its own: callers may be inside a tokio runtime).
+pub fn enroll(url: &str, name: &str) -> String {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async {
+                    let admin = client_options(url)
+                        .login(url, ADMIN, ADMIN_PASSWORD)
+                        .await
+                        .expect("admin login");
+                    admin
+                        .create_enrollment(name)
+                        .await
+                        .expect("create an enrollment token")
+                        .token
+                        .0
+                })
+        })
+        .join()
+        .expect("enrolling")
+    })
 }
 
 /// Replace `path`'s contents in one step, so a reader never sees half.
@@ -528,7 +624,8 @@ fn wait_for_peers_blocking(url: &str, peers: &mut [Peer], n: usize, logs: Option
         .build()
         .unwrap();
     rt.block_on(async {
-        let client = Client::login(url, ADMIN, ADMIN_PASSWORD)
+        let client = client_options(url)
+            .login(url, ADMIN, ADMIN_PASSWORD)
             .await
             .expect("admin login");
         let deadline = Instant::now() + Duration::from_secs(60);

@@ -66,6 +66,15 @@ fn read_frame(s: &mut TcpStream) -> Option<Frame> {
     postcard::from_bytes(&body).ok()
 }
 
+/// A Noise handshake for `job` under the key of `token` (not the job's):
+/// the listener cannot decrypt it.
+fn forged_handshake(token: &str, job: i64) -> Vec<u8> {
+    use bspweb_peer::noise::{Initiator, JobKey};
+    let (_, first) = Initiator::start(&JobKey::derive(token), WIRE_VERSION, job, b"forged")
+        .expect("a handshake message");
+    first
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_peer_frame_for_a_job_the_peer_is_not_part_of_is_rejected() {
     let c = shared();
@@ -90,9 +99,7 @@ async fn a_peer_frame_for_a_job_the_peer_is_not_part_of_is_rejected() {
         &Frame::Hello {
             version: WIRE_VERSION,
             job: 987_654_321,
-            from: 1,
-            token: "guess".into(),
-            epoch: 0,
+            handshake: forged_handshake("guess", 987_654_321).into(),
         },
     );
     match read_frame(&mut s) {
@@ -139,9 +146,7 @@ async fn a_peer_frame_for_a_job_the_peer_is_not_part_of_is_rejected() {
             &Frame::Hello {
                 version: WIRE_VERSION,
                 job: long.id,
-                from: host,
-                token: "forged".into(),
-                epoch: 0,
+                handshake: forged_handshake("forged", long.id).into(),
             },
         );
         match read_frame(&mut s) {
