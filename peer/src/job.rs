@@ -542,6 +542,10 @@ struct Driver {
     dones: BTreeMap<(Pid, u32), ProcDone>,
     /// The newest superstep whose barrier is complete here.
     complete: Option<u32>,
+    /// How the job's other peers keep up ([`crate::observe`]), with times
+    /// in milliseconds since `observed_from`.
+    observer: crate::observe::Observer,
+    observed_from: Instant,
     /// The newest checkpointed superstep before `complete`: every process
     /// has a safe checkpoint at or after it, so nobody is ever restored from
     /// before it.
@@ -857,6 +861,8 @@ async fn run_job(
         held: 0,
         dones: BTreeMap::new(),
         complete: None,
+        observer: crate::observe::Observer::new(0),
+        observed_from: Instant::now(),
         safe: None,
         store: ReplicaStore::new(),
         assemblers: HashMap::new(),
@@ -884,6 +890,7 @@ async fn run_job(
     d.deferred = Some((fresh, restored));
     d.get_program(&a);
     d.run(events, updates, program_rx, cancel).await;
+    d.env.stats.observed.forget(d.job);
     // Stop whatever still runs, close our connections.
     kill.store(true, Ordering::Relaxed);
     d.tasks.abort_all();
@@ -901,6 +908,8 @@ impl Driver {
         cancel: CancellationToken,
     ) {
         let mut delivered = self.env.reporter.watch_delivered();
+        let mut observe = tokio::time::interval(Duration::from_secs(1));
+        observe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             self.pump();
             let waiting_for_robber =
@@ -914,6 +923,7 @@ impl Driver {
                     self.fall_back(format!("no piece of the program arrived for {secs} s"));
                 }
                 Ok(()) = delivered.changed() => self.on_output_delivered(),
+                _ = observe.tick() => self.publish_observations(),
                 Some(joined) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                     match joined {
                         Ok(task) => self.on_task(task),
@@ -934,6 +944,32 @@ impl Driver {
 
     fn emit(&self, e: PeerEvent) {
         self.env.reporter.emit(e);
+    }
+
+    fn observed_ms(&self) -> u64 {
+        u64::try_from(self.observed_from.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Hand what this peer saw of the job's other peers to the next
+    /// renewal, and the processes the barrier waits for once it waits long.
+    fn publish_observations(&mut self) {
+        let since = self.observed_from + Duration::from_millis(self.observer.waiting_since());
+        let waiting_for = if since.elapsed() >= crate::observe::REPORT_WAIT_AFTER
+            && self.local.values().any(|l| !matches!(l.state, State::Exited))
+        {
+            self.barrier.missing_done(self.observer.next())
+        } else {
+            Vec::new()
+        };
+        let placement = &self.placement;
+        let hosted = |peer: PeerId| placement.iter().filter(|&&p| p == peer).count() as u32;
+        self.env.stats.observed.publish(
+            self.job,
+            self.observer.take(),
+            hosted,
+            since.into_std(),
+            waiting_for,
+        );
     }
 
     fn status(&self, text: String) {
@@ -2053,6 +2089,8 @@ impl Driver {
         let horizon = self.local.values().map(|l| l.superstep).max().unwrap_or(0) + 1;
         while s <= horizon && self.barrier.complete(s) {
             self.complete = Some(s);
+            let now = self.observed_ms();
+            self.observer.on_complete(s, now);
             s += 1;
         }
         // The newest checkpointed superstep before it.
@@ -2342,6 +2380,10 @@ impl Driver {
                 }
             }
             Frame::Done { superstep, procs } => {
+                if from != self.me {
+                    let now = self.observed_ms();
+                    self.observer.on_done(from, superstep, now);
+                }
                 for d in procs {
                     self.barrier
                         .on_done(superstep, d)
