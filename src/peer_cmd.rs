@@ -39,7 +39,7 @@ pub struct PeerArgs {
 enum PeerCommand {
     /// Install the peer as a systemd service (user or system) that starts
     /// with the machine, restarts on failure and runs at idle priority
-    Install(InstallArgs),
+    Install(Box<InstallArgs>),
     /// Stop and remove the service `install` set up (its peer.toml stays)
     Uninstall(ServiceArgs),
     /// What the running peer does: state, jobs, slots, memory, windows
@@ -265,7 +265,7 @@ const SYSTEM_SOCKET: &str = "/run/bspweb/peer.sock";
 pub async fn peer(a: PeerArgs) -> anyhow::Result<ExitCode> {
     match a.command {
         None => crate::local::peer(a.run).await,
-        Some(PeerCommand::Install(i)) => install(i),
+        Some(PeerCommand::Install(i)) => install(*i),
         Some(PeerCommand::Uninstall(s)) => uninstall(&s),
         Some(PeerCommand::Status(s)) => control(&s, Request::Status).await,
         Some(PeerCommand::Pause(s)) => control(&s, Request::Pause).await,

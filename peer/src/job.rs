@@ -955,7 +955,10 @@ impl Driver {
     fn publish_observations(&mut self) {
         let since = self.observed_from + Duration::from_millis(self.observer.waiting_since());
         let waiting_for = if since.elapsed() >= crate::observe::REPORT_WAIT_AFTER
-            && self.local.values().any(|l| !matches!(l.state, State::Exited))
+            && self
+                .local
+                .values()
+                .any(|l| !matches!(l.state, State::Exited))
         {
             self.barrier.missing_done(self.observer.next())
         } else {

@@ -9,6 +9,7 @@ use bsp_api::rest::{CreateEnrollment, EnrollmentInfo, NewEnrollment, PeerInfo, R
 
 use crate::auth::AuthUser;
 use crate::http::{ApiJson, ApiPath, no_content};
+use crate::state::Caller;
 use crate::{Error, Supernode, now_ms};
 
 #[utoipa::path(
@@ -58,9 +59,12 @@ pub(crate) async fn list(
     State(sn): State<Supernode>,
     auth: AuthUser,
 ) -> Result<Json<Vec<EnrollmentInfo>>, Error> {
-    let (caller, admin) = (auth.id, auth.role == Role::Admin);
+    let caller = Caller {
+        id: auth.id,
+        admin: auth.role == Role::Admin,
+    };
     Ok(Json(
-        sn.with_core(move |core, _, _| core.enrollments(caller, admin))
+        sn.with_core(move |core, _, _| core.enrollments(caller))
             .await?,
     ))
 }
@@ -86,11 +90,12 @@ pub(crate) async fn revoke(
     auth: AuthUser,
     ApiPath(id): ApiPath<i64>,
 ) -> Result<Response, Error> {
-    let (caller, admin) = (auth.id, auth.role == Role::Admin);
-    sn.with_core(move |core, inner, fx| {
-        core.revoke_enrollment(inner, fx, caller, admin, id, now_ms())
-    })
-    .await?;
+    let caller = Caller {
+        id: auth.id,
+        admin: auth.role == Role::Admin,
+    };
+    sn.with_core(move |core, inner, fx| core.revoke_enrollment(inner, fx, caller, id, now_ms()))
+        .await?;
     Ok(no_content())
 }
 
@@ -119,10 +124,13 @@ pub(crate) async fn update_peer(
     ApiPath(id): ApiPath<PeerId>,
     ApiJson(change): ApiJson<UpdatePeer>,
 ) -> Result<Json<PeerInfo>, Error> {
-    let (caller, admin) = (auth.id, auth.role == Role::Admin);
+    let caller = Caller {
+        id: auth.id,
+        admin: auth.role == Role::Admin,
+    };
     let mut peer = sn
         .with_core(move |core, inner, fx| {
-            core.set_peer_disabled(inner, fx, caller, admin, id, change.disabled, now_ms())
+            core.set_peer_disabled(inner, fx, caller, id, change.disabled, now_ms())
         })
         .await?;
     crate::rest::with_measurements(&sn, std::slice::from_mut(&mut peer));

@@ -53,6 +53,8 @@ pub struct Cluster {
     /// With [`Options::tls`]: the supernode's certificate fingerprint, which
     /// its peers and [`client_options`] pin.
     pub fingerprint: Option<String>,
+    /// The enrollment token its peers log in with (the administrator's).
+    pub peer_token: String,
     /// `host:port` the supernode listens on; a restart binds it again.
     listen: String,
     supernode: Child,
@@ -120,9 +122,11 @@ impl Cluster {
             .trim_start_matches("http://")
             .trim_start_matches("https://")
             .to_string();
+        let peer_token = enroll(&url, "test peers");
         let mut cluster = Cluster {
             url,
             fingerprint,
+            peer_token,
             listen,
             supernode,
             peers: vec![],
@@ -142,14 +146,20 @@ impl Cluster {
     pub fn add_peer(&mut self, name: &str, extra: &[String]) -> usize {
         let mut cmd = bspweb();
         cmd.args(["peer", "--supernode", &self.url, "--listen", "127.0.0.1:0"])
-            .args([
-                "--name", name, "--nice", "0", "--speed", "1.0", "--slots", "2",
-            ])
+            .args(["--name", name, "--nice", "0", "--slots", "2"])
+            // Speed 1 unless the test claims another.
+            .args(
+                (!extra.iter().any(|a| a == "--speed"))
+                    .then_some(["--speed", "1.0"])
+                    .into_iter()
+                    .flatten(),
+            )
             .arg("--exit-on-stdin-eof")
             .arg("--control-socket")
             .arg(self.control_socket(name))
             // No peer.toml of the machine's user is read.
             .env("BSPWEB_CONFIG_DIR", &self.data_path)
+            .env("BSPWEB_PEER_TOKEN", &self.peer_token)
             .args(
                 self.fingerprint
                     .iter()
@@ -245,6 +255,11 @@ impl Cluster {
     }
 
     /// Wait (polling, at most `limit`) for the peer at `index` to exit.
+    /// The OS process id of the peer at `index`.
+    pub fn peer_pid(&self, index: usize) -> u32 {
+        self.peers[index].child.id()
+    }
+
     pub async fn wait_peer_exit(&mut self, index: usize, limit: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + limit;
         loop {

@@ -7,6 +7,7 @@ mod harness;
 
 mod api_spec;
 mod c_guest;
+mod claims;
 mod cli;
 mod consumer;
 mod data_plane;

@@ -27,6 +27,14 @@ fn refused(code: &'static str, message: String) -> Error {
     Error::Unauthorized { code, message }
 }
 
+/// Who asks: an account, and whether it is an administrator (who may act
+/// on every account's tokens and peers).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caller {
+    pub id: i64,
+    pub admin: bool,
+}
+
 /// Why `peers` are fenced by an account's decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FenceCause {
@@ -198,11 +206,8 @@ impl Core {
 
     /// The enrollment tokens `caller` may see: its own, or all for an
     /// administrator; newest first.
-    pub(crate) fn enrollments(
-        &self,
-        caller: i64,
-        admin: bool,
-    ) -> Result<Vec<EnrollmentInfo>, Error> {
+    pub(crate) fn enrollments(&self, caller: Caller) -> Result<Vec<EnrollmentInfo>, Error> {
+        let Caller { id: caller, admin } = caller;
         let mut stmt = self.conn.prepare(&format!(
             "{INFO_SELECT} WHERE ?1 OR e.owner = ?2 ORDER BY e.id DESC"
         ))?;
@@ -217,11 +222,11 @@ impl Core {
         &mut self,
         inner: &Inner,
         fx: &mut Effects,
-        caller: i64,
-        admin: bool,
+        caller: Caller,
         id: i64,
         now: i64,
     ) -> Result<(), Error> {
+        let Caller { id: caller, admin } = caller;
         let tx = self.conn.transaction()?;
         let owner: Option<(i64, Option<i64>)> = tx
             .query_row(
@@ -268,12 +273,12 @@ impl Core {
         &mut self,
         inner: &Inner,
         fx: &mut Effects,
-        caller: i64,
-        admin: bool,
+        caller: Caller,
         peer: PeerId,
         disabled: bool,
         now: i64,
     ) -> Result<PeerInfo, Error> {
+        let Caller { id: caller, admin } = caller;
         let tx = self.conn.transaction()?;
         let row: Option<(Option<i64>, Option<i64>, String)> = tx
             .query_row(

@@ -35,6 +35,7 @@ mod schedule;
 mod users;
 mod validate;
 
+pub(crate) use enroll::Caller;
 use schedule::admit_memory;
 pub(crate) use users::Account;
 pub(crate) use validate::*;

@@ -577,6 +577,9 @@ impl Core {
         waits: &[bsp_api::control::BarrierWait],
         now: i64,
     ) -> Result<Vec<PeerId>, Error> {
+        if !waits.is_empty() {
+            tracing::debug!(reporter, ?waits, "barrier waits reported");
+        }
         let mut hosts: HashMap<JobId, HashMap<Pid, PeerId>> = HashMap::new();
         let mut limits: HashMap<JobId, u64> = HashMap::new();
         for w in waits {
