@@ -270,7 +270,9 @@ pub struct JobAssignment {
     pub args: String,
     pub seed: u64,
     pub limits: JobLimits,
-    /// A secret every peer of this job shows in its [`crate::wire::Frame::Hello`].
+    /// The job's secret: the key of its data-plane connections is derived
+    /// from it (Noise with a pre-shared key, `peer/src/noise.rs`); it never
+    /// travels on the data plane itself.
     pub job_token: String,
     /// `placement[pid]` is the index into `peers` of the peer that runs `pid`.
     pub placement: Vec<u32>,
@@ -280,7 +282,7 @@ pub struct JobAssignment {
     pub resources: Vec<(String, String)>,
     /// Configuration epoch, from 0; increases with every change of `peers`
     /// or `placement`. Older assignments than the one held are ignored, and
-    /// data-plane connections carry it in their `Hello`.
+    /// data-plane connections carry it in their encrypted `Hello`.
     #[serde(default)]
     pub epoch: u64,
     /// Pids whose host changed in this epoch (lost with a peer, or
