@@ -113,3 +113,78 @@ async fn messages_between_peers_never_cross_the_wire_in_the_clear() {
         );
     }
 }
+
+/// Everything on `lo` of a TLS supernode and its peers while a volunteer
+/// enrolls a peer, a user logs in and runs a job: no password, enrollment
+/// token, login token, program bytes or message text in the clear (issue
+/// 18's capture test; with `tls: false` it finds the password).
+#[tokio::test(flavor = "multi_thread")]
+async fn nothing_secret_crosses_loopback_in_the_clear_with_tls() {
+    use crate::harness::{ADMIN, ADMIN_PASSWORD, Cluster, Options};
+    let mut c = Cluster::start(Options {
+        peers: 2,
+        tls: true,
+        ..Options::default()
+    });
+    let supernode_port: u16 = c.url.rsplit(':').next().unwrap().parse().unwrap();
+    let admin = c.admin().await;
+    let mut ports: Vec<u16> = admin
+        .peers()
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|p| p.addr.rsplit(':').next()?.parse().ok())
+        .collect();
+    ports.push(supernode_port);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lo.pcap");
+    // The supernode's port and the peers' data ports; a third peer's data
+    // port is new, but its login and downloads go to the supernode's.
+    let capture = Capture::start(&file, &ports);
+
+    // A login with the password, a new enrollment token, a peer logging in
+    // with it.
+    let client = crate::harness::client_options(&c.url)
+        .login(&c.url, ADMIN, ADMIN_PASSWORD)
+        .await
+        .unwrap();
+    let enrollment = client.create_enrollment("captured").await.unwrap();
+    c.add_peer("third", &["--token".into(), enrollment.token.0.clone()]);
+    until(
+        "the third peer online",
+        Duration::from_secs(60),
+        async || {
+            let peers = client.peers().await.ok()?;
+            peers
+                .iter()
+                .any(|p| p.name == "third" && p.state == "online")
+                .then_some(())
+        },
+    )
+    .await;
+    let n = 6u32;
+    let r = run(&client, job("broadcast", n, json!(null))).await;
+    r.assert_exited();
+    capture.stop();
+
+    let captured = std::fs::read(&file).unwrap();
+    assert!(captured.len() > 4096, "{} bytes captured", captured.len());
+    let wasm = bspweb_programs::get("broadcast").unwrap().wasm;
+    let program = &wasm[wasm.len() / 2..wasm.len() / 2 + 48];
+    let output = format!("pid {} got range hello", n - 1);
+    let secrets: [(&str, &[u8]); 7] = [
+        ("the password", ADMIN_PASSWORD.as_bytes()),
+        ("the enrollment token", enrollment.token.0.as_bytes()),
+        ("the cluster's enrollment token", c.peer_token.as_bytes()),
+        ("the login token", client.token().as_bytes()),
+        ("program bytes", program),
+        ("a message", b"range hello"),
+        ("output", output.as_bytes()),
+    ];
+    for (what, secret) in secrets {
+        assert!(
+            !captured.windows(secret.len()).any(|w| w == secret),
+            "{what} crossed loopback in the clear"
+        );
+    }
+}
