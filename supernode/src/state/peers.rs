@@ -623,7 +623,7 @@ impl Core {
                     peer = x,
                     job,
                     "peer #{x} holds processes of job {job} but made no progress for longer than \
-                     its superstep limit and {} s, say most of the job's other peers",
+                     twice its superstep limit and {} s, say most of the job's other peers",
                     crate::verify::STALL_GRACE_MS / 1000
                 );
                 stalled.insert(x);
