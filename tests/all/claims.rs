@@ -107,7 +107,9 @@ async fn a_peer_that_claims_a_hundred_times_its_speed_gets_about_its_real_share(
         let peers = admin.peers().await.ok()?;
         let p = peers.into_iter().find(|p| p.id == liar.id)?;
         let (power, delivered) = (p.power?, p.delivered_power?);
-        (power < 1.0).then_some((power, delivered))
+        // A quarter of a core against the others' share of two cores:
+        // about a quarter of an honest peer's power.
+        (power < 0.6).then_some((power, delivered))
     })
     .await;
     eprintln!(
@@ -118,10 +120,12 @@ async fn a_peer_that_claims_a_hundred_times_its_speed_gets_about_its_real_share(
     let second = admin.submit(&job("pagerank", 16, args)).await.unwrap();
     let second_placement = placed(&admin, second.id).await;
     let share = hosted(&second_placement, liar.id);
-    // Real share: a quarter core of 2.25 in all (the others share what is
-    // left of two cores); twice that of 16 processes is 3.6.
+    // Its real share is about 8 % (1.3 of 16 processes); the DHHT spreads
+    // 16 processes widely (one of three equal peers got 6 in a run), so
+    // the bound is an honest peer's even share, not the 15 it would get
+    // for its claim or the 6 of probation.
     assert!(
-        share <= 3,
+        share <= 4,
         "the liar hosts {share} of 16 processes of a new job (placement {second_placement:?})"
     );
     for j in [first.id, second.id] {
