@@ -593,15 +593,23 @@ pub fn read_start(stdout: impl std::io::Read) -> Result<(String, Option<String>)
         return Err(format!("the supernode at {url} printed no fingerprint"));
     };
     let pin = fp.parse().map_err(|e| format!("{e}"))?;
-    PINS.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push((url.to_string(), pin));
+    // A supernode started later at the same address (the testbed's) has a
+    // new certificate: its pin replaces the old one.
+    let mut pins = PINS.lock().unwrap_or_else(|p| p.into_inner());
+    pins.retain(|(u, _)| u != url);
+    pins.push((url.to_string(), pin));
+    drop(pins);
     Ok((url.to_string(), Some(fp)))
 }
 
 /// A new enrollment token of the administrator's on the supernode at `url`
 /// (on a thread of its own: callers may be inside a tokio runtime).
 pub fn enroll(url: &str, name: &str) -> String {
+    enroll_with(client_options(url), url, name)
+}
+
+/// [`enroll`], reaching the supernode as `options` say.
+pub fn enroll_with(options: ClientOptions, url: &str, name: &str) -> String {
     std::thread::scope(|s| {
         s.spawn(|| {
             tokio::runtime::Builder::new_current_thread()
@@ -609,7 +617,7 @@ pub fn enroll(url: &str, name: &str) -> String {
                 .build()
                 .unwrap()
                 .block_on(async {
-                    let admin = client_options(url)
+                    let admin = options
                         .login(url, ADMIN, ADMIN_PASSWORD)
                         .await
                         .expect("admin login");

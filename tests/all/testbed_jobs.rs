@@ -11,6 +11,10 @@ use crate::testbed::{Leftovers, Testbed, Topology};
 /// A supernode and peers started on testbed hosts.
 struct Deployment {
     url: String,
+    /// The supernode's certificate fingerprint: every testbed's supernode
+    /// has the same address, so clients pin this one, not the harness's
+    /// pin by URL (tests run at once).
+    fingerprint: String,
     /// The supernode's data and the peers' logs and idle files.
     data: tempfile::TempDir,
     /// `(host, child index)` of each peer.
@@ -78,7 +82,17 @@ fn deploy_with(
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(url.starts_with("https://"), "{url}");
     let fingerprint = fingerprint.expect("the certificate's fingerprint");
-    let token = crate::harness::enroll(&url, "testbed peers");
+    // From inside the supernode's host: the root namespace has no route
+    // into the testbed.
+    let token = {
+        let (url, options) = (url.clone(), pinned(&fingerprint));
+        tb.thread_in(supernode_host, move || {
+            crate::harness::enroll_with(options, &url, "testbed peers")
+        })
+        .unwrap()
+        .join()
+        .expect("enrolling the testbed's peers")
+    };
     let mut started = Vec::new();
     for &(host, cluster) in peers {
         let idle = data.path().join(format!("idle-{host}"));
@@ -108,15 +122,22 @@ fn deploy_with(
     }
     Deployment {
         url,
+        fingerprint,
         data,
         peers: started,
     }
 }
 
+/// Clients that accept exactly the certificate with `fingerprint`.
+fn pinned(fingerprint: &str) -> bsp_api::client::ClientOptions {
+    bsp_api::client::ClientOptions::new()
+        .fingerprint(fingerprint.parse().expect("the printed fingerprint parses"))
+}
+
 /// Log in from inside the current namespace and wait for `n` online peers.
-async fn online_client(url: &str, n: usize) -> bsp_api::client::Client {
+async fn online_client(url: &str, fingerprint: &str, n: usize) -> bsp_api::client::Client {
     use crate::harness::{ADMIN, ADMIN_PASSWORD};
-    let client = crate::harness::client_options(url)
+    let client = pinned(fingerprint)
         .login(url, ADMIN, ADMIN_PASSWORD)
         .await
         .unwrap();
@@ -183,9 +204,9 @@ fn a_ring_job_runs_across_clusters() {
         15,
         "warn",
     );
-    let url = d.url.clone();
+    let (url, fingerprint) = (d.url.clone(), d.fingerprint.clone());
     let ring = with_client(tb, left, "a0", move || async move {
-        let client = online_client(&url, 3).await;
+        let client = online_client(&url, &fingerprint, 3).await;
         run_job(&client, job("ring", 6, serde_json::Value::Null)).await
     });
 
@@ -269,9 +290,9 @@ fn a_broadcast_job_gets_its_program_by_robber_and_relays_across_clusters() {
     let mut tb = Testbed::create(&Topology::load("clusters").unwrap()).unwrap();
     let left = Leftovers::of(&tb);
     let d = deploy(&mut tb, "a0", &TB_PEERS, 15, "warn,bspweb_peer::job=debug");
-    let url = d.url.clone();
+    let (url, fingerprint) = (d.url.clone(), d.fingerprint.clone());
     let run = with_client(tb, left, "a0", move || async move {
-        let client = online_client(&url, 6).await;
+        let client = online_client(&url, &fingerprint, 6).await;
         let args = serde_json::json!({"bytes": BYTES, "rounds": ROUNDS});
         run_job(&client, job("broadcast", 12, args)).await
     });
@@ -321,11 +342,11 @@ fn killing_a_peer_during_broadcasts_still_delivers_everywhere() {
     let mut tb = Testbed::create(&Topology::load("clusters").unwrap()).unwrap();
     let left = Leftovers::of(&tb);
     let d = deploy(&mut tb, "a0", &TB_PEERS, 3, "warn");
-    let url = d.url.clone();
+    let (url, fingerprint) = (d.url.clone(), d.fingerprint.clone());
     // b0: a relay in the middle of the chains (cluster b sits between a and c).
     let victim = tb.child(d.peers[2].1).id();
     let run = with_client(tb, left, "a0", move || async move {
-        let client = online_client(&url, 6).await;
+        let client = online_client(&url, &fingerprint, 6).await;
         let args = serde_json::json!({"bytes": BYTES, "rounds": ROUNDS});
         let info = client.submit(&job("broadcast", 12, args)).await.unwrap();
         // Kill the peer once round 1 is under way.
@@ -419,9 +440,9 @@ fn peers_find_their_clusters_and_jobs_use_them() {
         // them over minutes).
         &["--probe-mib-per-hour", "4000"],
     );
-    let url = d.url.clone();
+    let (url, fingerprint) = (d.url.clone(), d.fingerprint.clone());
     let (groups, took, infos, ring, broadcast) = with_client(tb, left, "a0", move || async move {
-        let client = online_client(&url, 12).await;
+        let client = online_client(&url, &fingerprint, 12).await;
         let start = Instant::now();
         let mut want: Vec<Vec<String>> = CLUSTER_HOSTS
             .iter()
