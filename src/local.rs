@@ -152,6 +152,10 @@ async fn ensure_user(
     Ok((user, password))
 }
 
+/// How often `bspweb up` tries again to start a local peer the supernode
+/// refused (one disabled from the web UI, say).
+const REFUSED_RETRY: Duration = Duration::from_secs(30);
+
 /// The enrollment token of `bspweb up`'s local peers: the one kept in the
 /// data directory while the supernode still admits it, else a new one of
 /// `user`'s.
@@ -240,6 +244,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let logs = data.join("logs");
     std::fs::create_dir_all(&logs)?;
     let mut children = Vec::new();
+    // Local peers the supernode refused, and when to try each again.
+    let mut held_back: std::collections::HashMap<usize, Instant> = Default::default();
     for i in 0..peers {
         let log_path = logs.join(format!("peer-{i}.log"));
         let log = std::fs::File::create(&log_path)
@@ -323,7 +329,30 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {
                     for (i, child, log) in children.iter_mut() {
                         if let Ok(Some(status)) = child.try_wait() {
-                            eprintln!("warning: local peer {i} stopped ({status}); see {}", log.display());
+                            // Refused by the supernode (disabled, say):
+                            // restarting at once would only be refused again.
+                            let refused = status.code() == Some(i32::from(crate::cli_client::exit::UNAUTHORIZED));
+                            let now = Instant::now();
+                            match (refused, held_back.get(i)) {
+                                (true, None) => {
+                                    eprintln!(
+                                        "warning: the supernode refuses local peer {i} (disabled? `bspweb peers enable ID`); \
+                                         trying again every {} s; see {}",
+                                        REFUSED_RETRY.as_secs(),
+                                        log.display()
+                                    );
+                                    held_back.insert(*i, now + REFUSED_RETRY);
+                                    continue;
+                                }
+                                (true, Some(&at)) if now < at => continue,
+                                (true, Some(_)) => {
+                                    held_back.insert(*i, now + REFUSED_RETRY);
+                                }
+                                (false, _) => {
+                                    held_back.remove(i);
+                                    eprintln!("warning: local peer {i} stopped ({status}); see {}", log.display());
+                                }
+                            }
                             *child = local_peer(&exe, &url, *i, idle_file.as_deref(), &data, &token)
                                 .stdout(std::fs::File::options().append(true).open(&*log)?)
                                 .stderr(std::fs::File::options().append(true).open(&*log)?)

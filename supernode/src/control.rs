@@ -25,6 +25,7 @@ const MAX_WAIT: Duration = Duration::from_secs(30);
     responses(
         (status = 200, description = "The lease", body = Lease),
         (status = 400, description = "Malformed request: bad JSON (`bad_json`) or a bad query or path parameter (`bad_request`)", body = bsp_api::rest::ApiError),
+        (status = 401, description = "Not admitted: no enrollment token (`enrollment_required`), a wrong one (`bad_enrollment_token`), a revoked one (`enrollment_revoked`), one whose account is disabled (`enrollment_owner_disabled`), or the peer is disabled (`peer_disabled`)", body = bsp_api::rest::ApiError),
         (status = 413, description = "The request body is larger than the endpoint accepts (`too_large`)", body = bsp_api::rest::ApiError),
         (status = 422, description = "Well-formed but refused content (`invalid_body`, `invalid_module`, ...)", body = bsp_api::rest::ApiError),
         (status = 500, description = "Internal error; the supernode log has the details (`internal`)", body = bsp_api::rest::ApiError),
