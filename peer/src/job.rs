@@ -2583,6 +2583,9 @@ impl Driver {
         if a.epoch <= self.epoch || a.job != self.job || a.nprocs != self.info.nprocs {
             return true;
         }
+        // Hosts change: supersteps around the change (restores, handovers)
+        // say nothing about anyone's speed.
+        self.observer.interrupt();
         let placement = match check_assignment(self.me, &a) {
             Ok(p) => p,
             Err(e) => {

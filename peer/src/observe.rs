@@ -40,6 +40,8 @@ pub struct Observer {
     /// Superstep → peer → when its newest `Done` for it arrived.
     arrivals: BTreeMap<u32, BTreeMap<PeerId, u64>>,
     acc: BTreeMap<PeerId, Acc>,
+    /// Measure nothing at the next completed barrier ([`Observer::interrupt`]).
+    skip: bool,
 }
 
 /// Arrivals this many supersteps ahead of the barrier are not kept (a
@@ -53,6 +55,7 @@ impl Observer {
             last: (None, now),
             arrivals: BTreeMap::new(),
             acc: BTreeMap::new(),
+            skip: false,
         }
     }
 
@@ -80,7 +83,7 @@ impl Observer {
         if self.last.0.is_some_and(|l| s <= l) {
             return;
         }
-        let base = (s == self.next()).then_some(self.last.1);
+        let base = (s == self.next() && !std::mem::take(&mut self.skip)).then_some(self.last.1);
         let rest = self.arrivals.split_off(&(s + 1));
         let arrived = std::mem::replace(&mut self.arrivals, rest);
         if let (Some(base), Some(at)) = (base, arrived.get(&s)) {
@@ -91,6 +94,16 @@ impl Observer {
             }
         }
         self.last = (Some(s), now);
+    }
+
+    /// The job's hosts changed: forget what was measured and not taken
+    /// yet, and measure nothing until the next barrier completes (the
+    /// supersteps around a restore or handover time the change, not the
+    /// peers).
+    pub fn interrupt(&mut self) {
+        self.acc.clear();
+        self.arrivals.clear();
+        self.skip = true;
     }
 
     /// The sums since the last call.
@@ -256,6 +269,28 @@ mod tests {
         // A repeated or older completion changes nothing.
         o.on_complete(2, 50);
         assert_eq!((o.next(), o.waiting_since()), (4, 40));
+    }
+
+    #[test]
+    fn an_interruption_measures_nothing_until_the_next_barrier() {
+        let mut o = Observer::new(0);
+        o.on_done(2, 0, 10);
+        o.on_complete(0, 10);
+        o.on_done(2, 1, 15);
+        // A new epoch: pid moved; its handover makes superstep 2 slow.
+        o.interrupt();
+        assert!(o.take().is_empty());
+        o.on_done(2, 1, 16);
+        o.on_complete(1, 5_000);
+        o.on_done(2, 2, 5_020);
+        o.on_complete(2, 5_020);
+        assert_eq!(
+            o.take()[&2],
+            Acc {
+                supersteps: 1,
+                busy_ms: 20
+            }
+        );
     }
 
     #[test]

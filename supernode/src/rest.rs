@@ -557,7 +557,7 @@ pub(crate) fn with_measurements(sn: &Supernode, peers: &mut [PeerInfo]) {
         links.sort_unstable_by_key(|l| l.peer);
         p.links = links;
         if p.state != "gone" {
-            p.delivered_power = live.verify.delivered(p.id);
+            p.delivered_power = live.verify.delivered(p.id, now_ms());
         }
     }
     drop(live);

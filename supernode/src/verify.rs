@@ -18,7 +18,11 @@
 //!   delivered. A peer that claims 100× its speed gets many processes,
 //!   runs them no faster, and is capped near its real power after a few
 //!   supersteps; an honest fast peer earns its claim in steps of
-//!   [`SLACK`].
+//!   [`SLACK`]. A peer's throughput in a job is the median of its recent
+//!   observations, so one slow stretch does not decide it, and peers
+//!   measure nothing across a change of the job's hosts; an estimate
+//!   older than ten minutes is forgotten (probation again), so a peer
+//!   measured at a bad moment is not held down for good.
 //!
 //! **Progress.** Peers report barriers that wait long and for which
 //! processes ([`BarrierWait`]). A peer whose processes a strict majority of
@@ -56,12 +60,23 @@ pub(crate) const STALL_GRACE_MS: u64 = 10_000;
 /// A wait report counts this long after it arrived.
 const WAIT_TTL_MS: i64 = 30_000;
 
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Sum {
-    process_supersteps: f64,
+    /// Throughput (process-supersteps per ms) of each recent observation,
+    /// newest last: the estimate is their median, so one slow stretch (a
+    /// handover, a burst of load) does not decide it.
+    rates: std::collections::VecDeque<f64>,
     supersteps: f64,
     busy_ms: f64,
 }
+
+/// Observations of one peer in one job the median is taken over.
+const RATES: usize = 15;
+/// The estimate needs this many of them.
+const MIN_RATES: usize = 3;
+/// A delivered power measured this long ago is forgotten: the peer is on
+/// probation again and measured anew.
+const DELIVERED_TTL_MS: i64 = 10 * 60_000;
 
 #[derive(Debug, Default)]
 struct JobSums {
@@ -82,8 +97,8 @@ struct Wait {
 #[derive(Debug, Default)]
 pub(crate) struct Verifier {
     jobs: HashMap<JobId, JobSums>,
-    /// A peer's delivered power, as last measured.
-    delivered: HashMap<PeerId, f64>,
+    /// A peer's delivered power, as last measured, and when.
+    delivered: HashMap<PeerId, (f64, i64)>,
     /// `(job, reporter)` → its newest long wait.
     waits: HashMap<(JobId, PeerId), Wait>,
 }
@@ -107,28 +122,38 @@ impl Verifier {
             let job = self.jobs.entry(o.job).or_default();
             job.updated = now;
             let s = job.peers.entry(o.peer).or_default();
-            s.process_supersteps += f64::from(o.processes) * f64::from(o.supersteps);
+            let work = f64::from(o.processes) * f64::from(o.supersteps);
+            s.rates.push_back(work / (o.busy_ms as f64).max(1.0));
+            if s.rates.len() > RATES {
+                s.rates.pop_front();
+            }
             s.supersteps += f64::from(o.supersteps);
             s.busy_ms += o.busy_ms as f64;
             touched.insert(o.job);
         }
         for job in touched {
-            self.estimate(job, &power);
+            self.estimate(job, &power, now);
         }
         self.jobs.retain(|_, j| now - j.updated < JOB_TTL_MS);
     }
 
-    fn estimate(&mut self, job: JobId, power: &impl Fn(PeerId) -> Option<f64>) {
+    fn estimate(&mut self, job: JobId, power: &impl Fn(PeerId) -> Option<f64>, now: i64) {
         let Some(sums) = self.jobs.get_mut(&job) else {
             return;
         };
         let rates: Vec<(PeerId, f64, f64)> = sums
             .peers
             .iter()
-            .filter(|(_, s)| s.busy_ms >= MIN_BUSY_MS && s.supersteps >= MIN_SUPERSTEPS)
+            .filter(|(_, s)| {
+                s.busy_ms >= MIN_BUSY_MS
+                    && s.supersteps >= MIN_SUPERSTEPS
+                    && s.rates.len() >= MIN_RATES
+            })
             .filter_map(|(&peer, s)| {
                 let p = power(peer).filter(|p| *p > 0.0)?;
-                Some((peer, s.process_supersteps / s.busy_ms, p))
+                let mut r: Vec<f64> = s.rates.iter().copied().collect();
+                r.sort_by(f64::total_cmp);
+                Some((peer, r[r.len() / 2], p))
             })
             .collect();
         if rates.len() < 2 {
@@ -147,11 +172,10 @@ impl Verifier {
             return;
         }
         for (peer, rho, _) in rates {
-            self.delivered.insert(peer, rho / reference);
+            self.delivered.insert(peer, (rho / reference, now));
         }
         if sums.peers.values().any(|s| s.busy_ms > WINDOW_MS) {
             for s in sums.peers.values_mut() {
-                s.process_supersteps /= 2.0;
                 s.supersteps /= 2.0;
                 s.busy_ms /= 2.0;
             }
@@ -160,8 +184,8 @@ impl Verifier {
 
     /// The power placement may give `peer`, which claims `claimed`, while
     /// the other online peers have powers `others`.
-    pub(crate) fn allowed(&self, peer: PeerId, claimed: f64, others: &[f64]) -> f64 {
-        let cap = match self.delivered.get(&peer) {
+    pub(crate) fn allowed(&self, peer: PeerId, claimed: f64, others: &[f64], now: i64) -> f64 {
+        let cap = match self.delivered(peer, now) {
             Some(d) => d * SLACK,
             None => {
                 let mut o: Vec<f64> = others.iter().copied().filter(|w| *w > 0.0).collect();
@@ -175,9 +199,13 @@ impl Verifier {
         claimed.min(cap)
     }
 
-    /// The power `peer` delivered when last measured.
-    pub(crate) fn delivered(&self, peer: PeerId) -> Option<f64> {
-        self.delivered.get(&peer).copied()
+    /// The power `peer` delivered when last measured, unless that is too
+    /// long ago.
+    pub(crate) fn delivered(&self, peer: PeerId, now: i64) -> Option<f64> {
+        self.delivered
+            .get(&peer)
+            .filter(|(_, at)| now - at < DELIVERED_TTL_MS)
+            .map(|(d, _)| *d)
     }
 
     /// `reporter`'s long waits; `hosts(job, pids)` names the peers hosting
@@ -281,10 +309,10 @@ mod tests {
         let mut v = Verifier::default();
         let claimed = |p: PeerId| Some(if p == 4 { 100.0 } else { 1.0 });
         // Unmeasured: probation at twice the others' median.
-        assert_eq!(v.allowed(4, 100.0, &[1.0, 1.0, 1.0]), 2.0);
-        assert_eq!(v.allowed(4, 1.5, &[1.0, 1.0, 1.0]), 1.5);
+        assert_eq!(v.allowed(4, 100.0, &[1.0, 1.0, 1.0], 0), 2.0);
+        assert_eq!(v.allowed(4, 1.5, &[1.0, 1.0, 1.0], 0), 1.5);
         // Alone, a peer is believed.
-        assert_eq!(v.allowed(4, 100.0, &[]), 100.0);
+        assert_eq!(v.allowed(4, 100.0, &[], 0), 100.0);
         // Honest peers hold 1–2 processes (2 ms a superstep each), the
         // liar 12 (12 ms: six rounds of two on its two cores).
         for reporter in 1..=4 {
@@ -299,16 +327,42 @@ mod tests {
             }
             v.observe(reporter, &o, claimed, 0);
         }
-        let liar = v.delivered(4).unwrap();
+        let liar = v.delivered(4, 0).unwrap();
         assert!((0.5..=2.0).contains(&liar), "the liar delivered {liar}");
-        assert!(v.allowed(4, 100.0, &[1.0, 1.0, 1.0]) <= 2.0 * SLACK);
+        assert!(v.allowed(4, 100.0, &[1.0, 1.0, 1.0], 0) <= 2.0 * SLACK);
         for honest in 1..=3 {
-            assert_eq!(v.allowed(honest, 1.0, &[1.0, 100.0]), 1.0);
+            assert_eq!(v.allowed(honest, 1.0, &[1.0, 100.0], 0), 1.0);
         }
         // Its own reports about itself count for nothing.
         let mut w = Verifier::default();
         w.observe(4, &[obs(9, 4, 12, 100, 1)], claimed, 0);
-        assert_eq!(w.delivered(4), None);
+        assert_eq!(w.delivered(4, 0), None);
+    }
+
+    /// One slow stretch of an honest peer (a handover, a burst of load)
+    /// among normal ones does not cap it; an estimate expires.
+    #[test]
+    fn one_slow_observation_does_not_cap_an_honest_peer_and_estimates_expire() {
+        let mut v = Verifier::default();
+        let power = |_: PeerId| Some(1.0);
+        for round in 0..6 {
+            for reporter in 1..=3 {
+                let o: Vec<PeerObservation> = (1..=3)
+                    .map(|peer| {
+                        // Peer 3's first observation took 100 times as long.
+                        let ms = if peer == 3 && round == 0 { 20_000 } else { 200 };
+                        obs(9, peer, 1, 100, ms)
+                    })
+                    .collect();
+                v.observe(reporter, &o, power, round);
+            }
+        }
+        let d = v.delivered(3, 6).unwrap();
+        assert!((0.9..=1.1).contains(&d), "peer 3 delivered {d}");
+        assert_eq!(v.allowed(3, 1.0, &[1.0, 1.0], 6), 1.0);
+        // Ten minutes on, nothing is known: probation again.
+        assert_eq!(v.delivered(3, 6 + DELIVERED_TTL_MS), None);
+        assert_eq!(v.allowed(3, 100.0, &[1.0, 1.0], 6 + DELIVERED_TTL_MS), 2.0);
     }
 
     #[test]

@@ -360,8 +360,9 @@ async function main() {
   check(fs.existsSync(CHROMIUM), `${CHROMIUM} does not exist; install it with: apt-get install -y chromium`);
 
   let base;
+  let dataDir;
   await step(`start bspweb up with ${PEERS} peers`, async () => {
-    ({ base } = await startServer());
+    ({ base, data: dataDir } = await startServer());
     log(`supernode at ${base}`);
   });
   const token = await apiToken(base);
@@ -787,8 +788,11 @@ async function main() {
     // A fourth peer with an idle file of its own.
     const idle = path.join(tmp, 'extra-idle');
     fs.writeFileSync(idle, '1.0\n');
+    // Enrolled with the token `bspweb up` keeps for its local peers.
+    const token = fs.readFileSync(path.join(dataDir, 'local-peers.token'), 'utf8').trim();
     extraPeer = spawn(BIN, ['peer', '--supernode', base, '--listen', '127.0.0.1:0', '--name', 'extra', '--idle-file', idle], {
       stdio: ['ignore', 'ignore', 'ignore'],
+      env: { ...process.env, BSPWEB_PEER_TOKEN: token },
     });
     const online = async () => (await apiGet('/peers')).body.find((p) => p.name === 'extra' && p.state === 'online');
     const deadline = Date.now() + JOB_MS;

@@ -91,7 +91,10 @@ fn allowed_weight(place: &Place, inner: &Inner, peer: PeerId, speed: f64, idle: 
         .filter(|p| p.id != peer)
         .map(|p| p.weight)
         .collect();
-    inner.live().verify.allowed(peer, claimed, &others)
+    inner
+        .live()
+        .verify
+        .allowed(peer, claimed, &others, crate::now_ms())
 }
 
 /// Whether a peer's power moved from `old` to `new` by more than the
