@@ -218,6 +218,8 @@ pub fn write_private(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let tmp = path.with_extension("tmp");
+    // A leftover temp file would keep its mode: start afresh.
+    let _ = std::fs::remove_file(&tmp);
     {
         let mut f = std::fs::OpenOptions::new()
             .write(true)

@@ -119,6 +119,13 @@ impl Client {
                 "the supernode URL `{base}` must start with http:// or https://"
             ));
         }
+        if url.scheme() == "http" && !bsp_api::client::is_loopback(&url) {
+            return Err(format!(
+                "the supernode URL `{base}` is plain http:// to another machine: the enrollment \
+                 token and leases would cross the network in the clear; a supernode elsewhere \
+                 serves https://, so use https://"
+            ));
+        }
         // Idle connections are let go before the supernode closes them
         // (after 20 s without a request).
         let http = bsp_api::client::tls::http_builder(tls, Duration::from_secs(10))

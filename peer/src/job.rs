@@ -2585,7 +2585,8 @@ impl Driver {
         }
         // Hosts change: supersteps around the change (restores, handovers)
         // say nothing about anyone's speed.
-        self.observer.interrupt();
+        let now = self.observed_ms();
+        self.observer.interrupt(now);
         let placement = match check_assignment(self.me, &a) {
             Ok(p) => p,
             Err(e) => {

@@ -100,10 +100,13 @@ impl Observer {
     /// yet, and measure nothing until the next barrier completes (the
     /// supersteps around a restore or handover time the change, not the
     /// peers).
-    pub fn interrupt(&mut self) {
+    pub fn interrupt(&mut self, now: u64) {
         self.acc.clear();
         self.arrivals.clear();
         self.skip = true;
+        // A new host of a process starts its wait afresh (it fetches the
+        // program, restores): waits are counted from the change.
+        self.last.1 = now;
     }
 
     /// The sums since the last call.
@@ -278,7 +281,8 @@ mod tests {
         o.on_complete(0, 10);
         o.on_done(2, 1, 15);
         // A new epoch: pid moved; its handover makes superstep 2 slow.
-        o.interrupt();
+        o.interrupt(17);
+        assert_eq!(o.waiting_since(), 17);
         assert!(o.take().is_empty());
         o.on_done(2, 1, 16);
         o.on_complete(1, 5_000);

@@ -219,10 +219,11 @@ fn write_private(path: &Path, contents: &[u8]) -> Result<(), TlsError> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
     let write = || -> std::io::Result<()> {
+        // A leftover temp file would keep its mode: start afresh.
+        let _ = std::fs::remove_file(&tmp);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
             .open(&tmp)?;
         f.write_all(contents)?;

@@ -57,21 +57,59 @@ const JOB_TTL_MS: i64 = 10 * 60_000;
 /// Beyond twice the job's superstep limit, a barrier may wait this long
 /// for a peer before the peer counts as making no progress.
 pub(crate) const STALL_GRACE_MS: u64 = 10_000;
+/// Twice the superstep limit, but at least this: a new host of a
+/// process (after a restore) downloads and compiles the program first.
+const MIN_STALL_MS: u64 = 60_000;
 /// A wait report counts this long after it arrived.
 const WAIT_TTL_MS: i64 = 30_000;
 
 #[derive(Debug, Clone, Default)]
 struct Sum {
-    /// Throughput (process-supersteps per ms) of each recent observation,
-    /// newest last: the estimate is their median, so one slow stretch (a
-    /// handover, a burst of load) does not decide it.
-    rates: std::collections::VecDeque<f64>,
+    /// Per reporter, the throughput per core in use (process-supersteps
+    /// per ms, divided by the processes it runs at once) of its recent
+    /// observations, newest last. The estimate is the median across
+    /// reporters of each one's median: one slow stretch (a handover, a
+    /// burst of load) does not decide it, nor does one reporter.
+    rates: BTreeMap<PeerId, std::collections::VecDeque<f64>>,
     supersteps: f64,
     busy_ms: f64,
 }
 
-/// Observations of one peer in one job the median is taken over.
-const RATES: usize = 15;
+impl Sum {
+    fn observations(&self) -> usize {
+        self.rates.values().map(|r| r.len()).sum()
+    }
+
+    fn rate(&self) -> Option<f64> {
+        let per_reporter: Vec<f64> = self
+            .rates
+            .values()
+            .filter_map(|r| median(r.iter().copied().collect()))
+            .collect();
+        median(per_reporter)
+    }
+}
+
+/// The median of `v` (the mean of the middle two for an even count).
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// Observations of one peer by one reporter in one job the median is
+/// taken over.
+const RATES: usize = 7;
+/// Jobs whose observations are kept at once (a bound on memory whatever
+/// peers report).
+const MAX_JOBS: usize = 10_000;
 /// The estimate needs this many of them.
 const MIN_RATES: usize = 3;
 /// A delivered power measured this long ago is forgotten: the peer is on
@@ -112,6 +150,7 @@ impl Verifier {
         reporter: PeerId,
         observed: &[PeerObservation],
         power: impl Fn(PeerId) -> Option<f64>,
+        cores: impl Fn(JobId, PeerId) -> u32,
         now: i64,
     ) {
         let mut touched = BTreeSet::new();
@@ -119,13 +158,21 @@ impl Verifier {
             if o.peer == reporter || o.supersteps == 0 || o.processes == 0 {
                 continue;
             }
+            if !self.jobs.contains_key(&o.job) && self.jobs.len() >= MAX_JOBS {
+                continue;
+            }
             let job = self.jobs.entry(o.job).or_default();
             job.updated = now;
             let s = job.peers.entry(o.peer).or_default();
-            let work = f64::from(o.processes) * f64::from(o.supersteps);
-            s.rates.push_back(work / (o.busy_ms as f64).max(1.0));
-            if s.rates.len() > RATES {
-                s.rates.pop_front();
+            // Power is a core's speed: throughput per core in use (a peer
+            // with more cores than processes is not slower for it, one
+            // with more processes than cores runs them in turns).
+            let in_use = o.processes.min(cores(o.job, o.peer).max(1));
+            let work = f64::from(o.processes) / f64::from(in_use) * f64::from(o.supersteps);
+            let rates = s.rates.entry(reporter).or_default();
+            rates.push_back(work / (o.busy_ms as f64).max(1.0));
+            if rates.len() > RATES {
+                rates.pop_front();
             }
             s.supersteps += f64::from(o.supersteps);
             s.busy_ms += o.busy_ms as f64;
@@ -147,26 +194,21 @@ impl Verifier {
             .filter(|(_, s)| {
                 s.busy_ms >= MIN_BUSY_MS
                     && s.supersteps >= MIN_SUPERSTEPS
-                    && s.rates.len() >= MIN_RATES
+                    && s.observations() >= MIN_RATES
             })
             .filter_map(|(&peer, s)| {
                 let p = power(peer).filter(|p| *p > 0.0)?;
-                let mut r: Vec<f64> = s.rates.iter().copied().collect();
-                r.sort_by(f64::total_cmp);
-                Some((peer, r[r.len() / 2], p))
+                Some((peer, s.rate()?, p))
             })
             .collect();
         if rates.len() < 2 {
             return;
         }
-        let mut ratios: Vec<f64> = rates.iter().map(|(_, rho, p)| rho / p).collect();
-        ratios.sort_by(f64::total_cmp);
+        let ratios: Vec<f64> = rates.iter().map(|(_, rho, p)| rho / p).collect();
         let reference = if ratios.len() == 2 {
-            ratios[1]
-        } else if ratios.len() % 2 == 1 {
-            ratios[ratios.len() / 2]
+            ratios.iter().copied().fold(f64::MIN, f64::max)
         } else {
-            (ratios[ratios.len() / 2 - 1] + ratios[ratios.len() / 2]) / 2.0
+            median(ratios).unwrap_or(0.0)
         };
         if !(reference.is_finite() && reference > 0.0) {
             return;
@@ -242,7 +284,10 @@ impl Verifier {
         limit_ms: u64,
         now: i64,
     ) -> Vec<PeerId> {
-        let bound = limit_ms.saturating_mul(2).saturating_add(STALL_GRACE_MS);
+        let bound = limit_ms
+            .saturating_mul(2)
+            .max(MIN_STALL_MS)
+            .saturating_add(STALL_GRACE_MS);
         let current = |r: PeerId| {
             self.waits
                 .get(&(job, r))
@@ -252,8 +297,16 @@ impl Verifier {
             .iter()
             .copied()
             .filter(|&x| {
-                // Held up itself: someone else is to blame.
-                if current(x).is_some() {
+                // Held up itself by a peer that does not wait for it in
+                // turn: that one is to blame, not x. (A wait that names
+                // only peers waiting for x, or nobody, excuses nothing.)
+                let held_up = current(x).is_some_and(|w| {
+                    w.waited_ms >= bound
+                        && w.hosts
+                            .iter()
+                            .any(|&z| z != x && !current(z).is_some_and(|wz| wz.hosts.contains(&x)))
+                });
+                if held_up {
                     return false;
                 }
                 let others = job_peers.len().saturating_sub(1);
@@ -325,7 +378,7 @@ mod tests {
                 };
                 o.push(obs(9, peer, n, 1000, 1000 * ms));
             }
-            v.observe(reporter, &o, claimed, 0);
+            v.observe(reporter, &o, claimed, |_, _| 2, 0);
         }
         let liar = v.delivered(4, 0).unwrap();
         assert!((0.5..=2.0).contains(&liar), "the liar delivered {liar}");
@@ -335,7 +388,7 @@ mod tests {
         }
         // Its own reports about itself count for nothing.
         let mut w = Verifier::default();
-        w.observe(4, &[obs(9, 4, 12, 100, 1)], claimed, 0);
+        w.observe(4, &[obs(9, 4, 12, 100, 1)], claimed, |_, _| 2, 0);
         assert_eq!(w.delivered(4, 0), None);
     }
 
@@ -354,7 +407,7 @@ mod tests {
                         obs(9, peer, 1, 100, ms)
                     })
                     .collect();
-                v.observe(reporter, &o, power, round);
+                v.observe(reporter, &o, power, |_, _| 2, round);
             }
         }
         let d = v.delivered(3, 6).unwrap();
@@ -371,7 +424,13 @@ mod tests {
         let peers = BTreeSet::from([1, 2, 3, 4]);
         // Peer 4 hosts pid 7; peers 1 and 2 wait for it beyond the bound.
         let hosts = |_: JobId, pids: &[bsp_api::Pid]| {
-            pids.iter().map(|&p| if p == 7 { 4 } else { 1 }).collect()
+            pids.iter()
+                .map(|&p| match p {
+                    7 => 4,
+                    8 => 3,
+                    _ => 1,
+                })
+                .collect()
         };
         let long = |ms| {
             vec![BarrierWait {
@@ -380,32 +439,37 @@ mod tests {
                 pids: vec![7],
             }]
         };
-        v.waits(1, &long(20_001), hosts, 0);
+        v.waits(1, &long(70_001), hosts, 0);
         // One of three is not a majority.
-        assert!(v.stalled(9, &peers, 5_000, 0).is_empty());
-        v.waits(2, &long(20_000), hosts, 0);
-        assert_eq!(v.stalled(9, &peers, 5_000, 0), vec![4]);
+        assert!(v.stalled(9, &peers, 30_000, 0).is_empty());
+        v.waits(2, &long(70_000), hosts, 0);
+        assert_eq!(v.stalled(9, &peers, 30_000, 0), vec![4]);
         // Not past the limit plus the grace: not stalled.
-        assert!(v.stalled(9, &peers, 5_001, 0).is_empty());
+        assert!(v.stalled(9, &peers, 30_001, 0).is_empty());
         // Reports go stale.
-        assert!(v.stalled(9, &peers, 5_000, WAIT_TTL_MS).is_empty());
-        // A peer that itself waits for another is not to blame.
-        v.waits(
-            4,
-            &[BarrierWait {
+        assert!(v.stalled(9, &peers, 30_000, WAIT_TTL_MS).is_empty());
+        // An excuse naming a peer that waits for it in turn, or a short
+        // wait, excuses nothing.
+        let waits_for = |pid, ms| {
+            vec![BarrierWait {
                 job: 9,
-                waited_ms: 20_000,
-                pids: vec![1],
-            }],
-            hosts,
-            0,
-        );
-        assert!(v.stalled(9, &peers, 5_000, 0).is_empty());
+                waited_ms: ms,
+                pids: vec![pid],
+            }]
+        };
+        v.waits(4, &waits_for(1, 70_000), hosts, 0);
+        assert_eq!(v.stalled(9, &peers, 30_000, 0), vec![4]);
+        v.waits(4, &waits_for(8, 1_000), hosts, 0);
+        assert_eq!(v.stalled(9, &peers, 30_000, 0), vec![4]);
+        // A peer held up past the bound by one that does not wait for it
+        // (peer 3, hosting pid 8) is not to blame.
+        v.waits(4, &waits_for(8, 70_000), hosts, 0);
+        assert!(v.stalled(9, &peers, 30_000, 0).is_empty());
         // A new report of a reporter replaces its old one; no wait: none.
         v.waits(4, &[], hosts, 1);
         v.waits(1, &[], hosts, 1);
-        assert!(v.stalled(9, &peers, 5_000, 1).is_empty());
+        assert!(v.stalled(9, &peers, 30_000, 1).is_empty());
         v.forget(&[2]);
-        assert!(v.stalled(9, &peers, 5_000, 1).is_empty());
+        assert!(v.stalled(9, &peers, 30_000, 1).is_empty());
     }
 }

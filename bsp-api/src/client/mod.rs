@@ -157,6 +157,19 @@ fn percent_encode(s: &str) -> String {
     out
 }
 
+/// Whether `url` names this machine: `localhost` or a loopback address
+/// (the only place plain `http://` is used).
+pub fn is_loopback(url: &reqwest::Url) -> bool {
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let ip = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || ip
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.is_loopback())
+}
+
 /// The base URL without trailing slashes, and why this client cannot use
 /// it, if it cannot.
 fn check_base(base: &str) -> (String, Option<String>) {
@@ -180,6 +193,12 @@ fn check_base(base: &str) -> (String, Option<String>) {
                 "it must not have a query or a fragment (`?`, `#`); write it as http://HOST:PORT"
                     .to_string(),
             ),
+            Ok(url) if url.scheme() == "http" && !is_loopback(&url) => Some(format!(
+                "plain http:// is for a supernode on this machine (loopback) only: passwords and \
+                 tokens would cross the network in the clear; a supernode elsewhere serves \
+                 https://, so write https://{}",
+                base.trim_start_matches("http://")
+            )),
             Ok(_) => None,
         }
     };
@@ -671,6 +690,11 @@ mod tests {
             ("http://h:7878/?x=1", "must not have a query"),
             ("", "it is empty"),
             ("http://[::1", "http://HOST:PORT"),
+            (
+                "http://bsp.example.org:7878",
+                "write https://bsp.example.org:7878",
+            ),
+            ("http://192.0.2.7", "loopback"),
         ] {
             let (_, why) = check_base(base);
             let why = why.unwrap_or_else(|| panic!("{base:?} was accepted"));
@@ -678,7 +702,8 @@ mod tests {
         }
         for (base, normal) in [
             ("http://127.0.0.1:7878", "http://127.0.0.1:7878"),
-            ("http://bsp.example.org/", "http://bsp.example.org"),
+            ("http://localhost/", "http://localhost"),
+            ("http://127.8.0.1:1", "http://127.8.0.1:1"),
             (
                 "https://bsp.example.org:7878/",
                 "https://bsp.example.org:7878",

@@ -336,35 +336,35 @@ impl Core {
             .find(|p| p.id == peer)
             .ok_or_else(|| Error::Internal(format!("peer #{peer} vanished")))
     }
+}
 
-    /// Fences every online peer enrolled by `account`'s tokens (the account
-    /// was just disabled).
-    pub(crate) fn fence_account_peers(
-        &mut self,
-        inner: &Inner,
-        fx: &mut Effects,
-        account: i64,
-        now: i64,
-    ) -> Result<Vec<PeerId>, Error> {
-        let tx = self.conn.transaction()?;
-        let online = online_peers(
-            &tx,
-            "enrollment IN (SELECT id FROM enrollments WHERE owner = ?1)",
-            account,
-        )?;
-        let fenced = fence(
-            &tx,
-            &mut self.place,
-            inner,
-            fx,
-            &online,
-            FenceCause::AccountDisabled,
-            now,
-        )?;
-        tx.commit()?;
-        inner.live().forget(&fenced);
-        Ok(fenced)
-    }
+/// Fences every online peer enrolled by `account`'s tokens (the account is
+/// being disabled), in the caller's transaction; their leases end with its
+/// commit (through [`Effects::forget_peers`]).
+pub(super) fn fence_account_peers(
+    tx: &Transaction<'_>,
+    place: &mut Place,
+    inner: &Inner,
+    fx: &mut Effects,
+    account: i64,
+    now: i64,
+) -> Result<Vec<PeerId>, Error> {
+    let online = online_peers(
+        tx,
+        "enrollment IN (SELECT id FROM enrollments WHERE owner = ?1)",
+        account,
+    )?;
+    let fenced = fence(
+        tx,
+        place,
+        inner,
+        fx,
+        &online,
+        FenceCause::AccountDisabled,
+        now,
+    )?;
+    fx.forget_peers.extend(fenced.iter().copied());
+    Ok(fenced)
 }
 
 /// The online peers matching `filter` (an SQL condition on `peers` with

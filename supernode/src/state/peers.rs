@@ -37,7 +37,7 @@ impl Core {
         let reuse = match login.previous_id {
             Some(id) => tx
                 .query_row(
-                    "SELECT state, enrollment FROM peers WHERE id = ?1",
+                    "SELECT state, enrollment FROM peers WHERE id = ?1 AND disabled = 0",
                     [id],
                     |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?)),
                 )
@@ -265,17 +265,48 @@ impl Core {
             ],
             |r| r.get(0),
         )?;
-        // What it saw of the other peers of its jobs (crate::verify).
+        // What it saw of the other peers of its jobs (crate::verify): only
+        // about active jobs it is a peer of, and their peers, once each.
+        let members = job_members(
+            &tx,
+            peer,
+            renew
+                .observed
+                .iter()
+                .map(|o| o.job)
+                .chain(renew.waits.iter().map(|w| w.job)),
+        )?;
         if !renew.observed.is_empty() {
+            let mut seen = HashSet::new();
+            let observed: Vec<_> = renew
+                .observed
+                .iter()
+                .filter(|o| members.get(&o.job).is_some_and(|m| m.contains_key(&o.peer)))
+                .filter(|o| seen.insert((o.job, o.peer)))
+                .copied()
+                .collect();
             let dhht = &self.place.dhht;
             inner.live().verify.observe(
                 peer,
-                &renew.observed,
+                &observed,
                 |p| dhht.get(p).map(|x| x.weight),
+                |job, p| {
+                    members
+                        .get(&job)
+                        .and_then(|m| m.get(&p))
+                        .copied()
+                        .unwrap_or(1)
+                },
                 now,
             );
         }
-        let stalled = Self::check_waits(&tx, inner, peer, &renew.waits, now)?;
+        let waits: Vec<_> = renew
+            .waits
+            .iter()
+            .filter(|w| members.contains_key(&w.job))
+            .cloned()
+            .collect();
+        let stalled = Self::check_waits(&tx, inner, peer, &waits, now)?;
         let fenced = enroll::fence(
             &tx,
             &mut self.place,
@@ -684,6 +715,33 @@ impl Core {
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
+}
+
+/// For each of `jobs` that is active with `reporter` among its peers: its
+/// peers and their cores (the processes each can run at once).
+fn job_members(
+    tx: &Connection,
+    reporter: PeerId,
+    jobs: impl Iterator<Item = JobId>,
+) -> Result<HashMap<JobId, HashMap<PeerId, u32>>, Error> {
+    let mut out = HashMap::new();
+    let mut stmt = tx.prepare_cached(
+        "SELECT jp.peer_id, p.cores FROM job_peers jp JOIN jobs j ON j.id = jp.job \
+         JOIN peers p ON p.id = jp.peer_id WHERE jp.job = ?1 AND j.state = 'active'",
+    )?;
+    let mut asked = HashSet::new();
+    for job in jobs {
+        if !asked.insert(job) || asked.len() > 256 {
+            continue;
+        }
+        let peers: HashMap<PeerId, u32> = stmt
+            .query_map([job], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        if peers.contains_key(&reporter) {
+            out.insert(job, peers);
+        }
+    }
+    Ok(out)
 }
 
 /// How long a probe ticket is valid: a probe starts within seconds of the

@@ -1,5 +1,6 @@
 //! Users and their programs.
 
+use super::enroll;
 use super::*;
 
 /// What a token check needs to know of an account, cached in memory
@@ -288,6 +289,15 @@ impl Core {
             [id],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )?;
+        // A disabled volunteer's peers stop with their account, in the same
+        // transaction.
+        if ends_logins {
+            let fenced =
+                enroll::fence_account_peers(&tx, &mut self.place, inner, fx, id, now_ms())?;
+            if !fenced.is_empty() {
+                tracing::warn!(user = name, peers = ?fenced, "account disabled: its peers are fenced");
+            }
+        }
         tx.commit()?;
         // The token checks follow at once, from what was committed.
         inner.accounts().insert(
@@ -298,13 +308,6 @@ impl Core {
                 generation,
             },
         );
-        // A disabled volunteer's peers stop with their account.
-        if ends_logins {
-            let fenced = self.fence_account_peers(inner, fx, id, now_ms())?;
-            if !fenced.is_empty() {
-                tracing::warn!(user = name, peers = ?fenced, "account disabled: its peers are fenced");
-            }
-        }
         let mut user = self.account(inner, id)?;
         user.usage = Some(usage_of(&self.conn, id)?);
         tracing::info!(user = name, by = actor, ?change, "account changed");
