@@ -2264,8 +2264,10 @@ async fn faster_peers_get_more_processes() {
     };
     let (on_slow, on_fast) = (count(slow.id), count(fast.id));
     assert_eq!(on_slow + on_fast, 200);
+    // The fast peer is new and unmeasured: on probation it gets at most
+    // twice the other's power (2 of its claimed 4), so about 2:1.
     assert!(
-        on_fast > 2 * on_slow && on_slow > 0,
+        on_fast > on_slow * 3 / 2 && on_slow > 0,
         "slow {on_slow}, fast {on_fast}"
     );
     let (_, peers) = h.get("/peers", &alice).await;
