@@ -79,7 +79,9 @@ async fn a_peer_that_claims_a_hundred_times_its_speed_gets_about_its_real_share(
         ..Options::default()
     });
     let admin = cluster.admin().await;
-    let cap = CpuCap::new(25);
+    // A tenth of a core: far below an honest peer's share even when other
+    // tests load the machine and slow the honest peers too.
+    let cap = CpuCap::new(10);
     let index = cluster.add_peer("liar", &["--speed".into(), "100".into()]);
     cap.add(cluster.peer_pid(index));
     let liar: PeerInfo = until("the liar to come online", LIMIT, async || {
@@ -107,9 +109,9 @@ async fn a_peer_that_claims_a_hundred_times_its_speed_gets_about_its_real_share(
         let peers = admin.peers().await.ok()?;
         let p = peers.into_iter().find(|p| p.id == liar.id)?;
         let (power, delivered) = (p.power?, p.delivered_power?);
-        // A quarter of a core against the others' share of two cores:
-        // about a quarter of an honest peer's power.
-        (power < 0.6).then_some((power, delivered))
+        // A tenth of a core against the others' share of two cores:
+        // a fifth of an honest peer's power or less (a third under load).
+        (power < 0.4).then_some((power, delivered))
     })
     .await;
     eprintln!(
@@ -120,13 +122,16 @@ async fn a_peer_that_claims_a_hundred_times_its_speed_gets_about_its_real_share(
     let second = admin.submit(&job("pagerank", 16, args)).await.unwrap();
     let second_placement = placed(&admin, second.id).await;
     let share = hosted(&second_placement, liar.id);
-    // Its real share is about 8 % (1.3 of 16 processes); the DHHT spreads
+    // Its real share is about 5 % (0.8 of 16 processes); the DHHT spreads
     // 16 processes widely (one of three equal peers got 6 in a run), so
     // the bound is an honest peer's even share, not the 15 it would get
     // for its claim or the 6 of probation.
     assert!(
         share <= 4,
-        "the liar hosts {share} of 16 processes of a new job (placement {second_placement:?})"
+        "the liar (measured {:.2}, power {:.2}) hosts {share} of 16 processes of a new job \
+         (placement {second_placement:?})",
+        measured.1,
+        measured.0
     );
     for j in [first.id, second.id] {
         admin.kill(j).await.unwrap();
