@@ -211,27 +211,14 @@ fn session_path() -> PathBuf {
     config_dir().join("session.json")
 }
 
-/// Write a file readable only by its owner.
+/// Write a file readable only by its owner (mode 0600), creating its
+/// directory.
 pub fn write_private(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let tmp = path.with_extension("tmp");
-    // A leftover temp file would keep its mode: start afresh.
-    let _ = std::fs::remove_file(&tmp);
-    {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        f.write_all(contents)?;
-    }
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+    bspweb_supernode::write_private(path, contents)
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 pub fn save_session(session: &Session) -> anyhow::Result<PathBuf> {

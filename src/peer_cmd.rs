@@ -284,9 +284,7 @@ fn runs_a_peer(args: &[std::ffi::OsString]) -> bool {
 }
 
 /// How to get an enrollment token, for error messages.
-pub const HOW_TO_ENROLL: &str = "create one with `bspweb token create` (as the account that \
-     donates this computer) or on the web UI's Peers page, and give it with --token-file FILE \
-     (or the BSPWEB_PEER_TOKEN environment variable)";
+pub use bsp_api::control::refusal::HOW_TO_ENROLL;
 
 /// The enrollment token of `--token-file` (first) or `--token`, checked
 /// for its form; `None` when neither is given.

@@ -93,6 +93,29 @@ impl std::fmt::Debug for EnrollmentToken {
     }
 }
 
+/// The codes of a peer login the supernode refuses for good (401): no
+/// enrollment token, a bad or revoked one, a disabled account or peer.
+/// Retrying with the same token cannot help, so a peer stops on them.
+pub mod refusal {
+    pub const ENROLLMENT_REQUIRED: &str = "enrollment_required";
+    pub const BAD_ENROLLMENT_TOKEN: &str = "bad_enrollment_token";
+    pub const ENROLLMENT_REVOKED: &str = "enrollment_revoked";
+    pub const ENROLLMENT_OWNER_DISABLED: &str = "enrollment_owner_disabled";
+    pub const PEER_DISABLED: &str = "peer_disabled";
+    /// All of them.
+    pub const CODES: &[&str] = &[
+        ENROLLMENT_REQUIRED,
+        BAD_ENROLLMENT_TOKEN,
+        ENROLLMENT_REVOKED,
+        ENROLLMENT_OWNER_DISABLED,
+        PEER_DISABLED,
+    ];
+    /// How to get an enrollment token, for the messages that need one.
+    pub const HOW_TO_ENROLL: &str = "create an enrollment token with `bspweb token create` (as \
+         the account that donates the computer) or on the web UI's Peers page, and start the \
+         peer with `--token-file FILE` (or the BSPWEB_PEER_TOKEN environment variable)";
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PeerRenew {
@@ -121,6 +144,24 @@ pub struct PeerRenew {
     /// supernode restores processes whose peer makes no progress.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waits: Vec<BarrierWait>,
+}
+
+impl PeerRenew {
+    /// The renewal of an idle peer of speed `speed` that runs no job and has
+    /// nothing to report; set the other fields with `..PeerRenew::idle(s)`.
+    pub fn idle(speed: f64) -> PeerRenew {
+        PeerRenew {
+            speed,
+            idle: 1.0,
+            jobs: Vec::new(),
+            draining: false,
+            memory: PeerMemory::default(),
+            counters: PeerCounters::default(),
+            links: Vec::new(),
+            observed: Vec::new(),
+            waits: Vec::new(),
+        }
+    }
 }
 
 /// How one peer's processes of a job kept up, seen from another peer of

@@ -47,13 +47,7 @@ pub enum ControlError {
 }
 
 /// The codes of a login refusal that retrying cannot change.
-pub const REFUSAL_CODES: &[&str] = &[
-    "enrollment_required",
-    "bad_enrollment_token",
-    "enrollment_revoked",
-    "enrollment_owner_disabled",
-    "peer_disabled",
-];
+pub use bsp_api::control::refusal::CODES as REFUSAL_CODES;
 
 impl ControlError {
     /// Whether retrying the same request later may succeed.

@@ -1144,6 +1144,32 @@ mod tests {
         Instant::now() + Duration::from_secs(10)
     }
 
+    /// Connect to job 7 as peer 2 under "secret", send a `Done` of
+    /// `superstep`, and check the job hears of the connection and the frame.
+    async fn connect_and_send(
+        addr: SocketAddr,
+        rx: &mut mpsc::Receiver<Inbound>,
+        superstep: u32,
+    ) -> SecureConn {
+        let mut c = connect(&addr.to_string(), 7, 2, "secret", 0, soon())
+            .await
+            .unwrap();
+        let data = Frame::Done {
+            superstep,
+            procs: Vec::new(),
+        };
+        c.send(encode(&data).unwrap()).await.unwrap();
+        assert_eq!(rx.recv().await, Some(Inbound::Connected { from: 2 }));
+        assert_eq!(
+            rx.recv().await,
+            Some(Inbound::Frame {
+                from: 2,
+                frame: data
+            })
+        );
+        c
+    }
+
     #[test]
     fn frames_round_trip_and_trailing_bytes_are_refused() {
         let f = Frame::Done {
@@ -1481,22 +1507,7 @@ mod tests {
         ));
 
         // The listener still serves the real peer.
-        let mut c = connect(&addr.to_string(), 7, 2, "secret", 0, soon())
-            .await
-            .unwrap();
-        let data = Frame::Done {
-            superstep: 0,
-            procs: Vec::new(),
-        };
-        c.send(encode(&data).unwrap()).await.unwrap();
-        assert_eq!(rx.recv().await, Some(Inbound::Connected { from: 2 }));
-        assert_eq!(
-            rx.recv().await,
-            Some(Inbound::Frame {
-                from: 2,
-                frame: data
-            })
-        );
+        let mut c = connect_and_send(addr, &mut rx, 0).await;
 
         // A second connection for the same peer and job replaces the first
         // (the peer reconnected after its connection broke).
@@ -1534,22 +1545,7 @@ mod tests {
             rx.recv().await,
             Some(Inbound::Closed { from: 2, error: Some(e) }) if e.contains("did not decrypt")
         ));
-        let mut c4 = connect(&addr.to_string(), 7, 2, "secret", 0, soon())
-            .await
-            .unwrap();
-        let data = Frame::Done {
-            superstep: 1,
-            procs: Vec::new(),
-        };
-        c4.send(encode(&data).unwrap()).await.unwrap();
-        assert_eq!(rx.recv().await, Some(Inbound::Connected { from: 2 }));
-        assert_eq!(
-            rx.recv().await,
-            Some(Inbound::Frame {
-                from: 2,
-                frame: data
-            })
-        );
+        connect_and_send(addr, &mut rx, 1).await;
     }
 
     #[tokio::test]

@@ -66,7 +66,7 @@ const JOB_LIST_CAPACITY: usize = 1024;
 pub use error::Error;
 pub use http::openapi;
 pub use listen::HttpLimits;
-pub use tls::{CertificateSource, ServerTls, TlsError};
+pub use tls::{CertificateSource, ServerTls, TlsError, write_private};
 
 /// How a supernode is set up.
 #[derive(Debug, Clone)]

@@ -135,9 +135,9 @@ impl ServerTls {
         let key_pair = rcgen::KeyPair::generate()?;
         let certificate = params.self_signed(&key_pair)?;
         create_private_dir(dir)?;
-        write_private(&key, key_pair.serialize_pem().as_bytes())?;
-        write_private(&cert, certificate.pem().as_bytes())?;
-        write_private(&dir.join(NAMES_FILE), (wanted.join("\n") + "\n").as_bytes())?;
+        write_secret(&key, key_pair.serialize_pem().as_bytes())?;
+        write_secret(&cert, certificate.pem().as_bytes())?;
+        write_secret(&dir.join(NAMES_FILE), (wanted.join("\n") + "\n").as_bytes())?;
         ServerTls::load(&cert, &key, CertificateSource::Generated)
     }
 
@@ -213,24 +213,25 @@ fn create_private_dir(dir: &Path) -> Result<(), TlsError> {
 }
 
 /// Write a file only its owner can read (mode 0600), replacing it in one
-/// step.
-fn write_private(path: &Path, contents: &[u8]) -> Result<(), TlsError> {
+/// step: the supernode's key and the CLI's saved sessions and tokens.
+pub fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
-    let write = || -> std::io::Result<()> {
-        // A leftover temp file would keep its mode: start afresh.
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(contents)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|source| TlsError::Write {
+    // A leftover temp file would keep its mode: start afresh.
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(contents)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+fn write_secret(path: &Path, contents: &[u8]) -> Result<(), TlsError> {
+    write_private(path, contents).map_err(|source| TlsError::Write {
         path: path.to_path_buf(),
         source,
     })

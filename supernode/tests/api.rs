@@ -479,15 +479,9 @@ impl Harness {
     /// Renews with availability `idle`, maybe asking to drain.
     async fn renew_with(&self, peer: &FakePeer, idle: f64, draining: bool) -> StatusCode {
         let renew = PeerRenew {
-            speed: 1.0,
             idle,
-            jobs: vec![],
             draining,
-            memory: Default::default(),
-            counters: Default::default(),
-            links: vec![],
-            observed: vec![],
-            waits: vec![],
+            ..PeerRenew::idle(1.0)
         };
         self.send_renew(peer, &renew).await
     }
@@ -496,19 +490,12 @@ impl Harness {
     /// budget of `budget` bytes.
     async fn renew_memory(&self, peer: &FakePeer, rss: u64, budget: u64) -> StatusCode {
         let renew = PeerRenew {
-            speed: 1.0,
-            idle: 1.0,
-            jobs: vec![],
-            draining: false,
             memory: bsp_api::control::PeerMemory {
                 rss_bytes: rss,
                 held_bytes: 0,
                 budget_bytes: budget,
             },
-            counters: Default::default(),
-            links: vec![],
-            observed: vec![],
-            waits: vec![],
+            ..PeerRenew::idle(1.0)
         };
         self.send_renew(peer, &renew).await
     }
@@ -522,17 +509,7 @@ impl Harness {
         );
         tokio::spawn(async move {
             loop {
-                let renew = PeerRenew {
-                    speed: 1.0,
-                    idle: 1.0,
-                    jobs: vec![],
-                    draining: false,
-                    memory: Default::default(),
-                    counters: Default::default(),
-                    links: vec![],
-                    observed: vec![],
-                    waits: vec![],
-                };
+                let renew = PeerRenew::idle(1.0);
                 match http
                     .post(&url)
                     .bearer_auth(&token)
@@ -574,17 +551,7 @@ impl Harness {
     }
 
     async fn renew(&self, peer: &FakePeer) -> (StatusCode, Value) {
-        let renew = PeerRenew {
-            speed: 1.0,
-            idle: 1.0,
-            jobs: vec![],
-            draining: false,
-            memory: Default::default(),
-            counters: Default::default(),
-            links: vec![],
-            observed: vec![],
-            waits: vec![],
-        };
+        let renew = PeerRenew::idle(1.0);
         let resp = self
             .http
             .post(self.url("/peer/renew"))
@@ -2175,19 +2142,14 @@ async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_o
         .post(h.url("/peer/renew"))
         .bearer_auth(&peer.token)
         .json(&PeerRenew {
-            speed: 2.0,
             idle: 0.5,
             jobs: vec![job.id, 12345],
-            draining: false,
             memory: PeerMemory {
                 rss_bytes: 30 << 20,
                 held_bytes: 1234,
                 budget_bytes: 0,
             },
-            counters: Default::default(),
-            links: vec![],
-            observed: vec![],
-            waits: vec![],
+            ..PeerRenew::idle(2.0)
         })
         .send()
         .await
@@ -2219,19 +2181,13 @@ async fn killing_an_active_job_stops_it_on_its_peer_and_stale_jobs_are_stopped_o
         .post(h.url("/peer/renew"))
         .bearer_auth(&peer.token)
         .json(&PeerRenew {
-            speed: 2.0,
             idle: 0.5,
-            jobs: vec![],
-            draining: false,
             memory: PeerMemory {
                 rss_bytes: u64::MAX,
                 held_bytes: 0,
                 budget_bytes: 0,
             },
-            counters: Default::default(),
-            links: vec![],
-            observed: vec![],
-            waits: vec![],
+            ..PeerRenew::idle(2.0)
         })
         .send()
         .await

@@ -192,17 +192,7 @@ async fn a_peer_that_renews_but_runs_nothing_loses_its_processes() {
         tokio::spawn(async move {
             let mut token = token;
             loop {
-                let body = PeerRenew {
-                    speed: 1e9,
-                    idle: 1.0,
-                    jobs: vec![],
-                    draining: false,
-                    memory: Default::default(),
-                    counters: Default::default(),
-                    links: vec![],
-                    observed: vec![],
-                    waits: vec![],
-                };
+                let body = PeerRenew::idle(1e9);
                 let Ok(resp) = http
                     .post(format!("{url}/api/v1/peer/renew"))
                     .bearer_auth(&token)

@@ -28,6 +28,28 @@ pub fn bspweb() -> Command {
     }
 }
 
+/// Assert that a finished command succeeded, showing its stderr if not.
+#[track_caller]
+pub fn assert_success(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `cmd` without the client's settings from the environment
+/// (`BSPWEB_URL`, `BSPWEB_USER`, `BSPWEB_PASSWORD`,
+/// `BSPWEB_SUPERNODE_FINGERPRINT`), so a test's flags and config
+/// directory are all it reads.
+pub fn without_client_env(cmd: &mut Command) -> &mut Command {
+    cmd.env_remove("BSPWEB_PASSWORD")
+        .env_remove("BSPWEB_URL")
+        .env_remove("BSPWEB_USER")
+        .env_remove("BSPWEB_SUPERNODE_FINGERPRINT")
+}
+
 /// The children's log filter: `BSPWEB_TEST_LOG`, else `info` when logs go
 /// to files (kept for a failed fault test), `warn` when they go to the
 /// test's stderr.

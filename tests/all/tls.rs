@@ -11,7 +11,9 @@ use bsp_api::client::{ClientError, ClientOptions, TlsOptions};
 use bsp_api::tls::Fingerprint;
 use serde_json::json;
 
-use crate::harness::{ADMIN, ADMIN_PASSWORD, Cluster, Options, bspweb, job, run};
+use crate::harness::{
+    ADMIN, ADMIN_PASSWORD, Cluster, Options, assert_success, bspweb, job, run, without_client_env,
+};
 
 /// One TLS cluster shared by the tests that only talk to it.
 fn tls_cluster() -> &'static Cluster {
@@ -23,6 +25,15 @@ fn tls_cluster() -> &'static Cluster {
             ..Options::default()
         })
     })
+}
+
+/// What a TLS error says; any other error fails the test.
+#[track_caller]
+fn tls_reason(e: &ClientError) -> &str {
+    match e {
+        ClientError::Tls { reason, .. } => reason,
+        _ => panic!("not a TLS error: {e:?}"),
+    }
 }
 
 fn pin(c: &Cluster) -> Fingerprint {
@@ -76,9 +87,7 @@ async fn a_wrong_pin_is_refused_saying_both_fingerprints_before_any_request() {
         .await
         .expect_err("a wrong pin must not log in");
     // Refused in the handshake: no HTTP answer, so no request was sent.
-    let ClientError::Tls { reason, .. } = &e else {
-        panic!("not a TLS error: {e:?}");
-    };
+    let reason = tls_reason(&e);
     assert!(
         reason.starts_with(&format!(
             "the supernode's certificate has fingerprint {}, not the pinned {wrong}: ",
@@ -104,9 +113,7 @@ async fn without_pin_or_ca_a_self_signed_supernode_is_refused_saying_what_to_do(
     let e = bsp_api::client::Client::login(&c.url, ADMIN, ADMIN_PASSWORD)
         .await
         .expect_err("an unknown self-signed certificate must be refused");
-    let ClientError::Tls { reason, .. } = &e else {
-        panic!("not a TLS error: {e:?}");
-    };
+    let reason = tls_reason(&e);
     assert!(
         reason.contains(&format!(
             "certificate (fingerprint {}) is not signed by a trusted CA",
@@ -140,14 +147,10 @@ async fn the_cli_saves_the_pin_at_login_and_refuses_a_wrong_one() {
     let c = tls_cluster();
     let config = tempfile::tempdir().unwrap();
     let login = |pin: &str| {
-        let mut child = bspweb()
+        let mut child = without_client_env(&mut bspweb())
             .args(["login", "--url", &c.url, "--user", ADMIN])
             .args(["--supernode-fingerprint", pin])
             .env("BSPWEB_CONFIG_DIR", config.path())
-            .env_remove("BSPWEB_PASSWORD")
-            .env_remove("BSPWEB_URL")
-            .env_remove("BSPWEB_USER")
-            .env_remove("BSPWEB_SUPERNODE_FINGERPRINT")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -173,28 +176,16 @@ async fn the_cli_saves_the_pin_at_login_and_refuses_a_wrong_one() {
 
     let right = c.fingerprint.clone().unwrap();
     let out = login(&right);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let session = std::fs::read_to_string(config.path().join("session.json")).unwrap();
     assert!(session.contains(&right), "{session}");
     // A later command uses the saved pin.
-    let out = bspweb()
+    let out = without_client_env(&mut bspweb())
         .args(["jobs", "--json"])
         .env("BSPWEB_CONFIG_DIR", config.path())
-        .env_remove("BSPWEB_PASSWORD")
-        .env_remove("BSPWEB_URL")
-        .env_remove("BSPWEB_USER")
-        .env_remove("BSPWEB_SUPERNODE_FINGERPRINT")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bspweb_peer::daemon::PeerStatus;
 
-use crate::harness::{Cluster, Options, bspweb, job, until};
+use crate::harness::{Cluster, Options, assert_success, bspweb, job, until};
 
 fn run(args: &[&std::ffi::OsStr]) -> Output {
     bspweb().args(args).output().unwrap()
@@ -159,11 +159,7 @@ fn install_writes_a_unit_systemd_accepts_and_settings_the_peer_reads() {
             .unwrap()
     };
     let out = install(&[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let unit = units.join("bspweb-peer.service");
     let text = std::fs::read_to_string(&unit).unwrap();
     assert!(text.contains("MemoryMax=2560M"), "{text}");
@@ -215,11 +211,7 @@ fn install_writes_a_unit_systemd_accepts_and_settings_the_peer_reads() {
         .args(["--supernode", "http://127.0.0.1:9"])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let system_unit = system_units.join("bspweb-peer.service");
     let text = std::fs::read_to_string(&system_unit).unwrap();
     assert!(
@@ -288,10 +280,6 @@ fn install_writes_a_unit_systemd_accepts_and_settings_the_peer_reads() {
         .env("HOME", home.path())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert!(!unit.exists());
 }

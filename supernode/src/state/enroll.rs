@@ -18,10 +18,7 @@ use super::*;
 /// Enrollments one account may hold that are not revoked.
 pub(crate) const MAX_ENROLLMENTS_PER_ACCOUNT: i64 = 100;
 
-/// The message of a login without a token.
-const HOW_TO_ENROLL: &str = "create an enrollment token with `bspweb token create` (or on the web \
-     UI's Peers page) and start the peer with `--token-file FILE` (or the BSPWEB_PEER_TOKEN \
-     environment variable)";
+use bsp_api::control::refusal::{self, HOW_TO_ENROLL};
 
 fn refused(code: &'static str, message: String) -> Error {
     Error::Unauthorized { code, message }
@@ -67,13 +64,13 @@ pub(super) fn check_login(
 ) -> Result<i64, Error> {
     let Some(token) = token else {
         return Err(refused(
-            "enrollment_required",
+            refusal::ENROLLMENT_REQUIRED,
             format!("this supernode admits only enrolled peers: {HOW_TO_ENROLL}"),
         ));
     };
     let Some((id, secret)) = token.parse() else {
         return Err(refused(
-            "bad_enrollment_token",
+            refusal::BAD_ENROLLMENT_TOKEN,
             "the enrollment token is malformed: it reads `bwpeer-<id>-<64 hex digits>`; copy it \
              whole from `bspweb token create`"
                 .into(),
@@ -92,7 +89,7 @@ pub(super) fn check_login(
         row.filter(|(hash, ..)| hash[..] == digest[..])
     else {
         return Err(refused(
-            "bad_enrollment_token",
+            refusal::BAD_ENROLLMENT_TOKEN,
             format!(
                 "enrollment token #{id} is not valid on this supernode (unknown, or its secret is \
                  wrong): {HOW_TO_ENROLL}"
@@ -101,7 +98,7 @@ pub(super) fn check_login(
     };
     if let Some(at) = revoked_at {
         return Err(refused(
-            "enrollment_revoked",
+            refusal::ENROLLMENT_REVOKED,
             format!(
                 "enrollment token #{id} was revoked (at {at} ms since the epoch); its peers may \
                  not log in: ask its volunteer for a new token"
@@ -110,7 +107,7 @@ pub(super) fn check_login(
     }
     if owner_disabled {
         return Err(refused(
-            "enrollment_owner_disabled",
+            refusal::ENROLLMENT_OWNER_DISABLED,
             format!(
                 "the account `{owner}` that created enrollment token #{id} is disabled; its \
                  peers may not log in"
@@ -127,7 +124,7 @@ pub(super) fn check_login(
         .optional()?;
     if let Some(peer) = disabled {
         return Err(refused(
-            "peer_disabled",
+            refusal::PEER_DISABLED,
             format!(
                 "the peer `{name}` of enrollment token #{id} was disabled by its volunteer or an \
                  administrator (peer #{peer}); `bspweb peers enable {peer}` lets it in again"
