@@ -613,6 +613,10 @@ fn encode_for(
 const MAX_HEADS: usize = 8;
 
 /// Check an assignment and return the pid → peer table.
+/// The shortest job secret a peer accepts: the data plane's key is derived
+/// from it, so it must hold at least 128 bits of hex.
+const MIN_JOB_TOKEN: usize = 32;
+
 fn check_assignment(me: PeerId, a: &JobAssignment) -> Result<Vec<PeerId>, String> {
     if a.nprocs == 0 {
         return Err("the job has no processes".into());
@@ -642,6 +646,13 @@ fn check_assignment(me: PeerId, a: &JobAssignment) -> Result<Vec<PeerId>, String
     }
     if !a.peers.iter().any(|p| p.id == me) {
         return Err(format!("this peer (#{me}) is not one of the job's peers"));
+    }
+    if a.job_token.len() < MIN_JOB_TOKEN {
+        return Err(format!(
+            "the job's secret is {} characters long, fewer than the {MIN_JOB_TOKEN} its data-plane \
+             key needs (the supernode issues 64); this peer will not run it in the clear",
+            a.job_token.len()
+        ));
     }
     Ok(a.placement
         .iter()

@@ -98,7 +98,7 @@ fn assignment(job: JobId, wasm: &[u8], peers: &[TestPeer], placement: Vec<u32>) 
             checkpoint_every: 1,
             replicas: 2,
         },
-        job_token: format!("token-{job}"),
+        job_token: format!("token-{job}-{}", "0".repeat(32)),
         placement,
         peers: peers
             .iter()
@@ -648,6 +648,23 @@ async fn an_unavailable_module_or_a_bad_assignment_is_reported() {
         "{events:?}"
     );
     peers[0].jobs.kill(6);
+    wait_all(handles).await;
+
+    // A job without a proper secret would run its data plane under a
+    // guessable key: refused, not run.
+    let mut a = assignment(7, &wasm, &peers, vec![0, 0]);
+    a.job_token = String::new();
+    let handles = start_everywhere(&peers, &a, &wasm);
+    let events = collect_until(&[&peers[0]], |all| !all.is_empty()).await;
+    assert!(
+        matches!(
+            &events[..],
+            [PeerEvent::ProcessFailed { job: 7, pid: None, reason, .. }]
+                if reason.starts_with("invalid job assignment: the job's secret is 0 characters long")
+        ),
+        "{events:?}"
+    );
+    peers[0].jobs.kill(7);
     wait_all(handles).await;
 }
 
