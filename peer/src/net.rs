@@ -552,6 +552,48 @@ impl Drop for PendingSlot {
 }
 
 /// Accept data-plane connections until `shutdown` is cancelled.
+/// At most one warning per [`WARN_EVERY`] about connections that fail
+/// their handshake: strangers can open as many as they like, and each
+/// would otherwise write a line to the volunteer's log. The next warning
+/// says how many were left out.
+struct WarnThrottle {
+    state: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+static HANDSHAKE_WARNINGS: WarnThrottle = WarnThrottle {
+    state: std::sync::Mutex::new((None, 0)),
+};
+
+impl WarnThrottle {
+    /// `Some(n)` when a warning may be written now (`n` were left out
+    /// since the last one); `None` when this one is left out.
+    fn admit(&self) -> Option<u64> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        match st.0 {
+            Some(last) if now.duration_since(last) < WARN_EVERY => {
+                st.1 += 1;
+                None
+            }
+            _ => {
+                st.0 = Some(now);
+                Some(std::mem::take(&mut st.1))
+            }
+        }
+    }
+}
+
+/// Warn about a connection that failed its handshake, throttled.
+fn warn_handshake(what: std::fmt::Arguments<'_>) {
+    match HANDSHAKE_WARNINGS.admit() {
+        Some(0) => tracing::warn!("{what}"),
+        Some(n) => tracing::warn!("{what} ({n} more such connections since the last warning)"),
+        None => tracing::debug!("{what}"),
+    }
+}
+
 pub async fn serve(listener: TcpListener, registry: Arc<Registry>, shutdown: CancellationToken) {
     let pending = Arc::new(Pending::default());
     let mut refused_logged = false;
@@ -651,9 +693,9 @@ async fn handle_connection(
     let (responder, payload) = match Responder::accept(&key, version, job, &handshake) {
         Ok(x) => x,
         Err(e) => {
-            tracing::warn!(
+            warn_handshake(format_args!(
                 "data plane: a connection from {addr} for job {job} failed the handshake ({e}); closing it"
-            );
+            ));
             let msg = format!("the handshake did not decrypt under job {job}'s key");
             return reject(conn, RejectReason::NotAuthorized, msg).await;
         }
@@ -715,15 +757,15 @@ async fn handle_connection(
             return;
         }
         Ok(Err(e)) => {
-            tracing::warn!(
+            warn_handshake(format_args!(
                 "data plane: peer #{from}'s connection from {addr} for job {job} sent no valid key confirmation ({e}); closing it"
-            );
+            ));
             return;
         }
         Err(_) => {
-            tracing::warn!(
+            warn_handshake(format_args!(
                 "data plane: peer #{from}'s connection from {addr} for job {job} sent no key confirmation within {HELLO_TIMEOUT:?}; closing it"
-            );
+            ));
             return;
         }
     }
