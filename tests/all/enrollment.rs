@@ -152,6 +152,14 @@ async fn revoking_a_token_or_disabling_a_peer_fences_it_and_its_job_goes_on() {
         .await
         .unwrap_err();
     assert_eq!(e.status(), Some(404), "{e}");
+    // Her token and one that does not exist read alike to him.
+    let missing = token.enrollment.id + 1000;
+    let none = bob.revoke_enrollment(missing).await.unwrap_err();
+    assert_eq!(
+        e.to_string()
+            .replace(&format!("#{}", token.enrollment.id), "#N"),
+        none.to_string().replace(&format!("#{missing}"), "#N")
+    );
     assert!(bob.enrollments().await.unwrap().is_empty());
     let listed = vera.enrollments().await.unwrap();
     assert_eq!(listed.len(), 1);

@@ -232,15 +232,18 @@ impl Core {
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()?;
+        // Another account's token and no token read alike: whether an id
+        // exists is nobody else's business.
         match owner {
-            Some((owner, _)) if owner != caller && !admin => {
-                return Err(Error::NotFound(format!(
-                    "no enrollment token #{id} of yours"
-                )));
+            Some((o, revoked)) if admin || o == caller => {
+                if revoked.is_some() {
+                    return Ok(());
+                }
             }
-            None => return Err(Error::NotFound(format!("no enrollment token #{id}"))),
-            Some((_, Some(_))) => return Ok(()),
-            Some(_) => {}
+            _ => {
+                let whose = if admin { "" } else { " of yours" };
+                return Err(Error::NotFound(format!("no enrollment token #{id}{whose}")));
+            }
         }
         tx.execute(
             "UPDATE enrollments SET revoked_at = ?2 WHERE id = ?1",
@@ -285,12 +288,12 @@ impl Core {
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .optional()?;
-        let Some((enrollment, owner, name)) = row else {
-            return Err(Error::NotFound(format!("no peer #{peer}")));
+        let Some((enrollment, _, name)) =
+            row.filter(|(_, owner, _)| admin || *owner == Some(caller))
+        else {
+            let whose = if admin { "" } else { " of yours" };
+            return Err(Error::NotFound(format!("no peer #{peer}{whose}")));
         };
-        if !admin && owner != Some(caller) {
-            return Err(Error::NotFound(format!("no peer #{peer} of yours")));
-        }
         // Every row of the same machine (name and token) changes together,
         // so the login check sees one answer.
         match enrollment {
@@ -327,7 +330,11 @@ impl Core {
         }
         tx.commit()?;
         inner.live().forget(&fenced);
-        tracing::warn!(peer, disabled, fenced = ?fenced, "peer {}", if disabled { "disabled" } else { "enabled" });
+        if disabled {
+            tracing::warn!(peer, fenced = ?fenced, "peer disabled");
+        } else {
+            tracing::info!(peer, "peer enabled");
+        }
         self.peers()?
             .into_iter()
             .find(|p| p.id == peer)
