@@ -506,11 +506,17 @@ pub async fn peer(a: PeerRunArgs) -> anyhow::Result<ExitCode> {
     let Some(supernode) = a.supernode else {
         anyhow::bail!("--supernode URL is needed to run a peer");
     };
+    let mut supernode_tls = bsp_api::client::TlsOptions {
+        fingerprint: a.supernode_fingerprint,
+        ca_certs: Vec::new(),
+    };
+    if let Some(ca) = &a.ca_cert {
+        supernode_tls = supernode_tls
+            .with_ca_file(ca)
+            .map_err(|e| crate::cli_client::usage(format!("--ca-cert: {e}")))?;
+    }
     let config = bspweb_peer::PeerConfig {
-        supernode_tls: bsp_api::client::TlsOptions {
-            fingerprint: a.supernode_fingerprint,
-            ca_certs: Vec::new(),
-        },
+        supernode_tls,
         supernode,
         listen: a.listen,
         advertise: a.advertise,

@@ -94,6 +94,10 @@ struct InstallArgs {
     /// as the supernode prints it), for a self-signed certificate
     #[arg(long, env = "BSPWEB_SUPERNODE_FINGERPRINT", value_name = "sha256:HEX")]
     supernode_fingerprint: Option<bsp_api::tls::Fingerprint>,
+    /// A CA certificate file (PEM) to trust for the supernode besides
+    /// Mozilla's roots; the settings name it by its absolute path
+    #[arg(long, env = "BSPWEB_CA_CERT", value_name = "FILE")]
+    ca_cert: Option<PathBuf>,
     /// Name shown in peer lists [default: host name]
     #[arg(long)]
     name: Option<String>,
@@ -152,6 +156,10 @@ pub struct PeerRunArgs {
     /// signed by a CA of Mozilla's list
     #[arg(long, env = "BSPWEB_SUPERNODE_FINGERPRINT", value_name = "sha256:HEX")]
     pub(crate) supernode_fingerprint: Option<bsp_api::tls::Fingerprint>,
+    /// Also trust the CA certificate(s) in this PEM file for an https://
+    /// supernode (besides Mozilla's roots): a deployment's private CA
+    #[arg(long, env = "BSPWEB_CA_CERT", value_name = "FILE")]
+    pub(crate) ca_cert: Option<PathBuf>,
     /// Address of the peer-to-peer listener
     #[arg(long, default_value = "0.0.0.0:0")]
     pub(crate) listen: SocketAddr,
@@ -663,6 +671,14 @@ fn install(a: InstallArgs) -> anyhow::Result<ExitCode> {
     settings.insert("supernode".into(), a.supernode.clone().into());
     if let Some(fp) = a.supernode_fingerprint {
         settings.insert("supernode-fingerprint".into(), fp.to_string().into());
+    }
+    if let Some(ca) = &a.ca_cert {
+        // Checked now, so a bad file fails the install, not the service.
+        bsp_api::client::TlsOptions::new()
+            .with_ca_file(ca)
+            .map_err(|e| usage(format!("--ca-cert: {e}")))?;
+        let ca = std::path::absolute(ca)?;
+        settings.insert("ca-cert".into(), ca.display().to_string().into());
     }
     if !system {
         // A system service reads it as a credential (see `unit_text`).

@@ -130,6 +130,14 @@ struct Wait {
     at: i64,
 }
 
+/// Who answers for a peer, for counting votes: its volunteer (the account
+/// that enrolled it), or the peer itself when it has no enrollment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Party {
+    Volunteer(i64),
+    Peer(PeerId),
+}
+
 /// What the supernode has learned of its peers' delivered speed and
 /// progress.
 #[derive(Debug, Default)]
@@ -277,10 +285,17 @@ impl Verifier {
 
     /// The peers of `job` (whose peers hosting processes are `job_peers`
     /// and whose superstep limit is `limit_ms`) that make no progress.
+    /// `party(peer)` names who answers for a peer: its volunteer's
+    /// account, or for a peer without an enrollment the peer itself. A
+    /// volunteer counts once however many of her peers blame someone, so
+    /// one with many peers in a job cannot outvote the others; her own
+    /// peers do not judge each other unless she is the job's only
+    /// volunteer.
     pub(crate) fn stalled(
         &self,
         job: JobId,
         job_peers: &BTreeSet<PeerId>,
+        party: impl Fn(PeerId) -> Party,
         limit_ms: u64,
         now: i64,
     ) -> Vec<PeerId> {
@@ -309,15 +324,28 @@ impl Verifier {
                 if held_up {
                     return false;
                 }
-                let others = job_peers.len().saturating_sub(1);
-                let blaming = job_peers
+                let blames = |r: PeerId| {
+                    current(r).is_some_and(|w| w.waited_ms >= bound && w.hosts.contains(&x))
+                };
+                let mine = party(x);
+                let judges: Vec<PeerId> = job_peers.iter().copied().filter(|&r| r != x).collect();
+                let strangers: Vec<PeerId> = judges
                     .iter()
-                    .filter(|&&r| r != x)
-                    .filter(|&&r| {
-                        current(r).is_some_and(|w| w.waited_ms >= bound && w.hosts.contains(&x))
-                    })
-                    .count();
-                others > 0 && 2 * blaming > others
+                    .copied()
+                    .filter(|&r| party(r) != mine)
+                    .collect();
+                if strangers.is_empty() {
+                    // One volunteer's job: her peers, one vote each.
+                    let blaming = judges.iter().filter(|&&r| blames(r)).count();
+                    return !judges.is_empty() && 2 * blaming > judges.len();
+                }
+                let parties: BTreeSet<Party> = strangers.iter().map(|&r| party(r)).collect();
+                let blaming: BTreeSet<Party> = strangers
+                    .iter()
+                    .filter(|&&r| blames(r))
+                    .map(|&r| party(r))
+                    .collect();
+                2 * blaming.len() > parties.len()
             })
             .collect()
     }
@@ -441,13 +469,16 @@ mod tests {
         };
         v.waits(1, &long(70_001), hosts, 0);
         // One of three is not a majority.
-        assert!(v.stalled(9, &peers, 30_000, 0).is_empty());
+        assert!(v.stalled(9, &peers, Party::Peer, 30_000, 0).is_empty());
         v.waits(2, &long(70_000), hosts, 0);
-        assert_eq!(v.stalled(9, &peers, 30_000, 0), vec![4]);
+        assert_eq!(v.stalled(9, &peers, Party::Peer, 30_000, 0), vec![4]);
         // Not past the limit plus the grace: not stalled.
-        assert!(v.stalled(9, &peers, 30_001, 0).is_empty());
+        assert!(v.stalled(9, &peers, Party::Peer, 30_001, 0).is_empty());
         // Reports go stale.
-        assert!(v.stalled(9, &peers, 30_000, WAIT_TTL_MS).is_empty());
+        assert!(
+            v.stalled(9, &peers, Party::Peer, 30_000, WAIT_TTL_MS)
+                .is_empty()
+        );
         // An excuse naming a peer that waits for it in turn, or a short
         // wait, excuses nothing.
         let waits_for = |pid, ms| {
@@ -458,18 +489,60 @@ mod tests {
             }]
         };
         v.waits(4, &waits_for(1, 70_000), hosts, 0);
-        assert_eq!(v.stalled(9, &peers, 30_000, 0), vec![4]);
+        assert_eq!(v.stalled(9, &peers, Party::Peer, 30_000, 0), vec![4]);
         v.waits(4, &waits_for(8, 1_000), hosts, 0);
-        assert_eq!(v.stalled(9, &peers, 30_000, 0), vec![4]);
+        assert_eq!(v.stalled(9, &peers, Party::Peer, 30_000, 0), vec![4]);
         // A peer held up past the bound by one that does not wait for it
         // (peer 3, hosting pid 8) is not to blame.
         v.waits(4, &waits_for(8, 70_000), hosts, 0);
-        assert!(v.stalled(9, &peers, 30_000, 0).is_empty());
+        assert!(v.stalled(9, &peers, Party::Peer, 30_000, 0).is_empty());
         // A new report of a reporter replaces its old one; no wait: none.
         v.waits(4, &[], hosts, 1);
         v.waits(1, &[], hosts, 1);
-        assert!(v.stalled(9, &peers, 30_000, 1).is_empty());
+        assert!(v.stalled(9, &peers, Party::Peer, 30_000, 1).is_empty());
         v.forget(&[2]);
-        assert!(v.stalled(9, &peers, 30_000, 1).is_empty());
+        assert!(v.stalled(9, &peers, Party::Peer, 30_000, 1).is_empty());
+    }
+
+    #[test]
+    fn a_volunteer_with_many_peers_blames_once() {
+        let mut v = Verifier::default();
+        // Peers 1, 2 and 3 are Mallory's, 4 is Alice's (hosting pid 7),
+        // 5 and 6 are Bob's and Carol's.
+        let peers = BTreeSet::from([1, 2, 3, 4, 5, 6]);
+        let party = |p: PeerId| {
+            Party::Volunteer(match p {
+                1..=3 => 10,
+                4 => 11,
+                5 => 12,
+                _ => 13,
+            })
+        };
+        let hosts = |_: JobId, pids: &[bsp_api::Pid]| {
+            pids.iter().map(|&p| if p == 7 { 4 } else { 1 }).collect()
+        };
+        let long = vec![BarrierWait {
+            job: 9,
+            waited_ms: 70_000,
+            pids: vec![7],
+        }];
+        for r in [1, 2, 3] {
+            v.waits(r, &long, hosts, 0);
+        }
+        // Three of five peers, but one of three volunteers: no majority.
+        assert!(v.stalled(9, &peers, party, 30_000, 0).is_empty());
+        // Counted per peer, Mallory would have had her way.
+        assert_eq!(v.stalled(9, &peers, Party::Peer, 30_000, 0), vec![4]);
+        // Bob agrees: two of three volunteers.
+        v.waits(5, &long, hosts, 0);
+        assert_eq!(v.stalled(9, &peers, party, 30_000, 0), vec![4]);
+        // A job of one volunteer's peers: they judge each other.
+        let alone = |_: PeerId| Party::Volunteer(10);
+        let mut w = Verifier::default();
+        w.waits(1, &long, hosts, 0);
+        let mine = BTreeSet::from([1, 2, 4]);
+        assert!(w.stalled(9, &mine, alone, 30_000, 0).is_empty());
+        w.waits(2, &long, hosts, 0);
+        assert_eq!(w.stalled(9, &mine, alone, 30_000, 0), vec![4]);
     }
 }

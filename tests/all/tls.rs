@@ -12,7 +12,8 @@ use bsp_api::tls::Fingerprint;
 use serde_json::json;
 
 use crate::harness::{
-    ADMIN, ADMIN_PASSWORD, Cluster, Options, assert_success, bspweb, job, run, without_client_env,
+    ADMIN, ADMIN_PASSWORD, Cluster, Options, assert_success, bspweb, job, run, until,
+    without_client_env,
 };
 
 /// One TLS cluster shared by the tests that only talk to it.
@@ -229,6 +230,58 @@ async fn a_peer_with_a_wrong_pin_never_logs_in_and_says_why() {
         "the peer's log: {text}"
     );
     assert!(!names.iter().any(|n| n == "wrong-pin"), "{names:?}");
+}
+
+/// A peer that trusts the supernode's certificate as a CA (a deployment's
+/// private CA) and pins nothing logs in; one given a file that holds no
+/// certificate stops at once, naming it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_peer_trusts_a_private_ca_given_with_ca_cert() {
+    let c = tls_cluster();
+    let ca = c.data_dir().join("tls").join("cert.pem");
+    let peer = |name: &str, ca: &std::path::Path| {
+        let mut cmd = bspweb();
+        cmd.args(["peer", "--supernode", &c.url, "--listen", "127.0.0.1:0"])
+            .args(["--name", name, "--speed", "1.0", "--slots", "1"])
+            .arg("--ca-cert")
+            .arg(ca)
+            .args(["--no-control-socket", "--exit-on-stdin-eof"])
+            .env("BSPWEB_CONFIG_DIR", c.data_dir())
+            .env("BSPWEB_PEER_TOKEN", &c.peer_token)
+            .env_remove("BSPWEB_SUPERNODE_FINGERPRINT")
+            .env("BSPWEB_LOG", "warn");
+        cmd
+    };
+    let not_pem = c.data_dir().join("not-a-ca.pem");
+    std::fs::write(&not_pem, "hello\n").unwrap();
+    let out = peer("bad-ca", &not_pem).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--ca-cert") && stderr.contains("not-a-ca.pem"),
+        "{stderr}"
+    );
+
+    let mut child = peer("ca-peer", &ca)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let admin = c.admin().await;
+    until(
+        "the peer trusting the CA to come online",
+        Duration::from_secs(60),
+        async || {
+            let peers = admin.peers().await.ok()?;
+            peers
+                .into_iter()
+                .find(|p| p.name == "ca-peer" && p.state == "online")
+        },
+    )
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -635,6 +635,32 @@ impl Core {
             hosts.insert(w.job, placed);
             limits.insert(w.job, u64::try_from(limit).unwrap_or(0));
         }
+        let mut parties: HashMap<PeerId, crate::verify::Party> = HashMap::new();
+        for &p in hosts.values().flat_map(|h| h.values()) {
+            if parties.contains_key(&p) {
+                continue;
+            }
+            let owner: Option<i64> = tx
+                .prepare_cached(
+                    "SELECT e.owner FROM peers p JOIN enrollments e ON e.id = p.enrollment \
+                     WHERE p.id = ?1",
+                )?
+                .query_row([p], |r| r.get(0))
+                .optional()?;
+            parties.insert(
+                p,
+                owner.map_or(
+                    crate::verify::Party::Peer(p),
+                    crate::verify::Party::Volunteer,
+                ),
+            );
+        }
+        let party = |p: PeerId| {
+            parties
+                .get(&p)
+                .copied()
+                .unwrap_or(crate::verify::Party::Peer(p))
+        };
         let mut live = inner.live();
         live.verify.waits(
             reporter,
@@ -649,12 +675,12 @@ impl Core {
         let mut stalled = BTreeSet::new();
         for (job, placed) in &hosts {
             let peers: BTreeSet<PeerId> = placed.values().copied().collect();
-            for x in live.verify.stalled(*job, &peers, limits[job], now) {
+            for x in live.verify.stalled(*job, &peers, party, limits[job], now) {
                 tracing::warn!(
                     peer = x,
                     job,
                     "peer #{x} holds processes of job {job} but made no progress for longer than \
-                     twice its superstep limit and {} s, say most of the job's other peers",
+                     twice its superstep limit and {} s, say most of the job's other volunteers",
                     crate::verify::STALL_GRACE_MS / 1000
                 );
                 stalled.insert(x);
