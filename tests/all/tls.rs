@@ -237,7 +237,12 @@ async fn a_peer_with_a_wrong_pin_never_logs_in_and_says_why() {
 /// certificate stops at once, naming it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_peer_trusts_a_private_ca_given_with_ca_cert() {
-    let c = tls_cluster();
+    // A cluster of its own: the shared one's tests count its peers.
+    let c = &Cluster::start(Options {
+        peers: 0,
+        tls: true,
+        ..Options::default()
+    });
     let ca = c.data_dir().join("tls").join("cert.pem");
     let peer = |name: &str, ca: &std::path::Path| {
         let mut cmd = bspweb();
