@@ -33,9 +33,12 @@
 //! [`SecureStream`] is that record layer as an `AsyncRead + AsyncWrite`:
 //! writes are encrypted from the caller's buffers (vectored writes
 //! included) straight into one reused output buffer and written with one
-//! write per [`WRITE_BATCH`] bytes; reads decrypt straight into the
-//! caller's buffer when a whole record fits (the codec reserves a whole
-//! frame, so a large frame's records all do).
+//! write per [`WRITE_BATCH`] bytes; a received record is decrypted in place
+//! in the receive buffer and copied once into the caller's (no zeroing of
+//! the caller's uninitialized buffer, no second copy). After the handshake
+//! the records are Noise's transport messages, sealed with ring's
+//! AES-256-GCM on the keys of snow's split (`Cipher`; a unit test checks
+//! them against snow's own transport).
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -43,7 +46,8 @@ use std::task::{Context, Poll, ready};
 
 use bsp_api::JobId;
 use bytes::{Buf, BytesMut};
-use snow::{HandshakeState, TransportState};
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
+use snow::HandshakeState;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
 /// The Noise protocol name.
@@ -155,14 +159,14 @@ impl Initiator {
     }
 
     /// Read message 2: the transport keys and the listener's payload.
-    pub fn finish(mut self, answer: &[u8]) -> Result<(TransportState, Vec<u8>), NoiseError> {
+    pub fn finish(mut self, answer: &[u8]) -> Result<(Transport, Vec<u8>), NoiseError> {
         let mut payload = vec![0u8; answer.len()];
         let n = self
             .0
             .read_message(answer, &mut payload)
             .map_err(|_| NoiseError::Handshake)?;
         payload.truncate(n);
-        Ok((self.0.into_transport_mode()?, payload))
+        Ok((Transport::split(&mut self.0)?, payload))
     }
 }
 
@@ -188,24 +192,104 @@ impl Responder {
     }
 
     /// Message 2, carrying `payload`, and the transport keys.
-    pub fn answer(mut self, payload: &[u8]) -> Result<(TransportState, Vec<u8>), NoiseError> {
+    pub fn answer(mut self, payload: &[u8]) -> Result<(Transport, Vec<u8>), NoiseError> {
         let mut msg = vec![0u8; MAX_HANDSHAKE + payload.len()];
         let n = self.0.write_message(payload, &mut msg)?;
         msg.truncate(n);
-        Ok((self.0.into_transport_mode()?, msg))
+        Ok((Transport::split(&mut self.0)?, msg))
+    }
+}
+
+/// One direction's cipher of a finished handshake: Noise's `CipherState`
+/// for AESGCM (AES-256-GCM, the nonce 32 zero bits and the record's number
+/// as 64 bits big-endian, no associated data), but sealing and opening in
+/// place, so a received record is decrypted where it was read.
+struct Cipher {
+    key: LessSafeKey,
+    nonce: u64,
+}
+
+impl Cipher {
+    fn new(key: &[u8; 32]) -> Result<Cipher, NoiseError> {
+        let key = UnboundKey::new(&AES_256_GCM, key).map_err(|_| NoiseError::Handshake)?;
+        Ok(Cipher {
+            key: LessSafeKey::new(key),
+            nonce: 0,
+        })
+    }
+
+    fn next_nonce(&mut self) -> Result<Nonce, NoiseError> {
+        // Noise reserves the last nonce; no connection gets near it.
+        if self.nonce == u64::MAX {
+            return Err(NoiseError::Record);
+        }
+        let mut n = [0u8; 12];
+        n[4..].copy_from_slice(&self.nonce.to_be_bytes());
+        self.nonce += 1;
+        Ok(Nonce::assume_unique_for_key(n))
+    }
+
+    /// Encrypt `record[..len - TAG_BYTES]` in place and put the tag after it.
+    fn seal(&mut self, record: &mut [u8]) -> Result<(), NoiseError> {
+        let n = record.len() - TAG_BYTES;
+        let nonce = self.next_nonce()?;
+        let (text, tag_out) = record.split_at_mut(n);
+        let tag = self
+            .key
+            .seal_in_place_separate_tag(nonce, Aad::empty(), text)
+            .map_err(|_| NoiseError::Record)?;
+        tag_out.copy_from_slice(tag.as_ref());
+        Ok(())
+    }
+
+    /// Decrypt `record` (ciphertext and tag) in place: the plaintext's
+    /// length.
+    fn open(&mut self, record: &mut [u8]) -> Result<usize, NoiseError> {
+        let nonce = self.next_nonce()?;
+        self.key
+            .open_in_place(nonce, Aad::empty(), record)
+            .map(|p| p.len())
+            .map_err(|_| NoiseError::Record)
+    }
+}
+
+/// The two ciphers of a connection after its handshake.
+pub struct Transport {
+    send: Cipher,
+    recv: Cipher,
+}
+
+impl Transport {
+    /// Noise's `Split()` of a finished handshake: the initiator sends with
+    /// the first key and receives with the second, the responder the other
+    /// way round.
+    fn split(hs: &mut HandshakeState) -> Result<Transport, NoiseError> {
+        if !hs.is_handshake_finished() {
+            return Err(NoiseError::Handshake);
+        }
+        let (i_to_r, r_to_i) = hs.dangerously_get_raw_split();
+        let (send, recv) = if hs.is_initiator() {
+            (i_to_r, r_to_i)
+        } else {
+            (r_to_i, i_to_r)
+        };
+        Ok(Transport {
+            send: Cipher::new(&send)?,
+            recv: Cipher::new(&recv)?,
+        })
     }
 }
 
 /// An encrypted stream over `S` (see the module docs).
 pub struct SecureStream<S> {
     io: S,
-    noise: TransportState,
-    /// Ciphertext received and not decrypted yet.
+    noise: Transport,
+    /// Bytes received: first `plain` bytes of a decrypted record's
+    /// plaintext not handed out yet, then its `tag` (skipped once the
+    /// plaintext is), then ciphertext not decrypted yet.
     rbuf: BytesMut,
-    /// A record's plaintext that did not fit the reader's buffer, from
-    /// `plain_pos` on.
-    plain: Vec<u8>,
-    plain_pos: usize,
+    plain: usize,
+    tag: usize,
     read_eof: bool,
     /// Set once a record failed: the stream is unusable from then on.
     broken: bool,
@@ -231,13 +315,13 @@ impl<S: std::fmt::Debug> std::fmt::Debug for SecureStream<S> {
 impl<S> SecureStream<S> {
     /// Records over `io` under `noise`; `received` holds bytes already read
     /// from `io` after the handshake.
-    pub fn new(io: S, noise: TransportState, received: BytesMut) -> Self {
+    pub fn new(io: S, noise: Transport, received: BytesMut) -> Self {
         SecureStream {
             io,
             noise,
             rbuf: received,
-            plain: Vec::new(),
-            plain_pos: 0,
+            plain: 0,
+            tag: 0,
             read_eof: false,
             broken: false,
             wbuf: Vec::new(),
@@ -300,10 +384,10 @@ impl<S> SecureStream<S> {
                 &self.scratch
             };
             let at = self.wlen;
-            let len = self
-                .noise
-                .write_message(payload, &mut self.wbuf[at + 2..at + 2 + n + TAG_BYTES])?;
-            debug_assert_eq!(len, n + TAG_BYTES);
+            let len = n + TAG_BYTES;
+            let record = &mut self.wbuf[at + 2..at + 2 + len];
+            record[..n].copy_from_slice(payload);
+            self.noise.send.seal(record)?;
             self.wbuf[at..at + 2].copy_from_slice(&(len as u16).to_be_bytes());
             self.wlen += 2 + len;
             if direct {
@@ -335,10 +419,7 @@ impl<S: AsyncRead + Unpin> SecureStream<S> {
         if u16::from_be_bytes([record[0], record[1]]) as usize != TAG_BYTES {
             return Err(NoiseError::NoConfirmation);
         }
-        let mut out = [0u8; TAG_BYTES];
-        self.noise
-            .read_message(&record[2..], &mut out)
-            .map_err(|_| NoiseError::Record)?;
+        self.noise.recv.open(&mut record[2..])?;
         Ok(())
     }
 }
@@ -364,10 +445,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for SecureStream<S> {
             if me.broken {
                 return Poll::Ready(Err(NoiseError::Record.into()));
             }
-            if me.plain_pos < me.plain.len() {
-                let n = (me.plain.len() - me.plain_pos).min(buf.remaining());
-                buf.put_slice(&me.plain[me.plain_pos..me.plain_pos + n]);
-                me.plain_pos += n;
+            if me.plain > 0 {
+                let n = me.plain.min(buf.remaining());
+                buf.put_slice(&me.rbuf[..n]);
+                me.rbuf.advance(n);
+                me.plain -= n;
+                if me.plain == 0 {
+                    me.rbuf.advance(std::mem::take(&mut me.tag));
+                }
                 return Poll::Ready(Ok(()));
             }
             match complete_record(&me.rbuf) {
@@ -376,33 +461,19 @@ impl<S: AsyncRead + Unpin> AsyncRead for SecureStream<S> {
                     return Poll::Ready(Err(e.into()));
                 }
                 Ok(Some(len)) => {
-                    let record = &me.rbuf[2..2 + len];
-                    let got = if len == TAG_BYTES {
-                        // An empty record (the key confirmation): nothing
-                        // to hand out, but it must decrypt.
-                        let mut out = [0u8; TAG_BYTES];
-                        me.noise.read_message(record, &mut out).map(|_| None)
-                    } else if buf.remaining() >= len {
-                        // Straight into the reader's buffer (ring decrypts
-                        // in place there after one copy).
-                        let out = buf.initialize_unfilled_to(len);
-                        me.noise.read_message(record, out).map(Some)
-                    } else {
-                        me.plain.resize(len, 0);
-                        me.plain_pos = 0;
-                        let n = me.noise.read_message(record, &mut me.plain);
-                        if let Ok(n) = n {
-                            me.plain.truncate(n);
+                    // Decrypted where it lies; an empty record (the key
+                    // confirmation) hands out nothing, but must decrypt.
+                    match me.noise.recv.open(&mut me.rbuf[2..2 + len]) {
+                        Ok(n) => {
+                            me.rbuf.advance(2);
+                            if n == 0 {
+                                me.rbuf.advance(len);
+                            } else {
+                                me.plain = n;
+                                me.tag = len - n;
+                            }
+                            continue;
                         }
-                        n.map(|_| None)
-                    };
-                    me.rbuf.advance(2 + len);
-                    match got {
-                        Ok(Some(n)) => {
-                            buf.advance(n);
-                            return Poll::Ready(Ok(()));
-                        }
-                        Ok(None) => continue,
                         Err(_) => {
                             me.broken = true;
                             tracing::warn!(

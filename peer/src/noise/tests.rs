@@ -20,7 +20,7 @@ fn handshake(
     dialer: &JobKey,
     listener: &JobKey,
     job_heard: JobId,
-) -> Result<(TransportState, TransportState), NoiseError> {
+) -> Result<(Transport, Transport), NoiseError> {
     let (i, m1) = Initiator::start(dialer, VERSION, JOB, b"hello payload")?;
     let (r, p) = Responder::accept(listener, VERSION, job_heard, &m1)?;
     assert_eq!(p, b"hello payload");
@@ -30,7 +30,7 @@ fn handshake(
     Ok((it, rt))
 }
 
-fn keys() -> (TransportState, TransportState) {
+fn keys() -> (Transport, Transport) {
     let k = JobKey::derive("token");
     handshake(&k, &k, JOB).unwrap()
 }
@@ -142,10 +142,9 @@ async fn through(frames: Vec<Bytes>, secure: bool) -> Vec<Bytes> {
     reader.await.unwrap()
 }
 
-/// Both ends' transport keys, the same in every call (transport states
-/// cannot be cloned, so the writer and the reader of a test each make
-/// theirs): a handshake with fixed ephemeral keys.
-fn keys_for_reader() -> (TransportState, TransportState) {
+/// A handshake with fixed ephemeral keys, so every call gives the same
+/// transport keys: the finished handshake states of both ends.
+fn fixed_handshake() -> (HandshakeState, HandshakeState) {
     let k = JobKey::derive("token");
     let p = prologue(VERSION, JOB);
     let params: snow::params::NoiseParams = PATTERN.parse().unwrap();
@@ -171,10 +170,61 @@ fn keys_for_reader() -> (TransportState, TransportState) {
     r.read_message(&m[..n], &mut out).unwrap();
     let n = r.write_message(&[], &mut m).unwrap();
     i.read_message(&m[..n], &mut out).unwrap();
+    (i, r)
+}
+
+/// Both ends' transport keys, the same in every call (the writer and the
+/// reader of a test each make theirs).
+fn keys_for_reader() -> (Transport, Transport) {
+    let (mut i, mut r) = fixed_handshake();
     (
-        i.into_transport_mode().unwrap(),
-        r.into_transport_mode().unwrap(),
+        Transport::split(&mut i).unwrap(),
+        Transport::split(&mut r).unwrap(),
     )
+}
+
+/// The records are Noise's transport messages: snow's own transport
+/// (`TransportState`) reads what ours writes and the other way round, in
+/// both directions, message after message (the nonces advance alike).
+#[test]
+fn records_are_snow_s_transport_messages() {
+    let (ours_i, ours_r) = keys_for_reader();
+    let (mut ours_i, mut ours_r) = (ours_i, ours_r);
+    let (i, r) = fixed_handshake();
+    let mut snow_i = i.into_transport_mode().unwrap();
+    let mut snow_r = r.into_transport_mode().unwrap();
+    for round in 0..3u8 {
+        let text = vec![round; 100 + usize::from(round)];
+        // Ours seals as the initiator, snow opens as the responder.
+        let mut record = text.clone();
+        record.resize(text.len() + TAG_BYTES, 0);
+        ours_i.send.seal(&mut record).unwrap();
+        let mut out = vec![0u8; record.len()];
+        let n = snow_r.read_message(&record, &mut out).unwrap();
+        assert_eq!(out[..n], text[..]);
+        // Snow seals as the responder, ours opens as the initiator.
+        let mut record = vec![0u8; text.len() + TAG_BYTES];
+        let n = snow_r.write_message(&text, &mut record).unwrap();
+        assert_eq!(n, record.len());
+        assert_eq!(ours_i.recv.open(&mut record).unwrap(), text.len());
+        assert_eq!(record[..text.len()], text[..]);
+        // And the other direction.
+        let mut record = vec![0u8; text.len() + TAG_BYTES];
+        snow_i.write_message(&text, &mut record).unwrap();
+        assert_eq!(ours_r.recv.open(&mut record).unwrap(), text.len());
+        let mut record = text.clone();
+        record.resize(text.len() + TAG_BYTES, 0);
+        ours_r.send.seal(&mut record).unwrap();
+        let n = snow_i.read_message(&record, &mut out).unwrap();
+        assert_eq!(out[..n], text[..]);
+    }
+    // A record opened out of order (its nonce is not the next one) does
+    // not decrypt.
+    let mut first = vec![7u8; 10 + TAG_BYTES];
+    ours_i.send.seal(&mut first).unwrap();
+    let mut second = vec![8u8; 10 + TAG_BYTES];
+    ours_i.send.seal(&mut second).unwrap();
+    assert!(ours_r.recv.open(&mut second).is_err());
 }
 
 proptest! {
