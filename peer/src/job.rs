@@ -41,9 +41,25 @@ use crate::barrier::Barrier;
 use crate::checkpoint::{self, Assembled, Assembler, PageTracker, ReplicaStore, Snapshot};
 use crate::net::{self, Dial, Inbound, Outgoing, Registry};
 use crate::program;
-use crate::relay::{self, BroadcastPolicy, DataStats, Inflight, RelayKey, Site};
+use crate::relay::{self, BroadcastPolicy, DataStats, Inflight, RelayError, RelayKey, Site};
 use crate::report::Reporter;
 use crate::runtime::{JobInfo, Message, Outcome, Process, Runtime};
+
+/// A frame another peer of the job sent that breaks the data-plane
+/// protocol: the job fails with it (a local failure is never one of these).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error(transparent)]
+    Barrier(#[from] crate::barrier::BarrierError),
+    #[error(transparent)]
+    Relay(#[from] RelayError),
+    #[error("it asked for pid {0}, which does not exist")]
+    NoSuchPid(Pid),
+    #[error("a handshake frame is not allowed after the handshake")]
+    HandshakeFrame,
+    #[error("a link probe is not allowed on a job's connection")]
+    ProbeFrame,
+}
 
 /// Target size of one `Data` frame's payloads.
 const BATCH_BYTES: usize = 1 << 20;
@@ -1179,7 +1195,7 @@ impl Driver {
             }
             Err(e) => {
                 tracing::info!(job = self.job, "{e}");
-                self.fall_back(e);
+                self.fall_back(e.to_string());
             }
         }
     }
@@ -1406,7 +1422,7 @@ impl Driver {
         head: RelayHead,
         offset: u32,
         bytes: bytes::Bytes,
-    ) -> Result<(), String> {
+    ) -> Result<(), RelayError> {
         relay::check_head(&head, self.info.nprocs, self.me, from)?;
         if !relay::current(&head, &self.peers) {
             tracing::debug!(
@@ -1435,18 +1451,13 @@ impl Driver {
             Some(i) => i,
             None => {
                 if heads.len() >= MAX_HEADS {
-                    return Err(format!(
-                        "a multicast relayed with more than {MAX_HEADS} heads"
-                    ));
+                    return Err(RelayError::TooManyHeads(MAX_HEADS));
                 }
                 let cap = (self.info.outbox_limit as u64)
                     .saturating_mul(2 * u64::from(self.info.nprocs))
                     .max(256 << 20);
                 if held.saturating_add(u64::from(head.len)) > cap {
-                    return Err(format!(
-                        "relayed multicasts hold more than {} MiB on this peer",
-                        cap >> 20
-                    ));
+                    return Err(RelayError::TooMuchHeld(cap >> 20));
                 }
                 heads.push(Inflight::new(head, self.me)?);
                 heads.len() - 1
@@ -2386,11 +2397,11 @@ impl Driver {
         }
     }
 
-    fn on_frame(&mut self, from: PeerId, frame: Frame) -> Result<(), String> {
+    fn on_frame(&mut self, from: PeerId, frame: Frame) -> Result<(), ProtocolError> {
         match frame {
             Frame::Data { messages } => {
                 for m in messages {
-                    self.barrier.on_message(m).map_err(|e| e.to_string())?;
+                    self.barrier.on_message(m)?;
                 }
             }
             Frame::Done { superstep, procs } => {
@@ -2399,9 +2410,7 @@ impl Driver {
                     self.observer.on_done(from, superstep, now);
                 }
                 for d in procs {
-                    self.barrier
-                        .on_done(superstep, d)
-                        .map_err(|e| e.to_string())?;
+                    self.barrier.on_done(superstep, d)?;
                 }
             }
             f @ (Frame::CheckpointPart { .. } | Frame::Checkpoint(_)) => {
@@ -2449,7 +2458,7 @@ impl Driver {
             Frame::CheckpointAck { pid, superstep, ok } => self.on_ack(from, pid, superstep, ok),
             Frame::FetchCheckpoint { pid } => {
                 if pid >= self.info.nprocs {
-                    return Err(format!("it asked for pid {pid}, which does not exist"));
+                    return Err(ProtocolError::NoSuchPid(pid));
                 }
                 if self.local.contains_key(&pid) {
                     // We host it: hand it over at its next sync (once our own
@@ -2503,10 +2512,10 @@ impl Driver {
             } => self.on_relay(from, *head, offset, bytes)?,
             Frame::Program { epoch, msg } => self.on_program_msg(from, epoch, msg),
             Frame::Hello { .. } | Frame::Answer { .. } | Frame::Welcome | Frame::Reject { .. } => {
-                return Err("a handshake frame is not allowed after the handshake".into());
+                return Err(ProtocolError::HandshakeFrame);
             }
             Frame::Probe(_) => {
-                return Err("a link probe is not allowed on a job's connection".into());
+                return Err(ProtocolError::ProbeFrame);
             }
         }
         Ok(())

@@ -27,7 +27,32 @@ use bsp_api::PeerId;
 use bsp_api::control::JobAssignment;
 use bsp_api::wire::{Frame, ProgramMsg};
 use bytes::Bytes;
-use collectives::{Algorithm, Multicast, MulticastConfig, MulticastMsg, PeerNode};
+use collectives::{Algorithm, CollectiveError, Multicast, MulticastConfig, MulticastMsg, PeerNode};
+
+/// Why a program distribution cannot go on; the peer then downloads the
+/// program from the supernode itself.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProgramError {
+    #[error("this peer is not in the job's peer list")]
+    NotAPeer,
+    #[error("the program and resources are too large")]
+    TooLarge,
+    #[error("cannot plan the program's distribution: {0}")]
+    Plan(CollectiveError),
+    #[error("this peer has no node in the program's distribution")]
+    NoNode,
+    #[error("the program does not match its announced size: {0}")]
+    WrongSize(CollectiveError),
+    #[error("too many program messages while downloading the program")]
+    TooManyQueued,
+    #[error("peer #{0} is not part of the program's distribution")]
+    Stranger(PeerId),
+    #[error("peer #{from} broke the program's distribution: {error}")]
+    Broken {
+        from: PeerId,
+        error: CollectiveError,
+    },
+}
 
 /// Bytes per piece.
 pub const PIECE_BYTES: usize = 32 << 10;
@@ -65,12 +90,12 @@ impl Distribution {
     }
 
     /// This peer's node, before any message.
-    pub fn new(a: &JobAssignment, me: PeerId) -> Result<Distribution, String> {
+    pub fn new(a: &JobAssignment, me: PeerId) -> Result<Distribution, ProgramError> {
         let ids: Vec<PeerId> = a.peers.iter().map(|p| p.id).collect();
         let me_index = ids
             .iter()
             .position(|&p| p == me)
-            .ok_or("this peer is not in the job's peer list")?;
+            .ok_or(ProgramError::NotAPeer)?;
         let mut names: Vec<Option<&str>> = Vec::new();
         let mut clusters: Vec<Vec<usize>> = Vec::new();
         for (i, p) in a.peers.iter().enumerate() {
@@ -87,16 +112,16 @@ impl Distribution {
             .program_bytes
             .checked_add(a.resources_bytes)
             .and_then(|n| usize::try_from(n).ok())
-            .ok_or("the program and resources are too large")?;
+            .ok_or(ProgramError::TooLarge)?;
         let config = MulticastConfig {
             clusters,
             root: 0,
             piece_size: PIECE_BYTES,
         };
         let node = Multicast::plan(Algorithm::Robber, config, len, a.seed)
-            .map_err(|e| format!("cannot plan the program's distribution: {e}"))?
+            .map_err(ProgramError::Plan)?
             .into_node(me_index)
-            .ok_or("this peer has no node in the program's distribution")?;
+            .ok_or(ProgramError::NoNode)?;
         Ok(Distribution {
             epoch: a.epoch,
             ids,
@@ -122,14 +147,14 @@ impl Distribution {
 
     /// This peer has the program: serve it. A root starts only now, and
     /// handles what it was sent meanwhile.
-    pub fn seed(&mut self, bytes: &[u8]) -> Result<Out, String> {
+    pub fn seed(&mut self, bytes: &[u8]) -> Result<Out, ProgramError> {
         if self.seeded {
             return Ok(Vec::new());
         }
         let was_started = !self.is_root();
         self.node
             .seed_data(bytes)
-            .map_err(|e| format!("the program does not match its announced size: {e}"))?;
+            .map_err(ProgramError::WrongSize)?;
         self.seeded = true;
         let mut out = Vec::new();
         if !was_started {
@@ -144,7 +169,7 @@ impl Distribution {
     }
 
     /// A message from `from`. An error means the distribution is void.
-    pub fn on_msg(&mut self, from: PeerId, msg: ProgramMsg) -> Result<Out, String> {
+    pub fn on_msg(&mut self, from: PeerId, msg: ProgramMsg) -> Result<Out, ProgramError> {
         if self.is_root() && !self.seeded {
             let size = match &msg {
                 ProgramMsg::Desire(b) | ProgramMsg::Bitfield(b) | ProgramMsg::Work(b) => b.len(),
@@ -152,7 +177,7 @@ impl Distribution {
                 _ => 0,
             } + 16;
             if self.queue.len() >= MAX_QUEUED || self.queued_bytes + size > MAX_QUEUED_BYTES {
-                return Err("too many program messages while downloading the program".into());
+                return Err(ProgramError::TooManyQueued);
             }
             self.queued_bytes += size;
             self.queue.push((from, msg));
@@ -162,13 +187,13 @@ impl Distribution {
             .ids
             .iter()
             .position(|&p| p == from)
-            .ok_or_else(|| format!("peer #{from} is not part of the program's distribution"))?;
+            .ok_or(ProgramError::Stranger(from))?;
         let is_piece = matches!(msg, ProgramMsg::Piece { .. });
         let had = self.node.has_all();
         let out = self
             .node
             .handle(index, from_wire(msg))
-            .map_err(|e| format!("peer #{from} broke the program's distribution: {e}"))?;
+            .map_err(|error| ProgramError::Broken { from, error })?;
         if is_piece && !had {
             self.received += 1;
             self.sources.insert(from);
@@ -341,14 +366,19 @@ mod tests {
         let a = assignment(&["a", "b"], 100_000);
         let mut n = Distribution::new(&a, 51).unwrap();
         let _ = n.start();
-        assert!(
-            n.on_msg(99, ProgramMsg::Done)
-                .unwrap_err()
-                .contains("not part")
+        assert_eq!(
+            n.on_msg(99, ProgramMsg::Done).unwrap_err(),
+            ProgramError::Stranger(99)
         );
-        assert!(n.on_msg(50, ProgramMsg::Request(1)).is_err());
+        assert!(matches!(
+            n.on_msg(50, ProgramMsg::Request(1)),
+            Err(ProgramError::Broken { from: 50, .. })
+        ));
         assert!(n.on_msg(50, ProgramMsg::Desire(vec![true])).is_err());
-        assert!(Distribution::new(&a, 7).is_err());
+        assert!(matches!(
+            Distribution::new(&a, 7),
+            Err(ProgramError::NotAPeer)
+        ));
         let mut root = Distribution::new(&a, 50).unwrap();
         assert!(root.seed(&[0; 10]).is_err(), "wrong size");
         let mut late = assignment(&["a", "b"], 100_000);

@@ -218,8 +218,49 @@ pub fn choose(
     Some((algorithm, by_cluster()))
 }
 
+/// What is wrong with a relayed multicast another peer sent: a protocol
+/// violation by that peer (or, for the schedules, a head no peer could
+/// have built honestly).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RelayError {
+    #[error("a relayed multicast from pid {0} which does not exist")]
+    NoSuchSource(Pid),
+    #[error("a relayed multicast of {0} bytes")]
+    BadLength(u32),
+    #[error("a relayed multicast to {0} pids")]
+    BadDestinations(usize),
+    #[error("a relayed multicast to pid {0} which does not exist")]
+    NoSuchDestination(Pid),
+    #[error("a relayed multicast whose peer list has repeats or under two peers")]
+    BadPeerList,
+    #[error(
+        "a relayed multicast whose peer list leaves out this peer or the sender, or starts with this peer"
+    )]
+    NotOnPeerList,
+    #[error("a relayed multicast in chunks of {0} bytes")]
+    BadChunk(u32),
+    #[error("this peer is not in the multicast's peer list")]
+    NotANode,
+    #[error("no schedule for the relayed multicast: {0}")]
+    NoSchedule(collectives::CollectiveError),
+    #[error("no relay state for the multicast: {0}")]
+    NoRelayState(collectives::CollectiveError),
+    #[error("relayed bytes {start}..{end} outside the {len}-byte payload")]
+    OutOfRange {
+        start: usize,
+        end: usize,
+        len: usize,
+    },
+    #[error("relayed bytes rejected: {0}")]
+    Rejected(collectives::CollectiveError),
+    #[error("a multicast relayed with more than {0} heads")]
+    TooManyHeads(usize),
+    #[error("relayed multicasts hold more than {0} MiB on this peer")]
+    TooMuchHeld(u64),
+}
+
 /// The schedule of a relayed multicast: node `i` is `head.peers[i]`.
-pub fn schedule(head: &RelayHead) -> Result<Schedule, String> {
+pub fn schedule(head: &RelayHead) -> Result<Schedule, RelayError> {
     let (nodes, len) = (head.peers.len(), head.len as usize);
     let s = match head.algorithm {
         RelayAlgorithm::Symmetric => {
@@ -230,7 +271,7 @@ pub fn schedule(head: &RelayHead) -> Result<Schedule, String> {
             collectives::pipelined_chain(nodes, 0, len, chunk as usize)
         }
     };
-    s.map_err(|e| format!("no schedule for the relayed multicast: {e}"))
+    s.map_err(RelayError::NoSchedule)
 }
 
 /// Smallest chunk of a relayed chain (a smaller one would make schedules of
@@ -240,38 +281,35 @@ pub const MIN_CHUNK: usize = 64 << 10;
 /// Checks a received head against the job (`nprocs`) and this peer, which
 /// must not be the schedule's root (nobody sends to the root). Whether its
 /// peers are still the job's is [`current`]'s question.
-pub fn check_head(head: &RelayHead, nprocs: u32, me: PeerId, from: PeerId) -> Result<(), String> {
+pub fn check_head(
+    head: &RelayHead,
+    nprocs: u32,
+    me: PeerId,
+    from: PeerId,
+) -> Result<(), RelayError> {
     if head.src >= nprocs {
-        return Err(format!(
-            "a relayed multicast from pid {} which does not exist",
-            head.src
-        ));
+        return Err(RelayError::NoSuchSource(head.src));
     }
     if head.len == 0 || head.len as usize > MAX_MESSAGE_BYTES {
-        return Err(format!("a relayed multicast of {} bytes", head.len));
+        return Err(RelayError::BadLength(head.len));
     }
     if head.dsts.is_empty() || head.dsts.len() > nprocs as usize {
-        return Err(format!("a relayed multicast to {} pids", head.dsts.len()));
+        return Err(RelayError::BadDestinations(head.dsts.len()));
     }
     if let Some((dst, _)) = head.dsts.iter().find(|(d, _)| *d >= nprocs) {
-        return Err(format!(
-            "a relayed multicast to pid {dst} which does not exist"
-        ));
+        return Err(RelayError::NoSuchDestination(*dst));
     }
     let distinct: BTreeSet<PeerId> = head.peers.iter().copied().collect();
     if distinct.len() != head.peers.len() || head.peers.len() < 2 {
-        return Err("a relayed multicast whose peer list has repeats or under two peers".into());
+        return Err(RelayError::BadPeerList);
     }
     if !distinct.contains(&me) || !distinct.contains(&from) || head.peers[0] == me {
-        return Err(
-            "a relayed multicast whose peer list leaves out this peer or the sender, or starts with this peer"
-                .into(),
-        );
+        return Err(RelayError::NotOnPeerList);
     }
     if let RelayAlgorithm::Chain { chunk } = head.algorithm
         && ((chunk as usize) < MIN_CHUNK || chunk as usize > RELAY_FRAME_BYTES)
     {
-        return Err(format!("a relayed multicast in chunks of {chunk} bytes"));
+        return Err(RelayError::BadChunk(chunk));
     }
     Ok(())
 }
@@ -313,7 +351,7 @@ impl Inflight {
         head: RelayHead,
         me: PeerId,
         payload: Bytes,
-    ) -> Result<(Inflight, Vec<Transfer>), String> {
+    ) -> Result<(Inflight, Vec<Transfer>), RelayError> {
         let mut f = Inflight::new(head, me)?;
         f.whole = Some(payload);
         let start = f.relay.start();
@@ -322,14 +360,14 @@ impl Inflight {
     }
 
     /// A relay's side, before any bytes.
-    pub fn new(head: RelayHead, me: PeerId) -> Result<Inflight, String> {
+    pub fn new(head: RelayHead, me: PeerId) -> Result<Inflight, RelayError> {
         let node = head
             .peers
             .iter()
             .position(|&p| p == me)
-            .ok_or("this peer is not in the multicast's peer list")?;
-        let relay = collectives::Relay::new(&schedule(&head)?, node)
-            .map_err(|e| format!("no relay state for the multicast: {e}"))?;
+            .ok_or(RelayError::NotANode)?;
+        let relay =
+            collectives::Relay::new(&schedule(&head)?, node).map_err(RelayError::NoRelayState)?;
         Ok(Inflight {
             head: Box::new(head),
             node,
@@ -348,7 +386,11 @@ impl Inflight {
 
     /// Bytes at `offset` arrived. Returns the transfers now due, and whether
     /// this completed the payload.
-    pub fn receive(&mut self, offset: u32, bytes: &[u8]) -> Result<(Vec<Transfer>, bool), String> {
+    pub fn receive(
+        &mut self,
+        offset: u32,
+        bytes: &[u8],
+    ) -> Result<(Vec<Transfer>, bool), RelayError> {
         if self.whole.is_some() {
             return Ok((Vec::new(), false));
         }
@@ -358,10 +400,11 @@ impl Inflight {
             .checked_add(bytes.len())
             .filter(|&e| e <= len && e > start);
         let Some(end) = end else {
-            return Err(format!(
-                "relayed bytes {start}..{} outside the {len}-byte payload",
-                start.saturating_add(bytes.len())
-            ));
+            return Err(RelayError::OutOfRange {
+                start,
+                end: start.saturating_add(bytes.len()),
+                len,
+            });
         };
         if self.buf.is_empty() {
             self.buf = vec![0; len];
@@ -370,7 +413,7 @@ impl Inflight {
         let due = self
             .relay
             .on_bytes(start..end)
-            .map_err(|e| format!("relayed bytes rejected: {e}"))?;
+            .map_err(RelayError::Rejected)?;
         self.released.extend(due.iter().cloned());
         let done = self.relay.complete();
         if done {
