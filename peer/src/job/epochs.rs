@@ -1,0 +1,188 @@
+//! A new assignment of the job (an epoch): new peers and placement,
+//! restores and migrations, fencing of removed peers.
+
+use super::*;
+
+impl Driver {
+    /// Switch to a newer assignment. Returns false if this peer is no longer
+    /// part of the job.
+    pub(super) fn reassign(&mut self, a: JobAssignment) -> bool {
+        if a.epoch <= self.epoch || a.job != self.job || a.nprocs != self.info.nprocs {
+            return true;
+        }
+        // Hosts change: supersteps around the change (restores, handovers)
+        // say nothing about anyone's speed.
+        let now = self.observed_ms();
+        self.observer.interrupt(now);
+        let placement = match check_assignment(self.me, &a) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::info!(job = self.job, "leaving the job: {e}");
+                return false;
+            }
+        };
+        self.epoch = a.epoch;
+        self.sites = sites_of(&a);
+        let old_peers: HashSet<PeerId> = self.peers.iter().copied().collect();
+        self.peers = a.peers.iter().map(|p| p.id).collect();
+        self.placement = placement;
+        self.env
+            .registry
+            .update_peers(self.job, self.me, self.peers.iter().copied());
+        // Links: close removed peers, open new ones.
+        let now: HashSet<PeerId> = self.peers.iter().copied().collect();
+        // (From the old peer list, not the links: a peer whose job ended
+        // has no link but may still be waited for.)
+        let gone: Vec<PeerId> = old_peers
+            .iter()
+            .filter(|p| !now.contains(p) && **p != self.me)
+            .copied()
+            .collect();
+        for p in &gone {
+            if let Some(l) = self.links.remove(p) {
+                l.task.abort();
+            }
+            self.assemblers.remove(p);
+        }
+        // A peer of the job whose job had ended here and is listed again
+        // gets everything again, like a newcomer.
+        let mut relinked = Vec::new();
+        for p in &a.peers {
+            if p.id != self.me && !self.links.contains_key(&p.id) {
+                self.open_link(p.id, p.addr.clone());
+                if old_peers.contains(&p.id) {
+                    relinked.push(p.id);
+                }
+            }
+        }
+        // Replicas that are gone will not answer.
+        for pid in self.local.keys().copied().collect::<Vec<_>>() {
+            let Some(l) = self.local.get_mut(&pid) else {
+                continue;
+            };
+            for p in l.pending.iter_mut() {
+                for g in &gone {
+                    p.waiting.remove(g);
+                }
+                // Replicas chosen among the new peer list get the checkpoint too.
+                let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
+                let fresh: Vec<PeerId> = targets
+                    .into_iter()
+                    .filter(|t| !old_peers.contains(t) || gone.contains(t))
+                    .collect();
+                let snap = p.snapshot.clone();
+                // Frames for replicas that are gone are void.
+                p.unsent.retain(|(r, _)| !gone.contains(r));
+                let held = !p.unsent.is_empty();
+                for t in fresh {
+                    p.waiting.insert(t);
+                    for f in whole(&snap) {
+                        if held {
+                            p.unsent.push((t, f.into()));
+                        } else if let Some(l) = self.links.get(&t) {
+                            l.send(f);
+                        }
+                    }
+                }
+            }
+            self.release_if_acked(pid);
+        }
+        for f in self.fetches.values_mut() {
+            f.waiting.retain(|p| now.contains(p));
+        }
+        let fetching: Vec<Pid> = self.fetches.keys().copied().collect();
+        for pid in fetching {
+            self.finish_fetch(pid);
+        }
+        let restore: HashSet<Pid> = a.restore.iter().copied().collect();
+        for &pid in &a.restore {
+            let host = self.placement[pid as usize];
+            if host == self.me {
+                if !self.local.contains_key(&pid) {
+                    self.begin_fetch(pid);
+                }
+            } else if let Some(l) = self.local.get_mut(&pid) {
+                l.leaving = true;
+            }
+        }
+        // Processes waiting for the program that no longer live here never
+        // start; one restored here is fetched, not started fresh.
+        let mut never_started = Vec::new();
+        if let Some((fresh, restored)) = &mut self.deferred {
+            let me = self.me;
+            let placement = &self.placement;
+            for p in fresh.iter().chain(restored.iter()) {
+                if placement[*p as usize] != me && !never_started.contains(p) {
+                    never_started.push(*p);
+                }
+            }
+            restored.retain(|p| placement[*p as usize] == me);
+            fresh.retain(|p| placement[*p as usize] == me && !restored.contains(p));
+        }
+        // Moved away before the program arrived: nothing to hand over, but
+        // the supernode learns that this peer let go of them (a draining
+        // peer then leaves the job).
+        never_started.sort_unstable();
+        for pid in never_started {
+            self.emit(PeerEvent::ProcessHandedOver {
+                job: self.job,
+                pid,
+                superstep: 0,
+                epoch: self.epoch,
+            });
+        }
+        // Processes here whose host moved without being listed (should not
+        // happen) are handed over too.
+        for (pid, l) in self.local.iter_mut() {
+            if self.placement[*pid as usize] != self.me {
+                l.leaving = true;
+            }
+        }
+        // Re-send what the new hosts need.
+        let mut by_host: HashMap<PeerId, HashSet<Pid>> = HashMap::new();
+        for &pid in &restore {
+            let host = self.placement[pid as usize];
+            if host != self.me {
+                by_host.entry(host).or_default().insert(pid);
+            }
+        }
+        for (host, pids) in by_host {
+            self.resync(host, Some(&pids));
+        }
+        // Messages to pids restored here that their old host never got.
+        let to_me: Vec<WireMessage> = self
+            .retained
+            .values()
+            .flatten()
+            .filter(|m| restore.contains(&m.dst) && self.placement[m.dst as usize] == self.me)
+            .cloned()
+            .collect();
+        for m in to_me {
+            self.deliver(m);
+        }
+        let newcomers: Vec<PeerId> = now
+            .iter()
+            .filter(|p| !old_peers.contains(p) && **p != self.me)
+            .copied()
+            .collect();
+        for p in newcomers {
+            self.resync(p, Some(&HashSet::new()));
+        }
+        for p in relinked {
+            self.resync(p, None);
+            self.resend_relayed(p);
+        }
+        if !gone.is_empty() {
+            self.relay_around(&gone);
+            if self.module.is_none()
+                && self
+                    .dist
+                    .as_ref()
+                    .is_some_and(|d| gone.iter().any(|g| d.involves(*g)))
+            {
+                self.fall_back("a peer passing the program on left the job".into());
+            }
+        }
+        true
+    }
+}

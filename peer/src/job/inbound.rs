@@ -1,0 +1,278 @@
+//! What arrives from the data plane: connections, frames (a protocol
+//! violation fails the job with a [`ProtocolError`]), and the re-sends a
+//! reconnected peer needs.
+
+use super::*;
+
+impl Driver {
+    pub(super) fn on_inbound(&mut self, event: Inbound) {
+        match event {
+            Inbound::Connected { .. } => {}
+            Inbound::Closed { from, error } => {
+                // Its writer reconnects; partial checkpoint parts are void,
+                // and so is a snapshot it was sending us: ask again.
+                self.assemblers.remove(&from);
+                if let Some(e) = error {
+                    tracing::debug!(job = self.job, from, "connection from peer closed: {e}");
+                }
+                let asked: Vec<Pid> = self
+                    .fetches
+                    .iter()
+                    .filter(|(_, f)| f.waiting.contains(&from))
+                    .map(|(pid, _)| *pid)
+                    .collect();
+                for pid in asked {
+                    self.send_to(from, Frame::FetchCheckpoint { pid });
+                }
+            }
+            Inbound::SendFailed { to, error } => {
+                tracing::info!(
+                    job = self.job,
+                    to,
+                    "connection to peer #{to} failed: {error}; reconnecting"
+                );
+                if self.peers.contains(&to) {
+                    // It did not say the job ended there: it may have died.
+                    // The supernode checks and, if so, restores its
+                    // processes now rather than when its lease runs out.
+                    self.emit(PeerEvent::PeerUnreachable {
+                        job: self.job,
+                        peer: to,
+                    });
+                }
+                if let Some(l) = self.links.remove(&to) {
+                    l.task.abort();
+                    let addr = l.addr;
+                    self.open_link(to, addr);
+                    self.resync(to, None);
+                    self.resend_relayed(to);
+                }
+            }
+            Inbound::PeerEnded { to } => {
+                // Its job ended (finished or killed): the job is over, or a
+                // newer assignment says who runs what. Re-sending would be
+                // for nobody; a reassignment that still lists it reconnects.
+                tracing::debug!(job = self.job, to, "the job ended on peer #{to}");
+                if let Some(l) = self.links.remove(&to) {
+                    l.task.abort();
+                }
+            }
+            Inbound::Frame { from, frame } => {
+                if !self.peers.contains(&from) {
+                    return;
+                }
+                if let Err(e) = self.on_frame(from, frame) {
+                    tracing::warn!(
+                        job = self.job,
+                        from,
+                        "peer #{from} broke the data-plane protocol: {e}"
+                    );
+                    self.fail(
+                        None,
+                        format!("peer #{from} broke the data-plane protocol: {e}"),
+                    );
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_frame(&mut self, from: PeerId, frame: Frame) -> Result<(), ProtocolError> {
+        match frame {
+            Frame::Data { messages } => {
+                for m in messages {
+                    self.barrier.on_message(m)?;
+                }
+            }
+            Frame::Done { superstep, procs } => {
+                if from != self.me {
+                    let now = self.observed_ms();
+                    self.observer.on_done(from, superstep, now);
+                }
+                for d in procs {
+                    self.barrier.on_done(superstep, d)?;
+                }
+            }
+            f @ (Frame::CheckpointPart { .. } | Frame::Checkpoint(_)) => {
+                let cap = (self.info.memory_limit as u64)
+                    .saturating_add(self.info.outbox_limit as u64 * 4);
+                let last = match &f {
+                    Frame::Checkpoint(c) => Some((c.pid, c.superstep)),
+                    _ => None,
+                };
+                let built = self
+                    .assemblers
+                    .entry(from)
+                    .or_insert_with(|| Assembler::new(cap))
+                    .push(f, &mut self.store);
+                match built {
+                    Ok(Some(Assembled::Checkpoint(snap))) => {
+                        let (pid, superstep) = (snap.pid, snap.superstep);
+                        tracing::trace!(target: "bspweb::timeline", pid, superstep, from, "replica stored");
+                        self.store.insert(snap);
+                        self.send_to(
+                            from,
+                            Frame::CheckpointAck {
+                                pid,
+                                superstep,
+                                ok: true,
+                            },
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::info!(job = self.job, from, "discarding a checkpoint: {e}");
+                        if let Some((pid, superstep)) = last {
+                            self.send_to(
+                                from,
+                                Frame::CheckpointAck {
+                                    pid,
+                                    superstep,
+                                    ok: false,
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+            Frame::CheckpointAck { pid, superstep, ok } => self.on_ack(from, pid, superstep, ok),
+            Frame::FetchCheckpoint { pid } => {
+                if pid >= self.info.nprocs {
+                    return Err(ProtocolError::NoSuchPid(pid));
+                }
+                if self.local.contains_key(&pid) {
+                    // We host it: hand it over at its next sync (once our own
+                    // assignment says it moves, if the asker is ahead of us).
+                    self.handovers.entry(pid).or_default().insert(from);
+                    self.hand_over(pid);
+                } else {
+                    match self.store.newest(pid) {
+                        Some(s) => {
+                            let s = s.clone();
+                            for f in checkpoint::to_snapshot_frames(&s) {
+                                self.send_to(from, f);
+                            }
+                        }
+                        None => self.send_to(
+                            from,
+                            Frame::Snapshot {
+                                pid,
+                                snapshot: None,
+                            },
+                        ),
+                    }
+                }
+            }
+            f @ Frame::Snapshot { .. } => {
+                let Frame::Snapshot { pid, .. } = &f else {
+                    unreachable!("matched above")
+                };
+                let pid = *pid;
+                let cap = (self.info.memory_limit as u64)
+                    .saturating_add(self.info.outbox_limit as u64 * 4);
+                let built = self
+                    .assemblers
+                    .entry(from)
+                    .or_insert_with(|| Assembler::new(cap))
+                    .push(f, &mut self.store);
+                let snap = match built {
+                    Ok(Some(Assembled::Fetched { snapshot, .. })) => snapshot,
+                    Ok(_) => None,
+                    Err(e) => {
+                        tracing::info!(job = self.job, from, pid, "discarding a snapshot: {e}");
+                        None
+                    }
+                };
+                self.on_snapshot(from, pid, snap);
+            }
+            Frame::Relay {
+                head,
+                offset,
+                bytes,
+            } => self.on_relay(from, *head, offset, bytes)?,
+            Frame::Program { epoch, msg } => self.on_program_msg(from, epoch, msg),
+            Frame::Hello { .. } | Frame::Answer { .. } | Frame::Welcome | Frame::Reject { .. } => {
+                return Err(ProtocolError::HandshakeFrame);
+            }
+            Frame::Probe(_) => {
+                return Err(ProtocolError::ProbeFrame);
+            }
+        }
+        Ok(())
+    }
+
+    /// Re-send to `peer` what it may have missed: messages to its pids (only
+    /// to `only` if given) and every `Done` of ours; a pending checkpoint if
+    /// it is a replica; pending snapshot requests.
+    pub(super) fn resync(&mut self, peer: PeerId, only: Option<&HashSet<Pid>>) {
+        let wanted = |dst: Pid| match only {
+            Some(set) => set.contains(&dst),
+            None => true,
+        };
+        let msgs: Vec<WireMessage> = self
+            .retained
+            .values()
+            .flatten()
+            .filter(|m| self.placement[m.dst as usize] == peer && wanted(m.dst))
+            .cloned()
+            .collect();
+        for m in msgs {
+            self.deliver(m);
+        }
+        self.flush_all();
+        let dones: Vec<(u32, ProcDone)> = self
+            .dones
+            .iter()
+            .map(|(&(_, s), d)| (s, d.clone()))
+            .collect();
+        for (s, d) in dones {
+            self.send_to(
+                peer,
+                Frame::Done {
+                    superstep: s,
+                    procs: vec![d],
+                },
+            );
+        }
+        if only.is_none() {
+            let pending: Vec<Arc<Snapshot>> = self
+                .local
+                .values()
+                .flat_map(|l| l.pending.iter())
+                // Not yet sent at all: it goes out once the output is delivered.
+                .filter(|p| p.waiting.contains(&peer) && p.unsent.is_empty())
+                .map(|p| p.snapshot.clone())
+                .collect();
+            for s in pending {
+                for f in whole(&s) {
+                    self.send_to(peer, f);
+                }
+            }
+            let fetching: Vec<Pid> = self
+                .fetches
+                .iter()
+                .filter(|(_, f)| f.waiting.contains(&peer))
+                .map(|(pid, _)| *pid)
+                .collect();
+            for pid in fetching {
+                self.send_to(peer, Frame::FetchCheckpoint { pid });
+            }
+            // Acknowledgements of its checkpoints we hold may have been lost
+            // with the connection; acknowledge the newest again (it answers
+            // the owner's older pending checkpoints too; an owner ignores an
+            // ack of a superstep it has no pending checkpoint of).
+            let acks: Vec<Frame> = (0..self.info.nprocs)
+                .filter(|&pid| self.placement[pid as usize] == peer)
+                .filter_map(|pid| {
+                    self.store.newest(pid).map(|s| Frame::CheckpointAck {
+                        pid,
+                        superstep: s.superstep,
+                        ok: true,
+                    })
+                })
+                .collect();
+            for f in acks {
+                self.send_to(peer, f);
+            }
+        }
+    }
+}

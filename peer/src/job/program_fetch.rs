@@ -1,0 +1,236 @@
+//! Fetching the program: by Robber from the job's other peers, or from the
+//! supernode, falling back to a direct download on a stall or a broken
+//! distribution (`program`), then compiling it.
+
+use super::*;
+
+impl Driver {
+    /// Get the program: from the cache, by Robber from the job's other
+    /// peers, or downloaded from the supernode (`crate::program`).
+    pub(super) fn get_program(&mut self, a: &JobAssignment) {
+        // A cached program is the whole bundle only for a job without
+        // resources apart.
+        let cached = self
+            .env
+            .runtime
+            .cached_program(&a.program_hash)
+            .filter(|_| a.resources_hash.is_empty());
+        if program::Distribution::applies(a) {
+            match program::Distribution::new(a, self.me) {
+                Ok(mut dist) => {
+                    let out = match &cached {
+                        _ if dist.is_root() => Ok(Vec::new()),
+                        Some((_, bytes)) => dist.seed(bytes),
+                        None => Ok(dist.start()),
+                    };
+                    match out {
+                        Ok(out) => {
+                            let root = dist.is_root();
+                            self.dist = Some(dist);
+                            self.dist_started = Instant::now();
+                            self.dist_progress = self.dist_started;
+                            self.send_program_frames(out);
+                            if root {
+                                // From the cache or the supernode.
+                                self.start_download();
+                            }
+                        }
+                        Err(e) => tracing::info!(job = self.job, "no program distribution: {e}"),
+                    }
+                }
+                Err(e) => tracing::info!(job = self.job, "no program distribution: {e}"),
+            }
+        }
+        match cached {
+            Some((module, _)) => self.program_ready(module, None),
+            None if self.dist.is_none() => self.start_download(),
+            None => {}
+        }
+    }
+
+    pub(super) fn send_program_frames(&mut self, out: program::Out) {
+        for (to, f) in out {
+            self.send_to(to, f);
+        }
+    }
+
+    /// How long a peer waits for the next piece of the program: the stall
+    /// limit, plus (before the first piece) the time the first peer's own
+    /// download takes at 1 MiB/s.
+    pub(super) fn stall_allowance(&self) -> Duration {
+        let first = self.dist.as_ref().is_some_and(|d| d.received == 0);
+        let download = if first {
+            Duration::from_secs_f64(self.dist_bytes as f64 / f64::from(1u32 << 20))
+        } else {
+            Duration::ZERO
+        };
+        program::STALL + download
+    }
+
+    /// Start the direct download (once).
+    pub(super) fn start_download(&mut self) {
+        if let Some(download) = self.download.take() {
+            let tx = self.program_tx.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(ProgramEvent::Downloaded(download.await));
+            });
+        }
+    }
+
+    /// Robber failed here: download the program unless it is here already.
+    pub(super) fn fall_back(&mut self, why: String) {
+        if self.module.is_some() {
+            return;
+        }
+        if self.download.is_some() {
+            tracing::info!(job = self.job, "downloading the program directly: {why}");
+            self.status(format!(
+                "peer #{} downloads the program directly: {why}",
+                self.me
+            ));
+        }
+        // A void distribution stops answering; the others fall back too.
+        self.dist = None;
+        self.start_download();
+    }
+
+    pub(super) fn on_program(&mut self, event: ProgramEvent) {
+        match event {
+            ProgramEvent::Downloaded(Ok(f)) => {
+                let resources =
+                    match unpack_resources(&self.resources_hash, &f.resources, "the supernode") {
+                        Ok(r) => r,
+                        Err(e) => return self.fail(None, e),
+                    };
+                if let Some(dist) = &mut self.dist {
+                    let bundle = [&f.bytes[..], &f.resources[..]].concat();
+                    match dist.seed(&bundle) {
+                        Ok(out) => {
+                            if dist.is_root() {
+                                let n = self.peers.len() - 1;
+                                self.status(format!(
+                                    "peer #{} downloaded the program ({} KiB) and passes it on to {n} peer{} by Robber{}",
+                                    self.me,
+                                    f.bytes.len() >> 10,
+                                    if n == 1 { "" } else { "s" },
+                                    clusters_phrase(self.sites.values())
+                                ));
+                            }
+                            self.send_program_frames(out);
+                        }
+                        Err(e) => {
+                            tracing::info!(job = self.job, "the program's distribution ends: {e}");
+                            self.dist = None;
+                        }
+                    }
+                }
+                self.program_ready(f.module, resources);
+            }
+            ProgramEvent::Downloaded(Err(reason)) => {
+                if self.module.is_none() {
+                    self.fail(None, reason);
+                }
+            }
+            ProgramEvent::Assembled(Ok((module, resources))) => {
+                if let Some(dist) = &self.dist {
+                    let ms = self.dist_started.elapsed().as_millis();
+                    let sources = dist.sources.len();
+                    self.status(format!(
+                        "peer #{} got the program by Robber in {ms} ms: {} pieces from {sources} peer{}",
+                        self.me,
+                        dist.received,
+                        if sources == 1 { "" } else { "s" }
+                    ));
+                }
+                self.program_ready(module, resources);
+            }
+            ProgramEvent::Assembled(Err(e)) => self.fall_back(e),
+        }
+    }
+
+    /// A program frame from `from`.
+    pub(super) fn on_program_msg(&mut self, from: PeerId, epoch: u64, msg: bsp_api::wire::ProgramMsg) {
+        let Some(dist) = &mut self.dist else {
+            return;
+        };
+        if epoch != dist.epoch {
+            return; // another distribution (a peer that joined later)
+        }
+        let had = dist.has_all();
+        let received = dist.received;
+        match dist.on_msg(from, msg) {
+            Ok(out) => {
+                if dist.received > received {
+                    self.dist_progress = Instant::now();
+                }
+                let complete = !had && dist.has_all() && self.module.is_none();
+                let data = if complete { dist.data() } else { None };
+                self.send_program_frames(out);
+                if let Some(bundle) = data {
+                    let runtime = self.env.runtime.clone();
+                    let hash = self.program_hash.clone();
+                    let split = (self.program_bytes as usize).min(bundle.len());
+                    let resources_hash = self.resources_hash.clone();
+                    let tx = self.program_tx.clone();
+                    tokio::spawn(async move {
+                        let unpacked = tokio::task::spawn_blocking(move || {
+                            let (program, resources) = bundle.split_at(split);
+                            let resources =
+                                unpack_resources(&resources_hash, resources, "other peers")?;
+                            let module = runtime.compile(&hash, program).map_err(|e| {
+                                format!("the program from other peers is unusable: {e}")
+                            })?;
+                            Ok((module, resources))
+                        })
+                        .await
+                        .unwrap_or_else(|e| Err(format!("compiling the program failed: {e}")));
+                        let _ = tx.send(ProgramEvent::Assembled(unpacked));
+                    });
+                }
+            }
+            Err(e) => {
+                tracing::info!(job = self.job, "{e}");
+                self.fall_back(e.to_string());
+            }
+        }
+    }
+
+    /// The program (and the resources, when they came apart) is here:
+    /// start the processes that waited for it.
+    pub(super) fn program_ready(&mut self, module: Module, resources: Resources) {
+        if self.module.is_some() {
+            return;
+        }
+        if let Some(resources) = resources {
+            let old = &self.info;
+            self.info = Arc::new(JobInfo {
+                job: old.job,
+                nprocs: old.nprocs,
+                seed: old.seed,
+                args: old.args.clone(),
+                resources: resources.into_iter().collect(),
+                memory_limit: old.memory_limit,
+                superstep_budget: old.superstep_budget,
+                output_limit: old.output_limit,
+                outbox_limit: old.outbox_limit,
+                kill: old.kill.clone(),
+                reporter: old.reporter.clone(),
+            });
+        }
+        self.module = Some(module);
+        if let Some((fresh, restored)) = self.deferred.take() {
+            // Only what this peer still hosts (the placement may have
+            // changed while the program was on its way).
+            let here = |p: &Pid| self.placement[*p as usize] == self.me;
+            let restored: Vec<Pid> = restored.into_iter().filter(here).collect();
+            let fresh: Vec<Pid> = fresh
+                .into_iter()
+                .filter(|p| here(p) && !restored.contains(p))
+                .collect();
+            for pid in restored {
+                self.begin_fetch(pid);
+            }
+            self.start_fresh(fresh);
+        }
+    }
+}

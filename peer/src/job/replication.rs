@@ -1,0 +1,201 @@
+//! Checkpoint replication (docs/fault-tolerance.md): a checkpoint goes to
+//! its replicas once the output before it is stored, `Done` waits for their
+//! acknowledgements, handovers of migrating processes, and the retention
+//! point that frees what no restore can need.
+
+use super::*;
+
+impl Driver {
+    /// Send `pid`'s checkpoint to its replicas once its output up to the
+    /// checkpoint reached the supernode.
+    pub(super) fn send_checkpoint(&mut self, pid: Pid) {
+        let delivered = self.env.reporter.delivered_count();
+        let Some(l) = self.local.get_mut(&pid) else {
+            return;
+        };
+        let mut frames = Vec::new();
+        // Oldest first: a delta travels after its base.
+        for p in l.pending.iter_mut() {
+            if delivered < p.output_mark {
+                break;
+            }
+            frames.append(&mut p.unsent);
+        }
+        for (r, f) in frames {
+            match f {
+                Outgoing::Frame(f) => self.send_to(r, f),
+                Outgoing::Encoded(b) => {
+                    if let Some(l) = self.links.get_mut(&r) {
+                        Self::flush_link(l, &self.env.stats);
+                        l.send(Outgoing::Encoded(b));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forget `pid`'s checkpoints that are safe and send the held `Done`s
+    /// they no longer hold back.
+    pub(super) fn release_if_acked(&mut self, pid: Pid) {
+        let Some(l) = self.local.get_mut(&pid) else {
+            return;
+        };
+        let delivered = self.env.reporter.delivered_count();
+        l.pending
+            .retain(|p| !p.waiting.is_empty() || delivered < p.output_mark);
+        let ready = l
+            .held
+            .iter()
+            .take_while(|(s, _)| may_announce(&l.pending, l.capturing_exit, *s))
+            .count();
+        let go: Vec<(u32, ProcDone)> = l.held.drain(..ready).collect();
+        for (s, d) in go {
+            self.announce(s, d);
+        }
+    }
+
+    pub(super) fn on_ack(&mut self, from: PeerId, pid: Pid, superstep: u32, ok: bool) {
+        tracing::trace!(target: "bspweb::timeline", pid, superstep, from, ok, "checkpoint acknowledged");
+        let Some(l) = self.local.get_mut(&pid) else {
+            return;
+        };
+        // Only replicas we wait for are heard (a peer cannot fill `acks`).
+        if !l.pending.iter().any(|p| p.waiting.contains(&from)) {
+            return;
+        }
+        // The page tracker travels with the process (often on a blocking
+        // thread); only its next capture plans deltas, so the answer waits
+        // for it there.
+        l.acks.push((from, superstep, ok));
+        if ok {
+            // A replica that holds `K_superstep` serves a restore at least as
+            // well as one holding an older checkpoint, so this answers the
+            // older pending ones too (their own acks may have been lost with
+            // a connection: a replica re-acknowledges only its newest).
+            for p in l.pending.iter_mut().filter(|p| p.superstep <= superstep) {
+                p.waiting.remove(&from);
+            }
+            self.release_if_acked(pid);
+        } else if let Some(p) = l
+            .pending
+            .iter()
+            .find(|p| p.superstep == superstep && p.waiting.contains(&from))
+        {
+            // The replica lacks the base or could not rebuild it: send it whole.
+            let frames = whole(&p.snapshot);
+            for f in frames {
+                self.send_to(from, f);
+            }
+        }
+    }
+
+    /// More output reached the supernode: checkpoints waiting only for that
+    /// may release their `Done`s, leaving processes may be handed over.
+    pub(super) fn on_output_delivered(&mut self) {
+        let waiting: Vec<(Pid, bool)> = self
+            .local
+            .iter()
+            .filter(|(_, l)| !l.pending.is_empty())
+            .map(|(pid, l)| (*pid, l.handover.is_some()))
+            .collect();
+        for (pid, handing_over) in waiting {
+            self.send_checkpoint(pid);
+            if handing_over {
+                self.hand_over(pid);
+            }
+            self.release_if_acked(pid);
+        }
+    }
+
+    /// `pid` leaves this peer: once its snapshot is taken and its new host
+    /// asked for it, send it and forget the process.
+    pub(super) fn hand_over(&mut self, pid: Pid) {
+        let Some(l) = self.local.get(&pid) else {
+            return;
+        };
+        // The new host will not re-emit the output up to the snapshot.
+        let delivered = self.env.reporter.delivered_count();
+        if l.pending.iter().any(|p| delivered < p.output_mark) {
+            return;
+        }
+        let Some(snapshot) = l.handover.clone() else {
+            return;
+        };
+        let Some(askers) = self.handovers.remove(&pid) else {
+            return;
+        };
+        for a in askers {
+            for f in checkpoint::to_snapshot_frames(&snapshot) {
+                self.send_to(a, f);
+            }
+        }
+        self.local.remove(&pid);
+        self.emit(PeerEvent::ProcessHandedOver {
+            job: self.job,
+            pid,
+            superstep: snapshot.superstep,
+            epoch: self.epoch,
+        });
+    }
+
+    /// A leaving process at a sync: take a whole snapshot for its new host.
+    pub(super) fn prepare_handover(&mut self, pid: Pid) {
+        let Some(l) = self.local.get_mut(&pid) else {
+            return;
+        };
+        if l.handover.is_some() {
+            return;
+        }
+        if let State::AtSync(p) = std::mem::replace(&mut l.state, State::Busy) {
+            // Its `Done`s wait for its replicas as usual; the new host
+            // repeats them after it replicated the snapshot itself.
+            self.spawn_capture(pid, *p, false);
+        }
+    }
+
+    /// Advance the safe point and drop what nobody can need any more.
+    pub(super) fn collect_garbage(&mut self) {
+        let lowest_waiting = self
+            .local
+            .values()
+            .filter(|l| !matches!(l.state, State::Exited))
+            .map(|l| l.superstep)
+            .min();
+        // The newest superstep whose barrier is complete. `Done(q, s)` is
+        // sent only once q's checkpoints before `s` are safe, so a complete
+        // barrier `s` makes every process's checkpoint before `s` safe.
+        let mut s = self.complete.map_or(0, |s| s + 1);
+        // No `Done` can exist beyond the furthest local process (plus the
+        // one superstep others may be ahead): once everyone exited, every
+        // later barrier is trivially complete, so stop there.
+        let horizon = self.local.values().map(|l| l.superstep).max().unwrap_or(0) + 1;
+        while s <= horizon && self.barrier.complete(s) {
+            self.complete = Some(s);
+            let now = self.observed_ms();
+            self.observer.on_complete(s, now);
+            s += 1;
+        }
+        // The newest checkpointed superstep before it.
+        let safe = self
+            .complete
+            .and_then(|c| newest_checkpointed_before(c, self.checkpoint_every))
+            .or(self.safe);
+        if safe <= self.safe {
+            return;
+        }
+        self.safe = safe;
+        let Some(g) = safe else { return };
+        for msgs in self.retained.values_mut() {
+            msgs.retain(|m| m.superstep >= g);
+        }
+        self.retained_bytes = self
+            .retained
+            .values()
+            .map(|m| checkpoint::outbox_bytes(m))
+            .sum();
+        self.relays.retain(|&(_, s, _), _| s >= g);
+        self.dones.retain(|&(_, s), d| s >= g || d.exited);
+        let forget = lowest_waiting.map_or(g, |w| w.min(g));
+        self.barrier.forget_before(forget);
+    }
+}

@@ -1,0 +1,190 @@
+//! Restoring a process from the newest checkpoint the job's other peers hold
+//! (`FetchCheckpoint`), and taking it over from there.
+
+use super::*;
+
+impl Driver {
+    pub(super) fn begin_fetch(&mut self, pid: Pid) {
+        if self.module.is_none() {
+            let (_, restored) = self.deferred.get_or_insert_default();
+            if !restored.contains(&pid) {
+                restored.push(pid);
+            }
+            return;
+        }
+        let waiting: HashSet<PeerId> = self.links.keys().copied().collect();
+        let best = self.store.newest(pid).cloned().map(Arc::new);
+        self.local.insert(
+            pid,
+            Local {
+                state: State::Fetching,
+                superstep: 0,
+                pending: VecDeque::new(),
+                held: Vec::new(),
+                capturing_exit: None,
+                exit_mark: 0,
+                acks: Vec::new(),
+                leaving: false,
+                handover: None,
+            },
+        );
+        for &p in &waiting {
+            self.send_to(p, Frame::FetchCheckpoint { pid });
+        }
+        self.fetches.insert(pid, Fetch { waiting, best });
+        self.finish_fetch(pid);
+    }
+
+    pub(super) fn on_snapshot(&mut self, from: PeerId, pid: Pid, snap: Option<Snapshot>) {
+        if snap.as_ref().is_some_and(|s| s.pid != pid) {
+            return;
+        }
+        let Some(f) = self.fetches.get_mut(&pid) else {
+            return;
+        };
+        f.waiting.remove(&from);
+        if let Some(s) = snap
+            && f.best.as_ref().is_none_or(|b| s.superstep > b.superstep)
+        {
+            f.best = Some(Arc::new(s));
+        }
+        self.finish_fetch(pid);
+    }
+
+    pub(super) fn finish_fetch(&mut self, pid: Pid) {
+        let Some(f) = self.fetches.get(&pid) else {
+            return;
+        };
+        if !f.waiting.is_empty() {
+            return;
+        }
+        let f = self.fetches.remove(&pid).expect("checked above");
+        match f.best {
+            None => {
+                tracing::warn!(
+                    job = self.job,
+                    pid,
+                    "no snapshot of the process survived; starting it from the beginning"
+                );
+                self.emit(PeerEvent::ProcessRestored {
+                    job: self.job,
+                    pid,
+                    superstep: 0,
+                    epoch: self.epoch,
+                    from_start: true,
+                });
+                self.local.remove(&pid);
+                self.start_fresh(vec![pid]);
+            }
+            Some(snapshot) => {
+                let runtime = self.env.runtime.clone();
+                let Some(module) = self.module.clone() else {
+                    unreachable!("begin_fetch defers until the program is here")
+                };
+                let info = self.info.clone();
+                if let Some(l) = self.local.get_mut(&pid) {
+                    l.state = State::Busy;
+                }
+                self.tasks.spawn(async move {
+                    let snap = snapshot.clone();
+                    let joined = tokio::task::spawn_blocking(move || {
+                        if snap.exited {
+                            // It had returned: nothing runs any more.
+                            return Ok(None);
+                        }
+                        let process = runtime.restore(&module, info, &snap)?;
+                        // Replicas that get this snapshot can take deltas against it.
+                        Ok::<_, String>(Some((process, PageTracker::seeded(&snap))))
+                    })
+                    .await;
+                    let r = match joined {
+                        Ok(Ok(p)) => Ok(p.map(|(process, tracker)| Proc {
+                            process,
+                            tracker,
+                            recent: VecDeque::new(),
+                        })),
+                        Ok(Err(e)) => Err(e),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    Task::Restored(pid, snapshot, r)
+                });
+            }
+        }
+    }
+
+    pub(super) fn on_restored(&mut self, pid: Pid, snapshot: Arc<Snapshot>, r: Result<Option<Proc>, String>) {
+        let c = snapshot.superstep;
+        let p = match r {
+            Ok(p) => p,
+            Err(e) => {
+                return self.fail(
+                    Some(pid),
+                    format!(
+                        "could not restore the process from its checkpoint of superstep {c}: {e}"
+                    ),
+                );
+            }
+        };
+        let Some(l) = self.local.get_mut(&pid) else {
+            return;
+        };
+        l.superstep = c;
+        self.barrier.set_floor(pid, c);
+        self.emit(PeerEvent::ProcessRestored {
+            job: self.job,
+            pid,
+            superstep: c,
+            epoch: self.epoch,
+            from_start: false,
+        });
+        // Re-send what it sent since the safe point; receivers drop repeats.
+        for m in snapshot.outbox.clone() {
+            self.deliver(m);
+        }
+        self.flush_all();
+        self.retained.insert(pid, snapshot.outbox.clone());
+        self.retained_bytes = self
+            .retained
+            .values()
+            .map(|m| checkpoint::outbox_bytes(m))
+            .sum();
+        // Its `Done`s go out once the snapshot is on its (new) replicas.
+        let supersteps: BTreeSet<u32> = snapshot
+            .outbox
+            .iter()
+            .map(|m| m.superstep)
+            .chain([c])
+            .collect();
+        let held: Vec<(u32, ProcDone)> = supersteps
+            .into_iter()
+            .map(|s| {
+                (
+                    s,
+                    done_of(pid, snapshot.exited && s == c, &snapshot.outbox, s),
+                )
+            })
+            .collect();
+        let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
+        for &r in &targets {
+            for f in whole(&snapshot) {
+                self.send_to(r, f);
+            }
+        }
+        let l = self.local.get_mut(&pid).expect("checked above");
+        l.held = held;
+        l.pending = VecDeque::from([Pending {
+            superstep: c,
+            waiting: targets.into_iter().collect(),
+            snapshot: snapshot.clone(),
+            gates_own: true,
+            // Its output up to `c` was delivered by its old host.
+            output_mark: 0,
+            unsent: Vec::new(),
+        }]);
+        l.state = match p {
+            Some(p) => State::AtSync(Box::new(p)),
+            None => State::Exited,
+        };
+        self.release_if_acked(pid);
+    }
+}

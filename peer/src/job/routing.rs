@@ -1,0 +1,299 @@
+//! Connections to the job's other peers, routing messages to the pids' hosts,
+//! and relayed multicasts (`relay`): a large broadcast travels once per peer
+//! by a `collectives` schedule, with direct re-sends around broken links.
+
+use super::*;
+
+impl Driver {
+    pub(super) fn open_link(&mut self, peer: PeerId, addr: String) {
+        let (wtx, wrx) = mpsc::unbounded_channel();
+        let dial = Dial {
+            addr: addr.clone(),
+            job: self.job,
+            from: self.me,
+            to: peer,
+            token: self.token.clone(),
+            epoch: self.epoch,
+            deadline: Instant::now() + self.env.connect_timeout,
+        };
+        let task = net::spawn_writer(dial, wrx, self.events_tx.clone());
+        self.links.insert(
+            peer,
+            Link {
+                addr,
+                writer: wtx,
+                task,
+                batch: Vec::new(),
+                batch_bytes: 0,
+            },
+        );
+    }
+
+    pub(super) fn send_to(&mut self, peer: PeerId, frame: Frame) {
+        if let Some(l) = self.links.get_mut(&peer) {
+            Self::flush_link(l, &self.env.stats);
+            self.env.stats.count(&frame);
+            l.send(frame);
+        }
+    }
+
+    pub(super) fn flush_link(l: &mut Link, stats: &DataStats) {
+        if l.batch.is_empty() {
+            return;
+        }
+        let messages = std::mem::take(&mut l.batch);
+        l.batch_bytes = 0;
+        let frame = Frame::Data { messages };
+        stats.count(&frame);
+        l.send(frame);
+    }
+
+    /// Send a message to its destination's host (or into the local barrier).
+    pub(super) fn deliver(&mut self, m: WireMessage) {
+        let host = self.placement[m.dst as usize];
+        if host == self.me {
+            if let Err(e) = self.barrier.on_message(m) {
+                self.fail(None, format!("a local message broke the protocol: {e}"));
+            }
+            return;
+        }
+        if let Some(l) = self.links.get_mut(&host) {
+            // A payload the previous message shares travels once (one group).
+            let shared = l.batch.last().is_some_and(|p| {
+                p.src == m.src
+                    && p.superstep == m.superstep
+                    && message_groups::same_buffer(&p.payload, &m.payload)
+            });
+            let size = if shared { 16 } else { m.payload.len() + 16 };
+            let full = l.batch.len() >= BATCH_MESSAGES
+                || (!shared && !l.batch.is_empty() && l.batch_bytes + size > BATCH_BYTES);
+            if full {
+                Self::flush_link(l, &self.env.stats);
+            }
+            l.batch_bytes += size;
+            l.batch.push(m);
+        }
+    }
+
+    /// Send what a process sent in a superstep: each group of messages
+    /// sharing a payload (a `send_range` or `send_list`) relayed if the
+    /// broadcast rule says so, the rest straight to the destinations' hosts.
+    pub(super) fn route(&mut self, out: &[WireMessage]) {
+        for run in message_groups::runs(out) {
+            if run.len() >= 2 && self.relay_out(run) {
+                continue;
+            }
+            for m in run {
+                self.deliver(m.clone());
+            }
+        }
+    }
+
+    /// Start relaying `run` if the rule picks a schedule. Returns whether it did.
+    pub(super) fn relay_out(&mut self, run: &[WireMessage]) -> bool {
+        // A `send_list` may name a pid many times; such lists go direct.
+        if run.len() > self.info.nprocs as usize {
+            return false;
+        }
+        let payload = &run[0].payload;
+        let dest_peers: BTreeSet<PeerId> = run
+            .iter()
+            .map(|m| self.placement[m.dst as usize])
+            .filter(|&p| p != self.me)
+            .collect();
+        let Some(me) = self.sites.get(&self.me) else {
+            return false;
+        };
+        let dests: Vec<Site> = dest_peers
+            .iter()
+            .filter_map(|p| self.sites.get(p).cloned())
+            .collect();
+        if dests.len() != dest_peers.len() || dest_peers.iter().any(|p| !self.links.contains_key(p))
+        {
+            return false;
+        }
+        let Some((algorithm, peers)) =
+            relay::choose(&self.env.broadcast, payload.len(), me, &dests)
+        else {
+            return false;
+        };
+        let head = RelayHead {
+            src: run[0].src,
+            superstep: run[0].superstep,
+            tag: run[0].tag,
+            len: payload.len() as u32,
+            algorithm,
+            peers,
+            dsts: run.iter().map(|m| (m.dst, m.seq)).collect(),
+        };
+        let (inflight, start) = match Inflight::sending(head, self.me, payload.clone()) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(job = self.job, "sending directly: {e}");
+                return false;
+            }
+        };
+        tracing::debug!(
+            job = self.job,
+            src = run[0].src,
+            bytes = payload.len(),
+            ?algorithm,
+            peers = inflight.head.peers.len(),
+            "relaying a multicast"
+        );
+        for m in run {
+            if self.placement[m.dst as usize] == self.me {
+                self.deliver(m.clone());
+            }
+        }
+        let frames: Vec<(PeerId, Vec<Frame>)> =
+            start.iter().filter_map(|t| inflight.frames(t)).collect();
+        self.relays
+            .entry(relay::key_of(&inflight.head))
+            .or_default()
+            .push(inflight);
+        for (to, fs) in frames {
+            for f in fs {
+                self.send_to(to, f);
+            }
+        }
+        true
+    }
+
+    /// Bytes of a relayed multicast arrived: keep them, forward what the
+    /// schedule says, deliver the messages once the payload is whole.
+    pub(super) fn on_relay(
+        &mut self,
+        from: PeerId,
+        head: RelayHead,
+        offset: u32,
+        bytes: bytes::Bytes,
+    ) -> Result<(), RelayError> {
+        relay::check_head(&head, self.info.nprocs, self.me, from)?;
+        if !relay::current(&head, &self.peers) {
+            tracing::debug!(
+                job = self.job,
+                from,
+                "dropping a relayed frame of an older epoch"
+            );
+            return Ok(());
+        }
+        if self.safe.is_some_and(|g| head.superstep < g) {
+            return Ok(()); // long delivered everywhere
+        }
+        let key = relay::key_of(&head);
+        // Payloads still being received (complete ones are shared with the
+        // inboxes). Every process may send its outbox limit per superstep,
+        // and a peer can be a superstep ahead.
+        let held: u64 = self
+            .relays
+            .values()
+            .flatten()
+            .filter(|f| f.payload().is_none())
+            .map(|f| u64::from(f.head.len))
+            .sum();
+        let heads = self.relays.entry(key).or_default();
+        let i = match heads.iter().position(|f| *f.head == head) {
+            Some(i) => i,
+            None => {
+                if heads.len() >= MAX_HEADS {
+                    return Err(RelayError::TooManyHeads(MAX_HEADS));
+                }
+                let cap = (self.info.outbox_limit as u64)
+                    .saturating_mul(2 * u64::from(self.info.nprocs))
+                    .max(256 << 20);
+                if held.saturating_add(u64::from(head.len)) > cap {
+                    return Err(RelayError::TooMuchHeld(cap >> 20));
+                }
+                heads.push(Inflight::new(head, self.me)?);
+                heads.len() - 1
+            }
+        };
+        let f = &mut heads[i];
+        let (due, done) = f.receive(offset, &bytes)?;
+        let frames: Vec<(PeerId, Vec<Frame>)> = due.iter().filter_map(|t| f.frames(t)).collect();
+        for (to, fs) in frames {
+            for f in fs {
+                self.send_to(to, f);
+            }
+        }
+        if done {
+            self.relay_complete(key, i);
+        }
+        Ok(())
+    }
+
+    /// The payload of `relays[key][i]` is whole: deliver its messages to
+    /// the local pids, and to the peers that must get it directly.
+    pub(super) fn relay_complete(&mut self, key: RelayKey, i: usize) {
+        let Some(f) = self.relays.get_mut(&key).and_then(|v| v.get_mut(i)) else {
+            return;
+        };
+        let Some(payload) = f.payload().cloned() else {
+            return;
+        };
+        let direct = std::mem::take(&mut f.direct);
+        let head = f.head.clone();
+        for &(dst, seq) in &head.dsts {
+            let host = self.placement[dst as usize];
+            if host == self.me || direct.contains(&host) {
+                self.deliver(WireMessage {
+                    src: head.src,
+                    dst,
+                    superstep: head.superstep,
+                    seq,
+                    tag: head.tag,
+                    payload: payload.clone(),
+                });
+            }
+        }
+        self.flush_all();
+    }
+
+    /// Our connection to `peer` broke, so relayed bytes on it may be lost:
+    /// send again everything we already sent it of every multicast we send
+    /// or relay, so it completes and forwards its own part of the schedule
+    /// (its own pids also get the sender's messages by `resync`).
+    pub(super) fn resend_relayed(&mut self, peer: PeerId) {
+        let frames: Vec<Frame> = self
+            .relays
+            .values()
+            .flatten()
+            .flat_map(|f| f.resend_to(peer))
+            .collect();
+        for f in frames {
+            self.send_to(peer, f);
+        }
+    }
+
+    /// Peers left the job: a multicast we sent through any of them goes to
+    /// every other peer of its schedule directly (receivers drop repeats).
+    pub(super) fn relay_around(&mut self, gone: &[PeerId]) {
+        let mut due = Vec::new();
+        for (key, heads) in self.relays.iter_mut() {
+            for (i, f) in heads.iter_mut().enumerate() {
+                if f.node != 0 || !f.head.peers.iter().any(|p| gone.contains(p)) {
+                    continue;
+                }
+                let others: Vec<PeerId> = f
+                    .head
+                    .peers
+                    .iter()
+                    .copied()
+                    .filter(|p| *p != self.me && !gone.contains(p))
+                    .collect();
+                f.direct.extend(others);
+                due.push((*key, i));
+            }
+        }
+        for (key, i) in due {
+            self.relay_complete(key, i);
+        }
+    }
+
+    pub(super) fn flush_all(&mut self) {
+        for l in self.links.values_mut() {
+            Self::flush_link(l, &self.env.stats);
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! Running the supersteps: fresh processes, resumes on the slots, the
+//! superstep's messages and `Done`s, captures at checkpointed syncs, and the
+//! barrier (`pump`) that lets processes into their next superstep.
+
+use super::*;
+
+impl Driver {
+    /// Tell every peer (and the local barrier) that `pid` is through `s`.
+    pub(super) fn announce(&mut self, s: u32, d: ProcDone) {
+        timeline(d.pid, s, "Done sent");
+        self.dones.insert((d.pid, s), d.clone());
+        let peers: Vec<PeerId> = self.links.keys().copied().collect();
+        for p in peers {
+            self.send_to(
+                p,
+                Frame::Done {
+                    superstep: s,
+                    procs: vec![d.clone()],
+                },
+            );
+        }
+        if let Err(e) = self.barrier.on_done(s, d) {
+            self.fail(
+                None,
+                format!("a local process's report broke the protocol: {e}"),
+            );
+        }
+    }
+
+    pub(super) fn start_fresh(&mut self, pids: Vec<Pid>) {
+        if self.module.is_none() {
+            let (fresh, _) = self.deferred.get_or_insert_default();
+            for pid in pids {
+                if !fresh.contains(&pid) {
+                    fresh.push(pid);
+                }
+            }
+            return;
+        }
+        for pid in pids {
+            self.local.insert(
+                pid,
+                Local {
+                    state: State::Busy,
+                    superstep: 0,
+                    pending: VecDeque::new(),
+                    held: Vec::new(),
+                    capturing_exit: None,
+                    exit_mark: 0,
+                    acks: Vec::new(),
+                    leaving: false,
+                    handover: None,
+                },
+            );
+            let runtime = self.env.runtime.clone();
+            let Some(module) = self.module.clone() else {
+                unreachable!("start_fresh defers until the program is here")
+            };
+            let info = self.info.clone();
+            let slots = self.env.slots.clone();
+            let job = self.job;
+            self.tasks.spawn(async move {
+                let slot = slots.acquire(job).await.map_err(|e| e.to_string());
+                let joined = tokio::task::spawn_blocking(move || {
+                    let slot = slot?;
+                    timeline(pid, 0, "instantiating");
+                    let mut p = Proc {
+                        process: runtime.instantiate(&module, info, pid)?,
+                        tracker: PageTracker::new(),
+                        recent: VecDeque::new(),
+                    };
+                    timeline(pid, 0, "resumed");
+                    let outcome = p.process.resume_in(slot);
+                    timeline(pid, 0, "synced");
+                    Ok((p, outcome))
+                })
+                .await;
+                Task::Resumed(pid, joined.unwrap_or_else(|e| Err(e.to_string())))
+            });
+        }
+    }
+
+    pub(super) fn spawn_resume(&mut self, pid: Pid, mut p: Proc) {
+        if let Some(l) = self.local.get_mut(&pid) {
+            l.state = State::Busy;
+            // Replicas' answers so far, for the page tracker (later ones
+            // wait for the next superstep).
+            for (r, superstep, ok) in std::mem::take(&mut l.acks) {
+                p.tracker.acked(r, superstep, ok);
+            }
+        }
+        let slots = self.env.slots.clone();
+        let job = self.job;
+        // A checkpointed superstep is captured by the process's own thread.
+        let s = self.local.get(&pid).map_or(0, |l| l.superstep);
+        let capture_input = checkpointed(s, self.checkpoint_every).then(|| CaptureInput {
+            outbox: self.retained.get(&pid).cloned().unwrap_or_default(),
+            targets: replicas_of(self.job, pid, self.me, &self.peers, self.replicas),
+            early: self.early_tx.clone(),
+        });
+        // A free slot: straight to a blocking thread (one thread hop less
+        // per superstep than queueing for it).
+        if let Some(slot) = slots.try_acquire(job) {
+            self.tasks
+                .spawn_blocking(move || resume_and_capture(pid, s, p, slot, capture_input));
+            return;
+        }
+        self.tasks.spawn(async move {
+            let slot = match slots.acquire(job).await {
+                Ok(slot) => slot,
+                Err(e) => return Task::Resumed(pid, Err(e.to_string())),
+            };
+            tokio::task::spawn_blocking(move || resume_and_capture(pid, s, p, slot, capture_input))
+                .await
+                .unwrap_or_else(|e| Task::Resumed(pid, Err(e.to_string())))
+        });
+    }
+
+    pub(super) fn on_task(&mut self, task: Task) {
+        if self.failed {
+            return;
+        }
+        // A capture's `Early` report was sent before it finished: take it
+        // first, whichever of the two the driver's loop saw first.
+        while let Ok(early) = self.early_rx.try_recv() {
+            self.on_early(early);
+        }
+        match task {
+            Task::Resumed(pid, r) => self.on_resumed(pid, r),
+            Task::Captured(pid, r) => self.on_captured(pid, r),
+            Task::Restored(pid, snap, r) => self.on_restored(pid, snap, r),
+        }
+    }
+
+    pub(super) fn on_resumed(&mut self, pid: Pid, resumed: Result<(Proc, Outcome), String>) {
+        let Some(l) = self.local.get(&pid) else {
+            return;
+        };
+        let s = l.superstep;
+        let (mut p, outcome) = match resumed {
+            Ok(x) => x,
+            Err(e) => {
+                return self.fail(Some(pid), format!("the process could not run: {e}"));
+            }
+        };
+        let exited = match outcome {
+            // A `may_migrate` point: a leaving process still moves at its next sync.
+            Outcome::Yield => return self.spawn_resume(pid, p),
+            Outcome::Sync => false,
+            Outcome::Done => true,
+            Outcome::Aborted(reason) => {
+                self.emit(PeerEvent::ProcessAborted {
+                    job: self.job,
+                    pid,
+                    superstep: s,
+                    reason,
+                });
+                self.failed = true;
+                self.info.kill.store(true, Ordering::Relaxed);
+                self.local.clear();
+                return;
+            }
+            Outcome::Failed(reason) => return self.fail(Some(pid), reason),
+        };
+        let out = wire_messages(pid, s, p.process.take_outbox());
+        self.on_synced(pid, exited, out);
+        if exited || checkpointed(s, self.checkpoint_every) {
+            self.spawn_capture(pid, p, exited);
+        } else if let Some(l) = self.local.get_mut(&pid) {
+            l.state = State::AtSync(Box::new(p));
+        }
+    }
+
+    /// A process's thread reached a sync it captures itself.
+    pub(super) fn on_early(&mut self, e: Early) {
+        if self.failed || !self.local.contains_key(&e.pid) {
+            return;
+        }
+        self.on_synced(e.pid, e.exited, e.out);
+    }
+
+    /// `pid` reached the sync of its current superstep (or returned, when
+    /// `exited`) having sent `out`: route the messages, retain them, and
+    /// queue its `Done`.
+    pub(super) fn on_synced(&mut self, pid: Pid, exited: bool, out: Vec<WireMessage>) {
+        let Some(l) = self.local.get(&pid) else {
+            return;
+        };
+        let s = l.superstep;
+        let done = done_of(pid, exited, &out, s);
+        self.route(&out);
+        self.flush_all();
+        self.retained_bytes += checkpoint::outbox_bytes(&out);
+        self.retained.entry(pid).or_default().extend(out);
+        if exited {
+            let mark = self.env.reporter.emit_marked(PeerEvent::ProcessExited {
+                job: self.job,
+                pid,
+                superstep: s,
+            });
+            if let Some(l) = self.local.get_mut(&pid) {
+                l.exit_mark = mark;
+                l.capturing_exit = Some(s);
+            }
+        }
+        if let Some(l) = self.local.get_mut(&pid) {
+            l.held.push((s, done));
+        }
+        // `Done(s)` does not wait for `K_s` (only for the checkpoints
+        // before it): the other processes go on while this one is captured
+        // and `K_s` is replicated during the next superstep.
+        self.release_if_acked(pid);
+    }
+
+    pub(super) fn spawn_capture(&mut self, pid: Pid, mut p: Proc, exited: bool) {
+        if let Some(l) = self.local.get_mut(&pid) {
+            l.state = State::Busy;
+        }
+        let outbox = self.retained.get(&pid).cloned().unwrap_or_default();
+        // Replicas' answers so far, for the page tracker (later ones wait
+        // for the next capture), and who gets the checkpoint.
+        let acks = self
+            .local
+            .get_mut(&pid)
+            .map(|l| std::mem::take(&mut l.acks))
+            .unwrap_or_default();
+        let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
+        self.tasks.spawn_blocking(move || {
+            let captured = capture(&mut p, outbox, exited, acks, &targets);
+            Task::Captured(pid, captured.map(|(s, e)| (p, s, e)))
+        });
+    }
+
+    pub(super) fn on_captured(&mut self, pid: Pid, r: Result<(Proc, Arc<Snapshot>, Encoded), String>) {
+        timeline(
+            pid,
+            self.local.get(&pid).map_or(0, |l| l.superstep),
+            "capture handed over",
+        );
+        let (mut p, snapshot, mut encoded) = match r {
+            Ok(x) => x,
+            Err(e) => {
+                return self.fail(Some(pid), format!("could not checkpoint the process: {e}"));
+            }
+        };
+        let Some(l) = self.local.get(&pid) else {
+            return;
+        };
+        let s = l.superstep;
+        let leaving = l.leaving;
+        let exited = snapshot.exited;
+        if p.recent.len() == checkpoint::RECYCLE_DEPTH {
+            p.recent.pop_front();
+        }
+        p.recent.push_back(snapshot.clone());
+        // The replicas may have changed while it was captured: new ones get
+        // frames planned here, gone ones none.
+        let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
+        for (r, _) in encoded.iter().filter(|(r, _)| !targets.contains(r)) {
+            // Planned for, never sent: it holds no base from this capture.
+            p.tracker.forget(*r);
+        }
+        encoded.retain(|(r, _)| targets.contains(r));
+        let late: Vec<PeerId> = targets
+            .iter()
+            .copied()
+            .filter(|t| !encoded.iter().any(|(r, _)| r == t))
+            .collect();
+        let mut bytes: usize = encoded
+            .iter()
+            .flat_map(|(_, frames)| frames.iter().map(|b| b.len()))
+            .sum();
+        let mut unsent: Vec<(PeerId, Outgoing)> = encoded
+            .into_iter()
+            .flat_map(|(r, frames)| frames.into_iter().map(move |b| (r, Outgoing::Encoded(b))))
+            .collect();
+        for r in late {
+            let plan = p.tracker.plan(r, &snapshot);
+            bytes += plan.pages.len() * checkpoint::PAGE_SIZE;
+            for f in checkpoint::to_frames_shared(&snapshot, &plan.pages, plan.base) {
+                unsent.push((r, f.into()));
+            }
+            p.tracker.sent(r, snapshot.superstep);
+        }
+        self.env.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        self.env
+            .stats
+            .checkpoint_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        let l = self.local.get_mut(&pid).expect("checked above");
+        let output_mark = p.process.output_mark().max(l.exit_mark);
+        if l.capturing_exit == Some(s) {
+            l.capturing_exit = None;
+        }
+        l.pending.push_back(Pending {
+            superstep: s,
+            waiting: targets.into_iter().collect(),
+            snapshot: snapshot.clone(),
+            gates_own: exited,
+            output_mark,
+            unsent,
+        });
+        l.state = if exited {
+            State::Exited
+        } else {
+            State::AtSync(Box::new(p))
+        };
+        // The process goes on first, if it may: its thread then wakes
+        // before the connections' writers take the cores (on two cores
+        // this alone took PageRank at p = 1 from 1.44–1.52× native to
+        // 1.23–1.42×).
+        if !leaving {
+            self.pump();
+        }
+        self.send_checkpoint(pid);
+        if leaving {
+            if let Some(l) = self.local.get_mut(&pid) {
+                l.handover = Some(snapshot);
+            }
+            self.hand_over(pid);
+        }
+        self.release_if_acked(pid);
+    }
+
+    /// Pass every local process whose barrier is complete; hand over leaving
+    /// processes that are at a sync.
+    pub(super) fn pump(&mut self) {
+        if self.failed {
+            return;
+        }
+        // Over the peer's memory budget: the job holding the most here
+        // fails, rather than the peer (issue 20, finding 1).
+        let budget = self.env.runtime.budget();
+        if budget.exceeded() && budget.largest_holder() == Some(self.job) {
+            let why = format!(
+                "{}; this job holds {} MiB of messages and checkpoints on it, the most of its jobs; use fewer processes per peer or send less per superstep",
+                budget.state(),
+                self.held >> 20
+            );
+            return self.fail(None, why);
+        }
+        let waiting: Vec<(Pid, u32, bool)> = self
+            .local
+            .iter()
+            .filter(|(_, l)| matches!(l.state, State::AtSync(_)))
+            .map(|(pid, l)| (*pid, l.superstep, l.leaving))
+            .collect();
+        for (pid, s, leaving) in waiting {
+            if leaving {
+                self.prepare_handover(pid);
+                continue;
+            }
+            if !self.barrier.ready(pid, s) {
+                tracing::trace!(
+                    job = self.job,
+                    me = self.me,
+                    pid,
+                    s,
+                    "waits for {}",
+                    self.barrier.missing(pid, s)
+                );
+                continue;
+            }
+            let inbox = self.barrier.take(pid, s);
+            let Some(l) = self.local.get_mut(&pid) else {
+                continue;
+            };
+            let State::AtSync(mut p) = std::mem::replace(&mut l.state, State::Busy) else {
+                continue;
+            };
+            l.superstep = s + 1;
+            self.emit(PeerEvent::Progress {
+                job: self.job,
+                pid,
+                superstep: s + 1,
+            });
+            let inbox = inbox
+                .into_iter()
+                .map(|(src, tag, payload)| Message {
+                    src,
+                    superstep: s,
+                    tag,
+                    payload,
+                })
+                .collect();
+            p.process.begin_superstep(s + 1, inbox);
+            self.spawn_resume(pid, *p);
+        }
+        self.collect_garbage();
+        self.report_held();
+    }
+
+    /// Bring this job's share of the peer's held bytes up to date.
+    pub(super) fn report_held(&mut self) {
+        let now = self.retained_bytes + self.store.total_bytes();
+        let held = &self.env.stats.held;
+        if now > self.held {
+            held.fetch_add(now - self.held, Ordering::Relaxed);
+        } else {
+            held.fetch_sub(self.held - now, Ordering::Relaxed);
+        }
+        self.held = now;
+        self.env.runtime.budget().set_held(self.job, now);
+    }
+}
