@@ -149,7 +149,12 @@ impl Driver {
     }
 
     /// A program frame from `from`.
-    pub(super) fn on_program_msg(&mut self, from: PeerId, epoch: u64, msg: bsp_api::wire::ProgramMsg) {
+    pub(super) fn on_program_msg(
+        &mut self,
+        from: PeerId,
+        epoch: u64,
+        msg: bsp_api::wire::ProgramMsg,
+    ) {
         let Some(dist) = &mut self.dist else {
             return;
         };

@@ -112,7 +112,12 @@ impl Driver {
         }
     }
 
-    pub(super) fn on_restored(&mut self, pid: Pid, snapshot: Arc<Snapshot>, r: Result<Option<Proc>, String>) {
+    pub(super) fn on_restored(
+        &mut self,
+        pid: Pid,
+        snapshot: Arc<Snapshot>,
+        r: Result<Option<Proc>, String>,
+    ) {
         let c = snapshot.superstep;
         let p = match r {
             Ok(p) => p,

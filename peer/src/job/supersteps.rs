@@ -231,7 +231,11 @@ impl Driver {
         });
     }
 
-    pub(super) fn on_captured(&mut self, pid: Pid, r: Result<(Proc, Arc<Snapshot>, Encoded), String>) {
+    pub(super) fn on_captured(
+        &mut self,
+        pid: Pid,
+        r: Result<(Proc, Arc<Snapshot>, Encoded), String>,
+    ) {
         timeline(
             pid,
             self.local.get(&pid).map_or(0, |l| l.superstep),
