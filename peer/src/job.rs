@@ -22,7 +22,8 @@
 //! [`PeerEvent`]s into a [`Reporter`].
 //!
 //! This file holds the job table ([`Jobs`]), the driver's state and its
-//! event loop; its handlers live by sub-protocol in `job/`: `program_fetch`
+//! event loop; `job/assignment` checks an assignment, `job/threads` is what
+//! runs on a process's thread; the handlers live by sub-protocol in `job/`: `program_fetch`
 //! (Robber or download, compile), `routing` (links, message routing, relayed
 //! multicasts), `supersteps` (resumes, captures, the barrier's `pump`),
 //! `replication` (checkpoints to replicas, handovers, retention), `restore`
@@ -428,92 +429,6 @@ struct CaptureInput {
     early: mpsc::UnboundedSender<Early>,
 }
 
-/// The messages a process sent in superstep `s`, as they travel.
-fn wire_messages(pid: Pid, s: u32, out: Vec<crate::runtime::Outgoing>) -> Vec<WireMessage> {
-    out.into_iter()
-        .map(|o| WireMessage {
-            src: pid,
-            dst: o.dst,
-            superstep: s,
-            seq: o.seq,
-            tag: o.tag,
-            payload: o.payload,
-        })
-        .collect()
-}
-
-/// Capture `p` with `outbox` and encode the checkpoint for `targets` (the
-/// body of every capture task).
-fn capture(
-    p: &mut Proc,
-    outbox: Vec<WireMessage>,
-    exited: bool,
-    acks: Vec<(PeerId, u32, bool)>,
-    targets: &[PeerId],
-) -> Result<(Arc<Snapshot>, Encoded), String> {
-    // The newest buffer only this process still holds.
-    let free = (0..p.recent.len())
-        .rev()
-        .find(|&i| Arc::strong_count(&p.recent[i]) == 1)
-        .and_then(|i| p.recent.remove(i))
-        .and_then(|a| Arc::try_unwrap(a).ok());
-    let snapshot = match free {
-        Some(previous) => p
-            .process
-            .checkpoint_reusing(&mut p.tracker, outbox, exited, previous),
-        None => p.process.checkpoint(&mut p.tracker, outbox, exited),
-    };
-    for (r, superstep, ok) in acks {
-        p.tracker.acked(r, superstep, ok);
-    }
-    // Shared: the frames' pages are slices of its memory.
-    let snapshot = Arc::new(snapshot);
-    let encoded = encode_for(&mut p.tracker, &snapshot, targets)?;
-    Ok((snapshot, encoded))
-}
-
-/// Run `p`'s superstep `s`; with `capture` (a checkpointed superstep), a
-/// sync or exit is captured right here, on the same thread, after the
-/// messages were handed to the driver ([`Early`]): no trip through the
-/// driver between the superstep and its checkpoint.
-fn resume_and_capture(
-    pid: Pid,
-    s: u32,
-    mut p: Proc,
-    slot: crate::slots::Slot,
-    capture_input: Option<CaptureInput>,
-) -> Task {
-    timeline(pid, s, "resumed");
-    let outcome = p.process.resume_in(slot);
-    timeline(pid, s, "synced");
-    let exited = match outcome {
-        Outcome::Sync => false,
-        Outcome::Done => true,
-        _ => return Task::Resumed(pid, Ok((p, outcome))),
-    };
-    let Some(c) = capture_input else {
-        return Task::Resumed(pid, Ok((p, outcome)));
-    };
-    let out = wire_messages(pid, s, p.process.take_outbox());
-    let mut outbox = c.outbox;
-    outbox.extend(out.iter().cloned());
-    if c.early.send(Early { pid, exited, out }).is_err() {
-        // The job's driver is gone: nobody reads the capture.
-        return Task::Resumed(pid, Err("the job ended".to_string()));
-    }
-    let captured = capture(&mut p, outbox, exited, Vec::new(), &c.targets);
-    timeline(pid, s, "captured");
-    Task::Captured(pid, captured.map(|(s, e)| (p, s, e)))
-}
-
-/// A point of a superstep's life on this peer, for
-/// `BSPWEB_LOG=bspweb::timeline=trace` (docs/benchmarks.md, "The superstep
-/// timeline"): the log's microsecond timestamps show where a superstep's
-/// time goes between threads and peers. Free when the target is off.
-fn timeline(pid: Pid, superstep: u32, what: &str) {
-    tracing::trace!(target: "bspweb::timeline", pid, superstep, "{what}");
-}
-
 /// What a blocking task hands back.
 enum Task {
     Resumed(Pid, Result<(Proc, Outcome), String>),
@@ -600,237 +515,9 @@ impl Drop for Driver {
     }
 }
 
-/// Plan `snapshot`'s frames for each of `targets` and encode them, once per
-/// distinct plan. The next checkpoint is planned as a delta against this
-/// one, sent before this one is acknowledged: frames to a replica arrive in
-/// order, so it will hold this one as its base (if not, it refuses the
-/// delta and gets the next checkpoint whole).
-fn encode_for(
-    tracker: &mut PageTracker,
-    snapshot: &Arc<Snapshot>,
-    targets: &[PeerId],
-) -> Result<Encoded, String> {
-    let mut done: Vec<(checkpoint::Plan, Vec<net::Segments>)> = Vec::new();
-    let mut out = Vec::with_capacity(targets.len());
-    for &r in targets {
-        let plan = tracker.plan(r, snapshot);
-        let frames = match done.iter().find(|(p, _)| *p == plan) {
-            Some((_, frames)) => frames.clone(),
-            None => {
-                let frames = checkpoint::to_frames_shared(snapshot, &plan.pages, plan.base)
-                    .iter()
-                    .map(net::encode_segments)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| format!("cannot encode a checkpoint: {e}"))?;
-                done.push((plan, frames.clone()));
-                frames
-            }
-        };
-        tracker.sent(r, snapshot.superstep);
-        out.push((r, frames));
-    }
-    Ok(out)
-}
-
 /// Most heads one multicast may arrive with (each restore of its sender
 /// can add one).
 const MAX_HEADS: usize = 8;
-
-/// Check an assignment and return the pid → peer table.
-/// The shortest job secret a peer accepts: the data plane's key is derived
-/// from it, so it must hold at least 128 bits of hex.
-const MIN_JOB_TOKEN: usize = 32;
-
-fn check_assignment(me: PeerId, a: &JobAssignment) -> Result<Vec<PeerId>, String> {
-    if a.nprocs == 0 {
-        return Err("the job has no processes".into());
-    }
-    if a.placement.len() != a.nprocs as usize {
-        return Err(format!(
-            "the job's placement lists {} pids for {} processes",
-            a.placement.len(),
-            a.nprocs
-        ));
-    }
-    if let Some(bad) = a.placement.iter().find(|&&i| i as usize >= a.peers.len()) {
-        return Err(format!(
-            "the job's placement names peer index {bad}, but the job has {} peers",
-            a.peers.len()
-        ));
-    }
-    if let Some(bad) = a.restore.iter().find(|&&p| p >= a.nprocs) {
-        return Err(format!(
-            "the job's assignment restores pid {bad}, but the job has {} processes",
-            a.nprocs
-        ));
-    }
-    let mut seen = HashSet::new();
-    if let Some(dup) = a.peers.iter().find(|p| !seen.insert(p.id)) {
-        return Err(format!("the job lists peer #{} twice", dup.id));
-    }
-    if !a.peers.iter().any(|p| p.id == me) {
-        return Err(format!("this peer (#{me}) is not one of the job's peers"));
-    }
-    if a.job_token.len() < MIN_JOB_TOKEN {
-        return Err(format!(
-            "the job's secret is {} characters long, fewer than the {MIN_JOB_TOKEN} its data-plane \
-             key needs (the supernode issues 64); this peer will not run it in the clear",
-            a.job_token.len()
-        ));
-    }
-    Ok(a.placement
-        .iter()
-        .map(|&i| a.peers[i as usize].id)
-        .collect())
-}
-
-fn job_info(env: &JobEnv, a: &JobAssignment, kill: Arc<AtomicBool>) -> Result<JobInfo, String> {
-    let mut resources = HashMap::new();
-    for (name, b64) in &a.resources {
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .map_err(|e| format!("resource `{name}` is not valid base64: {e}"))?;
-        resources.insert(name.clone(), bytes);
-    }
-    let memory_mib = a.limits.memory_mib.min(env.max_memory_mib) as usize;
-    let memory_limit = memory_mib << 20;
-    let budget_ms = a.limits.superstep_ms.min(env.max_superstep_ms);
-    Ok(JobInfo {
-        job: a.job,
-        nprocs: a.nprocs,
-        seed: a.seed,
-        args: a.args.clone().into_bytes(),
-        resources,
-        memory_limit,
-        superstep_budget: Duration::from_millis(budget_ms),
-        output_limit: (a.limits.output_mib as u64) << 20,
-        outbox_limit: memory_limit.saturating_mul(2).max(1 << 20),
-        kill,
-        reporter: env.reporter.clone(),
-    })
-}
-
-/// The `count` replicas of `pid`'s checkpoints among `peers` (not `host`):
-/// rendezvous hashing of `(job, pid, peer)`, so anyone who knows the peer
-/// list finds them.
-pub fn replicas_of(
-    job: JobId,
-    pid: Pid,
-    host: PeerId,
-    peers: &[PeerId],
-    count: usize,
-) -> Vec<PeerId> {
-    let mut scored: Vec<(u64, PeerId)> = peers
-        .iter()
-        .filter(|&&p| p != host)
-        .map(|&p| (mix(job as u64, pid as u64, p as u64), p))
-        .collect();
-    scored.sort_unstable();
-    scored.into_iter().take(count).map(|(_, p)| p).collect()
-}
-
-/// A fixed 64-bit mix (SplitMix64 finalizer over the three keys).
-fn mix(a: u64, b: u64, c: u64) -> u64 {
-    let mut z = a
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(b.rotate_left(21))
-        .wrapping_add(c.rotate_left(42) ^ 0xD6E8_FEB8_6659_FD93);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The frames that carry `s` whole to a replica.
-fn whole(s: &Snapshot) -> Vec<Frame> {
-    checkpoint::to_frames(s, &s.nonzero_pages(), None)
-}
-
-/// The newest superstep before `c` that [`checkpointed`] says is
-/// checkpointed with interval `every` (in O(1): with checkpoints off,
-/// `every` is huge and there may be none).
-fn newest_checkpointed_before(c: u32, every: u32) -> Option<u32> {
-    let every = every.max(1);
-    (c / every).checked_mul(every)?.checked_sub(1)
-}
-
-/// Whether superstep `s` is checkpointed with interval `every`.
-fn checkpointed(s: u32, every: u32) -> bool {
-    every <= 1 || (s + 1).is_multiple_of(every)
-}
-
-/// The job's resources in `encode_resources` form (from the supernode or
-/// from other peers, `whence`), checked against `hash` and decoded; none
-/// when `hash` is empty (the job has none apart from its assignment).
-fn unpack_resources(hash: &str, bytes: &[u8], whence: &str) -> Result<Resources, String> {
-    use sha2::Digest as _;
-    if hash.is_empty() {
-        return Ok(None);
-    }
-    if !hex::encode(sha2::Sha256::digest(bytes)).eq_ignore_ascii_case(hash) {
-        return Err(format!(
-            "the job's resources from {whence} do not match their hash"
-        ));
-    }
-    bsp_api::control::decode_resources(bytes)
-        .map(Some)
-        .map_err(|e| format!("the job's resources from {whence} are malformed: {e}"))
-}
-
-/// "; the job's 5 peers are in clusters a (2), b (3)": the clusters of
-/// the job's peers (the sites broadcasts and Robber use), for status lines;
-/// empty when no peer has one.
-fn clusters_phrase<'a>(sites: impl Iterator<Item = &'a Site>) -> String {
-    let mut count: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
-    let (mut unnamed, mut all) = (0, 0);
-    for s in sites {
-        all += 1;
-        match &s.cluster {
-            Some(c) => *count.entry(c.as_str()).or_default() += 1,
-            None => unnamed += 1,
-        }
-    }
-    if count.is_empty() {
-        return String::new();
-    }
-    let mut parts: Vec<String> = count.iter().map(|(c, n)| format!("{c} ({n})")).collect();
-    if unnamed > 0 {
-        parts.push(format!("no cluster ({unnamed})"));
-    }
-    let s = if parts.len() == 1 { "" } else { "s" };
-    let are = if all == 1 { "peer is" } else { "peers are" };
-    format!("; the job's {all} {are} in cluster{s} {}", parts.join(", "))
-}
-
-fn sites_of(a: &JobAssignment) -> HashMap<PeerId, Site> {
-    a.peers
-        .iter()
-        .map(|p| (p.id, Site::new(p.id, &p.addr, p.cluster.clone())))
-        .collect()
-}
-
-/// Whether a process's `Done(s)` may go out with these checkpoints still
-/// pending (docs/fault-tolerance.md, "`Done` after replication"): every
-/// checkpoint before `s` must be safe, and one of `s` itself when it gates
-/// its own `Done` (an exit or a restored snapshot).
-fn may_announce(pending: &VecDeque<Pending>, capturing_exit: Option<u32>, s: u32) -> bool {
-    capturing_exit.is_none_or(|c| c > s)
-        && pending
-            .iter()
-            .all(|p| p.superstep > s || (p.superstep == s && !p.gates_own))
-}
-
-/// The `Done` of `pid` for superstep `s`, counted from its messages.
-fn done_of(pid: Pid, exited: bool, messages: &[WireMessage], s: u32) -> ProcDone {
-    let mut counts: BTreeMap<Pid, u32> = BTreeMap::new();
-    for m in messages.iter().filter(|m| m.superstep == s) {
-        *counts.entry(m.dst).or_default() += 1;
-    }
-    ProcDone {
-        pid,
-        exited,
-        counts: counts.into_iter().collect(),
-    }
-}
 
 #[allow(clippy::too_many_arguments)]
 async fn run_job(
@@ -1039,6 +726,7 @@ impl Driver {
     }
 }
 
+mod assignment;
 mod epochs;
 mod inbound;
 mod program_fetch;
@@ -1046,6 +734,10 @@ mod replication;
 mod restore;
 mod routing;
 mod supersteps;
+mod threads;
+
+use assignment::*;
+use threads::*;
 
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,167 @@
+//! What an assignment says: its checks, the job's limits, the replicas of a
+//! process, the sites of its peers, and the resources that come with the
+//! program.
+
+use super::*;
+
+/// The shortest job secret a peer accepts: the data plane's key is derived
+/// from it, so it must hold at least 128 bits of hex.
+pub(super) const MIN_JOB_TOKEN: usize = 32;
+
+/// Check an assignment and return the pid → peer table.
+pub(super) fn check_assignment(me: PeerId, a: &JobAssignment) -> Result<Vec<PeerId>, String> {
+    if a.nprocs == 0 {
+        return Err("the job has no processes".into());
+    }
+    if a.placement.len() != a.nprocs as usize {
+        return Err(format!(
+            "the job's placement lists {} pids for {} processes",
+            a.placement.len(),
+            a.nprocs
+        ));
+    }
+    if let Some(bad) = a.placement.iter().find(|&&i| i as usize >= a.peers.len()) {
+        return Err(format!(
+            "the job's placement names peer index {bad}, but the job has {} peers",
+            a.peers.len()
+        ));
+    }
+    if let Some(bad) = a.restore.iter().find(|&&p| p >= a.nprocs) {
+        return Err(format!(
+            "the job's assignment restores pid {bad}, but the job has {} processes",
+            a.nprocs
+        ));
+    }
+    let mut seen = HashSet::new();
+    if let Some(dup) = a.peers.iter().find(|p| !seen.insert(p.id)) {
+        return Err(format!("the job lists peer #{} twice", dup.id));
+    }
+    if !a.peers.iter().any(|p| p.id == me) {
+        return Err(format!("this peer (#{me}) is not one of the job's peers"));
+    }
+    if a.job_token.len() < MIN_JOB_TOKEN {
+        return Err(format!(
+            "the job's secret is {} characters long, fewer than the {MIN_JOB_TOKEN} its data-plane \
+             key needs (the supernode issues 64); this peer will not run it in the clear",
+            a.job_token.len()
+        ));
+    }
+    Ok(a.placement
+        .iter()
+        .map(|&i| a.peers[i as usize].id)
+        .collect())
+}
+
+pub(super) fn job_info(
+    env: &JobEnv,
+    a: &JobAssignment,
+    kill: Arc<AtomicBool>,
+) -> Result<JobInfo, String> {
+    let mut resources = HashMap::new();
+    for (name, b64) in &a.resources {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| format!("resource `{name}` is not valid base64: {e}"))?;
+        resources.insert(name.clone(), bytes);
+    }
+    let memory_mib = a.limits.memory_mib.min(env.max_memory_mib) as usize;
+    let memory_limit = memory_mib << 20;
+    let budget_ms = a.limits.superstep_ms.min(env.max_superstep_ms);
+    Ok(JobInfo {
+        job: a.job,
+        nprocs: a.nprocs,
+        seed: a.seed,
+        args: a.args.clone().into_bytes(),
+        resources,
+        memory_limit,
+        superstep_budget: Duration::from_millis(budget_ms),
+        output_limit: (a.limits.output_mib as u64) << 20,
+        outbox_limit: memory_limit.saturating_mul(2).max(1 << 20),
+        kill,
+        reporter: env.reporter.clone(),
+    })
+}
+
+/// The `count` replicas of `pid`'s checkpoints among `peers` (not `host`):
+/// rendezvous hashing of `(job, pid, peer)`, so anyone who knows the peer
+/// list finds them.
+pub fn replicas_of(
+    job: JobId,
+    pid: Pid,
+    host: PeerId,
+    peers: &[PeerId],
+    count: usize,
+) -> Vec<PeerId> {
+    let mut scored: Vec<(u64, PeerId)> = peers
+        .iter()
+        .filter(|&&p| p != host)
+        .map(|&p| (mix(job as u64, pid as u64, p as u64), p))
+        .collect();
+    scored.sort_unstable();
+    scored.into_iter().take(count).map(|(_, p)| p).collect()
+}
+
+/// A fixed 64-bit mix (SplitMix64 finalizer over the three keys).
+pub(super) fn mix(a: u64, b: u64, c: u64) -> u64 {
+    let mut z = a
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(b.rotate_left(21))
+        .wrapping_add(c.rotate_left(42) ^ 0xD6E8_FEB8_6659_FD93);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The job's resources in `encode_resources` form (from the supernode or
+/// from other peers, `whence`), checked against `hash` and decoded; none
+/// when `hash` is empty (the job has none apart from its assignment).
+pub(super) fn unpack_resources(
+    hash: &str,
+    bytes: &[u8],
+    whence: &str,
+) -> Result<Resources, String> {
+    use sha2::Digest as _;
+    if hash.is_empty() {
+        return Ok(None);
+    }
+    if !hex::encode(sha2::Sha256::digest(bytes)).eq_ignore_ascii_case(hash) {
+        return Err(format!(
+            "the job's resources from {whence} do not match their hash"
+        ));
+    }
+    bsp_api::control::decode_resources(bytes)
+        .map(Some)
+        .map_err(|e| format!("the job's resources from {whence} are malformed: {e}"))
+}
+
+/// "; the job's 5 peers are in clusters a (2), b (3)": the clusters of
+/// the job's peers (the sites broadcasts and Robber use), for status lines;
+/// empty when no peer has one.
+pub(super) fn clusters_phrase<'a>(sites: impl Iterator<Item = &'a Site>) -> String {
+    let mut count: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    let (mut unnamed, mut all) = (0, 0);
+    for s in sites {
+        all += 1;
+        match &s.cluster {
+            Some(c) => *count.entry(c.as_str()).or_default() += 1,
+            None => unnamed += 1,
+        }
+    }
+    if count.is_empty() {
+        return String::new();
+    }
+    let mut parts: Vec<String> = count.iter().map(|(c, n)| format!("{c} ({n})")).collect();
+    if unnamed > 0 {
+        parts.push(format!("no cluster ({unnamed})"));
+    }
+    let s = if parts.len() == 1 { "" } else { "s" };
+    let are = if all == 1 { "peer is" } else { "peers are" };
+    format!("; the job's {all} {are} in cluster{s} {}", parts.join(", "))
+}
+
+pub(super) fn sites_of(a: &JobAssignment) -> HashMap<PeerId, Site> {
+    a.peers
+        .iter()
+        .map(|p| (p.id, Site::new(p.id, &p.addr, p.cluster.clone())))
+        .collect()
+}
