@@ -1,0 +1,531 @@
+//! The replica's side: reassembly of a checkpoint's frames and its check
+//! against the content hash ([`Assembler`]), and why one is refused
+//! ([`CheckpointError`]).
+
+use super::*;
+
+/// Why a received checkpoint was refused. Every variant names the process
+/// and superstep, so the receiver can answer `CheckpointAck { ok: false }`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckpointError {
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep}: memory of {memory_len} bytes is not a multiple of the 64 KiB wasm page"
+    )]
+    MemoryLen {
+        pid: Pid,
+        superstep: u32,
+        memory_len: u64,
+    },
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep}: {bytes} bytes exceed this peer's limit of {cap} bytes per checkpoint"
+    )]
+    TooLarge {
+        pid: Pid,
+        superstep: u32,
+        bytes: u64,
+        cap: u64,
+    },
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep}: page {index} is outside its memory of {pages} pages"
+    )]
+    PageIndex {
+        pid: Pid,
+        superstep: u32,
+        index: u32,
+        pages: u64,
+    },
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep}: page {index} has {len} bytes, not 65536"
+    )]
+    PageSize {
+        pid: Pid,
+        superstep: u32,
+        index: u32,
+        len: usize,
+    },
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep}: page {index} comes after page {previous}; pages must be sent in ascending order, each once"
+    )]
+    PageOrder {
+        pid: Pid,
+        superstep: u32,
+        index: u32,
+        previous: u32,
+    },
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep} was abandoned: a part of the checkpoint of superstep {next} arrived before its end"
+    )]
+    Interleaved { pid: Pid, superstep: u32, next: u32 },
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep} is a delta against superstep {base}, but this peer holds {held}; send it whole"
+    )]
+    MissingBase {
+        pid: Pid,
+        superstep: u32,
+        base: u32,
+        held: String,
+    },
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep} does not match its hash: the rebuilt state hashes to {actual}, the sender said {expected}"
+    )]
+    HashMismatch {
+        pid: Pid,
+        superstep: u32,
+        expected: String,
+        actual: String,
+    },
+    #[error(
+        "snapshot answer for pid {pid} carries the checkpoint of pid {inner}; the sender is confused"
+    )]
+    WrongPid { pid: Pid, inner: Pid },
+    #[error("not a checkpoint frame: {0}")]
+    NotCheckpoint(&'static str),
+}
+
+impl CheckpointError {
+    /// The process and superstep of the refused checkpoint, if the error
+    /// is about one.
+    pub fn subject(&self) -> Option<(Pid, u32)> {
+        use CheckpointError::*;
+        match *self {
+            MemoryLen { pid, superstep, .. }
+            | TooLarge { pid, superstep, .. }
+            | PageIndex { pid, superstep, .. }
+            | PageSize { pid, superstep, .. }
+            | PageOrder { pid, superstep, .. }
+            | Interleaved { pid, superstep, .. }
+            | MissingBase { pid, superstep, .. }
+            | HashMismatch { pid, superstep, .. } => Some((pid, superstep)),
+            WrongPid { .. } | NotCheckpoint(_) => None,
+        }
+    }
+}
+
+/// A checkpoint frame sequence completed by [`Assembler::push`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Assembled {
+    /// A verified [`Frame::Checkpoint`] (store it, answer `ok = true`).
+    Checkpoint(Snapshot),
+    /// A [`Frame::Snapshot`] answer: the verified snapshot, or `None` if the
+    /// sender holds none of `pid`.
+    Fetched {
+        /// The process asked about.
+        pid: Pid,
+        /// Its snapshot.
+        snapshot: Option<Snapshot>,
+    },
+}
+
+#[derive(Debug)]
+pub(super) struct Pending {
+    superstep: u32,
+    pages: Vec<(u32, Bytes)>,
+    outbox: Vec<WireMessage>,
+    bytes: u64,
+}
+
+/// Rebuilds checkpoints from the frames of one connection: collects
+/// [`Frame::CheckpointPart`]s per pid and, on the final frame, applies the
+/// pages to the base (for a delta) or to zeros, and verifies the hash.
+/// Hostile input gives errors, never panics, and never more than the cap
+/// of bytes per checkpoint.
+#[derive(Debug)]
+pub struct Assembler {
+    cap: u64,
+    pending: HashMap<Pid, Pending>,
+    /// Per pid, the hash and page hashes of the last snapshot assembled
+    /// here: a delta against it rehashes only the pages it carries.
+    page_hashes: HashMap<Pid, ([u8; 32], Vec<PageHash>)>,
+    /// Per pid, the payload hashes of the last snapshot assembled here (a
+    /// delta repeats the base's retained messages as the same buffers).
+    payloads: HashMap<Pid, PayloadHashes>,
+}
+
+impl Assembler {
+    /// An assembler that accepts checkpoints of at most `max_bytes` (memory
+    /// plus outbox; use the job's memory limit plus its outbox limit).
+    pub fn new(max_bytes: u64) -> Self {
+        Assembler {
+            cap: max_bytes,
+            pending: HashMap::new(),
+            page_hashes: HashMap::new(),
+            payloads: HashMap::new(),
+        }
+    }
+
+    /// Bytes of parts held for unfinished checkpoints.
+    pub fn pending_bytes(&self) -> u64 {
+        self.pending.values().map(|p| p.bytes).sum()
+    }
+
+    /// Drop the unfinished checkpoint of `pid`, if any.
+    pub fn discard(&mut self, pid: Pid) {
+        self.pending.remove(&pid);
+    }
+
+    /// Take one [`Frame::CheckpointPart`]. A part for another superstep of
+    /// the same pid abandons the unfinished one (reported as
+    /// [`CheckpointError::Interleaved`]) and starts the new one.
+    pub fn part(
+        &mut self,
+        pid: Pid,
+        superstep: u32,
+        pages: Vec<(u32, Bytes)>,
+        outbox: Vec<WireMessage>,
+    ) -> Result<(), CheckpointError> {
+        let mut result = Ok(());
+        if let Some(p) = self.pending.get(&pid)
+            && p.superstep != superstep
+        {
+            result = Err(CheckpointError::Interleaved {
+                pid,
+                superstep: p.superstep,
+                next: superstep,
+            });
+            self.pending.remove(&pid);
+        }
+        let p = self.pending.entry(pid).or_insert_with(|| Pending {
+            superstep,
+            pages: Vec::new(),
+            outbox: Vec::new(),
+            bytes: 0,
+        });
+        let add = pages
+            .iter()
+            .map(|(_, b)| b.len() as u64)
+            .sum::<u64>()
+            .saturating_add(outbox_bytes(&outbox));
+        let bytes = p.bytes.saturating_add(add);
+        if bytes > self.cap {
+            self.pending.remove(&pid);
+            return Err(CheckpointError::TooLarge {
+                pid,
+                superstep,
+                bytes,
+                cap: self.cap,
+            });
+        }
+        p.bytes = bytes;
+        p.pages.extend(pages);
+        p.outbox.extend(outbox);
+        result
+    }
+
+    /// Take the final frame of a checkpoint: with the preceding parts,
+    /// rebuild the snapshot on `base` (required when `checkpoint.base` is
+    /// set: the snapshot of that superstep of the same pid) and verify it.
+    pub fn finish(
+        &mut self,
+        checkpoint: Checkpoint,
+        base: Option<&Snapshot>,
+    ) -> Result<Snapshot, CheckpointError> {
+        self.finish_inner(checkpoint, base.map(BaseSnap::Borrowed))
+            .map_err(|(e, _)| e)
+    }
+
+    /// [`Assembler::finish`] on a base it may consume: a delta is applied to
+    /// the base's memory in place (saving the pages it replaces) instead of
+    /// to a copy, which for a large process is most of a replica's work. On
+    /// error the base comes back unchanged.
+    fn finish_owned(
+        &mut self,
+        checkpoint: Checkpoint,
+        base: Option<Snapshot>,
+    ) -> Result<Snapshot, (CheckpointError, Option<Box<Snapshot>>)> {
+        self.finish_inner(checkpoint, base.map(BaseSnap::Owned))
+    }
+
+    fn finish_inner(
+        &mut self,
+        checkpoint: Checkpoint,
+        base: Option<BaseSnap<'_>>,
+    ) -> Result<Snapshot, (CheckpointError, Option<Box<Snapshot>>)> {
+        // An error hands an owned base back untouched.
+        macro_rules! fail {
+            ($e:expr) => {
+                return Err(($e, base.and_then(BaseSnap::into_owned)))
+            };
+        }
+        let Checkpoint {
+            pid,
+            superstep,
+            base: base_step,
+            memory_len,
+            pages,
+            globals,
+            output_seq,
+            output_bytes,
+            exited,
+            outbox,
+            outbox_from,
+            hash,
+        } = checkpoint;
+        let pending = self.pending.remove(&pid);
+        let (mut all_pages, mut all_outbox, held) = match pending {
+            Some(p) if p.superstep != superstep => {
+                fail!(CheckpointError::Interleaved {
+                    pid,
+                    superstep: p.superstep,
+                    next: superstep,
+                });
+            }
+            Some(p) => (p.pages, p.outbox, p.bytes),
+            None => (Vec::new(), Vec::new(), 0),
+        };
+        all_pages.extend(pages);
+        all_outbox.extend(outbox);
+        if !memory_len.is_multiple_of(PAGE_SIZE as u64) {
+            fail!(CheckpointError::MemoryLen {
+                pid,
+                superstep,
+                memory_len,
+            });
+        }
+        let total = memory_len
+            .saturating_add(outbox_bytes(&all_outbox))
+            .max(held);
+        if total > self.cap || usize::try_from(memory_len).is_err() {
+            fail!(CheckpointError::TooLarge {
+                pid,
+                superstep,
+                bytes: total,
+                cap: self.cap,
+            });
+        }
+        let npages = memory_len / PAGE_SIZE as u64;
+        let mut previous: Option<u32> = None;
+        for (index, bytes) in &all_pages {
+            if u64::from(*index) >= npages {
+                fail!(CheckpointError::PageIndex {
+                    pid,
+                    superstep,
+                    index: *index,
+                    pages: npages,
+                });
+            }
+            if bytes.len() != PAGE_SIZE {
+                fail!(CheckpointError::PageSize {
+                    pid,
+                    superstep,
+                    index: *index,
+                    len: bytes.len(),
+                });
+            }
+            if let Some(prev) = previous
+                && *index <= prev
+            {
+                fail!(CheckpointError::PageOrder {
+                    pid,
+                    superstep,
+                    index: *index,
+                    previous: prev,
+                });
+            }
+            previous = Some(*index);
+        }
+        // Whether the base is the one the delta needs (a whole snapshot needs none).
+        if let Some(b) = base_step {
+            let held = base.as_ref().map(BaseSnap::get);
+            if !held.is_some_and(|s| s.pid == pid && s.superstep == b) {
+                let held = match held {
+                    Some(s) if s.pid == pid => format!("superstep {}", s.superstep),
+                    _ => "no snapshot of it".to_string(),
+                };
+                fail!(CheckpointError::MissingBase {
+                    pid,
+                    superstep,
+                    base: b,
+                    held,
+                });
+            }
+        }
+        // A delta's outbox: the base's messages still retained, then the new ones.
+        if let (Some(b), Some(held)) = (base_step, base.as_ref().map(BaseSnap::get)) {
+            let mut outbox: Vec<WireMessage> = held
+                .outbox
+                .iter()
+                .filter(|m| (outbox_from..=b).contains(&m.superstep))
+                .cloned()
+                .collect();
+            outbox.append(&mut all_outbox);
+            all_outbox = outbox;
+            let total = memory_len.saturating_add(outbox_bytes(&all_outbox));
+            if total > self.cap {
+                fail!(CheckpointError::TooLarge {
+                    pid,
+                    superstep,
+                    bytes: total,
+                    cap: self.cap,
+                });
+            }
+        }
+        let (base, unused) = match base_step {
+            Some(_) => (base, None),
+            None => (None, base),
+        };
+        // Page hashes: those of the base (cached if it was assembled here) or
+        // of zeros, replaced by those of the pages received. The result is
+        // checked against the hash before the base is touched.
+        let npages = npages as usize;
+        let len = memory_len as usize;
+        let mut hashes: Vec<PageHash> = vec![zero_page_hash(); npages];
+        if let Some(b) = base.as_ref().map(BaseSnap::get) {
+            let known = self
+                .page_hashes
+                .get(&pid)
+                .filter(|(h, v)| *h == b.hash && v.len() == b.page_count());
+            for (i, page) in b.memory.chunks(PAGE_SIZE).enumerate().take(npages) {
+                hashes[i] = match known {
+                    Some((_, v)) if page.len() == PAGE_SIZE => v[i],
+                    // A partial last page of the base is padded with zeros.
+                    _ if page.len() < PAGE_SIZE => {
+                        let mut padded = vec![0; PAGE_SIZE];
+                        padded[..page.len()].copy_from_slice(page);
+                        page_hash(&padded)
+                    }
+                    _ => page_hash(page),
+                };
+            }
+        }
+        for (index, bytes) in &all_pages {
+            hashes[*index as usize] = page_hash(bytes);
+        }
+        let mut snapshot = Snapshot {
+            pid,
+            superstep,
+            memory: Vec::new(),
+            globals,
+            output_seq,
+            output_bytes,
+            exited,
+            outbox: all_outbox,
+            hash,
+        };
+        let actual = canonical_hash_cached(
+            &snapshot,
+            memory_len,
+            hashes.iter().copied(),
+            self.payloads.entry(pid).or_default(),
+        );
+        if actual != hash {
+            let error = CheckpointError::HashMismatch {
+                pid,
+                superstep,
+                expected: hex::encode(hash),
+                actual: hex::encode(actual),
+            };
+            return Err((error, base.or(unused).and_then(BaseSnap::into_owned)));
+        }
+        // The memory: the base's own buffer when we may consume it, else a copy.
+        let memory = match base {
+            Some(BaseSnap::Owned(mut b)) => std::mem::take(&mut b.memory),
+            Some(b) => b.get().memory.clone(),
+            None => crate::sysinfo::zeroed_buffer(len),
+        };
+        let mut memory = resized(memory, len);
+        for (index, bytes) in &all_pages {
+            let i = *index as usize;
+            memory[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(bytes);
+        }
+        snapshot.memory = memory;
+        self.page_hashes.insert(pid, (hash, hashes));
+        Ok(snapshot)
+    }
+
+    /// Take any checkpoint frame: parts give `Ok(None)`; a final
+    /// [`Frame::Checkpoint`] (a delta takes its base out of `store` and
+    /// patches it in place — store the result; on error the base is put
+    /// back) or
+    /// [`Frame::Snapshot`] gives the verified result. Other frames are an
+    /// error.
+    pub fn push(
+        &mut self,
+        frame: Frame,
+        store: &mut ReplicaStore,
+    ) -> Result<Option<Assembled>, CheckpointError> {
+        match frame {
+            Frame::CheckpointPart {
+                pid,
+                superstep,
+                pages,
+                outbox,
+            } => self.part(pid, superstep, pages, outbox).map(|()| None),
+            Frame::Checkpoint(c) => {
+                // The base is consumed (patched in place); the caller stores
+                // the result, which replaces it anyway. On error it goes back.
+                let base = match c.base {
+                    Some(b) if store.get(c.pid, b).is_some() => store.remove_pid(c.pid),
+                    _ => None,
+                };
+                match self.finish_owned(*c, base) {
+                    Ok(s) => Ok(Some(Assembled::Checkpoint(s))),
+                    Err((e, back)) => {
+                        if let Some(b) = back {
+                            store.insert(*b);
+                        }
+                        Err(e)
+                    }
+                }
+            }
+            Frame::Snapshot {
+                pid,
+                snapshot: None,
+            } => {
+                self.pending.remove(&pid);
+                Ok(Some(Assembled::Fetched {
+                    pid,
+                    snapshot: None,
+                }))
+            }
+            Frame::Snapshot {
+                pid,
+                snapshot: Some(c),
+            } => {
+                if c.pid != pid {
+                    self.pending.remove(&c.pid);
+                    return Err(CheckpointError::WrongPid { pid, inner: c.pid });
+                }
+                let base = c.base.and_then(|b| store.get(c.pid, b));
+                let s = self.finish(*c, base)?;
+                Ok(Some(Assembled::Fetched {
+                    pid,
+                    snapshot: Some(s),
+                }))
+            }
+            Frame::Hello { .. } => Err(CheckpointError::NotCheckpoint("Hello")),
+            Frame::Answer { .. } => Err(CheckpointError::NotCheckpoint("Answer")),
+            Frame::Welcome => Err(CheckpointError::NotCheckpoint("Welcome")),
+            Frame::Reject { .. } => Err(CheckpointError::NotCheckpoint("Reject")),
+            Frame::Data { .. } => Err(CheckpointError::NotCheckpoint("Data")),
+            Frame::Done { .. } => Err(CheckpointError::NotCheckpoint("Done")),
+            Frame::CheckpointAck { .. } => Err(CheckpointError::NotCheckpoint("CheckpointAck")),
+            Frame::FetchCheckpoint { .. } => Err(CheckpointError::NotCheckpoint("FetchCheckpoint")),
+            Frame::Relay { .. } => Err(CheckpointError::NotCheckpoint("Relay")),
+            Frame::Program { .. } => Err(CheckpointError::NotCheckpoint("Program")),
+            Frame::Probe(_) => Err(CheckpointError::NotCheckpoint("Probe")),
+        }
+    }
+}
+
+/// The base a delta is applied to: borrowed (copied) or owned (patched in
+/// place).
+pub(super) enum BaseSnap<'a> {
+    Borrowed(&'a Snapshot),
+    Owned(Snapshot),
+}
+
+impl BaseSnap<'_> {
+    fn get(&self) -> &Snapshot {
+        match self {
+            BaseSnap::Borrowed(s) => s,
+            BaseSnap::Owned(s) => s,
+        }
+    }
+
+    fn into_owned(self) -> Option<Box<Snapshot>> {
+        match self {
+            BaseSnap::Borrowed(_) => None,
+            BaseSnap::Owned(s) => Some(Box::new(s)),
+        }
+    }
+}

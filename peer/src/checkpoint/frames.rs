@@ -1,0 +1,132 @@
+//! The wire form of a checkpoint: frames of at most [`FRAME_BOUND_BYTES`],
+//! pages referenced rather than copied where they can be.
+
+use super::*;
+
+/// The frames that carry `snapshot` to a replica: [`Frame::CheckpointPart`]s
+/// then the final [`Frame::Checkpoint`], with the pages `pages` (ascending;
+/// from [`PageTracker::plan`]) and `base` (`None`: whole). Each frame encodes
+/// to at most [`FRAME_BOUND_BYTES`]. Page indices beyond the memory are
+/// skipped.
+pub fn to_frames(snapshot: &Snapshot, pages: &[u32], base: Option<u32>) -> Vec<Frame> {
+    let (mut frames, last) = split(snapshot, pages, base, |i| {
+        Bytes::copy_from_slice(snapshot.page(i))
+    });
+    frames.push(Frame::Checkpoint(Box::new(last)));
+    frames
+}
+
+/// [`to_frames`] whose pages are slices of `snapshot`'s memory, not copies
+/// (they keep the snapshot alive until the frames are written).
+pub fn to_frames_shared(snapshot: &Arc<Snapshot>, pages: &[u32], base: Option<u32>) -> Vec<Frame> {
+    let memory = Bytes::from_owner(SharedMemory(snapshot.clone()));
+    let (mut frames, last) = split(snapshot, pages, base, |i| {
+        let start = (i * PAGE_SIZE).min(memory.len());
+        memory.slice(start..(start + PAGE_SIZE).min(memory.len()))
+    });
+    frames.push(Frame::Checkpoint(Box::new(last)));
+    frames
+}
+
+/// A snapshot's memory as the owner of a [`Bytes`].
+pub(super) struct SharedMemory(Arc<Snapshot>);
+
+impl AsRef<[u8]> for SharedMemory {
+    fn as_ref(&self) -> &[u8] {
+        &self.0.memory
+    }
+}
+
+/// The frames that answer [`Frame::FetchCheckpoint`] with `snapshot`:
+/// [`Frame::CheckpointPart`]s then [`Frame::Snapshot`] with the whole
+/// checkpoint (the pages that are not all zeros).
+pub fn to_snapshot_frames(snapshot: &Snapshot) -> Vec<Frame> {
+    let (mut frames, last) = split(snapshot, &snapshot.nonzero_pages(), None, |i| {
+        Bytes::copy_from_slice(snapshot.page(i))
+    });
+    frames.push(Frame::Snapshot {
+        pid: snapshot.pid,
+        snapshot: Some(Box::new(last)),
+    });
+    frames
+}
+
+/// The parts and the final checkpoint (with the tail of pages and messages).
+pub(super) fn split(
+    snapshot: &Snapshot,
+    pages: &[u32],
+    base: Option<u32>,
+    page: impl Fn(usize) -> Bytes,
+) -> (Vec<Frame>, Checkpoint) {
+    let mut frames = Vec::new();
+    let mut cur_pages: Vec<(u32, Bytes)> = Vec::new();
+    let mut cur_outbox: Vec<WireMessage> = Vec::new();
+    let mut cur = 0usize;
+    let (pid, superstep) = (snapshot.pid, snapshot.superstep);
+    let mut flush = |p: &mut Vec<(u32, Bytes)>, o: &mut Vec<WireMessage>| {
+        frames.push(Frame::CheckpointPart {
+            pid,
+            superstep,
+            pages: std::mem::take(p),
+            outbox: std::mem::take(o),
+        });
+    };
+    let mut sorted: Vec<u32> = pages
+        .iter()
+        .copied()
+        .filter(|&i| (i as usize) < snapshot.page_count())
+        .collect();
+    sorted.sort_unstable();
+    sorted.dedup();
+    for i in sorted {
+        let bytes = page(i as usize);
+        let cost = bytes.len() + PAGE_OVERHEAD;
+        if cur > 0 && cur + cost > PART_TARGET_BYTES {
+            flush(&mut cur_pages, &mut cur_outbox);
+            cur = 0;
+        }
+        cur_pages.push((i, bytes));
+        cur += cost;
+    }
+    // A delta carries the messages sent after its base; the replica has
+    // the older ones still retained (from `outbox_from` on).
+    let (outbox_from, outbox) = match base {
+        Some(b) => {
+            let new = snapshot.outbox.partition_point(|m| m.superstep <= b);
+            let from = snapshot
+                .outbox
+                .first()
+                .map_or(b + 1, |m| m.superstep.min(b + 1));
+            (from, &snapshot.outbox[new..])
+        }
+        None => (0, &snapshot.outbox[..]),
+    };
+    for m in outbox {
+        // A payload the previous message of this part shares costs nothing more.
+        let shared = cur_outbox
+            .last()
+            .is_some_and(|p: &WireMessage| message_groups::same_buffer(&p.payload, &m.payload));
+        let cost = if shared { 32 } else { m.payload.len() + 32 };
+        if cur > 0 && cur + cost > PART_TARGET_BYTES {
+            flush(&mut cur_pages, &mut cur_outbox);
+            cur = 0;
+        }
+        cur_outbox.push(m.clone());
+        cur += cost;
+    }
+    let last = Checkpoint {
+        pid,
+        superstep,
+        base,
+        memory_len: snapshot.memory.len() as u64,
+        pages: cur_pages,
+        globals: snapshot.globals.clone(),
+        output_seq: snapshot.output_seq,
+        output_bytes: snapshot.output_bytes,
+        exited: snapshot.exited,
+        outbox: cur_outbox,
+        outbox_from,
+        hash: snapshot.hash,
+    };
+    (frames, last)
+}

@@ -1,0 +1,325 @@
+//! The owner's side: change detection ([`PageTracker`]) and what to send
+//! each replica ([`Plan`]).
+
+use super::*;
+
+/// What to send one replica: a delta against `base` or (`base == None`) the
+/// whole snapshot, with the pages to include.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The superstep of the replica's snapshot the delta applies to.
+    pub base: Option<u32>,
+    /// Page indices to send, ascending.
+    pub pages: Vec<u32>,
+}
+
+/// Change detection for one process on its host.
+///
+/// Keeps, per page, its [`PageHash`] (the content hash's, so a changed page
+/// is hashed once) and the superstep of the last capture at which the page
+/// changed. A capture costs one XXH3 pass over memory (at memory speed) and
+/// a copy of the changed pages. A guest that crafted a colliding page to hide
+/// a change would only spoil the restore of its own job, as for the content
+/// hash. Pages
+/// beyond the memory of a capture count as zeros, so growth needs no special
+/// case.
+///
+/// It also remembers which snapshot each replica holds ([`PageTracker::acked`]),
+/// so [`PageTracker::plan`] can send a replica just the pages changed since
+/// *its* base: those whose last change is after the base.
+#[derive(Debug)]
+pub struct PageTracker {
+    page_hashes: Vec<PageHash>,
+    /// 0: never changed from zeros; `s + 1`: changed at the capture of `s`.
+    changed: Vec<u64>,
+    /// Pages of the last capture.
+    len_pages: usize,
+    /// Superstep of the first capture since the tracker (re)started: deltas
+    /// need a base at or after it.
+    origin: Option<u32>,
+    /// Superstep and hash of the last capture.
+    last: Option<(u32, [u8; 32])>,
+    /// Superstep, hash and page count of the last few captures (newest
+    /// last): their buffers can be recycled by [`PageTracker::capture_reusing`].
+    recent: std::collections::VecDeque<(u32, [u8; 32], usize)>,
+    replicas: HashMap<PeerId, u32>,
+    /// The retained messages' payload hashes.
+    pub(super) payloads: PayloadHashes,
+}
+
+impl Default for PageTracker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PageTracker {
+    /// A tracker that has seen nothing: the first capture's plans are whole.
+    pub fn new() -> Self {
+        PageTracker {
+            page_hashes: Vec::new(),
+            changed: Vec::new(),
+            len_pages: 0,
+            origin: None,
+            last: None,
+            recent: std::collections::VecDeque::new(),
+            replicas: HashMap::new(),
+            payloads: PayloadHashes::default(),
+        }
+    }
+
+    /// Capture `memory` into `snapshot` (whose other fields are set; its
+    /// `memory` and `hash` are overwritten): copies memory (nothing when
+    /// `exited`), updates the page state in the same pass and sets the hash.
+    ///
+    /// Captures must come with increasing supersteps; one at or before the
+    /// previous capture starts the tracker over (every replica then gets a
+    /// whole snapshot).
+    pub fn capture(&mut self, snapshot: Snapshot, memory: &[u8]) -> Snapshot {
+        self.capture_into(snapshot, memory, None)
+    }
+
+    /// [`PageTracker::capture`] that reuses the memory buffer of `previous`,
+    /// one of the tracker's last 64 captures (as returned,
+    /// unmodified), copying only the pages that changed since it: far
+    /// cheaper than a fresh copy of a large memory. (Replication overlaps
+    /// the next superstep, so the last capture is usually still in flight
+    /// and the one before it is the buffer to recycle.) Any other
+    /// `previous` is just dropped (a full copy is made).
+    pub fn capture_reusing(
+        &mut self,
+        snapshot: Snapshot,
+        memory: &[u8],
+        previous: Snapshot,
+    ) -> Snapshot {
+        self.capture_into(snapshot, memory, Some(previous))
+    }
+
+    /// [`PageTracker::capture_reusing`] (or [`PageTracker::capture`] when
+    /// `previous` is `None`) that reads only the pages that may have changed
+    /// since the tracker's last capture: `may_have_changed[i]` for page `i`
+    /// (pages it does not cover, and every page when the tracker starts
+    /// over, are read). The caller vouches that a page it calls unchanged
+    /// was not written since the last capture (the peer knows it from the
+    /// kernel's write tracking; see `peer/src/dirty.rs`).
+    pub fn capture_tracked(
+        &mut self,
+        snapshot: Snapshot,
+        memory: &[u8],
+        previous: Option<Snapshot>,
+        may_have_changed: &[bool],
+    ) -> Snapshot {
+        self.capture_inner(snapshot, memory, previous, Some(may_have_changed))
+    }
+
+    /// The superstep and hash of the last capture, if any: a caller that
+    /// tracks writes knows whether its record started at that capture.
+    pub fn last_capture(&self) -> Option<(u32, [u8; 32])> {
+        self.last
+    }
+
+    /// Whether page `i` changed at the last capture.
+    pub fn changed_at_last_capture(&self, i: usize) -> bool {
+        match (self.last, self.changed.get(i)) {
+            (Some((s, _)), Some(&tag)) => tag == u64::from(s) + 1,
+            _ => false,
+        }
+    }
+
+    fn capture_into(
+        &mut self,
+        snapshot: Snapshot,
+        memory: &[u8],
+        previous: Option<Snapshot>,
+    ) -> Snapshot {
+        self.capture_inner(snapshot, memory, previous, None)
+    }
+
+    fn capture_inner(
+        &mut self,
+        mut snapshot: Snapshot,
+        memory: &[u8],
+        previous: Option<Snapshot>,
+        may_have_changed: Option<&[bool]>,
+    ) -> Snapshot {
+        // A capture at or before the last starts over; after that no earlier
+        // buffer may be recycled (the change marks it relies on are gone).
+        if self.last.is_some_and(|(s, _)| snapshot.superstep <= s) {
+            self.restart();
+        }
+        let reuse = previous.filter(|p| {
+            self.recent.iter().any(|&(s, h, n)| {
+                (s, h) == (p.superstep, p.hash) && p.memory.len() == n * PAGE_SIZE
+            }) && snapshot.superstep > p.superstep
+        });
+        // Pages the last capture saw, whose hashes are current unless written.
+        let known = if self.last.is_some() {
+            self.len_pages
+        } else {
+            0
+        };
+        let skip =
+            |i: usize| i < known && may_have_changed.is_some_and(|m| m.get(i) == Some(&false));
+        let mem: &[u8] = if snapshot.exited { &[] } else { memory };
+        let n = mem.len().div_ceil(PAGE_SIZE);
+        let tag = u64::from(snapshot.superstep) + 1;
+        if self.page_hashes.len() < n {
+            self.page_hashes.resize(n, zero_page_hash());
+            self.changed.resize(n, 0);
+        }
+        // With a reused buffer (an earlier capture `b`, pages beyond it
+        // zeros), the pages unchanged since `b` are already in place.
+        let (mut copy, since) = match reuse {
+            Some(p) => {
+                let m = resized(p.memory, mem.len());
+                (m, Some(u64::from(p.superstep) + 1))
+            }
+            // A fresh buffer is zeros already: zero pages are not copied
+            // (nor faulted in).
+            None => (crate::sysinfo::zeroed_buffer(mem.len()), None),
+        };
+        for (i, page) in mem.chunks(PAGE_SIZE).enumerate() {
+            let changed = !skip(i) && {
+                let h = page_hash(page);
+                let changed = h != self.page_hashes[i] || page.len() != PAGE_SIZE;
+                if changed {
+                    self.page_hashes[i] = h;
+                }
+                changed
+            };
+            if changed {
+                self.changed[i] = tag;
+            }
+            match since {
+                None => {
+                    if !is_zero(page) {
+                        let start = i * PAGE_SIZE;
+                        copy[start..start + page.len()].copy_from_slice(page);
+                    }
+                }
+                // Changed at a capture after `b` (this one included).
+                Some(b) if self.changed[i] > b => {
+                    let start = i * PAGE_SIZE;
+                    copy[start..start + page.len()].copy_from_slice(page);
+                }
+                Some(_) => {}
+            }
+        }
+        // Pages beyond this memory count as zeros.
+        for i in n..self.page_hashes.len() {
+            if self.page_hashes[i] != zero_page_hash() {
+                self.page_hashes[i] = zero_page_hash();
+                self.changed[i] = tag;
+            }
+        }
+        self.len_pages = n;
+        snapshot.memory = copy;
+        snapshot.hash = canonical_hash_cached(
+            &snapshot,
+            snapshot.memory.len() as u64,
+            self.page_hashes[..n].iter().copied(),
+            &mut self.payloads,
+        );
+        self.origin.get_or_insert(snapshot.superstep);
+        self.last = Some((snapshot.superstep, snapshot.hash));
+        if self.recent.len() == RECYCLABLE {
+            self.recent.pop_front();
+        }
+        self.recent
+            .push_back((snapshot.superstep, snapshot.hash, n));
+        snapshot
+    }
+
+    /// A tracker whose first capture is `snapshot` (a process restored from
+    /// it): replicas known to hold exactly this snapshot (tell it with
+    /// [`PageTracker::acked`]) can get deltas against it.
+    pub fn seeded(snapshot: &Snapshot) -> Self {
+        let mut t = PageTracker::new();
+        let head = Snapshot {
+            memory: Vec::new(),
+            globals: snapshot.globals.clone(),
+            outbox: snapshot.outbox.clone(),
+            ..*snapshot
+        };
+        t.capture(head, &snapshot.memory);
+        t
+    }
+
+    /// What to send `replica` for `snapshot`, the last capture: the pages
+    /// changed since the replica's base, or the whole snapshot if it has no
+    /// usable base (or `snapshot` is not the last capture).
+    pub fn plan(&self, replica: PeerId, snapshot: &Snapshot) -> Plan {
+        let is_last = self.last == Some((snapshot.superstep, snapshot.hash))
+            && snapshot.page_count() == self.len_pages;
+        let base =
+            self.replicas.get(&replica).copied().filter(|&b| {
+                is_last && self.origin.is_some_and(|o| o <= b) && b <= snapshot.superstep
+            });
+        match base {
+            Some(b) => {
+                let after = u64::from(b) + 1;
+                let pages = (0..self.len_pages)
+                    .filter(|&i| self.changed[i] > after)
+                    .map(|i| i as u32)
+                    .collect();
+                Plan {
+                    base: Some(b),
+                    pages,
+                }
+            }
+            None => Plan {
+                base: None,
+                pages: snapshot.nonzero_pages(),
+            },
+        }
+    }
+
+    /// Record `replica`'s [`Frame::CheckpointAck`] for `superstep`: with
+    /// `ok` it now holds that snapshot as its base; without, it needs a whole
+    /// snapshot next time.
+    pub fn acked(&mut self, replica: PeerId, superstep: u32, ok: bool) {
+        if !ok {
+            self.replicas.remove(&replica);
+            return;
+        }
+        let known = self
+            .last
+            .is_some_and(|(s, _)| self.origin.is_some_and(|o| o <= superstep) && superstep <= s);
+        if known {
+            let e = self.replicas.entry(replica).or_insert(superstep);
+            *e = (*e).max(superstep);
+        } else {
+            self.replicas.remove(&replica);
+        }
+    }
+
+    /// Record that the frames of the capture of `superstep` went to
+    /// `replica` (in order after everything sent to it before): the next
+    /// plan is a delta against it without waiting for its acknowledgement.
+    /// A refusal ([`PageTracker::acked`] with `ok = false`) undoes this.
+    pub fn sent(&mut self, replica: PeerId, superstep: u32) {
+        self.acked(replica, superstep, true);
+    }
+
+    /// Forget `replica` (it left the job or is no longer a replica).
+    pub fn forget(&mut self, replica: PeerId) {
+        self.replicas.remove(&replica);
+    }
+
+    /// The superstep of the snapshot `replica` holds as base, if known.
+    pub fn replica_base(&self, replica: PeerId) -> Option<u32> {
+        self.replicas.get(&replica).copied()
+    }
+
+    fn restart(&mut self) {
+        self.page_hashes.clear();
+        self.changed.clear();
+        self.len_pages = 0;
+        self.origin = None;
+        self.last = None;
+        self.recent.clear();
+        self.replicas.clear();
+    }
+}
+
+// ---- wire form ------------------------------------------------------------------
