@@ -1,0 +1,267 @@
+//! The dialing side ([`connect`], [`spawn_writer`]): the handshake with
+//! retries while the other peer does not know the job yet, and the writer
+//! task of each connection.
+
+use super::*;
+
+/// First wait before asking a peer again that did not know the job yet
+/// (doubled at each try, up to 1 s).
+pub const UNKNOWN_JOB_RETRY: Duration = Duration::from_millis(2);
+
+/// Whether and how soon a failed handshake is tried again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Retry {
+    /// A rejection other than "unknown job": fail.
+    Never,
+    /// The peer does not know the job yet: it will within milliseconds.
+    Soon,
+    /// Refused, broken or timed out: back off from 50 ms.
+    Later,
+}
+
+/// Open a data-plane connection to `addr` for `job` and get it welcomed.
+/// Retries refused connections, `Reject{UnknownJob}` and handshakes that
+/// fail (a plain reject is not authenticated: anyone on the path could
+/// forge it) with backoff until `deadline`; a version mismatch and a
+/// rejection inside the authenticated answer fail at once. A peer that
+/// does not know the job yet usually gets its assignment within
+/// milliseconds (all peers of a job hear of it at once), so that retry
+/// starts at [`UNKNOWN_JOB_RETRY`], not at the 50 ms of a refused
+/// connection: the first checkpoint of a job waits for this connection.
+pub async fn connect(
+    addr: &str,
+    job: JobId,
+    from: PeerId,
+    token: &str,
+    epoch: u64,
+    deadline: Instant,
+) -> Result<SecureConn, String> {
+    let key = JobKey::derive(token);
+    let mut later = Duration::from_millis(50);
+    let mut soon = UNKNOWN_JOB_RETRY;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let attempt = timeout(left.min(HANDSHAKE_TIMEOUT), async {
+            let stream = TcpStream::connect(addr)
+                .await
+                .map_err(|e| (Retry::Later, format!("cannot connect: {e}")))?;
+            let _ = stream.set_nodelay(true);
+            handshake(stream, job, from, &key, epoch).await
+        })
+        .await;
+        let (retry, error) = match attempt {
+            Ok(Ok(conn)) => return Ok(conn),
+            Ok(Err(e)) => e,
+            Err(_) => (Retry::Later, "the handshake timed out".to_string()),
+        };
+        let backoff = match retry {
+            Retry::Never => return Err(error),
+            Retry::Soon => &mut soon,
+            Retry::Later => &mut later,
+        };
+        let wait = *backoff;
+        tracing::trace!(target: "bspweb::timeline", job, to = addr, "dialing again: {error}");
+        *backoff = (wait * 2).min(Duration::from_secs(1));
+        if Instant::now() + wait >= deadline {
+            return Err(error);
+        }
+        sleep(wait).await;
+    }
+}
+
+/// The dialer's side of the handshake on a new connection (see
+/// [`crate::noise`]): Hello, the answer, then the key confirmation.
+pub(super) async fn handshake(
+    stream: TcpStream,
+    job: JobId,
+    from: PeerId,
+    key: &JobKey,
+    epoch: u64,
+) -> Result<SecureConn, (Retry, String)> {
+    let payload = postcard::to_allocvec(&HelloPayload { from, epoch })
+        .map_err(|e| (Retry::Never, format!("cannot encode hello: {e}")))?;
+    let (initiator, first) = Initiator::start(key, WIRE_VERSION, job, &payload)
+        .map_err(|e| (Retry::Never, format!("cannot start the handshake: {e}")))?;
+    let hello = encode(&Frame::Hello {
+        version: WIRE_VERSION,
+        job,
+        handshake: first.into(),
+    })
+    .map_err(|e| (Retry::Never, format!("cannot encode hello: {e}")))?;
+    let mut conn = Framed::new(
+        stream,
+        LengthDelimitedCodec::builder()
+            .max_frame_length(MAX_HELLO_BYTES)
+            .new_codec(),
+    );
+    conn.send(hello)
+        .await
+        .map_err(|e| (Retry::Later, format!("cannot send hello: {e}")))?;
+    let answer = match conn.next().await {
+        Some(Ok(bytes)) => decode(bytes),
+        Some(Err(e)) => return Err((Retry::Later, format!("the handshake failed: {e}"))),
+        None => {
+            return Err((
+                Retry::Later,
+                "it closed the connection during the handshake".into(),
+            ));
+        }
+    };
+    let handshake = match answer {
+        Ok(Frame::Answer { handshake }) => handshake,
+        Ok(Frame::Reject {
+            reason: RejectReason::UnknownJob,
+            message,
+        }) => {
+            return Err((
+                Retry::Soon,
+                format!("it does not know the job yet: {message}"),
+            ));
+        }
+        Ok(Frame::Reject {
+            reason: reason @ (RejectReason::Version | RejectReason::Protocol),
+            message,
+        }) => {
+            return Err((
+                Retry::Never,
+                format!("it rejected us ({reason:?}): {message}"),
+            ));
+        }
+        Ok(Frame::Reject { reason, message }) => {
+            return Err((
+                Retry::Later,
+                format!("it refused the handshake ({reason:?}): {message}"),
+            ));
+        }
+        Ok(other) => return Err((Retry::Never, format!("it answered hello with {other:?}"))),
+        Err(e) => return Err((Retry::Never, format!("it sent a malformed answer: {e}"))),
+    };
+    let (transport, payload) = initiator.finish(&handshake).map_err(|e| {
+        tracing::warn!("data plane: job {job}: a listener's answer failed the handshake ({e})");
+        (
+            Retry::Later,
+            format!("its answer failed the handshake: {e}"),
+        )
+    })?;
+    match decode(payload) {
+        Ok(Frame::Welcome) => {}
+        Ok(Frame::Reject { reason, message }) => {
+            return Err((
+                Retry::Never,
+                format!("it rejected us ({reason:?}): {message}"),
+            ));
+        }
+        Ok(other) => return Err((Retry::Never, format!("it answered hello with {other:?}"))),
+        Err(e) => return Err((Retry::Never, format!("it sent a malformed answer: {e}"))),
+    }
+    let parts = conn.into_parts();
+    let mut secure = SecureStream::new(parts.io, transport, parts.read_buf);
+    secure
+        .queue_confirmation()
+        .map_err(|e| (Retry::Never, format!("cannot confirm the handshake: {e}")))?;
+    let mut conn = Framed::new(secure, codec());
+    SinkExt::<Bytes>::flush(&mut conn)
+        .await
+        .map_err(|e| (Retry::Later, format!("cannot confirm the handshake: {e}")))?;
+    Ok(conn)
+}
+
+/// What a job needs to dial one remote peer.
+#[derive(Debug, Clone)]
+pub struct Dial {
+    /// The remote peer's data-plane address, `host:port`.
+    pub addr: String,
+    /// The job the connection is for.
+    pub job: JobId,
+    /// This peer's id.
+    pub from: PeerId,
+    /// The remote peer's id.
+    pub to: PeerId,
+    /// The job's token, shown in `Hello`.
+    pub token: String,
+    /// This peer's assignment epoch for the job, shown in `Hello`.
+    pub epoch: u64,
+    /// When to give up dialing.
+    pub deadline: Instant,
+}
+
+/// Spawn the writer of one outbound connection: it connects, then sends the
+/// frames queued on `frames` in order until the queue is closed (then it
+/// flushes and closes the connection). A failure is reported on `events` as
+/// [`Inbound::SendFailed`].
+pub fn spawn_writer(
+    dial: Dial,
+    mut frames: mpsc::UnboundedReceiver<Outgoing>,
+    events: mpsc::Sender<Inbound>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let result: Result<(), String> = async {
+            let mut conn = connect(
+                &dial.addr,
+                dial.job,
+                dial.from,
+                &dial.token,
+                dial.epoch,
+                dial.deadline,
+            )
+            .await
+            .map_err(|e| format!("could not connect: {e}"))?;
+            loop {
+                // The listener sends nothing after its Welcome: anything
+                // else on the connection means it closed (or broke) it, and
+                // whatever was still in flight is lost, so report it at once
+                // rather than at the next write (which may never come).
+                let frame = tokio::select! {
+                    f = frames.recv() => match f {
+                        Some(f) => f,
+                        None => break,
+                    },
+                    got = conn.next() => {
+                        let ended = matches!(
+                            got.map(|b| b.map(decode)),
+                            Some(Ok(Ok(Frame::Reject { reason: RejectReason::JobEnded, .. })))
+                        );
+                        if ended {
+                            let _ = events.send(Inbound::PeerEnded { to: dial.to }).await;
+                            return Ok(());
+                        }
+                        return Err("the peer closed the connection".to_string());
+                    }
+                };
+                let mut next = Some(frame);
+                // Feed everything queued, then flush once.
+                while let Some(f) = next {
+                    let segments = match f {
+                        Outgoing::Frame(f) => encode_segments(&f)
+                            .map_err(|e| format!("cannot encode a frame: {e}"))?,
+                        Outgoing::Encoded(s) => s,
+                    };
+                    if segments.len() >= DIRECT_WRITE_BYTES {
+                        let bytes = segments.len();
+                        tracing::trace!(target: "bspweb::timeline", to = dial.to, bytes, "writing");
+                        write_segments(&mut conn, segments)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        tracing::trace!(target: "bspweb::timeline", to = dial.to, bytes, "written");
+                    } else {
+                        conn.feed(segments.to_bytes())
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    }
+                    next = frames.try_recv().ok();
+                }
+                SinkExt::<Bytes>::flush(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            let _ = SinkExt::<Bytes>::close(&mut conn).await;
+            Ok(())
+        }
+        .await;
+        if let Err(error) = result {
+            let _ = events
+                .send(Inbound::SendFailed { to: dial.to, error })
+                .await;
+        }
+    })
+}
