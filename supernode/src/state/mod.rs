@@ -29,7 +29,9 @@ use crate::{Effects, Error, Inner, Live, LivePeer, Supernode, epoch, lease, now_
 
 mod enroll;
 mod job_ops;
+mod links;
 mod peers;
+mod progress;
 mod report;
 mod schedule;
 mod users;
