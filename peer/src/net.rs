@@ -27,7 +27,7 @@ use tokio::time::{Instant, sleep, timeout};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use tokio_util::sync::CancellationToken;
 
-use crate::noise::{Initiator, JobKey, Responder, SecureStream};
+use crate::noise::{Initiator, JobKey, NoiseError, Responder, SecureStream};
 
 /// How long a new connection may take to send its `Hello`, and a dialer to
 /// get its answer.
@@ -104,7 +104,7 @@ mod tests {
     ) -> Result<SecureConn, String> {
         handshake(stream, job, from, &JobKey::derive(token), 0)
             .await
-            .map_err(|(_, e)| e)
+            .map_err(|e| e.to_string())
     }
 
     /// A Hello as a dialer under `token` would send it for `job`, naming
@@ -441,7 +441,10 @@ mod tests {
         let err = connect(&addr.to_string(), 7, 99, "secret", 0, soon())
             .await
             .unwrap_err();
-        assert!(err.contains("not one of the other peers"), "{err}");
+        assert!(
+            matches!(&err, DialError::Rejected { reason: RejectReason::NotAuthorized, message } if message.contains("not one of the other peers")),
+            "{err}"
+        );
 
         // A dialer under the wrong key retries until its deadline, then
         // gives up; the job hears of nothing.
@@ -455,7 +458,16 @@ mod tests {
         )
         .await
         .unwrap_err();
-        assert!(err.contains("NotAuthorized"), "{err}");
+        assert!(
+            matches!(
+                err,
+                DialError::Refused {
+                    reason: RejectReason::NotAuthorized,
+                    ..
+                }
+            ),
+            "{err}"
+        );
 
         // A replayed Hello: the listener answers, but the replayer cannot
         // confirm, so it is never admitted (and so never replaces the real
@@ -555,7 +567,8 @@ mod tests {
         let err = connect(&addr.to_string(), 5, 3, "t", 0, deadline)
             .await
             .unwrap_err();
-        assert!(err.contains("does not know the job"), "{err}");
+        assert!(matches!(err, DialError::UnknownJob(_)), "{err}");
+        assert!(err.to_string().contains("does not know the job"), "{err}");
     }
 
     /// When the job ends on the listening peer, the dialer hears so and

@@ -9,7 +9,7 @@ use super::*;
 pub const UNKNOWN_JOB_RETRY: Duration = Duration::from_millis(2);
 
 /// Whether and how soon a failed handshake is tried again.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Retry {
     /// A rejection other than "unknown job": fail.
     Never,
@@ -17,6 +17,73 @@ pub(super) enum Retry {
     Soon,
     /// Refused, broken or timed out: back off from 50 ms.
     Later,
+}
+
+/// Why a data-plane connection could not be opened and welcomed.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    #[error("cannot connect: {0}")]
+    Connect(std::io::Error),
+    #[error("the handshake timed out")]
+    TimedOut,
+    #[error("cannot encode hello: {0}")]
+    Encode(postcard::Error),
+    #[error("cannot start the handshake: {0}")]
+    Start(NoiseError),
+    #[error("cannot send hello: {0}")]
+    Send(std::io::Error),
+    #[error("the handshake failed: {0}")]
+    Read(std::io::Error),
+    #[error("it closed the connection during the handshake")]
+    Closed,
+    #[error("it does not know the job yet: {0}")]
+    UnknownJob(String),
+    /// A reject inside the authenticated answer, or a version or protocol
+    /// mismatch: retrying cannot help.
+    #[error("it rejected us ({reason:?}): {message}")]
+    Rejected {
+        reason: RejectReason,
+        message: String,
+    },
+    /// A plain (unauthenticated) reject: anyone on the path could forge it.
+    #[error("it refused the handshake ({reason:?}): {message}")]
+    Refused {
+        reason: RejectReason,
+        message: String,
+    },
+    #[error("it answered hello with {0}")]
+    Unexpected(String),
+    #[error("it sent a malformed answer: {0}")]
+    Malformed(postcard::Error),
+    #[error("its answer failed the handshake: {0}")]
+    Answer(NoiseError),
+    #[error("cannot confirm the handshake: {0}")]
+    Confirm(NoiseError),
+    #[error("cannot confirm the handshake: {0}")]
+    Flush(std::io::Error),
+}
+
+impl DialError {
+    /// Whether and how soon to try again.
+    pub(super) fn retry(&self) -> Retry {
+        match self {
+            DialError::Connect(_)
+            | DialError::TimedOut
+            | DialError::Send(_)
+            | DialError::Read(_)
+            | DialError::Closed
+            | DialError::Refused { .. }
+            | DialError::Answer(_)
+            | DialError::Flush(_) => Retry::Later,
+            DialError::UnknownJob(_) => Retry::Soon,
+            DialError::Encode(_)
+            | DialError::Start(_)
+            | DialError::Rejected { .. }
+            | DialError::Unexpected(_)
+            | DialError::Malformed(_)
+            | DialError::Confirm(_) => Retry::Never,
+        }
+    }
 }
 
 /// Open a data-plane connection to `addr` for `job` and get it welcomed.
@@ -35,26 +102,24 @@ pub async fn connect(
     token: &str,
     epoch: u64,
     deadline: Instant,
-) -> Result<SecureConn, String> {
+) -> Result<SecureConn, DialError> {
     let key = JobKey::derive(token);
     let mut later = Duration::from_millis(50);
     let mut soon = UNKNOWN_JOB_RETRY;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let attempt = timeout(left.min(HANDSHAKE_TIMEOUT), async {
-            let stream = TcpStream::connect(addr)
-                .await
-                .map_err(|e| (Retry::Later, format!("cannot connect: {e}")))?;
+            let stream = TcpStream::connect(addr).await.map_err(DialError::Connect)?;
             let _ = stream.set_nodelay(true);
             handshake(stream, job, from, &key, epoch).await
         })
         .await;
-        let (retry, error) = match attempt {
+        let error = match attempt {
             Ok(Ok(conn)) => return Ok(conn),
             Ok(Err(e)) => e,
-            Err(_) => (Retry::Later, "the handshake timed out".to_string()),
+            Err(_) => DialError::TimedOut,
         };
-        let backoff = match retry {
+        let backoff = match error.retry() {
             Retry::Never => return Err(error),
             Retry::Soon => &mut soon,
             Retry::Later => &mut later,
@@ -77,92 +142,64 @@ pub(super) async fn handshake(
     from: PeerId,
     key: &JobKey,
     epoch: u64,
-) -> Result<SecureConn, (Retry, String)> {
-    let payload = postcard::to_allocvec(&HelloPayload { from, epoch })
-        .map_err(|e| (Retry::Never, format!("cannot encode hello: {e}")))?;
-    let (initiator, first) = Initiator::start(key, WIRE_VERSION, job, &payload)
-        .map_err(|e| (Retry::Never, format!("cannot start the handshake: {e}")))?;
+) -> Result<SecureConn, DialError> {
+    let payload =
+        postcard::to_allocvec(&HelloPayload { from, epoch }).map_err(DialError::Encode)?;
+    let (initiator, first) =
+        Initiator::start(key, WIRE_VERSION, job, &payload).map_err(DialError::Start)?;
     let hello = encode(&Frame::Hello {
         version: WIRE_VERSION,
         job,
         handshake: first.into(),
     })
-    .map_err(|e| (Retry::Never, format!("cannot encode hello: {e}")))?;
+    .map_err(DialError::Encode)?;
     let mut conn = Framed::new(
         stream,
         LengthDelimitedCodec::builder()
             .max_frame_length(MAX_HELLO_BYTES)
             .new_codec(),
     );
-    conn.send(hello)
-        .await
-        .map_err(|e| (Retry::Later, format!("cannot send hello: {e}")))?;
+    conn.send(hello).await.map_err(DialError::Send)?;
     let answer = match conn.next().await {
         Some(Ok(bytes)) => decode(bytes),
-        Some(Err(e)) => return Err((Retry::Later, format!("the handshake failed: {e}"))),
-        None => {
-            return Err((
-                Retry::Later,
-                "it closed the connection during the handshake".into(),
-            ));
-        }
+        Some(Err(e)) => return Err(DialError::Read(e)),
+        None => return Err(DialError::Closed),
     };
     let handshake = match answer {
         Ok(Frame::Answer { handshake }) => handshake,
         Ok(Frame::Reject {
             reason: RejectReason::UnknownJob,
             message,
-        }) => {
-            return Err((
-                Retry::Soon,
-                format!("it does not know the job yet: {message}"),
-            ));
-        }
+        }) => return Err(DialError::UnknownJob(message)),
         Ok(Frame::Reject {
             reason: reason @ (RejectReason::Version | RejectReason::Protocol),
             message,
-        }) => {
-            return Err((
-                Retry::Never,
-                format!("it rejected us ({reason:?}): {message}"),
-            ));
-        }
+        }) => return Err(DialError::Rejected { reason, message }),
         Ok(Frame::Reject { reason, message }) => {
-            return Err((
-                Retry::Later,
-                format!("it refused the handshake ({reason:?}): {message}"),
-            ));
+            return Err(DialError::Refused { reason, message });
         }
-        Ok(other) => return Err((Retry::Never, format!("it answered hello with {other:?}"))),
-        Err(e) => return Err((Retry::Never, format!("it sent a malformed answer: {e}"))),
+        Ok(other) => return Err(DialError::Unexpected(format!("{other:?}"))),
+        Err(e) => return Err(DialError::Malformed(e)),
     };
     let (transport, payload) = initiator.finish(&handshake).map_err(|e| {
         tracing::warn!("data plane: job {job}: a listener's answer failed the handshake ({e})");
-        (
-            Retry::Later,
-            format!("its answer failed the handshake: {e}"),
-        )
+        DialError::Answer(e)
     })?;
     match decode(payload) {
         Ok(Frame::Welcome) => {}
         Ok(Frame::Reject { reason, message }) => {
-            return Err((
-                Retry::Never,
-                format!("it rejected us ({reason:?}): {message}"),
-            ));
+            return Err(DialError::Rejected { reason, message });
         }
-        Ok(other) => return Err((Retry::Never, format!("it answered hello with {other:?}"))),
-        Err(e) => return Err((Retry::Never, format!("it sent a malformed answer: {e}"))),
+        Ok(other) => return Err(DialError::Unexpected(format!("{other:?}"))),
+        Err(e) => return Err(DialError::Malformed(e)),
     }
     let parts = conn.into_parts();
     let mut secure = SecureStream::new(parts.io, transport, parts.read_buf);
-    secure
-        .queue_confirmation()
-        .map_err(|e| (Retry::Never, format!("cannot confirm the handshake: {e}")))?;
+    secure.queue_confirmation().map_err(DialError::Confirm)?;
     let mut conn = Framed::new(secure, codec());
     SinkExt::<Bytes>::flush(&mut conn)
         .await
-        .map_err(|e| (Retry::Later, format!("cannot confirm the handshake: {e}")))?;
+        .map_err(DialError::Flush)?;
     Ok(conn)
 }
 
