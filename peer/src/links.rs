@@ -170,7 +170,7 @@ impl Links {
                     true
                 }
                 Ok(Err(e)) => {
-                    tracing::debug!("cannot measure the link to peer {}: {}", t.peer, e.message);
+                    tracing::debug!("cannot measure the link to peer {}: {e}", t.peer);
                     e.accepted
                 }
                 Err(_) => {
@@ -249,12 +249,12 @@ impl Links {
 
 /// The target's side after `Ready`: `Pong` every `Ping`, `Received` the
 /// bulk, then close.
-async fn echo(conn: &mut FramedConn) -> Result<(), String> {
+async fn echo(conn: &mut FramedConn) -> Result<(), ProbeFailure> {
     conn.codec_mut().set_max_frame_length(BULK_BYTES + 64);
     send(conn, ProbeFrame::Ready).await?;
     let mut pings = 0;
     while let Some(item) = conn.next().await {
-        let bytes = item.map_err(|e| e.to_string())?;
+        let bytes = item.map_err(ProbeFailure::Io)?;
         match decode(bytes.freeze()) {
             Ok(Frame::Probe(ProbeFrame::Ping(i))) if pings < 2 * PINGS => {
                 pings += 1;
@@ -264,16 +264,16 @@ async fn echo(conn: &mut FramedConn) -> Result<(), String> {
                 send(conn, ProbeFrame::Received(b.len() as u32)).await?;
                 break;
             }
-            _ => return Err("not a probe frame".into()),
+            _ => return Err(ProbeFailure::NotAProbe),
         }
     }
     let _ = SinkExt::<Bytes>::close(conn).await;
     Ok(())
 }
 
-async fn send(conn: &mut FramedConn, frame: ProbeFrame) -> Result<(), String> {
-    let bytes = encode(&Frame::Probe(frame)).map_err(|e| e.to_string())?;
-    conn.send(bytes).await.map_err(|e| e.to_string())
+async fn send(conn: &mut FramedConn, frame: ProbeFrame) -> Result<(), ProbeFailure> {
+    let bytes = encode(&Frame::Probe(frame)).map_err(ProbeFailure::Encode)?;
+    conn.send(bytes).await.map_err(ProbeFailure::Io)
 }
 
 async fn refuse(mut conn: FramedConn, reason: RejectReason, message: String) {
@@ -288,49 +288,77 @@ async fn refuse(mut conn: FramedConn, reason: RejectReason, message: String) {
 }
 
 /// The next probe frame from `conn`; a `Reject` is an error with its reason.
-async fn next(conn: &mut FramedConn) -> Result<ProbeFrame, String> {
+async fn next(conn: &mut FramedConn) -> Result<ProbeFrame, ProbeFailure> {
     let bytes = conn
         .next()
         .await
-        .ok_or("the peer closed the connection")?
-        .map_err(|e| e.to_string())?;
+        .ok_or(ProbeFailure::Closed)?
+        .map_err(ProbeFailure::Io)?;
     match decode(bytes.freeze()) {
         Ok(Frame::Probe(f)) => Ok(f),
-        Ok(Frame::Reject { reason, message }) => Err(format!("refused ({reason:?}): {message}")),
-        Ok(_) => Err("not a probe frame".into()),
-        Err(e) => Err(e.to_string()),
+        Ok(Frame::Reject { reason, message }) => Err(ProbeFailure::Refused { reason, message }),
+        Ok(_) => Err(ProbeFailure::NotAProbe),
+        Err(e) => Err(ProbeFailure::Malformed(e)),
     }
+}
+
+/// What went wrong in a link probe.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeFailure {
+    #[error("cannot connect to {addr}: {error}")]
+    Connect { addr: String, error: std::io::Error },
+    #[error("{0}")]
+    Io(std::io::Error),
+    #[error("cannot encode a probe frame: {0}")]
+    Encode(postcard::Error),
+    #[error("the peer closed the connection")]
+    Closed,
+    #[error("refused ({reason:?}): {message}")]
+    Refused {
+        reason: RejectReason,
+        message: String,
+    },
+    #[error("not a probe frame")]
+    NotAProbe,
+    #[error("a malformed frame: {0}")]
+    Malformed(postcard::Error),
+    #[error("expected {expected}, got {got}")]
+    Unexpected { expected: String, got: String },
 }
 
 /// Why a measurement failed, and whether the target had accepted it (its
 /// traffic counts against the budget).
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{failure}")]
 pub struct ProbeError {
     pub accepted: bool,
-    pub message: String,
+    pub failure: ProbeFailure,
 }
 
 /// Measure the link to `target` as peer `me`: the shortest of [`PINGS`]
 /// round trips, then the bandwidth of [`BULK_BYTES`] less one round trip.
 pub async fn measure(target: &ProbeTarget, me: PeerId) -> Result<LinkMeasurement, ProbeError> {
-    let refused = |message: String| ProbeError {
+    let refused = |failure| ProbeError {
         accepted: false,
-        message,
+        failure,
     };
     let mut conn = open(target, me).await.map_err(refused)?;
     exchange(&mut conn, target.peer)
         .await
-        .map_err(|message| ProbeError {
+        .map_err(|failure| ProbeError {
             accepted: true,
-            message,
+            failure,
         })
 }
 
 /// Connect and say `Hello` until `Ready`.
-async fn open(target: &ProbeTarget, me: PeerId) -> Result<FramedConn, String> {
+async fn open(target: &ProbeTarget, me: PeerId) -> Result<FramedConn, ProbeFailure> {
     let stream = TcpStream::connect(&target.addr)
         .await
-        .map_err(|e| format!("cannot connect to {}: {e}", target.addr))?;
+        .map_err(|error| ProbeFailure::Connect {
+            addr: target.addr.clone(),
+            error,
+        })?;
     let _ = stream.set_nodelay(true);
     let mut conn = Framed::new(stream, codec());
     send(
@@ -346,19 +374,27 @@ async fn open(target: &ProbeTarget, me: PeerId) -> Result<FramedConn, String> {
     .await?;
     match next(&mut conn).await? {
         ProbeFrame::Ready => Ok(conn),
-        other => Err(format!("expected Ready, got {other:?}")),
+        other => Err(ProbeFailure::Unexpected {
+            expected: "Ready".into(),
+            got: format!("{other:?}"),
+        }),
     }
 }
 
 /// The round trips and the bulk, after `Ready`.
-async fn exchange(conn: &mut FramedConn, peer: PeerId) -> Result<LinkMeasurement, String> {
+async fn exchange(conn: &mut FramedConn, peer: PeerId) -> Result<LinkMeasurement, ProbeFailure> {
     let mut rtt = Duration::MAX;
     for i in 0..PINGS {
         let start = Instant::now();
         send(conn, ProbeFrame::Ping(i)).await?;
         match next(conn).await? {
             ProbeFrame::Pong(j) if j == i => rtt = rtt.min(start.elapsed()),
-            other => return Err(format!("expected Pong({i}), got {other:?}")),
+            other => {
+                return Err(ProbeFailure::Unexpected {
+                    expected: format!("Pong({i})"),
+                    got: format!("{other:?}"),
+                });
+            }
         }
     }
     let bulk = Bytes::from(vec![0u8; BULK_BYTES]);
@@ -366,7 +402,12 @@ async fn exchange(conn: &mut FramedConn, peer: PeerId) -> Result<LinkMeasurement
     send(conn, ProbeFrame::Bulk(bulk)).await?;
     match next(conn).await? {
         ProbeFrame::Received(n) if n as usize == BULK_BYTES => {}
-        other => return Err(format!("expected Received({BULK_BYTES}), got {other:?}")),
+        other => {
+            return Err(ProbeFailure::Unexpected {
+                expected: format!("Received({BULK_BYTES})"),
+                got: format!("{other:?}"),
+            });
+        }
     }
     let transfer = start
         .elapsed()
@@ -451,20 +492,20 @@ mod tests {
         assert_eq!(m.peer, 2);
         assert!(m.rtt_us > 0 && m.bandwidth_bps > 0, "{m:?}");
         // Peer 3 with peer 1's ticket; a ticket under another key; expired.
-        let err = measure(&good, 3).await.expect_err("refused").message;
+        let err = measure(&good, 3).await.expect_err("refused").to_string();
         assert!(err.contains("NotAuthorized"), "{err}");
         let forged = ProbeTarget {
             ticket: bsp_api::probe::ticket(&[7; 32], 1, 2, expires_ms),
             ..good.clone()
         };
-        let err = measure(&forged, 1).await.expect_err("refused").message;
+        let err = measure(&forged, 1).await.expect_err("refused").to_string();
         assert!(err.contains("not the supernode's"), "{err}");
         let expired = ProbeTarget {
             expires_ms: 1,
             ticket: bsp_api::probe::ticket(&key, 1, 2, 1),
             ..good.clone()
         };
-        let err = measure(&expired, 1).await.expect_err("refused").message;
+        let err = measure(&expired, 1).await.expect_err("refused").to_string();
         assert!(err.contains("expired"), "{err}");
         // The prober's results wait for the renewal, once.
         let prober = Links::default();
@@ -492,7 +533,7 @@ mod tests {
         )
         .await
         .expect_err("refused")
-        .message;
+        .to_string();
         assert!(
             err.contains("not the supernode's"),
             "a bad ticket is refused first: {err}"
@@ -500,7 +541,7 @@ mod tests {
         let err = measure(&ProbeTarget { addr, ..good }, 1)
             .await
             .expect_err("refused")
-            .message;
+            .to_string();
         assert!(err.contains("turned link probes off"), "{err}");
         server.abort();
     }
