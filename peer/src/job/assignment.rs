@@ -8,43 +8,66 @@ use super::*;
 /// from it, so it must hold at least 128 bits of hex.
 pub(super) const MIN_JOB_TOKEN: usize = 32;
 
+/// What is wrong with an assignment from the supernode: the job fails on
+/// this peer with it ("invalid job assignment: …").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AssignmentError {
+    #[error("the job has no processes")]
+    NoProcesses,
+    #[error("the job's placement lists {listed} pids for {nprocs} processes")]
+    PlacementLength { listed: usize, nprocs: u32 },
+    #[error("the job's placement names peer index {index}, but the job has {peers} peers")]
+    NoSuchPeerIndex { index: u32, peers: usize },
+    #[error("the job's assignment restores pid {pid}, but the job has {nprocs} processes")]
+    NoSuchPid { pid: Pid, nprocs: u32 },
+    #[error("the job lists peer #{0} twice")]
+    DuplicatePeer(PeerId),
+    #[error("this peer (#{0}) is not one of the job's peers")]
+    NotAMember(PeerId),
+    #[error(
+        "the job's secret is {0} characters long, fewer than the {MIN_JOB_TOKEN} its data-plane \
+         key needs (the supernode issues 64); this peer will not run it in the clear"
+    )]
+    ShortSecret(usize),
+    #[error("resource `{name}` is not valid base64: {error}")]
+    Resource { name: String, error: String },
+}
+
 /// Check an assignment and return the pid → peer table.
-pub(super) fn check_assignment(me: PeerId, a: &JobAssignment) -> Result<Vec<PeerId>, String> {
+pub(super) fn check_assignment(
+    me: PeerId,
+    a: &JobAssignment,
+) -> Result<Vec<PeerId>, AssignmentError> {
     if a.nprocs == 0 {
-        return Err("the job has no processes".into());
+        return Err(AssignmentError::NoProcesses);
     }
     if a.placement.len() != a.nprocs as usize {
-        return Err(format!(
-            "the job's placement lists {} pids for {} processes",
-            a.placement.len(),
-            a.nprocs
-        ));
+        return Err(AssignmentError::PlacementLength {
+            listed: a.placement.len(),
+            nprocs: a.nprocs,
+        });
     }
-    if let Some(bad) = a.placement.iter().find(|&&i| i as usize >= a.peers.len()) {
-        return Err(format!(
-            "the job's placement names peer index {bad}, but the job has {} peers",
-            a.peers.len()
-        ));
+    if let Some(&bad) = a.placement.iter().find(|&&i| i as usize >= a.peers.len()) {
+        return Err(AssignmentError::NoSuchPeerIndex {
+            index: bad,
+            peers: a.peers.len(),
+        });
     }
-    if let Some(bad) = a.restore.iter().find(|&&p| p >= a.nprocs) {
-        return Err(format!(
-            "the job's assignment restores pid {bad}, but the job has {} processes",
-            a.nprocs
-        ));
+    if let Some(&bad) = a.restore.iter().find(|&&p| p >= a.nprocs) {
+        return Err(AssignmentError::NoSuchPid {
+            pid: bad,
+            nprocs: a.nprocs,
+        });
     }
     let mut seen = HashSet::new();
     if let Some(dup) = a.peers.iter().find(|p| !seen.insert(p.id)) {
-        return Err(format!("the job lists peer #{} twice", dup.id));
+        return Err(AssignmentError::DuplicatePeer(dup.id));
     }
     if !a.peers.iter().any(|p| p.id == me) {
-        return Err(format!("this peer (#{me}) is not one of the job's peers"));
+        return Err(AssignmentError::NotAMember(me));
     }
     if a.job_token.len() < MIN_JOB_TOKEN {
-        return Err(format!(
-            "the job's secret is {} characters long, fewer than the {MIN_JOB_TOKEN} its data-plane \
-             key needs (the supernode issues 64); this peer will not run it in the clear",
-            a.job_token.len()
-        ));
+        return Err(AssignmentError::ShortSecret(a.job_token.len()));
     }
     Ok(a.placement
         .iter()
@@ -56,12 +79,15 @@ pub(super) fn job_info(
     env: &JobEnv,
     a: &JobAssignment,
     kill: Arc<AtomicBool>,
-) -> Result<JobInfo, String> {
+) -> Result<JobInfo, AssignmentError> {
     let mut resources = HashMap::new();
     for (name, b64) in &a.resources {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(b64)
-            .map_err(|e| format!("resource `{name}` is not valid base64: {e}"))?;
+            .map_err(|e| AssignmentError::Resource {
+                name: name.clone(),
+                error: e.to_string(),
+            })?;
         resources.insert(name.clone(), bytes);
     }
     let memory_mib = a.limits.memory_mib.min(env.max_memory_mib) as usize;
