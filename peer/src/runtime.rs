@@ -80,6 +80,60 @@ pub fn module_hash(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// Why a process could not be started.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StartError {
+    /// A limit stopped it while it started (its memory, say).
+    #[error("{0}")]
+    Stopped(Stop),
+    #[error("the process could not be started: {0}")]
+    Instantiate(String),
+    #[error("the module does not export a memory named `{MEMORY_EXPORT}`")]
+    NoMemory,
+    #[error("the module's `{RESUME_EXPORT}` export is unusable: {0}")]
+    Resume(String),
+    #[error("the module's `{ASYNCIFY_STATE_EXPORT}` export is unusable: {0}")]
+    AsyncifyState(String),
+}
+
+/// Why a process could not be restored from a checkpoint.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("cannot restore pid {pid} from its checkpoint of superstep {superstep}: {problem}")]
+pub struct RestoreError {
+    pub pid: Pid,
+    pub superstep: u32,
+    pub problem: RestoreProblem,
+}
+
+/// What is wrong with a checkpoint for this program and job.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RestoreProblem {
+    #[error("the job has only {0} processes")]
+    NoSuchPid(u32),
+    #[error(
+        "its memory is {mib} MiB, more than the job's memory limit of {limit_mib} MiB on this peer"
+    )]
+    TooLarge { mib: u64, limit_mib: u64 },
+    #[error("its memory of {0} bytes is not a whole number of 64 KiB pages")]
+    NotPages(usize),
+    #[error("{0}")]
+    Start(StartError),
+    #[error(
+        "its memory of {want} bytes is smaller than the program's initial memory of {have} bytes; is it a checkpoint of another program?"
+    )]
+    Smaller { want: usize, have: usize },
+    #[error("{0}")]
+    Grow(String),
+    #[error(
+        "it has {snapshot} globals, the program has {program} mutable globals; is it a checkpoint of another program?"
+    )]
+    Globals { snapshot: usize, program: usize },
+    #[error("a global has an unsupported type")]
+    GlobalType,
+    #[error("cannot set a global: {0}")]
+    SetGlobal(String),
+}
+
 /// The peer's wasm engine: configured once, shared by every job.
 pub struct Runtime {
     engine: Engine,
@@ -267,13 +321,13 @@ impl Runtime {
     }
 
     /// Create process `pid` of a job: a fresh store with the job's limits and
-    /// an instance of `module`. The error is a readable reason.
+    /// an instance of `module`.
     pub fn instantiate(
         &self,
         module: &Module,
         job: Arc<JobInfo>,
         pid: Pid,
-    ) -> Result<Process, String> {
+    ) -> Result<Process, StartError> {
         let state = ProcState::new(job, pid, self.budget.clone());
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| s);
@@ -283,27 +337,23 @@ impl Runtime {
             Ok(i) => i,
             Err(e) => {
                 return Err(match store.data_mut().stop.take() {
-                    Some(stop) => stop.to_string(),
-                    None => format!("the process could not be started: {e:#}"),
+                    Some(stop) => StartError::Stopped(stop),
+                    None => StartError::Instantiate(format!("{e:#}")),
                 });
             }
         };
         let memory = instance
             .get_memory(&mut store, MEMORY_EXPORT)
-            .ok_or_else(|| {
-                format!("the module does not export a memory named `{MEMORY_EXPORT}`")
-            })?;
+            .ok_or(StartError::NoMemory)?;
         let resume = instance
             .get_typed_func::<(), i32>(&mut store, RESUME_EXPORT)
-            .map_err(|e| format!("the module's `{RESUME_EXPORT}` export is unusable: {e:#}"))?;
+            .map_err(|e| StartError::Resume(format!("{e:#}")))?;
         let asyncify_state = match instance.get_export(&mut store, ASYNCIFY_STATE_EXPORT) {
             None => None,
             Some(_) => Some(
                 instance
                     .get_typed_func::<(), i32>(&mut store, ASYNCIFY_STATE_EXPORT)
-                    .map_err(|e| {
-                        format!("the module's `{ASYNCIFY_STATE_EXPORT}` export is unusable: {e:#}")
-                    })?,
+                    .map_err(|e| StartError::AsyncifyState(format!("{e:#}")))?,
             ),
         };
         store.data_mut().memory = Some(memory);
@@ -334,47 +384,41 @@ impl Runtime {
         module: &Module,
         job: Arc<JobInfo>,
         snapshot: &Snapshot,
-    ) -> Result<Process, String> {
+    ) -> Result<Process, RestoreError> {
         let (pid, step) = (snapshot.pid, snapshot.superstep);
-        let what = || format!("cannot restore pid {pid} from its checkpoint of superstep {step}");
+        let fail = |problem| RestoreError {
+            pid,
+            superstep: step,
+            problem,
+        };
         if pid >= job.nprocs {
-            return Err(format!(
-                "{}: the job has only {} processes",
-                what(),
-                job.nprocs
-            ));
+            return Err(fail(RestoreProblem::NoSuchPid(job.nprocs)));
         }
         let limit = job.memory_limit;
         if snapshot.memory.len() > limit {
-            return Err(format!(
-                "{}: its memory is {} MiB, more than the job's memory limit of {} MiB on this peer",
-                what(),
-                (snapshot.memory.len() as u64).div_ceil(MIB),
-                limit as u64 / MIB
-            ));
+            return Err(fail(RestoreProblem::TooLarge {
+                mib: (snapshot.memory.len() as u64).div_ceil(MIB),
+                limit_mib: limit as u64 / MIB,
+            }));
         }
         if !snapshot.memory.len().is_multiple_of(PAGE_SIZE) {
-            return Err(format!(
-                "{}: its memory of {} bytes is not a whole number of 64 KiB pages",
-                what(),
-                snapshot.memory.len()
-            ));
+            return Err(fail(RestoreProblem::NotPages(snapshot.memory.len())));
         }
         let mut process = self
             .instantiate(module, job, pid)
-            .map_err(|e| format!("{}: {e}", what()))?;
+            .map_err(|e| fail(RestoreProblem::Start(e)))?;
         let st = &mut process.store;
         if snapshot.exited {
             process.ended = true;
         } else {
-            let memory = st.data().memory.ok_or_else(what)?;
+            let memory = st
+                .data()
+                .memory
+                .ok_or(fail(RestoreProblem::Start(StartError::NoMemory)))?;
             let have = memory.data_size(&*st);
             let want = snapshot.memory.len();
             if want < have {
-                return Err(format!(
-                    "{}: its memory of {want} bytes is smaller than the program's initial memory of {have} bytes; is it a checkpoint of another program?",
-                    what()
-                ));
+                return Err(fail(RestoreProblem::Smaller { want, have }));
             }
             if want > have {
                 let pages = ((want - have) / PAGE_SIZE) as u64;
@@ -383,24 +427,22 @@ impl Runtime {
                         Some(stop) => stop.to_string(),
                         None => format!("{e:#}"),
                     };
-                    return Err(format!("{}: {reason}", what()));
+                    return Err(fail(RestoreProblem::Grow(reason)));
                 }
             }
             memory.data_mut(&mut *st).copy_from_slice(&snapshot.memory);
             if snapshot.globals.len() != process.globals.len() {
-                return Err(format!(
-                    "{}: it has {} globals, the program has {} mutable globals; is it a checkpoint of another program?",
-                    what(),
-                    snapshot.globals.len(),
-                    process.globals.len()
-                ));
+                return Err(fail(RestoreProblem::Globals {
+                    snapshot: snapshot.globals.len(),
+                    program: process.globals.len(),
+                }));
             }
             for (g, &bits) in process.globals.iter().zip(&snapshot.globals) {
                 let ty = g.ty(&*st);
-                let val = val_from_bits(ty.content(), bits)
-                    .ok_or_else(|| format!("{}: a global has an unsupported type", what()))?;
+                let val =
+                    val_from_bits(ty.content(), bits).ok_or(fail(RestoreProblem::GlobalType))?;
                 g.set(&mut *st, val)
-                    .map_err(|e| format!("{}: cannot set a global: {e:#}", what()))?;
+                    .map_err(|e| fail(RestoreProblem::SetGlobal(format!("{e:#}"))))?;
             }
         }
         let s = st.data_mut();

@@ -92,7 +92,9 @@ impl Driver {
                             // It had returned: nothing runs any more.
                             return Ok(None);
                         }
-                        let process = runtime.restore(&module, info, &snap)?;
+                        let process = runtime
+                            .restore(&module, info, &snap)
+                            .map_err(|e| e.to_string())?;
                         // Replicas that get this snapshot can take deltas against it.
                         Ok::<_, String>(Some((process, PageTracker::seeded(&snap))))
                     })

@@ -65,7 +65,9 @@ impl Driver {
                     let slot = slot?;
                     timeline(pid, 0, "instantiating");
                     let mut p = Proc {
-                        process: runtime.instantiate(&module, info, pid)?,
+                        process: runtime
+                            .instantiate(&module, info, pid)
+                            .map_err(|e| e.to_string())?,
                         tracker: PageTracker::new(),
                         recent: VecDeque::new(),
                     };

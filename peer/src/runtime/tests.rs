@@ -383,8 +383,9 @@ fn a_module_whose_initial_memory_exceeds_the_cap_does_not_start() {
         ..Limits::default()
     });
     let err = rt.instantiate(&module, job, 0).unwrap_err();
+    assert!(matches!(err, StartError::Stopped(_)), "{err}");
     assert_eq!(
-        err,
+        err.to_string(),
         "memory limit exceeded: the process tried to grow its memory to 4 MiB; the limit is 2 MiB"
     );
 }
@@ -999,6 +1000,14 @@ fn restoring_into_a_smaller_memory_limit_fails_readably() {
     assert_eq!(snap.memory.len(), 40 << 16);
 
     let err = rt.restore(&module, job_for(1, "{}", 2), &snap).unwrap_err();
+    assert_eq!(
+        err.problem,
+        RestoreProblem::TooLarge {
+            mib: 3,
+            limit_mib: 2
+        }
+    );
+    let err = err.to_string();
     assert!(
         err.starts_with("cannot restore pid 0 from its checkpoint of superstep 0")
             && err.contains("3 MiB, more than the job's memory limit of 2 MiB"),
@@ -1016,13 +1025,22 @@ fn restoring_into_a_smaller_memory_limit_fails_readably() {
     small.memory.truncate(1 << 16);
     let err = rt.restore(&other, job_for(1, "{}", 4), &small).unwrap_err();
     assert!(
-        err.contains("smaller than the program's initial memory"),
+        matches!(err.problem, RestoreProblem::Smaller { .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("smaller than the program's initial memory"),
         "{err}"
     );
     let err = rt
         .restore(&module, job_for(1, "{}", 4), &Snapshot { pid: 3, ..snap })
         .unwrap_err();
-    assert!(err.contains("the job has only 1 processes"), "{err}");
+    assert_eq!(err.problem, RestoreProblem::NoSuchPid(1));
+    assert!(
+        err.to_string().contains("the job has only 1 processes"),
+        "{err}"
+    );
 }
 
 #[test]
