@@ -635,37 +635,36 @@ async fn an_unavailable_module_or_a_bad_assignment_is_reported() {
     peers[0].jobs.kill(5);
     wait_all(vec![h]).await;
 
-    let mut a = assignment(6, &wasm, &peers, vec![0, 3]);
-    a.job_token = "t".into();
-    let handles = start_everywhere(&peers, &a, &wasm);
-    let events = collect_until(&[&peers[0]], |all| !all.is_empty()).await;
-    assert!(
-        matches!(
-            &events[..],
-            [PeerEvent::ProcessFailed { job: 6, pid: None, reason, .. }]
-                if reason.starts_with("invalid job assignment: the job's placement names peer index 3")
+    // Invalid assignments fail the job on the peer, saying why: a placement
+    // naming a peer the job does not have; no proper secret (the data plane
+    // would run under a guessable key).
+    let bad_placement = AssignmentError::NoSuchPeerIndex { index: 3, peers: 1 };
+    let cases = [
+        (6, vec![0, 3], "t".to_string(), bad_placement),
+        (
+            7,
+            vec![0, 0],
+            String::new(),
+            AssignmentError::ShortSecret(0),
         ),
-        "{events:?}"
-    );
-    peers[0].jobs.kill(6);
-    wait_all(handles).await;
-
-    // A job without a proper secret would run its data plane under a
-    // guessable key: refused, not run.
-    let mut a = assignment(7, &wasm, &peers, vec![0, 0]);
-    a.job_token = String::new();
-    let handles = start_everywhere(&peers, &a, &wasm);
-    let events = collect_until(&[&peers[0]], |all| !all.is_empty()).await;
-    assert!(
-        matches!(
-            &events[..],
-            [PeerEvent::ProcessFailed { job: 7, pid: None, reason, .. }]
-                if reason.starts_with("invalid job assignment: the job's secret is 0 characters long")
-        ),
-        "{events:?}"
-    );
-    peers[0].jobs.kill(7);
-    wait_all(handles).await;
+    ];
+    for (job, placement, token, error) in cases {
+        let mut a = assignment(job, &wasm, &peers, placement);
+        a.job_token = token;
+        let handles = start_everywhere(&peers, &a, &wasm);
+        let events = collect_until(&[&peers[0]], |all| !all.is_empty()).await;
+        let want = format!("invalid job assignment: {error}");
+        assert!(
+            matches!(
+                &events[..],
+                [PeerEvent::ProcessFailed { job: j, pid: None, reason, .. }]
+                    if *j == job && *reason == want
+            ),
+            "{events:?}"
+        );
+        peers[0].jobs.kill(job);
+        wait_all(handles).await;
+    }
 }
 
 // ---- the real example programs (built by `bspweb-programs`) -----------------
