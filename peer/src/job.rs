@@ -364,6 +364,24 @@ struct Local {
     handover: Option<Arc<Snapshot>>,
 }
 
+impl Local {
+    /// A process that just came to this peer, in `state`, before its first
+    /// superstep here.
+    fn new(state: State) -> Local {
+        Local {
+            state,
+            superstep: 0,
+            pending: VecDeque::new(),
+            held: Vec::new(),
+            capturing_exit: None,
+            exit_mark: 0,
+            acks: Vec::new(),
+            leaving: false,
+            handover: None,
+        }
+    }
+}
+
 struct Pending {
     superstep: u32,
     waiting: HashSet<PeerId>,

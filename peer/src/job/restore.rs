@@ -14,20 +14,7 @@ impl Driver {
         }
         let waiting: HashSet<PeerId> = self.links.keys().copied().collect();
         let best = self.store.newest(pid).cloned().map(Arc::new);
-        self.local.insert(
-            pid,
-            Local {
-                state: State::Fetching,
-                superstep: 0,
-                pending: VecDeque::new(),
-                held: Vec::new(),
-                capturing_exit: None,
-                exit_mark: 0,
-                acks: Vec::new(),
-                leaving: false,
-                handover: None,
-            },
-        );
+        self.local.insert(pid, Local::new(State::Fetching));
         for &p in &waiting {
             self.send_to(p, Frame::FetchCheckpoint { pid });
         }

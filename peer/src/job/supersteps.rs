@@ -38,20 +38,7 @@ impl Driver {
             return;
         }
         for pid in pids {
-            self.local.insert(
-                pid,
-                Local {
-                    state: State::Busy,
-                    superstep: 0,
-                    pending: VecDeque::new(),
-                    held: Vec::new(),
-                    capturing_exit: None,
-                    exit_mark: 0,
-                    acks: Vec::new(),
-                    leaving: false,
-                    handover: None,
-                },
-            );
+            self.local.insert(pid, Local::new(State::Busy));
             let runtime = self.env.runtime.clone();
             let Some(module) = self.module.clone() else {
                 unreachable!("start_fresh defers until the program is here")
