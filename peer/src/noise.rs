@@ -240,13 +240,22 @@ impl Cipher {
         Ok(n)
     }
 
-    /// Encrypt `record[..len - TAG_BYTES]` in place and put the tag after it.
+    /// An encryption of the next record, fed its plaintext in pieces.
+    fn sealer(&mut self) -> Result<aegis::aegis256x4::Encryptor<TAG_BYTES>, NoiseError> {
+        let nonce = self.next_nonce()?;
+        Ok(Aegis::new(&self.key, &nonce).encryptor(&[]))
+    }
+
+    /// Encrypt `record[..len - TAG_BYTES]` in place and put the tag after
+    /// it (the stream seals with [`Cipher::sealer`] straight from the
+    /// writer's buffers).
+    #[cfg(test)]
     fn seal(&mut self, record: &mut [u8]) -> Result<(), NoiseError> {
         let n = record.len() - TAG_BYTES;
-        let nonce = self.next_nonce()?;
         let (text, tag_out) = record.split_at_mut(n);
-        let tag = Aegis::new(&self.key, &nonce).encrypt_in_place(text, &[]);
-        tag_out.copy_from_slice(&tag);
+        let mut sealer = self.sealer()?;
+        sealer.update_in_place(text);
+        tag_out.copy_from_slice(&sealer.finalize());
         Ok(())
     }
 
@@ -311,8 +320,6 @@ pub struct SecureStream<S> {
     wbuf: Vec<u8>,
     wpos: usize,
     wlen: usize,
-    /// A record's plaintext gathered from several of the writer's buffers.
-    scratch: Vec<u8>,
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for SecureStream<S> {
@@ -340,7 +347,6 @@ impl<S> SecureStream<S> {
             wbuf: Vec::new(),
             wpos: 0,
             wlen: 0,
-            scratch: Vec::new(),
         }
     }
 
@@ -362,7 +368,10 @@ impl<S> SecureStream<S> {
     }
 
     /// Encrypt the first `take` bytes of `bufs` as records after what
-    /// `wbuf` holds (an empty record when `take` is 0).
+    /// `wbuf` holds (an empty record when `take` is 0). Each record is
+    /// encrypted straight from the writer's buffers into `wbuf`, however
+    /// many of them it spans (a 64 KiB page is a little more than one
+    /// record): the plaintext is read once and never copied.
     fn encrypt_records(&mut self, bufs: &[IoSlice<'_>], take: usize) -> Result<(), NoiseError> {
         let records = take.div_ceil(MAX_PLAINTEXT).max(1);
         let need = self.wlen + take + records * (2 + TAG_BYTES);
@@ -372,40 +381,24 @@ impl<S> SecureStream<S> {
         let (mut i, mut off, mut left) = (0, 0, take);
         loop {
             let n = left.min(MAX_PLAINTEXT);
-            // The record's plaintext: a slice of one of the writer's
-            // buffers, or gathered from several into `scratch`.
-            while i < bufs.len() && off == bufs[i].len() {
-                i += 1;
-                off = 0;
-            }
-            let direct = i < bufs.len() && bufs[i].len() - off >= n;
-            let payload: &[u8] = if n == 0 {
-                &[]
-            } else if direct {
-                &bufs[i][off..off + n]
-            } else {
-                self.scratch.clear();
-                while self.scratch.len() < n {
-                    while off == bufs[i].len() {
-                        i += 1;
-                        off = 0;
-                    }
-                    let k = (bufs[i].len() - off).min(n - self.scratch.len());
-                    self.scratch.extend_from_slice(&bufs[i][off..off + k]);
-                    off += k;
-                }
-                &self.scratch
-            };
             let at = self.wlen;
             let len = n + TAG_BYTES;
-            let record = &mut self.wbuf[at + 2..at + 2 + len];
-            record[..n].copy_from_slice(payload);
-            self.noise.send.seal(record)?;
+            let (text, tag_out) = self.wbuf[at + 2..at + 2 + len].split_at_mut(n);
+            let mut sealer = self.noise.send.sealer()?;
+            let mut done = 0;
+            while done < n {
+                while off == bufs[i].len() {
+                    i += 1;
+                    off = 0;
+                }
+                let k = (bufs[i].len() - off).min(n - done);
+                sealer.update(&bufs[i][off..off + k], &mut text[done..done + k]);
+                off += k;
+                done += k;
+            }
+            tag_out.copy_from_slice(&sealer.finalize());
             self.wbuf[at..at + 2].copy_from_slice(&(len as u16).to_be_bytes());
             self.wlen += 2 + len;
-            if direct {
-                off += n;
-            }
             left -= n;
             if left == 0 {
                 return Ok(());

@@ -42,7 +42,14 @@ pub(super) fn capture(
         Some(previous) => p
             .process
             .checkpoint_reusing(&mut p.tracker, outbox, exited, previous),
-        None => p.process.checkpoint(&mut p.tracker, outbox, exited),
+        None => {
+            tracing::trace!(
+                target: "bspweb::timeline",
+                held = p.recent.len(),
+                "no free buffer to recycle: the capture copies the whole memory"
+            );
+            p.process.checkpoint(&mut p.tracker, outbox, exited)
+        }
     };
     for (r, superstep, ok) in acks {
         p.tracker.acked(r, superstep, ok);
