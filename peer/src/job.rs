@@ -94,15 +94,15 @@ pub struct Fetched {
 type Resources = Option<Vec<(String, Vec<u8>)>>;
 
 /// How the program is downloaded from the supernode when it must be.
-type Download = std::pin::Pin<Box<dyn Future<Output = Result<Fetched, String>> + Send>>;
+type Download = std::pin::Pin<Box<dyn Future<Output = Result<Fetched, FetchError>> + Send>>;
 
 /// What the tasks that get the program report.
 enum ProgramEvent {
     /// The direct download (or the cache) answered.
-    Downloaded(Result<Fetched, String>),
+    Downloaded(Result<Fetched, FetchError>),
     /// The bundle Robber assembled: the program compiled and the resources
     /// decoded (or why not).
-    Assembled(Result<(Module, Resources), String>),
+    Assembled(Result<(Module, Resources), FetchError>),
 }
 
 /// What every job on this peer shares.
@@ -189,7 +189,7 @@ impl Jobs {
         download: F,
     ) -> Option<JoinHandle<()>>
     where
-        F: Future<Output = Result<Fetched, String>> + Send + 'static,
+        F: Future<Output = Result<Fetched, FetchError>> + Send + 'static,
     {
         let job = assignment.job;
         let cancel = CancellationToken::new();
@@ -449,10 +449,10 @@ struct CaptureInput {
 
 /// What a blocking task hands back.
 enum Task {
-    Resumed(Pid, Result<(Proc, Outcome), String>),
-    Captured(Pid, Result<(Proc, Arc<Snapshot>, Encoded), String>),
+    Resumed(Pid, Result<(Proc, Outcome), HostError>),
+    Captured(Pid, Result<(Proc, Arc<Snapshot>, Encoded), HostError>),
     /// `None`: the snapshot is of a process that had exited.
-    Restored(Pid, Arc<Snapshot>, Result<Option<Proc>, String>),
+    Restored(Pid, Arc<Snapshot>, Result<Option<Proc>, HostError>),
 }
 
 struct Driver {
@@ -746,6 +746,7 @@ impl Driver {
 
 mod assignment;
 mod epochs;
+mod errors;
 mod inbound;
 mod program_fetch;
 mod replication;
@@ -755,6 +756,7 @@ mod supersteps;
 mod threads;
 
 use assignment::*;
+pub use errors::{FetchError, HostError, Source};
 use threads::*;
 
 #[cfg(test)]

@@ -796,7 +796,7 @@ fn fetch_inputs(
     client: Arc<Client>,
     runtime: Arc<Runtime>,
     a: &bsp_api::control::JobAssignment,
-) -> impl std::future::Future<Output = Result<job::Fetched, String>> + Send + 'static {
+) -> impl std::future::Future<Output = Result<job::Fetched, job::FetchError>> + Send + 'static {
     let (job, hash) = (a.job, a.program_hash.clone());
     let (apart, resources_bytes) = (!a.resources_hash.is_empty(), a.resources_bytes);
     async move {
@@ -805,7 +805,7 @@ fn fetch_inputs(
             let bytes = client
                 .job_resources(job, resources_bytes)
                 .await
-                .map_err(|e| format!("could not download the job's resources: {e}"))?;
+                .map_err(job::FetchError::ResourcesDownload)?;
             bytes::Bytes::from(bytes)
         } else {
             bytes::Bytes::new()
@@ -825,7 +825,7 @@ async fn fetch_module(
     client: Arc<Client>,
     runtime: Arc<Runtime>,
     hash: String,
-) -> Result<(wasmtime::Module, bytes::Bytes), String> {
+) -> Result<(wasmtime::Module, bytes::Bytes), job::FetchError> {
     if let Some(found) = runtime.cached_program(&hash) {
         return Ok(found);
     }
@@ -838,16 +838,13 @@ async fn fetch_module(
                 tokio::time::sleep(backoff).await;
                 backoff *= 2;
             }
-            Err(e) => return Err(format!("could not download the program {hash}: {e}")),
+            Err(error) => return Err(job::FetchError::Download { hash, error }),
         }
     };
     tracing::info!(program = %hash, bytes = bytes.len(), "downloaded the program from the supernode");
     let bytes = bytes::Bytes::from(bytes);
     let b = bytes.clone();
-    let module = tokio::task::spawn_blocking(move || runtime.compile(&hash, &b))
-        .await
-        .map_err(|e| format!("compiling the program failed: {e}"))?
-        .map_err(|e| e.to_string())?;
+    let module = tokio::task::spawn_blocking(move || runtime.compile(&hash, &b)).await??;
     Ok((module, bytes))
 }
 

@@ -144,20 +144,18 @@ pub(super) fn mix(a: u64, b: u64, c: u64) -> u64 {
 pub(super) fn unpack_resources(
     hash: &str,
     bytes: &[u8],
-    whence: &str,
-) -> Result<Resources, String> {
+    whence: Source,
+) -> Result<Resources, FetchError> {
     use sha2::Digest as _;
     if hash.is_empty() {
         return Ok(None);
     }
     if !hex::encode(sha2::Sha256::digest(bytes)).eq_ignore_ascii_case(hash) {
-        return Err(format!(
-            "the job's resources from {whence} do not match their hash"
-        ));
+        return Err(FetchError::ResourcesHash(whence));
     }
     bsp_api::control::decode_resources(bytes)
         .map(Some)
-        .map_err(|e| format!("the job's resources from {whence} are malformed: {e}"))
+        .map_err(|error| FetchError::ResourcesMalformed { whence, error })
 }
 
 /// "; the job's 5 peers are in clusters a (2), b (3)": the clusters of

@@ -98,9 +98,9 @@ impl Driver {
         match event {
             ProgramEvent::Downloaded(Ok(f)) => {
                 let resources =
-                    match unpack_resources(&self.resources_hash, &f.resources, "the supernode") {
+                    match unpack_resources(&self.resources_hash, &f.resources, Source::Supernode) {
                         Ok(r) => r,
-                        Err(e) => return self.fail(None, e),
+                        Err(e) => return self.fail(None, e.to_string()),
                     };
                 if let Some(dist) = &mut self.dist {
                     let bundle = [&f.bytes[..], &f.resources[..]].concat();
@@ -128,7 +128,7 @@ impl Driver {
             }
             ProgramEvent::Downloaded(Err(reason)) => {
                 if self.module.is_none() {
-                    self.fail(None, reason);
+                    self.fail(None, reason.to_string());
                 }
             }
             ProgramEvent::Assembled(Ok((module, resources))) => {
@@ -144,7 +144,7 @@ impl Driver {
                 }
                 self.program_ready(module, resources);
             }
-            ProgramEvent::Assembled(Err(e)) => self.fall_back(e),
+            ProgramEvent::Assembled(Err(e)) => self.fall_back(e.to_string()),
         }
     }
 
@@ -181,14 +181,14 @@ impl Driver {
                         let unpacked = tokio::task::spawn_blocking(move || {
                             let (program, resources) = bundle.split_at(split);
                             let resources =
-                                unpack_resources(&resources_hash, resources, "other peers")?;
-                            let module = runtime.compile(&hash, program).map_err(|e| {
-                                format!("the program from other peers is unusable: {e}")
-                            })?;
+                                unpack_resources(&resources_hash, resources, Source::OtherPeers)?;
+                            let module = runtime
+                                .compile(&hash, program)
+                                .map_err(FetchError::Assembled)?;
                             Ok((module, resources))
                         })
                         .await
-                        .unwrap_or_else(|e| Err(format!("compiling the program failed: {e}")));
+                        .unwrap_or_else(|e| Err(e.into()));
                         let _ = tx.send(ProgramEvent::Assembled(unpacked));
                     });
                 }

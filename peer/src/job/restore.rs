@@ -79,11 +79,9 @@ impl Driver {
                             // It had returned: nothing runs any more.
                             return Ok(None);
                         }
-                        let process = runtime
-                            .restore(&module, info, &snap)
-                            .map_err(|e| e.to_string())?;
+                        let process = runtime.restore(&module, info, &snap)?;
                         // Replicas that get this snapshot can take deltas against it.
-                        Ok::<_, String>(Some((process, PageTracker::seeded(&snap))))
+                        Ok::<_, HostError>(Some((process, PageTracker::seeded(&snap))))
                     })
                     .await;
                     let r = match joined {
@@ -93,7 +91,7 @@ impl Driver {
                             recent: VecDeque::new(),
                         })),
                         Ok(Err(e)) => Err(e),
-                        Err(e) => Err(e.to_string()),
+                        Err(e) => Err(e.into()),
                     };
                     Task::Restored(pid, snapshot, r)
                 });
@@ -105,7 +103,7 @@ impl Driver {
         &mut self,
         pid: Pid,
         snapshot: Arc<Snapshot>,
-        r: Result<Option<Proc>, String>,
+        r: Result<Option<Proc>, HostError>,
     ) {
         let c = snapshot.superstep;
         let p = match r {

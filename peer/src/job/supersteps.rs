@@ -47,14 +47,12 @@ impl Driver {
             let slots = self.env.slots.clone();
             let job = self.job;
             self.tasks.spawn(async move {
-                let slot = slots.acquire(job).await.map_err(|e| e.to_string());
+                let slot = slots.acquire(job).await.map_err(HostError::from);
                 let joined = tokio::task::spawn_blocking(move || {
                     let slot = slot?;
                     timeline(pid, 0, "instantiating");
                     let mut p = Proc {
-                        process: runtime
-                            .instantiate(&module, info, pid)
-                            .map_err(|e| e.to_string())?,
+                        process: runtime.instantiate(&module, info, pid)?,
                         tracker: PageTracker::new(),
                         recent: VecDeque::new(),
                     };
@@ -64,7 +62,7 @@ impl Driver {
                     Ok((p, outcome))
                 })
                 .await;
-                Task::Resumed(pid, joined.unwrap_or_else(|e| Err(e.to_string())))
+                Task::Resumed(pid, joined.unwrap_or_else(|e| Err(e.into())))
             });
         }
     }
@@ -97,11 +95,11 @@ impl Driver {
         self.tasks.spawn(async move {
             let slot = match slots.acquire(job).await {
                 Ok(slot) => slot,
-                Err(e) => return Task::Resumed(pid, Err(e.to_string())),
+                Err(e) => return Task::Resumed(pid, Err(e.into())),
             };
             tokio::task::spawn_blocking(move || resume_and_capture(pid, s, p, slot, capture_input))
                 .await
-                .unwrap_or_else(|e| Task::Resumed(pid, Err(e.to_string())))
+                .unwrap_or_else(|e| Task::Resumed(pid, Err(e.into())))
         });
     }
 
@@ -121,7 +119,7 @@ impl Driver {
         }
     }
 
-    pub(super) fn on_resumed(&mut self, pid: Pid, resumed: Result<(Proc, Outcome), String>) {
+    pub(super) fn on_resumed(&mut self, pid: Pid, resumed: Result<(Proc, Outcome), HostError>) {
         let Some(l) = self.local.get(&pid) else {
             return;
         };
@@ -223,7 +221,7 @@ impl Driver {
     pub(super) fn on_captured(
         &mut self,
         pid: Pid,
-        r: Result<(Proc, Arc<Snapshot>, Encoded), String>,
+        r: Result<(Proc, Arc<Snapshot>, Encoded), HostError>,
     ) {
         timeline(
             pid,

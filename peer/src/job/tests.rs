@@ -37,6 +37,18 @@ struct TestPeer {
     _stop: tokio_util::sync::DropGuard,
 }
 
+/// A download that cannot be had (the supernode answers 404).
+fn unavailable() -> FetchError {
+    FetchError::Download {
+        hash: "ab12".to_string(),
+        error: crate::control::ControlError::Status {
+            what: "the program",
+            status: reqwest::StatusCode::NOT_FOUND,
+            body: "no such program".to_string(),
+        },
+    }
+}
+
 async fn start_peers(n: usize) -> Vec<TestPeer> {
     start_peers_with(n, BroadcastPolicy::default()).await
 }
@@ -462,7 +474,7 @@ async fn a_trap_is_reported_and_the_job_waits_for_kill_job() {
         // A repeated StartJob for an ended job is ignored.
         assert!(
             p.jobs
-                .start(p.id, a.clone(), async { Err("unused".into()) })
+                .start(p.id, a.clone(), async { Err(unavailable()) })
                 .is_none()
         );
     }
@@ -531,7 +543,7 @@ async fn lose_a_peer(job: JobId, drop_queued: bool) {
     for p in &peers[..2] {
         assert!(
             p.jobs
-                .start(p.id, b.clone(), async { Err("unused".into()) })
+                .start(p.id, b.clone(), async { Err(unavailable()) })
                 .is_none()
         );
     }
@@ -585,7 +597,7 @@ async fn a_process_migrates_between_live_peers() {
     for p in &peers {
         assert!(
             p.jobs
-                .start(p.id, b.clone(), async { Err("unused".into()) })
+                .start(p.id, b.clone(), async { Err(unavailable()) })
                 .is_none()
         );
     }
@@ -623,14 +635,12 @@ async fn an_unavailable_module_or_a_bad_assignment_is_reported() {
     let a = assignment(5, &wasm, &peers, vec![0]);
     let h = peers[0]
         .jobs
-        .start(peers[0].id, a, async {
-            Err("could not download the program".into())
-        })
+        .start(peers[0].id, a, async { Err(unavailable()) })
         .unwrap();
     let events = collect_until(&[&peers[0]], |all| !all.is_empty()).await;
     assert!(matches!(
         &events[..],
-        [PeerEvent::ProcessFailed { job: 5, pid: None, reason, .. }] if reason == "could not download the program"
+        [PeerEvent::ProcessFailed { job: 5, pid: None, reason, .. }] if *reason == unavailable().to_string()
     ));
     peers[0].jobs.kill(5);
     wait_all(vec![h]).await;
@@ -1047,11 +1057,9 @@ async fn run_with_robber(mut a: JobAssignment, wasm: &[u8], resources: Vec<u8>) 
             p.jobs
                 .start(p.id, a.clone(), async move {
                     if !root {
-                        return Err("only the first peer may download the program".to_string());
+                        return Err(unavailable());
                     }
-                    let module = rt
-                        .compile(&module_hash(&bytes), &bytes)
-                        .map_err(|e| e.to_string())?;
+                    let module = rt.compile(&module_hash(&bytes), &bytes)?;
                     Ok(Fetched {
                         module,
                         bytes: bytes.into(),

@@ -31,7 +31,7 @@ pub(super) fn capture(
     exited: bool,
     acks: Vec<(PeerId, u32, bool)>,
     targets: &[PeerId],
-) -> Result<(Arc<Snapshot>, Encoded), String> {
+) -> Result<(Arc<Snapshot>, Encoded), HostError> {
     // The newest buffer only this process still holds.
     let free = (0..p.recent.len())
         .rev()
@@ -87,7 +87,7 @@ pub(super) fn resume_and_capture(
     outbox.extend(out.iter().cloned());
     if c.early.send(Early { pid, exited, out }).is_err() {
         // The job's driver is gone: nobody reads the capture.
-        return Task::Resumed(pid, Err("the job ended".to_string()));
+        return Task::Resumed(pid, Err(HostError::JobEnded));
     }
     let captured = capture(&mut p, outbox, exited, Vec::new(), &c.targets);
     timeline(pid, s, "captured");
@@ -111,7 +111,7 @@ pub(super) fn encode_for(
     tracker: &mut PageTracker,
     snapshot: &Arc<Snapshot>,
     targets: &[PeerId],
-) -> Result<Encoded, String> {
+) -> Result<Encoded, HostError> {
     let mut done: Vec<(checkpoint::Plan, Vec<net::Segments>)> = Vec::new();
     let mut out = Vec::with_capacity(targets.len());
     for &r in targets {
@@ -122,8 +122,7 @@ pub(super) fn encode_for(
                 let frames = checkpoint::to_frames_shared(snapshot, &plan.pages, plan.base)
                     .iter()
                     .map(net::encode_segments)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| format!("cannot encode a checkpoint: {e}"))?;
+                    .collect::<Result<Vec<_>, _>>()?;
                 done.push((plan, frames.clone()));
                 frames
             }

@@ -19,6 +19,20 @@ pub(super) enum Retry {
     Later,
 }
 
+/// Why an outbound connection's writer stopped (reported, as text for the
+/// log, in [`Inbound::SendFailed`]).
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("could not connect: {0}")]
+    Connect(DialError),
+    #[error("the peer closed the connection")]
+    Closed,
+    #[error("cannot encode a frame: {0}")]
+    Encode(postcard::Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
 /// Why a data-plane connection could not be opened and welcomed.
 #[derive(Debug, thiserror::Error)]
 pub enum DialError {
@@ -232,7 +246,7 @@ pub fn spawn_writer(
     events: mpsc::Sender<Inbound>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let result: Result<(), String> = async {
+        let result: Result<(), SendError> = async {
             let mut conn = connect(
                 &dial.addr,
                 dial.job,
@@ -242,7 +256,7 @@ pub fn spawn_writer(
                 dial.deadline,
             )
             .await
-            .map_err(|e| format!("could not connect: {e}"))?;
+            .map_err(SendError::Connect)?;
             loop {
                 // The listener sends nothing after its Welcome: anything
                 // else on the connection means it closed (or broke) it, and
@@ -262,34 +276,27 @@ pub fn spawn_writer(
                             let _ = events.send(Inbound::PeerEnded { to: dial.to }).await;
                             return Ok(());
                         }
-                        return Err("the peer closed the connection".to_string());
+                        return Err(SendError::Closed);
                     }
                 };
                 let mut next = Some(frame);
                 // Feed everything queued, then flush once.
                 while let Some(f) = next {
                     let segments = match f {
-                        Outgoing::Frame(f) => encode_segments(&f)
-                            .map_err(|e| format!("cannot encode a frame: {e}"))?,
+                        Outgoing::Frame(f) => encode_segments(&f).map_err(SendError::Encode)?,
                         Outgoing::Encoded(s) => s,
                     };
                     if segments.len() >= DIRECT_WRITE_BYTES {
                         let bytes = segments.len();
                         tracing::trace!(target: "bspweb::timeline", to = dial.to, bytes, "writing");
-                        write_segments(&mut conn, segments)
-                            .await
-                            .map_err(|e| e.to_string())?;
+                        write_segments(&mut conn, segments).await?;
                         tracing::trace!(target: "bspweb::timeline", to = dial.to, bytes, "written");
                     } else {
-                        conn.feed(segments.to_bytes())
-                            .await
-                            .map_err(|e| e.to_string())?;
+                        conn.feed(segments.to_bytes()).await?;
                     }
                     next = frames.try_recv().ok();
                 }
-                SinkExt::<Bytes>::flush(&mut conn)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                SinkExt::<Bytes>::flush(&mut conn).await?;
             }
             let _ = SinkExt::<Bytes>::close(&mut conn).await;
             Ok(())
@@ -297,7 +304,10 @@ pub fn spawn_writer(
         .await;
         if let Err(error) = result {
             let _ = events
-                .send(Inbound::SendFailed { to: dial.to, error })
+                .send(Inbound::SendFailed {
+                    to: dial.to,
+                    error: error.to_string(),
+                })
                 .await;
         }
     })
