@@ -757,6 +757,7 @@ mod threads;
 
 use assignment::*;
 pub use errors::{FetchError, HostError, Source};
+pub(crate) use program_fetch::fetch_inputs;
 use threads::*;
 
 #[cfg(test)]

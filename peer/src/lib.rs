@@ -295,7 +295,7 @@ pub async fn run(
                     "control socket {} (`bspweb peer status|pause|resume`)",
                     path.display()
                 );
-                let view = StatusView {
+                let view = daemon::StatusView {
                     name: config.name.clone(),
                     supernode: config.supernode.clone(),
                     client: client.clone(),
@@ -617,79 +617,6 @@ async fn availability_loop(
     }
 }
 
-/// What the control socket answers with, and how it applies requests.
-struct StatusView {
-    name: String,
-    supernode: String,
-    client: Arc<Client>,
-    jobs: Arc<Jobs>,
-    standing: Arc<daemon::Standing>,
-    windows: Vec<String>,
-    slots: usize,
-    cpu_percent: Option<u8>,
-    speed: f64,
-    budget_bytes: u64,
-}
-
-impl StatusView {
-    fn handle(&self, request: daemon::Request) -> daemon::Answer {
-        let s = &self.standing;
-        match request {
-            daemon::Request::Pause => {
-                if !s.paused.swap(true, Ordering::SeqCst) {
-                    tracing::info!("paused by the volunteer");
-                }
-                s.changed.notify_one();
-            }
-            daemon::Request::Resume => {
-                if s.paused.swap(false, Ordering::SeqCst) {
-                    tracing::info!("resumed by the volunteer");
-                }
-                s.changed.notify_one();
-            }
-            daemon::Request::Status => {}
-        }
-        let paused = s.paused.load(Ordering::SeqCst);
-        let in_window = !s.outside_windows.load(Ordering::SeqCst);
-        let jobs = self.jobs.running();
-        let peer_id = self.client.peer_id();
-        let state = if peer_id.is_none() {
-            "logging in"
-        } else if paused || !in_window {
-            if !jobs.is_empty() {
-                "draining"
-            } else if paused {
-                "paused"
-            } else {
-                "outside its time windows"
-            }
-        } else if jobs.is_empty() {
-            "idle"
-        } else {
-            "running"
-        };
-        daemon::Answer {
-            status: Some(daemon::PeerStatus {
-                name: self.name.clone(),
-                supernode: self.supernode.clone(),
-                peer_id,
-                state: state.to_string(),
-                paused,
-                in_window,
-                windows: self.windows.clone(),
-                jobs,
-                slots: self.slots,
-                cpu_percent: self.cpu_percent,
-                speed: self.speed,
-                idle: f64::from_bits(s.idle_bits.load(Ordering::Relaxed)),
-                rss_bytes: sysinfo::rss_bytes().unwrap_or(0),
-                budget_bytes: self.budget_bytes,
-            }),
-            error: None,
-        }
-    }
-}
-
 /// At most one upload of nothing but progress per this interval: a job of
 /// sub-millisecond supersteps would otherwise cost the supernode a request
 /// (and a database transaction) per superstep per peer, on the cores the
@@ -775,7 +702,7 @@ async fn command_loop(
                 Command::StartJob(assignment) => {
                     let Some(me) = client.peer_id() else { continue };
                     let job = assignment.job;
-                    let fetch = fetch_inputs(client.clone(), runtime.clone(), &assignment);
+                    let fetch = job::fetch_inputs(client.clone(), runtime.clone(), &assignment);
                     if jobs.start(me, assignment, fetch).is_some() {
                         tracing::info!(job, "starting job");
                     }
@@ -788,64 +715,6 @@ async fn command_loop(
             }
         }
     }
-}
-
-/// What a job needs from the supernode: its program, compiled (from the
-/// cache, or downloaded and compiled), and its resources.
-fn fetch_inputs(
-    client: Arc<Client>,
-    runtime: Arc<Runtime>,
-    a: &bsp_api::control::JobAssignment,
-) -> impl std::future::Future<Output = Result<job::Fetched, job::FetchError>> + Send + 'static {
-    let (job, hash) = (a.job, a.program_hash.clone());
-    let (apart, resources_bytes) = (!a.resources_hash.is_empty(), a.resources_bytes);
-    async move {
-        // Checked against their hash where the job driver decodes them.
-        let resources = if apart {
-            let bytes = client
-                .job_resources(job, resources_bytes)
-                .await
-                .map_err(job::FetchError::ResourcesDownload)?;
-            bytes::Bytes::from(bytes)
-        } else {
-            bytes::Bytes::new()
-        };
-        let (module, bytes) = fetch_module(client, runtime, hash).await?;
-        Ok(job::Fetched {
-            module,
-            bytes,
-            resources,
-        })
-    }
-}
-
-/// The program `hash`, compiled, and its bytes: from the cache, or
-/// downloaded and compiled.
-async fn fetch_module(
-    client: Arc<Client>,
-    runtime: Arc<Runtime>,
-    hash: String,
-) -> Result<(wasmtime::Module, bytes::Bytes), job::FetchError> {
-    if let Some(found) = runtime.cached_program(&hash) {
-        return Ok(found);
-    }
-    let mut backoff = Duration::from_millis(200);
-    let bytes = loop {
-        match client.module(&hash).await {
-            Ok(b) => break b,
-            Err(e) if e.is_transient() && backoff < Duration::from_secs(10) => {
-                tracing::warn!("cannot download program {hash}, retrying: {e}");
-                tokio::time::sleep(backoff).await;
-                backoff *= 2;
-            }
-            Err(error) => return Err(job::FetchError::Download { hash, error }),
-        }
-    };
-    tracing::info!(program = %hash, bytes = bytes.len(), "downloaded the program from the supernode");
-    let bytes = bytes::Bytes::from(bytes);
-    let b = bytes.clone();
-    let module = tokio::task::spawn_blocking(move || runtime.compile(&hash, &b)).await??;
-    Ok((module, bytes))
 }
 
 #[cfg(test)]

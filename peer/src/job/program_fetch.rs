@@ -239,3 +239,61 @@ impl Driver {
         }
     }
 }
+
+/// What a job needs from the supernode: its program, compiled (from the
+/// cache, or downloaded and compiled), and its resources.
+pub(crate) fn fetch_inputs(
+    client: Arc<crate::control::Client>,
+    runtime: Arc<Runtime>,
+    a: &bsp_api::control::JobAssignment,
+) -> impl std::future::Future<Output = Result<Fetched, FetchError>> + Send + 'static {
+    let (job, hash) = (a.job, a.program_hash.clone());
+    let (apart, resources_bytes) = (!a.resources_hash.is_empty(), a.resources_bytes);
+    async move {
+        // Checked against their hash where the job driver decodes them.
+        let resources = if apart {
+            let bytes = client
+                .job_resources(job, resources_bytes)
+                .await
+                .map_err(FetchError::ResourcesDownload)?;
+            bytes::Bytes::from(bytes)
+        } else {
+            bytes::Bytes::new()
+        };
+        let (module, bytes) = fetch_module(client, runtime, hash).await?;
+        Ok(Fetched {
+            module,
+            bytes,
+            resources,
+        })
+    }
+}
+
+/// The program `hash`, compiled, and its bytes: from the cache, or
+/// downloaded and compiled.
+async fn fetch_module(
+    client: Arc<crate::control::Client>,
+    runtime: Arc<Runtime>,
+    hash: String,
+) -> Result<(wasmtime::Module, bytes::Bytes), FetchError> {
+    if let Some(found) = runtime.cached_program(&hash) {
+        return Ok(found);
+    }
+    let mut backoff = Duration::from_millis(200);
+    let bytes = loop {
+        match client.module(&hash).await {
+            Ok(b) => break b,
+            Err(e) if e.is_transient() && backoff < Duration::from_secs(10) => {
+                tracing::warn!("cannot download program {hash}, retrying: {e}");
+                tokio::time::sleep(backoff).await;
+                backoff *= 2;
+            }
+            Err(error) => return Err(FetchError::Download { hash, error }),
+        }
+    };
+    tracing::info!(program = %hash, bytes = bytes.len(), "downloaded the program from the supernode");
+    let bytes = bytes::Bytes::from(bytes);
+    let b = bytes.clone();
+    let module = tokio::task::spawn_blocking(move || runtime.compile(&hash, &b)).await??;
+    Ok((module, bytes))
+}
