@@ -35,9 +35,10 @@
 //! every byte a job's peers exchange crosses this layer twice (sealed and
 //! opened), checkpoints to two replicas included, on the cores that run the
 //! guests. On this machine ring's AES-256-GCM does about 9–10 GB/s per
-//! core and AEGIS-256X4 about 40 (AEGIS-256X2 about 18); PageRank at p = 1 sealed and opened 13.6 MB
-//! per superstep, 2.5 ms of CPU with AES-GCM. The keys are Noise's, fresh
-//! per connection and direction, and a nonce is never reused under one.
+//! core and AEGIS-256X4 about 40 (AEGIS-256X2 about 18); PageRank at p = 1
+//! sealed and opened 13.6 MB per superstep, 2.5 ms of CPU with AES-GCM.
+//! The keys are Noise's, fresh per connection and direction, and a nonce
+//! is never reused under one.
 //!
 //! [`SecureStream`] is that record layer as an `AsyncRead + AsyncWrite`:
 //! writes are encrypted from the caller's buffers (vectored writes
