@@ -301,6 +301,79 @@ pub async fn call(path: &Path, request: Request) -> Result<PeerStatus, DaemonErr
     }
 }
 
+/// What the control socket answers with, and how it applies requests.
+pub(crate) struct StatusView {
+    pub(crate) name: String,
+    pub(crate) supernode: String,
+    pub(crate) client: std::sync::Arc<crate::control::Client>,
+    pub(crate) jobs: std::sync::Arc<crate::job::Jobs>,
+    pub(crate) standing: std::sync::Arc<Standing>,
+    pub(crate) windows: Vec<String>,
+    pub(crate) slots: usize,
+    pub(crate) cpu_percent: Option<u8>,
+    pub(crate) speed: f64,
+    pub(crate) budget_bytes: u64,
+}
+
+impl StatusView {
+    pub(crate) fn handle(&self, request: Request) -> Answer {
+        let s = &self.standing;
+        match request {
+            Request::Pause => {
+                if !s.paused.swap(true, Ordering::SeqCst) {
+                    tracing::info!("paused by the volunteer");
+                }
+                s.changed.notify_one();
+            }
+            Request::Resume => {
+                if s.paused.swap(false, Ordering::SeqCst) {
+                    tracing::info!("resumed by the volunteer");
+                }
+                s.changed.notify_one();
+            }
+            Request::Status => {}
+        }
+        let paused = s.paused.load(Ordering::SeqCst);
+        let in_window = !s.outside_windows.load(Ordering::SeqCst);
+        let jobs = self.jobs.running();
+        let peer_id = self.client.peer_id();
+        let state = if peer_id.is_none() {
+            "logging in"
+        } else if paused || !in_window {
+            if !jobs.is_empty() {
+                "draining"
+            } else if paused {
+                "paused"
+            } else {
+                "outside its time windows"
+            }
+        } else if jobs.is_empty() {
+            "idle"
+        } else {
+            "running"
+        };
+        Answer {
+            status: Some(PeerStatus {
+                name: self.name.clone(),
+                supernode: self.supernode.clone(),
+                peer_id,
+                state: state.to_string(),
+                paused,
+                in_window,
+                windows: self.windows.clone(),
+                jobs,
+                slots: self.slots,
+                cpu_percent: self.cpu_percent,
+                speed: self.speed,
+                idle: f64::from_bits(s.idle_bits.load(Ordering::Relaxed)),
+                rss_bytes: crate::sysinfo::rss_bytes().unwrap_or(0),
+                budget_bytes: self.budget_bytes,
+            }),
+            error: None,
+        }
+    }
+}
+
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
@@ -386,77 +459,5 @@ mod tests {
             Err(DaemonError::Open { .. })
         ));
         assert!(precious.exists());
-    }
-}
-/// What the control socket answers with, and how it applies requests.
-pub(crate) struct StatusView {
-    pub(crate) name: String,
-    pub(crate) supernode: String,
-    pub(crate) client: std::sync::Arc<crate::control::Client>,
-    pub(crate) jobs: std::sync::Arc<crate::job::Jobs>,
-    pub(crate) standing: std::sync::Arc<Standing>,
-    pub(crate) windows: Vec<String>,
-    pub(crate) slots: usize,
-    pub(crate) cpu_percent: Option<u8>,
-    pub(crate) speed: f64,
-    pub(crate) budget_bytes: u64,
-}
-
-impl StatusView {
-    pub(crate) fn handle(&self, request: Request) -> Answer {
-        let s = &self.standing;
-        match request {
-            Request::Pause => {
-                if !s.paused.swap(true, Ordering::SeqCst) {
-                    tracing::info!("paused by the volunteer");
-                }
-                s.changed.notify_one();
-            }
-            Request::Resume => {
-                if s.paused.swap(false, Ordering::SeqCst) {
-                    tracing::info!("resumed by the volunteer");
-                }
-                s.changed.notify_one();
-            }
-            Request::Status => {}
-        }
-        let paused = s.paused.load(Ordering::SeqCst);
-        let in_window = !s.outside_windows.load(Ordering::SeqCst);
-        let jobs = self.jobs.running();
-        let peer_id = self.client.peer_id();
-        let state = if peer_id.is_none() {
-            "logging in"
-        } else if paused || !in_window {
-            if !jobs.is_empty() {
-                "draining"
-            } else if paused {
-                "paused"
-            } else {
-                "outside its time windows"
-            }
-        } else if jobs.is_empty() {
-            "idle"
-        } else {
-            "running"
-        };
-        Answer {
-            status: Some(PeerStatus {
-                name: self.name.clone(),
-                supernode: self.supernode.clone(),
-                peer_id,
-                state: state.to_string(),
-                paused,
-                in_window,
-                windows: self.windows.clone(),
-                jobs,
-                slots: self.slots,
-                cpu_percent: self.cpu_percent,
-                speed: self.speed,
-                idle: f64::from_bits(s.idle_bits.load(Ordering::Relaxed)),
-                rss_bytes: crate::sysinfo::rss_bytes().unwrap_or(0),
-                budget_bytes: self.budget_bytes,
-            }),
-            error: None,
-        }
     }
 }
