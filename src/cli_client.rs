@@ -371,6 +371,12 @@ pub struct SubmitArgs {
     /// supersteps
     #[arg(long, value_name = "K")]
     checkpoint_every: Option<u32>,
+    /// Run each process on this many peers of different volunteers, 1 or 2
+    /// [default: 1]. With 2, a result counts only once both copies computed
+    /// the same, and a peer that computes wrongly is outvoted by a third
+    /// run and quarantined; it costs twice the computing (SECURITY.md)
+    #[arg(long, value_name = "N")]
+    redundancy: Option<u32>,
     /// Stream the job's output until it ends; exit non-zero if it did not exit normally
     #[arg(long, short = 'f')]
     follow: bool,
@@ -482,6 +488,7 @@ fn limits(a: &SubmitArgs) -> anyhow::Result<Option<JobLimits>> {
         && a.output_mib.is_none()
         && a.replicas.is_none()
         && a.checkpoint_every.is_none()
+        && a.redundancy.is_none()
     {
         return Ok(None);
     }
@@ -503,6 +510,14 @@ fn limits(a: &SubmitArgs) -> anyhow::Result<Option<JobLimits>> {
     }
     if let Some(r) = a.replicas {
         l.replicas = r;
+    }
+    if let Some(r) = a.redundancy {
+        if !(1..=2).contains(&r) {
+            return Err(usage(
+                "--redundancy must be 1 (each process once) or 2 (twice, on peers of different volunteers)",
+            ));
+        }
+        l.redundancy = r;
     }
     if let Some(k) = a.checkpoint_every {
         if k == 0 {
@@ -769,6 +784,24 @@ async fn follow(
                 eprintln!(
                     "== process {pid} migrated from {from} to {to} after superstep {superstep}"
                 );
+            }
+            JobEventKind::CopiesDisagree {
+                superstep,
+                peers,
+                what,
+            } => {
+                let mut names = Vec::new();
+                for p in peers {
+                    names.push(peer_names.describe(client, p).await);
+                }
+                eprintln!(
+                    "== the copies of process {pid} on {} computed different results in superstep {superstep} ({what}); a third run decides (none of it was used)",
+                    names.join(" and ")
+                );
+            }
+            JobEventKind::PeerQuarantined { peer, reason, .. } => {
+                let peer = peer_names.describe(client, peer).await;
+                eprintln!("== {peer} was quarantined: {reason}");
             }
             JobEventKind::JobExited => eprintln!("== job {job} exited"),
             JobEventKind::JobAborted { reason } => match event.pid {
@@ -1247,6 +1280,7 @@ mod tests {
             started_at: None,
             finished_at: None,
             placement: vec![],
+            copies: Vec::new(),
             exited,
             supersteps,
         }

@@ -23,6 +23,9 @@ const MAX_KEPT_LINES = 50000;
 const MAX_PICTURES = 100;
 const PROGRAM_NAME_RE = /^[A-Za-z0-9_.-]{1,64}$/;
 const MAX_NPROCS = 4096;
+// `JobLimits::default()` (bsp-api/src/rest.rs): a submission that sets one
+// limit sends them all.
+const DEFAULT_LIMITS = { superstep_ms: 120000, memory_mib: 512, output_mib: 64, checkpoint_every: 1, replicas: 2, redundancy: 1 };
 const MAX_UPLOAD_BYTES = 64 << 20;
 
 // ---------------------------------------------------------------- DOM helpers
@@ -1503,6 +1506,18 @@ function jobPage(main, ctx, _params, idText) {
         renderProgress();
         break;
       }
+      case 'copies_disagree': {
+        const names = (e.peers ?? []).map((p) => peersById.get(String(p))?.name ?? `peer ${p}`).join(' and ');
+        procState.set(pid, `copies disagree at superstep ${e.superstep}; a third run decides`);
+        addTimeline(`e${eid}`, at, `pid ${pid}: the copies on ${names} computed different results in superstep ${e.superstep} (${e.what}); a third run decides.`, 'warn');
+        renderProgress();
+        break;
+      }
+      case 'peer_quarantined': {
+        const name = peersById.get(String(e.peer))?.name ?? `peer ${e.peer}`;
+        addTimeline(`e${eid}`, at, `${name} was quarantined: ${e.reason}`, 'warn');
+        break;
+      }
       case 'job_exited':
         finish(eid, at, 'The job exited: every process returned normally.', 'ok');
         break;
@@ -1631,6 +1646,7 @@ function submitPage(main, ctx, params) {
   const description = h('input', { id: 'submit-description', name: 'description', maxlength: 4096, value: params.get('description') || '' });
   const seed = h('input', { id: 'submit-seed', name: 'seed', inputmode: 'numeric', 'aria-describedby': 'seed-help', placeholder: 'random' });
   const minPeers = h('input', { id: 'submit-min-peers', name: 'min_peers', type: 'number', min: 1, step: 1, 'aria-describedby': 'min-peers-help', placeholder: 'queue whatever happens' });
+  const redundancy = h('input', { id: 'submit-redundancy', name: 'redundancy', type: 'checkbox', 'aria-describedby': 'redundancy-help' });
   const button = h('button', { type: 'submit', id: 'submit-button' }, 'Submit job');
 
   function parseArgs() {
@@ -1680,6 +1696,7 @@ function submitPage(main, ctx, params) {
       h('summary', {}, 'Advanced'),
       h('div', { class: 'field' }, h('label', { for: 'submit-seed' }, 'Seed'), seed, h('p', { id: 'seed-help', class: 'help' }, 'Seed of the processes’ random number generators; the same seed gives the same run.')),
       h('div', { class: 'field' }, h('label', { for: 'submit-min-peers' }, 'Minimum peers online'), minPeers, h('p', { id: 'min-peers-help', class: 'help' }, 'Refuse the job instead of queueing it when fewer peers are online.')),
+      h('div', { class: 'field' }, h('label', { for: 'submit-redundancy' }, redundancy, ' Validate results (run every process twice)'), h('p', { id: 'redundancy-help', class: 'help' }, 'Each process runs on two peers of different volunteers, and nothing counts until both computed the same; a peer that computes wrongly is outvoted by a third run and shut out. Costs twice the computing.')),
     ),
     formError,
     h('div', { class: 'actions' }, button),
@@ -1727,6 +1744,7 @@ function submitPage(main, ctx, params) {
       }
       body.min_peers = v;
     }
+    if (redundancy.checked) body.limits = { ...DEFAULT_LIMITS, redundancy: 2 };
     button.disabled = true;
     button.textContent = 'Submitting…';
     try {

@@ -315,7 +315,10 @@ pub struct JobAssignment {
     /// from it (Noise with a pre-shared key, `peer/src/noise.rs`); it never
     /// travels on the data plane itself.
     pub job_token: String,
-    /// `placement[pid]` is the index into `peers` of the peer that runs `pid`.
+    /// `placement[c * nprocs + pid]` is the index into `peers` of the peer
+    /// that runs copy `c` of `pid`, for `c < limits.redundancy` (one copy
+    /// unless the job asked for redundancy). Copies of one pid are on
+    /// different peers (of different volunteers).
     pub placement: Vec<u32>,
     /// The peers of the job.
     pub peers: Vec<JobPeer>,
@@ -557,6 +560,19 @@ pub enum PeerEvent {
     /// if so declares it gone at once instead of waiting out its lease
     /// (docs/fault-tolerance.md, "Failure and restore").
     PeerUnreachable { job: JobId, peer: PeerId },
+    /// With redundancy: copies of `pid`'s result for `superstep` from
+    /// different peers differ. `groups` lists the peers that sent each
+    /// version (one group per version, largest first). A group of at least
+    /// the job's redundancy is the result that was taken: the others were
+    /// outvoted. Otherwise nothing was taken yet, and a third run must
+    /// decide. `what` says which result, for people.
+    Disagreement {
+        job: JobId,
+        pid: Pid,
+        superstep: u32,
+        groups: Vec<Vec<PeerId>>,
+        what: String,
+    },
 }
 
 #[cfg(test)]

@@ -239,6 +239,18 @@ pub struct JobLimits {
     /// loss of up to this many peers at once.
     #[serde(default = "default_replicas")]
     pub replicas: u32,
+    /// Copies of each process, each on a peer of a different volunteer
+    /// (1 or 2). With 2, every message, every checkpoint's state and every
+    /// output record of a process must be the same from both copies before
+    /// it reaches another process or the user; where they differ, a third
+    /// run decides and the peer that computed wrongly is quarantined
+    /// (SECURITY.md, "Result validation"). Costs twice the computing.
+    #[serde(default = "default_redundancy")]
+    pub redundancy: u32,
+}
+
+fn default_redundancy() -> u32 {
+    1
 }
 
 fn default_checkpoint_every() -> u32 {
@@ -260,6 +272,7 @@ impl Default for JobLimits {
             output_mib: 64,
             checkpoint_every: default_checkpoint_every(),
             replicas: default_replicas(),
+            redundancy: default_redundancy(),
         }
     }
 }
@@ -383,8 +396,13 @@ pub struct JobInfo {
     pub submitted_at: i64,
     pub started_at: Option<i64>,
     pub finished_at: Option<i64>,
-    /// For active and finished jobs: the peer each pid ran on, indexed by pid.
+    /// For active and finished jobs: the peer each pid ran on, indexed by pid
+    /// (its first copy's, with redundancy).
     pub placement: Vec<PeerId>,
+    /// With redundancy: the peers of the other copies, `copies[c - 1][pid]`
+    /// for copy `c ≥ 1`. Empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copies: Vec<Vec<PeerId>>,
     /// Number of processes that have exited normally.
     pub exited: u32,
     /// For active and finished jobs: the number of supersteps each pid has
@@ -438,6 +456,23 @@ pub enum JobEventKind {
         to: PeerId,
         superstep: u32,
     },
+    /// With redundancy: the copies of the process on these peers produced
+    /// different results in `superstep` (`what` says which: a message, its
+    /// state, an output record). Nothing of it went further; a third run
+    /// decides.
+    CopiesDisagree {
+        superstep: u32,
+        peers: Vec<PeerId>,
+        what: String,
+    },
+    /// With redundancy: `peer`'s result for the process in `superstep` was
+    /// outvoted by two other peers. It gets no more processes; its share of
+    /// the job is restored elsewhere from the last agreed checkpoints.
+    PeerQuarantined {
+        peer: PeerId,
+        superstep: u32,
+        reason: String,
+    },
     /// Every process exited normally; the last event of the stream.
     JobExited,
     /// The program aborted (abort, error from `main`, panic); the last event.
@@ -459,6 +494,8 @@ impl JobEventKind {
             JobEventKind::ProcessExited { .. } => "process_exited",
             JobEventKind::ProcessRolledBack { .. } => "process_rolled_back",
             JobEventKind::ProcessMigrated { .. } => "process_migrated",
+            JobEventKind::CopiesDisagree { .. } => "copies_disagree",
+            JobEventKind::PeerQuarantined { .. } => "peer_quarantined",
             JobEventKind::JobExited => "job_exited",
             JobEventKind::JobAborted { .. } => "job_aborted",
             JobEventKind::JobFailed { .. } => "job_failed",
@@ -525,6 +562,11 @@ pub struct PeerInfo {
     /// when it logs in again under this name with this token.
     #[serde(default)]
     pub disabled: bool,
+    /// Why it was quarantined, if it was: a job with redundancy found it
+    /// computing wrongly (outvoted by two other peers). It is disabled
+    /// too; only an administrator may enable it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined: Option<String>,
     /// The power placement gives it while online: speed × idle fraction,
     /// believed only as far as it has been shown (a new peer is on
     /// probation; a measured one gets at most a little more than it

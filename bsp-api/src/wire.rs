@@ -58,8 +58,9 @@ use crate::{JobId, PeerId, Pid};
 /// Version of the data-plane protocol carried in [`Frame::Hello`]. 5:
 /// checkpoints carry every mutable global in index order (was: the
 /// exported ones in export order). 7: the Noise handshake and encrypted
-/// records (was: a clear `Hello` showing the job token).
-pub const WIRE_VERSION: u32 = 7;
+/// records (was: a clear `Hello` showing the job token). 8: `ProcDone`'s
+/// state digest (redundancy).
+pub const WIRE_VERSION: u32 = 8;
 
 /// Largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
@@ -242,6 +243,11 @@ pub struct ProcDone {
     /// every destination (not only the receiver's pids: placement may change
     /// before they are read). Destinations with no message are left out.
     pub counts: Vec<(Pid, u32)>,
+    /// With redundancy, at a checkpointed superstep: the BLAKE3 digest of
+    /// the process's state at its end (the checkpoint's content without
+    /// the outbox, which differs between hosts), so copies on different
+    /// peers can be compared. `None` otherwise.
+    pub digest: Option<[u8; 32]>,
 }
 
 /// A process's state at the end of a superstep (docs/fault-tolerance.md).

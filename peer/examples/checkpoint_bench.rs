@@ -309,6 +309,7 @@ async fn run_driver(
             output_mib: 16,
             checkpoint_every: every,
             replicas: 2,
+            redundancy: 1,
         },
         job_token: format!("token-{job}"),
         placement: vec![0],

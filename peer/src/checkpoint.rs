@@ -144,6 +144,29 @@ impl Snapshot {
         canonical_hash(self, self.memory.len() as u64, pages)
     }
 
+    /// The digest of the process's state and of what it sent in this
+    /// superstep: the BLAKE3 hash of the canonical encoding up to the
+    /// outbox, then of the outbox's messages of this superstep only (in
+    /// the same encoding, without the count). The whole outbox depends on
+    /// how long its host retained messages, this does not: copies of a
+    /// process on different peers (redundancy) compare it, and a replica
+    /// holds a checkpoint only once they agreed, so a restore re-sends
+    /// only messages the copies agreed on.
+    /// [`PageTracker::capture`] gives it without rehashing
+    /// ([`PageTracker::last_state_digest`]).
+    pub fn state_digest(&self) -> [u8; 32] {
+        let mut state = [0; 32];
+        let pages = self.memory.chunks(PAGE_SIZE).map(page_hash);
+        canonical_hash_cached(
+            self,
+            self.memory.len() as u64,
+            pages,
+            &mut PayloadHashes::default(),
+            Some(&mut state),
+        );
+        state
+    }
+
     /// Set [`Snapshot::hash`] to [`Snapshot::compute_hash`].
     pub fn seal(mut self) -> Self {
         self.hash = self.compute_hash();
@@ -254,16 +277,24 @@ fn canonical_hash(
     memory_len: u64,
     page_hashes: impl Iterator<Item = PageHash>,
 ) -> [u8; 32] {
-    canonical_hash_cached(s, memory_len, page_hashes, &mut PayloadHashes::default())
+    canonical_hash_cached(
+        s,
+        memory_len,
+        page_hashes,
+        &mut PayloadHashes::default(),
+        None,
+    )
 }
 
 /// [`canonical_hash`] that takes the payload hashes it can from `cache`
 /// and leaves in it those of `s`'s outbox.
+/// When `state` is given, it gets [`Snapshot::state_digest`].
 fn canonical_hash_cached(
     s: &Snapshot,
     memory_len: u64,
     page_hashes: impl Iterator<Item = PageHash>,
     cache: &mut PayloadHashes,
+    state: Option<&mut [u8; 32]>,
 ) -> [u8; 32] {
     let mut next = HashMap::new();
     let mut h = blake3::Hasher::new();
@@ -281,22 +312,35 @@ fn canonical_hash_cached(
     for g in &s.globals {
         h.update(&g.to_le_bytes());
     }
+    // The state digest: the same up to here, then the messages of this
+    // superstep alone (older ones are in the outbox only while the host
+    // retains them).
+    let mut digest = state.is_some().then(|| h.clone());
     h.update(&(s.outbox.len() as u64).to_le_bytes());
     // Each message contributes the hash of its payload, computed once for a
     // payload that consecutive messages share (a broadcast's).
     for run in message_groups::runs(&s.outbox) {
         let payload = cache.hash(&mut next, &run[0].payload);
         for m in run {
-            h.update(&m.src.to_le_bytes());
-            h.update(&m.dst.to_le_bytes());
-            h.update(&m.superstep.to_le_bytes());
-            h.update(&m.seq.to_le_bytes());
-            h.update(&m.tag.to_le_bytes());
-            h.update(&(m.payload.len() as u64).to_le_bytes());
+            let mut fields = [0u8; 28];
+            fields[0..4].copy_from_slice(&m.src.to_le_bytes());
+            fields[4..8].copy_from_slice(&m.dst.to_le_bytes());
+            fields[8..12].copy_from_slice(&m.superstep.to_le_bytes());
+            fields[12..16].copy_from_slice(&m.seq.to_le_bytes());
+            fields[16..20].copy_from_slice(&m.tag.to_le_bytes());
+            fields[20..28].copy_from_slice(&(m.payload.len() as u64).to_le_bytes());
+            h.update(&fields);
             h.update(&payload);
+            if let Some(d) = digest.as_mut().filter(|_| m.superstep == s.superstep) {
+                d.update(&fields);
+                d.update(&payload);
+            }
         }
     }
     cache.known = next;
+    if let (Some(state), Some(d)) = (state, digest) {
+        *state = d.finalize().into();
+    }
     h.finalize().into()
 }
 

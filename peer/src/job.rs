@@ -350,6 +350,9 @@ struct Local {
     /// `Done`s not yet sent, ascending: `Done(s)` goes out once every
     /// checkpoint before `s` is safe ([`may_announce`]).
     held: Vec<(u32, ProcDone)>,
+    /// With redundancy: the `Done` of a superstep being captured, which
+    /// waits for the digest of the capture.
+    unsigned: Option<(u32, ProcDone)>,
     /// An exit checkpoint is being taken at this superstep: its `Done`
     /// waits for it (nothing later would).
     capturing_exit: Option<u32>,
@@ -373,6 +376,7 @@ impl Local {
             superstep: 0,
             pending: VecDeque::new(),
             held: Vec::new(),
+            unsigned: None,
             capturing_exit: None,
             exit_mark: 0,
             acks: Vec::new(),
@@ -399,8 +403,16 @@ struct Pending {
     /// whatever snapshot a replica holds loses no output. Other events
     /// (progress, status lines) are not waited for.
     output_mark: u64,
-    /// Checkpoint frames per replica, waiting for the output to be delivered.
+    /// Checkpoint frames per replica, waiting for the output to be
+    /// delivered (and, with redundancy, for the copies to agree).
     unsent: Vec<(PeerId, Outgoing)>,
+    /// The digest of the process's state in it
+    /// ([`Snapshot::state_digest`]).
+    digest: [u8; 32],
+    /// A quorum of the process's copies agreed on `digest` (always, without
+    /// redundancy): only then may a replica hold it, so every restore
+    /// starts from a state the copies agreed on.
+    agreed: bool,
 }
 
 struct Fetch {
@@ -482,8 +494,8 @@ struct Driver {
     epoch: u64,
     checkpoint_every: u32,
     replicas: usize,
-    /// `placement[pid]` is the peer that hosts `pid`.
-    placement: Vec<PeerId>,
+    /// Who runs each pid (each copy, with redundancy).
+    hosts: Hosts,
     /// The job's peers (this one included), in assignment order.
     peers: Vec<PeerId>,
     links: HashMap<PeerId, Link>,
@@ -552,8 +564,8 @@ async fn run_job(
     tracing::trace!(target: "bspweb::timeline", job, me, "job assigned");
     let kill = Arc::new(AtomicBool::new(false));
     let setup = check_assignment(me, &a)
-        .and_then(|placement| job_info(&env, &a, kill.clone()).map(|info| (placement, info)));
-    let (placement, info) = match setup {
+        .and_then(|hosts| job_info(&env, &a, kill.clone()).map(|info| (hosts, info)));
+    let (hosts, info) = match setup {
         Ok(x) => x,
         Err(reason) => {
             env.reporter.emit(PeerEvent::ProcessFailed {
@@ -591,10 +603,10 @@ async fn run_job(
         epoch: a.epoch,
         checkpoint_every: a.limits.checkpoint_every.max(1),
         replicas: a.limits.replicas as usize,
-        placement,
+        barrier: Barrier::with_quorum(nprocs, limit, hosts.copies()),
+        hosts,
         peers: a.peers.iter().map(|p| p.id).collect(),
         links: HashMap::new(),
-        barrier: Barrier::new(nprocs, limit),
         local: BTreeMap::new(),
         retained: BTreeMap::new(),
         retained_bytes: 0,
@@ -622,9 +634,7 @@ async fn run_job(
         }
     }
     let restore: HashSet<Pid> = a.restore.iter().copied().collect();
-    let mine: Vec<Pid> = (0..nprocs)
-        .filter(|&p| d.placement[p as usize] == me)
-        .collect();
+    let mine: Vec<Pid> = d.hosts.pids_on(me);
     let (fresh, restored): (Vec<Pid>, Vec<Pid>) =
         mine.into_iter().partition(|p| !restore.contains(p));
     d.deferred = Some((fresh, restored));
@@ -704,8 +714,8 @@ impl Driver {
         } else {
             Vec::new()
         };
-        let placement = &self.placement;
-        let hosted = |peer: PeerId| placement.iter().filter(|&&p| p == peer).count() as u32;
+        let hosts = &self.hosts;
+        let hosted = |peer: PeerId| hosts.count_on(peer);
         self.env.stats.observed.publish(
             self.job,
             self.observer.take(),
@@ -747,6 +757,7 @@ impl Driver {
 mod assignment;
 mod epochs;
 mod errors;
+mod hosts;
 mod inbound;
 mod program_fetch;
 mod replication;
@@ -757,6 +768,7 @@ mod threads;
 
 use assignment::*;
 pub use errors::{FetchError, HostError, Source};
+use hosts::Hosts;
 pub(crate) use program_fetch::fetch_inputs;
 use threads::*;
 

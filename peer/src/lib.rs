@@ -20,6 +20,8 @@ pub mod checkpoint;
 pub mod control;
 pub mod daemon;
 pub mod dirty;
+#[cfg(feature = "fault-injection")]
+mod fault;
 pub mod job;
 pub mod links;
 #[cfg(test)]

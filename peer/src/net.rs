@@ -163,6 +163,7 @@ mod tests {
                 pid: 1,
                 exited: false,
                 counts: vec![(0, 9)],
+                digest: None,
             }],
         };
         let mut b = encode(&f).unwrap().to_vec();

@@ -306,6 +306,9 @@ fn estimated_size(e: &PeerEvent) -> usize {
         | PeerEvent::ProcessHandedOver { .. }
         | PeerEvent::Progress { .. }
         | PeerEvent::PeerUnreachable { .. } => OVERHEAD,
+        PeerEvent::Disagreement { groups, what, .. } => {
+            OVERHEAD + what.len() + groups.iter().map(|g| g.len() * 8).sum::<usize>()
+        }
     }
 }
 

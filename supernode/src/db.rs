@@ -47,6 +47,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0009_enrollment.sql",
         include_str!("../../migrations/0009_enrollment.sql"),
     ),
+    (
+        "0010_redundancy.sql",
+        include_str!("../../migrations/0010_redundancy.sql"),
+    ),
 ];
 
 /// Opens (creating if needed) the database and brings its schema up to date.
@@ -99,7 +103,8 @@ pub(crate) fn u64_from_sql(v: i64) -> u64 {
 
 const JOB_COLUMNS: &str = "j.id, u.name, j.program, j.program_hash, j.nprocs, j.args, j.description, \
      j.state, j.outcome, j.error, j.error_pid, j.seed, j.superstep_ms, j.memory_mib, j.output_mib, \
-     j.submitted_at, j.started_at, j.finished_at, j.exited, j.checkpoint_every, j.replicas";
+     j.submitted_at, j.started_at, j.finished_at, j.exited, j.checkpoint_every, j.replicas, \
+     j.redundancy";
 
 fn job_from_row(row: &Row<'_>) -> rusqlite::Result<JobInfo> {
     let args: String = row.get(5)?;
@@ -124,24 +129,49 @@ fn job_from_row(row: &Row<'_>) -> rusqlite::Result<JobInfo> {
             output_mib: row.get(14)?,
             checkpoint_every: row.get(19)?,
             replicas: row.get(20)?,
+            redundancy: row.get(21)?,
         },
         submitted_at: row.get(15)?,
         started_at: row.get(16)?,
         finished_at: row.get(17)?,
         placement: Vec::new(),
+        copies: Vec::new(),
         exited: row.get(18)?,
         supersteps: Vec::new(),
     })
 }
 
-/// Where each pid of `job` runs and how many supersteps it has completed.
+/// Where each pid of `job` runs and how many supersteps it has completed:
+/// its first copy's, and with redundancy where its other copies run
+/// (`placements` has a row per copy, `c * nprocs + pid`).
 fn placement_of(conn: &Connection, job: &mut JobInfo) -> rusqlite::Result<()> {
-    let mut stmt = conn
-        .prepare_cached("SELECT peer_id, superstep FROM placements WHERE job = ?1 ORDER BY pid")?;
-    let rows = stmt.query_map([job.id], |r| {
-        Ok((r.get::<_, PeerId>(0)?, r.get::<_, u32>(1)?))
+    let mut stmt = conn.prepare_cached(
+        "SELECT pid, peer_id, superstep FROM placements WHERE job = ?1 ORDER BY pid",
+    )?;
+    let rows = stmt.query_map(params![job.id], |r| {
+        Ok((
+            r.get::<_, u32>(0)?,
+            r.get::<_, PeerId>(1)?,
+            r.get::<_, u32>(2)?,
+        ))
     })?;
-    (job.placement, job.supersteps) = rows.collect::<rusqlite::Result<_>>()?;
+    let n = job.nprocs.max(1);
+    job.placement.clear();
+    job.supersteps.clear();
+    job.copies.clear();
+    for row in rows {
+        let (slot, peer, superstep) = row?;
+        let copy = (slot / n) as usize;
+        if copy == 0 {
+            job.placement.push(peer);
+            job.supersteps.push(superstep);
+        } else {
+            if job.copies.len() < copy {
+                job.copies.resize_with(copy, Vec::new);
+            }
+            job.copies[copy - 1].push(peer);
+        }
+    }
     Ok(())
 }
 

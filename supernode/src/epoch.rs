@@ -20,7 +20,8 @@ use sha2::{Digest, Sha256};
 
 use crate::db::{self, u64_from_sql, u64_to_sql};
 pub(crate) use crate::jobs::job_peers;
-use crate::jobs::{Ending, Place, finish_job, pid_list, queue};
+use crate::jobs::{Ending, Place, finish_job, queue};
+use crate::twins::{self, Copies, Volunteers};
 use crate::{Effects, Error, Inner};
 
 /// Why a process left its host.
@@ -51,9 +52,12 @@ impl MoveKind {
     }
 }
 
-/// One process of a job, as `placements` records it.
+/// One process of a job, as `placements` records it: one copy of a pid
+/// with redundancy ([`crate::twins`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Placed {
+    /// The slot, `copy * nprocs + pid` (the pid itself without
+    /// redundancy).
     pub(crate) pid: Pid,
     /// The current host.
     pub(crate) peer: PeerId,
@@ -84,7 +88,7 @@ impl Placed {
     }
 }
 
-/// The processes of `job` in pid order.
+/// The processes of `job` in slot order (copy 0 of every pid first).
 pub(crate) fn placements(tx: &Connection, job: JobId) -> Result<Vec<Placed>, Error> {
     let mut stmt = tx.prepare_cached(
         "SELECT pid, peer_id, position, moved_epoch, moved_from, moved_kind, handed_over \
@@ -115,13 +119,57 @@ fn peer_of_pid(rows: &[Placed], q: Pid) -> Option<PeerId> {
         .map(|i| rows[i].peer)
 }
 
-/// Records `peers` as the peer list of `job`.
+/// The index in `rows` (ordered by slot) of `slot`'s row.
+fn row_index(rows: &[Placed], slot: Pid) -> Option<usize> {
+    rows.binary_search_by_key(&slot, |r| r.pid).ok()
+}
+
+/// For each row of `rows`, the peers that run its slot now: its host and,
+/// until the handover, a migration's old host; `gone` peers run nothing.
+fn runners(rows: &[Placed], gone: &[PeerId]) -> Vec<Vec<PeerId>> {
+    rows.iter()
+        .map(|r| {
+            [Some(r.peer), r.handing_over_from()]
+                .into_iter()
+                .flatten()
+                .filter(|p| !gone.contains(p))
+                .collect()
+        })
+        .collect()
+}
+
+/// The peers that run the other copies of `slot`'s pid, by `running`
+/// ([`runners`], perhaps updated with moves planned since).
+fn twin_hosts(copies: Copies, rows: &[Placed], running: &[Vec<PeerId>], slot: Pid) -> Vec<PeerId> {
+    copies
+        .siblings(slot)
+        .filter_map(|s| row_index(rows, s))
+        .flat_map(|i| running[i].iter().copied())
+        .collect()
+}
+
+/// The peers of `set` that take work, with their DHHT power, for
+/// [`twins::pick`].
+fn candidates(place: &Place, set: &BTreeSet<PeerId>) -> Vec<(PeerId, f64)> {
+    place
+        .dhht
+        .peers()
+        .filter(|p| set.contains(&p.id) && p.weight > 0.0)
+        .map(|p| (p.id, p.weight))
+        .collect()
+}
+
+/// Records `peers` as the peer list of `job` (and, for good, among the
+/// peers it ever had: a disagreement may name one that left since).
 pub(crate) fn set_job_peers(tx: &Connection, job: JobId, peers: &[PeerId]) -> Result<(), Error> {
     tx.execute("DELETE FROM job_peers WHERE job = ?1", [job])?;
     let mut stmt =
         tx.prepare_cached("INSERT INTO job_peers (job, peer_id, ord) VALUES (?1, ?2, ?3)")?;
+    let mut ever =
+        tx.prepare_cached("INSERT OR IGNORE INTO job_peer_history (job, peer_id) VALUES (?1, ?2)")?;
     for (ord, peer) in peers.iter().enumerate() {
         stmt.execute(params![job, peer, ord as i64])?;
+        ever.execute(params![job, peer])?;
     }
     Ok(())
 }
@@ -202,6 +250,7 @@ pub(crate) fn assignment(
         replicas,
         token,
         epoch,
+        redundancy,
     ): (
         String,
         u32,
@@ -214,9 +263,10 @@ pub(crate) fn assignment(
         u32,
         Option<String>,
         i64,
+        u32,
     ) = tx.query_row(
         "SELECT program_hash, nprocs, args, seed, superstep_ms, memory_mib, output_mib, \
-             checkpoint_every, replicas, job_token, epoch FROM jobs WHERE id = ?1",
+             checkpoint_every, replicas, job_token, epoch, redundancy FROM jobs WHERE id = ?1",
         [job],
         |r| {
             Ok((
@@ -231,6 +281,7 @@ pub(crate) fn assignment(
                 r.get(8)?,
                 r.get(9)?,
                 r.get(10)?,
+                r.get(11)?,
             ))
         },
     )?;
@@ -253,8 +304,19 @@ pub(crate) fn assignment(
         .enumerate()
         .map(|(i, p)| (p.id, i as u32))
         .collect();
-    let mut placement = Vec::with_capacity(nprocs as usize);
-    for row in placements(tx, job)? {
+    // One entry per slot, `placement[c * nprocs + pid]` for copy `c`.
+    let copies = Copies {
+        nprocs,
+        redundancy: redundancy.max(1),
+    };
+    let mut placement = Vec::with_capacity(copies.slots() as usize);
+    for (i, row) in placements(tx, job)?.into_iter().enumerate() {
+        if row.pid as usize != i {
+            return Err(Error::Internal(format!(
+                "job {job}: slot {i} has no placement (found slot {} there)",
+                row.pid
+            )));
+        }
         let i = index.get(&row.peer).copied().ok_or_else(|| {
             Error::Internal(format!(
                 "job {job}: pid {} is placed on peer #{} which is not among the job's peers",
@@ -262,6 +324,13 @@ pub(crate) fn assignment(
             ))
         })?;
         placement.push(i);
+    }
+    if placement.len() != copies.slots() as usize {
+        return Err(Error::Internal(format!(
+            "job {job}: {} placements for {nprocs} processes of {} copies",
+            placement.len(),
+            copies.redundancy
+        )));
     }
     // Resources travel apart from the assignment (they can be large): the
     // peers fetch them, or get them with the program by Robber.
@@ -292,6 +361,7 @@ pub(crate) fn assignment(
             output_mib,
             checkpoint_every: every,
             replicas,
+            redundancy: copies.redundancy,
         },
         job_token: token.unwrap_or_default(),
         placement,
@@ -343,12 +413,13 @@ pub(crate) fn send_assignment(
 /// A change of a job's assignment.
 #[derive(Debug, Default)]
 pub(crate) struct Change {
-    /// Processes that move: `(pid, new host)`.
+    /// Processes that move: `(slot, new host)` (the slot is the pid
+    /// without redundancy; [`crate::twins`]).
     pub(crate) moves: Vec<(Pid, PeerId)>,
     /// Whether the moves migrate (old host alive) or restore lost processes.
     pub(crate) migrate: bool,
-    /// Processes restored where they are: their migration's old host was
-    /// lost before it handed them over.
+    /// Processes (slots) restored where they are: their migration's old
+    /// host was lost before it handed them over.
     pub(crate) restore_in_place: Vec<Pid>,
     /// Peers that leave the job (lost ones; live ones are told `KillJob`).
     pub(crate) leave: Vec<PeerId>,
@@ -366,11 +437,14 @@ pub(crate) fn new_epoch(
     change: Change,
     now: i64,
 ) -> Result<u64, Error> {
-    let (epoch, replicas): (i64, u32) = tx.query_row(
-        "UPDATE jobs SET epoch = epoch + 1 WHERE id = ?1 RETURNING epoch, replicas",
+    let (epoch, replicas, nprocs): (i64, u32, u32) = tx.query_row(
+        "UPDATE jobs SET epoch = epoch + 1 WHERE id = ?1 RETURNING epoch, replicas, nprocs",
         [job],
-        |r| Ok((r.get(0)?, r.get(1)?)),
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )?;
+    // Moves name slots; `restore` and `migrate` name pids (every copy of a
+    // pid runs as that pid, and peers act on pids).
+    let pid_of = |slot: Pid| slot % nprocs.max(1);
     let epoch = u64_from_sql(epoch);
     let kind = if change.migrate {
         MoveKind::Migrate
@@ -426,17 +500,19 @@ pub(crate) fn new_epoch(
     let mut restore: Vec<Pid> = change
         .moves
         .iter()
-        .map(|&(pid, _)| pid)
+        .map(|&(slot, _)| slot)
         .chain(change.restore_in_place.iter().copied())
+        .map(pid_of)
         .collect();
     restore.sort_unstable();
     restore.dedup();
     let mut migrate: Vec<Pid> = if change.migrate {
-        change.moves.iter().map(|&(pid, _)| pid).collect()
+        change.moves.iter().map(|&(slot, _)| pid_of(slot)).collect()
     } else {
         Vec::new()
     };
     migrate.sort_unstable();
+    migrate.dedup();
     send_assignment(tx, inner, fx, job, restore, migrate, now)?;
     let live = live_peers(tx, now)?;
     for &p in change.leave.iter().chain(&drained) {
@@ -489,314 +565,13 @@ fn distinct(peers: impl IntoIterator<Item = PeerId>) -> Vec<PeerId> {
     out
 }
 
-/// Restores the processes of the `lost` peers (already marked gone and out
-/// of the DHHT): for every active job they belonged to, a new epoch with
-/// their processes re-placed by the DHHT on the remaining peers and named in
-/// `restore`. A job fails only when no live peer is left to take them.
-/// Why peers were declared gone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LossCause {
-    /// They stopped renewing their leases.
-    LeaseExpired,
-    /// Another peer of the job lost its link to it and its data-plane
-    /// address refused the supernode's connection.
-    Unreachable,
-    /// Its volunteer or an administrator disabled it (or its account).
-    Disabled,
-    /// The enrollment token it logged in with was revoked.
-    Revoked,
-    /// It renewed its lease but made no progress beyond its jobs'
-    /// superstep limit, say most of the jobs' other peers.
-    Stalled,
-}
+mod rebalance;
+mod restore;
+mod third_run;
 
-impl LossCause {
-    fn says(self, many: bool) -> &'static str {
-        match (self, many) {
-            (LossCause::LeaseExpired, false) => "stopped renewing its lease",
-            (LossCause::LeaseExpired, true) => "stopped renewing their leases",
-            (LossCause::Unreachable, _) => "died (its data port refuses connections)",
-            (LossCause::Disabled, false) => "was disabled by its volunteer or an administrator",
-            (LossCause::Disabled, true) => "were disabled by their volunteer or an administrator",
-            (LossCause::Revoked, false) => "lost its enrollment (its token was revoked)",
-            (LossCause::Revoked, true) => "lost their enrollment (their token was revoked)",
-            (LossCause::Stalled, false) => {
-                "made no progress past the superstep limit while it renewed its lease"
-            }
-            (LossCause::Stalled, true) => {
-                "made no progress past the superstep limit while they renewed their leases"
-            }
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn restore_lost(
-    tx: &Connection,
-    place: &mut Place,
-    inner: &Inner,
-    fx: &mut Effects,
-    lost: &BTreeMap<PeerId, String>,
-    cause: LossCause,
-    now: i64,
-) -> Result<(), Error> {
-    let mut by_job: BTreeMap<JobId, Vec<PeerId>> = BTreeMap::new();
-    {
-        let mut stmt = tx.prepare_cached(
-            "SELECT jp.job FROM job_peers jp JOIN jobs j ON j.id = jp.job \
-             WHERE jp.peer_id = ?1 AND j.state = 'active'",
-        )?;
-        for &peer in lost.keys() {
-            for job in stmt.query_map([peer], |r| r.get::<_, JobId>(0))? {
-                by_job.entry(job?).or_default().push(peer);
-            }
-        }
-    }
-    if by_job.is_empty() {
-        return Ok(());
-    }
-    let usable = usable_peers(tx, now)?;
-    let live = live_peers(tx, now)?;
-    let table = crate::jobs::two_level(tx, place, inner)?;
-    for (job, gone) in by_job {
-        let rows = placements(tx, job)?;
-        let job_live: Vec<PeerId> = job_peers(tx, job)?
-            .into_iter()
-            .filter(|p| live.contains(p))
-            .collect();
-        let lost_pids: Vec<&Placed> = rows.iter().filter(|r| gone.contains(&r.peer)).collect();
-        let in_place: Vec<Pid> = rows
-            .iter()
-            .filter(|r| {
-                !gone.contains(&r.peer) && r.handing_over_from().is_some_and(|p| gone.contains(&p))
-            })
-            .map(|r| r.pid)
-            .collect();
-        let mut moves = Vec::with_capacity(lost_pids.len());
-        let mut homeless = Vec::new();
-        let nprocs = rows.last().map_or(0, |r| r.pid + 1);
-        let peer_of = |q: Pid| peer_of_pid(&rows, q).filter(|p| !gone.contains(p));
-        for row in &lost_pids {
-            let target = two_level_target(&table, job, row.pid, nprocs, row.position, peer_of)
-                .filter(|p| usable.contains(p))
-                .or_else(|| job_live.first().copied())
-                .or_else(|| usable.first().copied())
-                .or_else(|| live.first().copied());
-            match target {
-                Some(t) => moves.push((row.pid, t)),
-                None => homeless.push(row.pid),
-            }
-        }
-        let who = if gone.len() == 1 {
-            format!("peer {} (#{})", lost[&gone[0]], gone[0])
-        } else {
-            let names: Vec<String> = gone.iter().map(|p| format!("{} (#{p})", lost[p])).collect();
-            format!("peers {}", names.join(", "))
-        };
-        if !homeless.is_empty() {
-            let reason = format!(
-                "{who} {} and no live peer is left to restore {}",
-                cause.says(gone.len() > 1),
-                pid_list(&homeless)
-            );
-            let ending = Ending {
-                outcome: JobOutcome::Failed,
-                error: Some(reason.clone()),
-                error_pid: None,
-                event: JobEventKind::JobFailed { reason },
-                kill: Some("every other peer of the job is gone".into()),
-                skip_peer: None,
-            };
-            finish_job(tx, place, inner, fx, job, ending, now)?;
-            continue;
-        }
-        let restored: Vec<Pid> = moves.iter().map(|&(pid, _)| pid).collect();
-        let targets = distinct(moves.iter().map(|&(_, t)| t));
-        let epoch = new_epoch(
-            tx,
-            inner,
-            fx,
-            job,
-            Change {
-                moves,
-                migrate: false,
-                restore_in_place: in_place.clone(),
-                leave: gone.clone(),
-            },
-            now,
-        )?;
-        let lost_text = format!(
-            "{} lost: {} {}",
-            peer_list(&gone),
-            if gone.len() == 1 { "it" } else { "they" },
-            cause.says(gone.len() > 1)
-        );
-        let text = if restored.is_empty() && in_place.is_empty() {
-            format!("{lost_text}; it held only checkpoint replicas (epoch {epoch})")
-        } else {
-            let mut text = lost_text;
-            if !restored.is_empty() {
-                text.push_str(&format!(
-                    "; restoring {} on {}",
-                    pid_list(&restored),
-                    peer_list(&targets)
-                ));
-            }
-            if !in_place.is_empty() {
-                text.push_str(&format!(
-                    "; restoring {} where they were migrating to",
-                    pid_list(&in_place)
-                ));
-            }
-            format!("{text} (epoch {epoch})")
-        };
-        tracing::warn!(job, epoch, "{text}");
-        db::insert_event(tx, job, None, None, &JobEventKind::Status { text }, now)?;
-    }
-    Ok(())
-}
-
-/// Moves the processes of active jobs whose DHHT host differs from their
-/// recorded host (after a power change or a drain). Jobs that migrated less
-/// than the migration interval ago wait, unless a process sits on a draining
-/// peer; a process still being handed over does not move again; a process
-/// that moved for a load change recently backs off and does not go
-/// straight back ([`crate::hysteresis`]). Returns whether some job has
-/// moves left for later.
-pub(crate) fn rebalance(
-    tx: &Connection,
-    place: &mut Place,
-    inner: &Inner,
-    fx: &mut Effects,
-    now: i64,
-) -> Result<bool, Error> {
-    let interval = i64::try_from(inner.config.migration_interval.as_millis()).unwrap_or(i64::MAX);
-    let usable = usable_peers(tx, now)?;
-    let draining = draining_peers(tx)?;
-    let jobs: Vec<(JobId, Option<i64>)> = {
-        let mut stmt = tx.prepare_cached(
-            "SELECT id, migrated_at FROM jobs WHERE state = 'active' ORDER BY id",
-        )?;
-        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<rusqlite::Result<_>>()?
-    };
-    place
-        .moves
-        .retain_jobs(|j| jobs.iter().any(|&(active, _)| active == j));
-    if jobs.is_empty() {
-        return Ok(false);
-    }
-    let mut pending = false;
-    let table = crate::jobs::two_level(tx, place, inner)?;
-    for (job, migrated_at) in jobs {
-        let rows = placements(tx, job)?;
-        let mut moves = Vec::new();
-        let mut load_moves = Vec::new();
-        let mut forced = false;
-        let nprocs = rows.last().map_or(0, |r| r.pid + 1);
-        let peer_of = |q: Pid| peer_of_pid(&rows, q);
-        for row in &rows {
-            let Some(target) =
-                two_level_target(&table, job, row.pid, nprocs, row.position, peer_of)
-                    .filter(|p| usable.contains(p) && *p != row.peer)
-            else {
-                continue;
-            };
-            if row.handing_over_from().is_some() {
-                pending = true;
-                continue;
-            }
-            if draining.contains(&row.peer) {
-                forced = true;
-            } else if place.moves.allows(job, row.pid, target, now, interval) {
-                load_moves.push((row.pid, row.peer));
-            } else {
-                pending = true;
-                continue;
-            }
-            moves.push((row.pid, target));
-        }
-        if moves.is_empty() {
-            continue;
-        }
-        if !forced && migrated_at.is_some_and(|t| now.saturating_sub(t) < interval) {
-            pending = true;
-            continue;
-        }
-        let pids: Vec<Pid> = moves.iter().map(|&(pid, _)| pid).collect();
-        let targets = distinct(moves.iter().map(|&(_, t)| t));
-        let sources = distinct(
-            moves
-                .iter()
-                .filter_map(|&(pid, _)| rows.iter().find(|r| r.pid == pid).map(|r| r.peer)),
-        );
-        let epoch = new_epoch(
-            tx,
-            inner,
-            fx,
-            job,
-            Change {
-                moves,
-                migrate: true,
-                ..Change::default()
-            },
-            now,
-        )?;
-        tx.execute(
-            "UPDATE jobs SET migrated_at = ?2 WHERE id = ?1",
-            params![job, now],
-        )?;
-        for (pid, from) in load_moves {
-            place.moves.record(job, pid, from, now, interval);
-        }
-        let why = if forced { "draining" } else { "load change" };
-        let text = format!(
-            "migrating {} from {} to {} ({why}, epoch {epoch})",
-            pid_list(&pids),
-            peer_list(&sources),
-            peer_list(&targets)
-        );
-        tracing::info!(job, epoch, "{text}");
-        db::insert_event(tx, job, None, None, &JobEventKind::Status { text }, now)?;
-    }
-    Ok(pending)
-}
-
-/// Lets draining peers that host nothing and hand nothing over leave their
-/// active jobs (a new epoch without them).
-pub(crate) fn settle_drains(
-    tx: &Connection,
-    inner: &Inner,
-    fx: &mut Effects,
-    now: i64,
-) -> Result<(), Error> {
-    let jobs: Vec<JobId> = {
-        let mut stmt = tx.prepare_cached(
-            "SELECT DISTINCT jp.job FROM job_peers jp JOIN peers p ON p.id = jp.peer_id \
-             JOIN jobs j ON j.id = jp.job \
-             WHERE p.draining = 1 AND p.state = 'online' AND j.state = 'active' ORDER BY jp.job",
-        )?;
-        stmt.query_map([], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?
-    };
-    if jobs.is_empty() {
-        return Ok(());
-    }
-    let draining = draining_peers(tx)?;
-    for job in jobs {
-        let rows = placements(tx, job)?;
-        let idle_drainer = job_peers(tx, job)?.into_iter().any(|p| {
-            draining.contains(&p)
-                && !rows
-                    .iter()
-                    .any(|r| r.peer == p || r.handing_over_from() == Some(p))
-        });
-        if idle_drainer {
-            new_epoch(tx, inner, fx, job, Change::default(), now)?;
-        }
-    }
-    Ok(())
-}
+pub(crate) use rebalance::{rebalance, settle_drains};
+pub(crate) use restore::{LossCause, restore_lost};
+pub(crate) use third_run::{ThirdRun, third_run};
 
 #[cfg(test)]
 mod tests;

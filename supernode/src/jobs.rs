@@ -31,6 +31,9 @@ pub(crate) struct Place {
     /// Jobs that wait because a peer lacks the memory for its share (told
     /// so once).
     pub(crate) memory_waits: std::collections::HashSet<JobId>,
+    /// Jobs with redundancy that wait for peers of enough volunteers (told
+    /// so once).
+    pub(crate) volunteer_waits: std::collections::HashSet<JobId>,
     /// Jobs that wait because of their owner's standing (disabled, process
     /// quota), with the reason they were told (once per reason).
     pub(crate) quota_waits: std::collections::HashMap<JobId, &'static str>,
@@ -213,6 +216,9 @@ pub(crate) fn finish_job(
     list_changed(tx, fx, job)?;
     place.quota_waits.remove(&job);
     place.memory_waits.remove(&job);
+    place.volunteer_waits.remove(&job);
+    // Copies held for a quorum that never came are of no use now.
+    tx.execute("DELETE FROM held_copies WHERE job = ?1", [job])?;
     {
         let mut stmt = tx.prepare_cached("SELECT position FROM placements WHERE job = ?1")?;
         for k in stmt.query_map([job], |r| r.get::<_, i64>(0))? {

@@ -46,6 +46,7 @@ mod sse;
 mod state;
 mod suspect;
 mod tls;
+mod twins;
 mod verify;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};

@@ -166,7 +166,19 @@ impl Cluster {
     /// Start one more peer (also while jobs run); returns its index in
     /// [`Cluster::peers`].
     pub fn add_peer(&mut self, name: &str, extra: &[String]) -> usize {
+        self.add_peer_with_env(name, extra, &[])
+    }
+
+    /// [`Cluster::add_peer`] with more environment variables (a test-only
+    /// fault, say).
+    pub fn add_peer_with_env(
+        &mut self,
+        name: &str,
+        extra: &[String],
+        env: &[(&str, &str)],
+    ) -> usize {
         let mut cmd = bspweb();
+        cmd.envs(env.iter().copied());
         cmd.args(["peer", "--supernode", &self.url, "--listen", "127.0.0.1:0"])
             .args(["--name", name, "--nice", "0", "--slots", "2"])
             // Speed 1 unless the test claims another.

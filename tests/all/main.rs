@@ -18,6 +18,7 @@ mod faults;
 mod links;
 mod metrics;
 mod redteam;
+mod redundancy;
 mod security;
 mod testbed;
 mod testbed_jobs;

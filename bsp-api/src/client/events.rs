@@ -39,7 +39,7 @@ const READ_AHEAD: usize = 64;
 
 /// The kinds of [`JobEventKind`], by name: an event of another kind comes
 /// from a newer supernode and is skipped.
-const KNOWN_KINDS: [&str; 11] = [
+const KNOWN_KINDS: [&str; 13] = [
     "stdout",
     "stderr",
     "raw",
@@ -47,6 +47,8 @@ const KNOWN_KINDS: [&str; 11] = [
     "process_exited",
     "process_rolled_back",
     "process_migrated",
+    "copies_disagree",
+    "peer_quarantined",
     "job_exited",
     "job_aborted",
     "job_failed",
@@ -102,6 +104,24 @@ pub enum ConsumerEvent {
         to: PeerId,
         superstep: u32,
     },
+    /// With redundancy: the copies of the process on `peers` computed
+    /// different results in `superstep` (`what`); a third run decides.
+    CopiesDisagree {
+        job: JobId,
+        pid: Pid,
+        superstep: u32,
+        peers: Vec<PeerId>,
+        what: String,
+    },
+    /// With redundancy: `peer` was outvoted about the process's result in
+    /// `superstep` and gets no more work.
+    PeerQuarantined {
+        job: JobId,
+        pid: Pid,
+        peer: PeerId,
+        superstep: u32,
+        reason: String,
+    },
     /// Every process exited normally (`jobExited`).
     JobExited { job: JobId },
     /// The program ended the job: `abort`, an error returned from `main`, a
@@ -137,6 +157,8 @@ impl ConsumerEvent {
             | ConsumerEvent::ProcessExited { job, .. }
             | ConsumerEvent::ProcessRolledBack { job, .. }
             | ConsumerEvent::ProcessMigrated { job, .. }
+            | ConsumerEvent::CopiesDisagree { job, .. }
+            | ConsumerEvent::PeerQuarantined { job, .. }
             | ConsumerEvent::JobExited { job }
             | ConsumerEvent::JobAborted { job, .. }
             | ConsumerEvent::JobFailed { job, .. }
@@ -222,6 +244,28 @@ impl TryFrom<JobEvent> for ConsumerEvent {
                 from: *from,
                 to: *to,
                 superstep: *superstep,
+            },
+            JobEventKind::CopiesDisagree {
+                superstep,
+                peers,
+                what,
+            } => ConsumerEvent::CopiesDisagree {
+                job,
+                pid: pid()?,
+                superstep: *superstep,
+                peers: peers.clone(),
+                what: what.clone(),
+            },
+            JobEventKind::PeerQuarantined {
+                peer,
+                superstep,
+                reason,
+            } => ConsumerEvent::PeerQuarantined {
+                job,
+                pid: pid()?,
+                peer: *peer,
+                superstep: *superstep,
+                reason: reason.clone(),
             },
             JobEventKind::JobExited => ConsumerEvent::JobExited { job },
             JobEventKind::JobAborted { reason } => ConsumerEvent::JobAborted {
@@ -1110,6 +1154,16 @@ mod tests {
                 to: 2,
                 superstep: 1,
             },
+            JobEventKind::CopiesDisagree {
+                superstep: 2,
+                peers: vec![1, 2],
+                what: "its state".into(),
+            },
+            JobEventKind::PeerQuarantined {
+                peer: 2,
+                superstep: 2,
+                reason: "outvoted".into(),
+            },
             JobEventKind::JobExited,
             JobEventKind::JobAborted { reason: "a".into() },
             JobEventKind::JobFailed { reason: "f".into() },
@@ -1125,6 +1179,8 @@ mod tests {
                 | JobEventKind::ProcessExited { .. }
                 | JobEventKind::ProcessRolledBack { .. }
                 | JobEventKind::ProcessMigrated { .. }
+                | JobEventKind::CopiesDisagree { .. }
+                | JobEventKind::PeerQuarantined { .. }
                 | JobEventKind::JobExited
                 | JobEventKind::JobAborted { .. }
                 | JobEventKind::JobFailed { .. }
@@ -1316,6 +1372,7 @@ mod tests {
             started_at: None,
             finished_at: None,
             placement: vec![],
+            copies: Vec::new(),
             exited: 0,
             supersteps: vec![],
         }

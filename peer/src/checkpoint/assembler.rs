@@ -406,6 +406,7 @@ impl Assembler {
             memory_len,
             hashes.iter().copied(),
             self.payloads.entry(pid).or_default(),
+            None,
         );
         if actual != hash {
             let error = CheckpointError::HashMismatch {

@@ -936,3 +936,38 @@ fn a_capture_that_starts_over_does_not_keep_a_recycled_buffers_pages() {
     assert_eq!(again.memory, b);
     assert_eq!(again, s2);
 }
+
+/// The state digest copies of a process compare (redundancy): the same
+/// whatever older messages the host still retains, different when the
+/// memory or a message of the superstep differs, and what the tracker
+/// gives without rehashing.
+#[test]
+fn the_state_digest_covers_the_state_and_this_supersteps_messages_only() {
+    let memory: Vec<u8> = [page_of(3), page_of(0), page_of(9)].concat();
+    let mut older = msg(0, 1, 0, 40);
+    older.superstep = 4;
+    let mut now = msg(0, 1, 1, 40);
+    now.superstep = 5;
+    let mut t = PageTracker::new();
+    let snap = t.capture(
+        head_retaining(0, 5, vec![older.clone(), now.clone()]),
+        &memory,
+    );
+    assert_eq!(t.last_state_digest(), snap.state_digest());
+    // Another host retained less: same digest, other content hash.
+    let mut t2 = PageTracker::new();
+    let fewer = t2.capture(head_retaining(0, 5, vec![now.clone()]), &memory);
+    assert_eq!(fewer.state_digest(), snap.state_digest());
+    assert_ne!(fewer.hash, snap.hash);
+    // A bit of memory, or of a message of the superstep, differs.
+    let mut flipped = memory.clone();
+    flipped[P + 17] ^= 1;
+    let mut t3 = PageTracker::new();
+    let other = t3.capture(head_retaining(0, 5, vec![now.clone()]), &flipped);
+    assert_ne!(other.state_digest(), snap.state_digest());
+    let mut bad = now.clone();
+    bad.payload = bytes::Bytes::from(vec![7u8; 40]);
+    let mut t4 = PageTracker::new();
+    let other = t4.capture(head_retaining(0, 5, vec![bad]), &memory);
+    assert_ne!(other.state_digest(), snap.state_digest());
+}

@@ -45,6 +45,8 @@ pub struct PageTracker {
     replicas: HashMap<PeerId, u32>,
     /// The retained messages' payload hashes.
     pub(super) payloads: PayloadHashes,
+    /// [`Snapshot::state_digest`] of the last capture.
+    state_digest: [u8; 32],
 }
 
 impl Default for PageTracker {
@@ -65,7 +67,14 @@ impl PageTracker {
             recent: std::collections::VecDeque::new(),
             replicas: HashMap::new(),
             payloads: PayloadHashes::default(),
+            state_digest: [0; 32],
         }
+    }
+
+    /// [`Snapshot::state_digest`] of the last capture, computed with its
+    /// hash (zeros before the first).
+    pub fn last_state_digest(&self) -> [u8; 32] {
+        self.state_digest
     }
 
     /// Capture `memory` into `snapshot` (whose other fields are set; its
@@ -219,6 +228,7 @@ impl PageTracker {
             snapshot.memory.len() as u64,
             self.page_hashes[..n].iter().copied(),
             &mut self.payloads,
+            Some(&mut self.state_digest),
         );
         self.origin.get_or_insert(snapshot.superstep);
         self.last = Some((snapshot.superstep, snapshot.hash));

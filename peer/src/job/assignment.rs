@@ -14,8 +14,19 @@ pub(super) const MIN_JOB_TOKEN: usize = 32;
 pub enum AssignmentError {
     #[error("the job has no processes")]
     NoProcesses,
-    #[error("the job's placement lists {listed} pids for {nprocs} processes")]
-    PlacementLength { listed: usize, nprocs: u32 },
+    #[error(
+        "the job's placement lists {listed} processes for {nprocs} processes with \
+         {copies} cop{} each", if *copies == 1 { "y" } else { "ies" }
+    )]
+    PlacementLength {
+        listed: usize,
+        nprocs: u32,
+        copies: u32,
+    },
+    #[error("the job asks for {0} copies of each process; this peer runs 1 to {MAX_COPIES}")]
+    Redundancy(u32),
+    #[error("the job's placement puts two copies of pid {pid} on peer #{peer}")]
+    CopiesTogether { pid: Pid, peer: PeerId },
     #[error("the job's placement names peer index {index}, but the job has {peers} peers")]
     NoSuchPeerIndex { index: u32, peers: usize },
     #[error("the job's assignment restores pid {pid}, but the job has {nprocs} processes")]
@@ -33,18 +44,23 @@ pub enum AssignmentError {
     Resource { name: String, error: String },
 }
 
-/// Check an assignment and return the pid → peer table.
-pub(super) fn check_assignment(
-    me: PeerId,
-    a: &JobAssignment,
-) -> Result<Vec<PeerId>, AssignmentError> {
+/// Most copies of a process (redundancy) a peer takes part in.
+pub(super) const MAX_COPIES: u32 = 3;
+
+/// Check an assignment and return who hosts each pid.
+pub(super) fn check_assignment(me: PeerId, a: &JobAssignment) -> Result<Hosts, AssignmentError> {
     if a.nprocs == 0 {
         return Err(AssignmentError::NoProcesses);
     }
-    if a.placement.len() != a.nprocs as usize {
+    let copies = a.limits.redundancy;
+    if !(1..=MAX_COPIES).contains(&copies) {
+        return Err(AssignmentError::Redundancy(copies));
+    }
+    if a.placement.len() != a.nprocs as usize * copies as usize {
         return Err(AssignmentError::PlacementLength {
             listed: a.placement.len(),
             nprocs: a.nprocs,
+            copies,
         });
     }
     if let Some(&bad) = a.placement.iter().find(|&&i| i as usize >= a.peers.len()) {
@@ -69,10 +85,20 @@ pub(super) fn check_assignment(
     if a.job_token.len() < MIN_JOB_TOKEN {
         return Err(AssignmentError::ShortSecret(a.job_token.len()));
     }
-    Ok(a.placement
+    let slots: Vec<PeerId> = a
+        .placement
         .iter()
         .map(|&i| a.peers[i as usize].id)
-        .collect())
+        .collect();
+    let hosts = Hosts::new(a.nprocs, &slots);
+    for pid in 0..a.nprocs {
+        let of = hosts.of(pid);
+        let twice = (1..of.len()).find(|&i| of[..i].contains(&of[i]));
+        if let Some(i) = twice {
+            return Err(AssignmentError::CopiesTogether { pid, peer: of[i] });
+        }
+    }
+    Ok(hosts)
 }
 
 pub(super) fn job_info(

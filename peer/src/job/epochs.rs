@@ -7,15 +7,19 @@ impl Driver {
     /// Switch to a newer assignment. Returns false if this peer is no longer
     /// part of the job.
     pub(super) fn reassign(&mut self, a: JobAssignment) -> bool {
-        if a.epoch <= self.epoch || a.job != self.job || a.nprocs != self.info.nprocs {
+        if a.epoch <= self.epoch
+            || a.job != self.job
+            || a.nprocs != self.info.nprocs
+            || a.limits.redundancy as usize != self.hosts.copies()
+        {
             return true;
         }
         // Hosts change: supersteps around the change (restores, handovers)
         // say nothing about anyone's speed.
         let now = self.observed_ms();
         self.observer.interrupt(now);
-        let placement = match check_assignment(self.me, &a) {
-            Ok(p) => p,
+        let hosts = match check_assignment(self.me, &a) {
+            Ok(h) => h,
             Err(e) => {
                 tracing::info!(job = self.job, "leaving the job: {e}");
                 return false;
@@ -25,7 +29,7 @@ impl Driver {
         self.sites = sites_of(&a);
         let old_peers: HashSet<PeerId> = self.peers.iter().copied().collect();
         self.peers = a.peers.iter().map(|p| p.id).collect();
-        self.placement = placement;
+        self.hosts = hosts;
         self.env
             .registry
             .update_peers(self.job, self.me, self.peers.iter().copied());
@@ -57,6 +61,7 @@ impl Driver {
         }
         // Replicas that are gone will not answer.
         for pid in self.local.keys().copied().collect::<Vec<_>>() {
+            let targets = self.replica_targets(pid);
             let Some(l) = self.local.get_mut(&pid) else {
                 continue;
             };
@@ -65,9 +70,9 @@ impl Driver {
                     p.waiting.remove(g);
                 }
                 // Replicas chosen among the new peer list get the checkpoint too.
-                let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
                 let fresh: Vec<PeerId> = targets
-                    .into_iter()
+                    .iter()
+                    .copied()
                     .filter(|t| !old_peers.contains(t) || gone.contains(t))
                     .collect();
                 let snap = p.snapshot.clone();
@@ -96,8 +101,7 @@ impl Driver {
         }
         let restore: HashSet<Pid> = a.restore.iter().copied().collect();
         for &pid in &a.restore {
-            let host = self.placement[pid as usize];
-            if host == self.me {
+            if self.hosts.runs(pid, self.me) {
                 if !self.local.contains_key(&pid) {
                     self.begin_fetch(pid);
                 }
@@ -110,14 +114,14 @@ impl Driver {
         let mut never_started = Vec::new();
         if let Some((fresh, restored)) = &mut self.deferred {
             let me = self.me;
-            let placement = &self.placement;
+            let hosts = &self.hosts;
             for p in fresh.iter().chain(restored.iter()) {
-                if placement[*p as usize] != me && !never_started.contains(p) {
+                if !hosts.runs(*p, me) && !never_started.contains(p) {
                     never_started.push(*p);
                 }
             }
-            restored.retain(|p| placement[*p as usize] == me);
-            fresh.retain(|p| placement[*p as usize] == me && !restored.contains(p));
+            restored.retain(|p| hosts.runs(*p, me));
+            fresh.retain(|p| hosts.runs(*p, me) && !restored.contains(p));
         }
         // Moved away before the program arrived: nothing to hand over, but
         // the supernode learns that this peer let go of them (a draining
@@ -134,16 +138,36 @@ impl Driver {
         // Processes here whose host moved without being listed (should not
         // happen) are handed over too.
         for (pid, l) in self.local.iter_mut() {
-            if self.placement[*pid as usize] != self.me {
+            if !self.hosts.runs(*pid, self.me) {
                 l.leaving = true;
+            }
+        }
+        // With redundancy a leaving copy is not handed over (its new host
+        // starts from the last agreed checkpoint): it just stops here.
+        if self.hosts.copies() > 1 {
+            let leaving: Vec<(Pid, u32)> = self
+                .local
+                .iter()
+                .filter(|(_, l)| l.leaving)
+                .map(|(pid, l)| (*pid, l.superstep))
+                .collect();
+            for (pid, superstep) in leaving {
+                self.local.remove(&pid);
+                self.emit(PeerEvent::ProcessHandedOver {
+                    job: self.job,
+                    pid,
+                    superstep,
+                    epoch: self.epoch,
+                });
             }
         }
         // Re-send what the new hosts need.
         let mut by_host: HashMap<PeerId, HashSet<Pid>> = HashMap::new();
         for &pid in &restore {
-            let host = self.placement[pid as usize];
-            if host != self.me {
-                by_host.entry(host).or_default().insert(pid);
+            for &host in self.hosts.of(pid) {
+                if host != self.me {
+                    by_host.entry(host).or_default().insert(pid);
+                }
             }
         }
         for (host, pids) in by_host {
@@ -154,11 +178,11 @@ impl Driver {
             .retained
             .values()
             .flatten()
-            .filter(|m| restore.contains(&m.dst) && self.placement[m.dst as usize] == self.me)
+            .filter(|m| restore.contains(&m.dst) && self.hosts.runs(m.dst, self.me))
             .cloned()
             .collect();
         for m in to_me {
-            self.deliver(m);
+            self.deliver_to(self.me, m);
         }
         let newcomers: Vec<PeerId> = now
             .iter()

@@ -80,7 +80,7 @@ impl Driver {
         match frame {
             Frame::Data { messages } => {
                 for m in messages {
-                    self.barrier.on_message(m)?;
+                    self.barrier.on_message_from(m, from)?;
                 }
             }
             Frame::Done { superstep, procs } => {
@@ -89,7 +89,7 @@ impl Driver {
                     self.observer.on_done(from, superstep, now);
                 }
                 for d in procs {
-                    self.barrier.on_done(superstep, d)?;
+                    self.barrier.on_done_from(superstep, d, from)?;
                 }
             }
             f @ (Frame::CheckpointPart { .. } | Frame::Checkpoint(_)) => {
@@ -139,12 +139,17 @@ impl Driver {
                 if pid >= self.info.nprocs {
                     return Err(ProtocolError::NoSuchPid(pid));
                 }
-                if self.local.contains_key(&pid) {
+                if self.local.contains_key(&pid) && self.hosts.copies() == 1 {
                     // We host it: hand it over at its next sync (once our own
                     // assignment says it moves, if the asker is ahead of us).
                     self.handovers.entry(pid).or_default().insert(from);
                     self.hand_over(pid);
                 } else {
+                    // With redundancy a copy is never handed over: a new
+                    // copy starts from the last checkpoint its copies
+                    // agreed on (what replicas hold), and so computes on
+                    // its own (a third run must not inherit a state that
+                    // may be the wrong one).
                     match self.store.newest(pid) {
                         Some(s) => {
                             let s = s.clone();
@@ -212,11 +217,11 @@ impl Driver {
             .retained
             .values()
             .flatten()
-            .filter(|m| self.placement[m.dst as usize] == peer && wanted(m.dst))
+            .filter(|m| self.hosts.runs(m.dst, peer) && wanted(m.dst))
             .cloned()
             .collect();
         for m in msgs {
-            self.deliver(m);
+            self.deliver_to(peer, m);
         }
         self.flush_all();
         let dones: Vec<(u32, ProcDone)> = self
@@ -261,7 +266,7 @@ impl Driver {
             // the owner's older pending checkpoints too; an owner ignores an
             // ack of a superstep it has no pending checkpoint of).
             let acks: Vec<Frame> = (0..self.info.nprocs)
-                .filter(|&pid| self.placement[pid as usize] == peer)
+                .filter(|&pid| self.hosts.is_primary(pid, peer))
                 .filter_map(|pid| {
                     self.store.newest(pid).map(|s| Frame::CheckpointAck {
                         pid,

@@ -226,7 +226,7 @@ impl Driver {
         if let Some((fresh, restored)) = self.deferred.take() {
             // Only what this peer still hosts (the placement may have
             // changed while the program was on its way).
-            let here = |p: &Pid| self.placement[*p as usize] == self.me;
+            let here = |p: &Pid| self.hosts.runs(*p, self.me);
             let restored: Vec<Pid> = restored.into_iter().filter(here).collect();
             let fresh: Vec<Pid> = fresh
                 .into_iter()

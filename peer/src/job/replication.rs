@@ -6,6 +6,60 @@
 use super::*;
 
 impl Driver {
+    /// Who gets `pid`'s checkpoints from this peer: its replicas when this
+    /// peer runs copy 0 of it, nobody for another copy (the copies' states
+    /// are the same; copy 0's travel once they agreed).
+    pub(super) fn replica_targets(&self, pid: Pid) -> Vec<PeerId> {
+        if self.hosts.copies() > 1 && !self.hosts.is_primary(pid, self.me) {
+            return Vec::new();
+        }
+        replicas_of(self.job, pid, self.me, &self.peers, self.replicas)
+    }
+
+    /// With redundancy: checkpoints whose digest a quorum of the copies
+    /// now agreed on may go to their replicas. A checkpoint outvoted
+    /// never goes (the supernode quarantines this peer).
+    pub(super) fn release_agreed(&mut self) {
+        if self.hosts.copies() == 1 {
+            return;
+        }
+        let mut agreed = Vec::new();
+        for (&pid, l) in self.local.iter_mut() {
+            for p in l.pending.iter_mut().filter(|p| !p.agreed) {
+                if self.barrier.agreed_digest(pid, p.superstep) == Some(p.digest) {
+                    p.agreed = true;
+                    agreed.push(pid);
+                }
+            }
+        }
+        agreed.dedup();
+        for pid in agreed {
+            self.send_checkpoint(pid);
+            self.release_if_acked(pid);
+        }
+    }
+
+    /// Tell the supernode about copies that disagree (redundancy).
+    pub(super) fn report_disputes(&mut self) {
+        for d in self.barrier.take_disputes() {
+            tracing::warn!(
+                job = self.job,
+                pid = d.pid,
+                superstep = d.superstep,
+                groups = ?d.groups,
+                "copies of a process disagree about {}",
+                d.what
+            );
+            self.emit(PeerEvent::Disagreement {
+                job: self.job,
+                pid: d.pid,
+                superstep: d.superstep,
+                groups: d.groups,
+                what: d.what,
+            });
+        }
+    }
+
     /// Send `pid`'s checkpoint to its replicas once its output up to the
     /// checkpoint reached the supernode.
     pub(super) fn send_checkpoint(&mut self, pid: Pid) {
@@ -16,7 +70,7 @@ impl Driver {
         let mut frames = Vec::new();
         // Oldest first: a delta travels after its base.
         for p in l.pending.iter_mut() {
-            if delivered < p.output_mark {
+            if delivered < p.output_mark || !p.agreed {
                 break;
             }
             frames.append(&mut p.unsent);
@@ -43,10 +97,22 @@ impl Driver {
         let delivered = self.env.reporter.delivered_count();
         l.pending
             .retain(|p| !p.waiting.is_empty() || delivered < p.output_mark);
+        // With redundancy a copy's `Done(s)` also waits until its output up
+        // to `K_s` reached the supernode: once the copies agreed on `K_s`,
+        // a copy restored from it does not emit that output again, and the
+        // supernode publishes a record only when both copies delivered it.
+        let redundant = self.hosts.copies() > 1;
         let ready = l
             .held
             .iter()
-            .take_while(|(s, _)| may_announce(&l.pending, l.capturing_exit, *s))
+            .take_while(|(s, _)| {
+                may_announce(&l.pending, l.capturing_exit, *s)
+                    && (!redundant
+                        || l
+                            .pending
+                            .iter()
+                            .all(|p| p.superstep > *s || delivered >= p.output_mark))
+            })
             .count();
         let go: Vec<(u32, ProcDone)> = l.held.drain(..ready).collect();
         for (s, d) in go {

@@ -147,16 +147,24 @@ impl Driver {
             .map(|m| m.superstep)
             .chain([c])
             .collect();
+        // With redundancy the `Done` of `c` carries the state's digest, as
+        // the other copies' did.
+        let digest = match &p {
+            Some(p) => p.tracker.last_state_digest(),
+            None => snapshot.state_digest(),
+        };
+        let redundant = self.hosts.copies() > 1;
         let held: Vec<(u32, ProcDone)> = supersteps
             .into_iter()
             .map(|s| {
-                (
-                    s,
-                    done_of(pid, snapshot.exited && s == c, &snapshot.outbox, s),
-                )
+                let mut d = done_of(pid, snapshot.exited && s == c, &snapshot.outbox, s);
+                if redundant && s == c {
+                    d.digest = Some(digest);
+                }
+                (s, d)
             })
             .collect();
-        let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
+        let targets = self.replica_targets(pid);
         for &r in &targets {
             for f in whole(&snapshot) {
                 self.send_to(r, f);
@@ -172,6 +180,9 @@ impl Driver {
             // Its output up to `c` was delivered by its old host.
             output_mark: 0,
             unsent: Vec::new(),
+            digest,
+            // What replicas hold, the copies agreed on.
+            agreed: true,
         }]);
         l.state = match p {
             Some(p) => State::AtSync(Box::new(p)),

@@ -48,11 +48,23 @@ impl Driver {
         l.send(frame);
     }
 
-    /// Send a message to its destination's host (or into the local barrier).
+    /// Send a message to its destination's hosts (the local one, if any,
+    /// straight into the barrier).
     pub(super) fn deliver(&mut self, m: WireMessage) {
-        let host = self.placement[m.dst as usize];
+        let hosts = self.hosts.of(m.dst);
+        if let [host] = *hosts {
+            return self.deliver_to(host, m);
+        }
+        for i in 0..hosts.len() {
+            let host = self.hosts.of(m.dst)[i];
+            self.deliver_to(host, m.clone());
+        }
+    }
+
+    /// Send a message to `host` (into the local barrier if it is this peer).
+    pub(super) fn deliver_to(&mut self, host: PeerId, m: WireMessage) {
         if host == self.me {
-            if let Err(e) = self.barrier.on_message(m) {
+            if let Err(e) = self.barrier.on_message_from(m, self.me) {
                 self.fail(None, format!("a local message broke the protocol: {e}"));
             }
             return;
@@ -92,13 +104,15 @@ impl Driver {
     /// Start relaying `run` if the rule picks a schedule. Returns whether it did.
     pub(super) fn relay_out(&mut self, run: &[WireMessage]) -> bool {
         // A `send_list` may name a pid many times; such lists go direct.
-        if run.len() > self.info.nprocs as usize {
+        // With redundancy every copy is counted by who sent it, so nothing
+        // is relayed.
+        if run.len() > self.info.nprocs as usize || self.hosts.copies() > 1 {
             return false;
         }
         let payload = &run[0].payload;
         let dest_peers: BTreeSet<PeerId> = run
             .iter()
-            .map(|m| self.placement[m.dst as usize])
+            .map(|m| self.hosts.of(m.dst)[0])
             .filter(|&p| p != self.me)
             .collect();
         let Some(me) = self.sites.get(&self.me) else {
@@ -142,8 +156,8 @@ impl Driver {
             "relaying a multicast"
         );
         for m in run {
-            if self.placement[m.dst as usize] == self.me {
-                self.deliver(m.clone());
+            if self.hosts.runs(m.dst, self.me) {
+                self.deliver_to(self.me, m.clone());
             }
         }
         let frames: Vec<(PeerId, Vec<Frame>)> =
@@ -170,6 +184,12 @@ impl Driver {
         bytes: bytes::Bytes,
     ) -> Result<(), RelayError> {
         relay::check_head(&head, self.info.nprocs, self.me, from)?;
+        if self.hosts.copies() > 1 {
+            // Nothing is relayed with redundancy (a copy counts for who
+            // sent it); a peer that does is ignored.
+            tracing::debug!(job = self.job, from, "dropping a relayed frame");
+            return Ok(());
+        }
         if !relay::current(&head, &self.peers) {
             tracing::debug!(
                 job = self.job,
@@ -235,16 +255,19 @@ impl Driver {
         let direct = std::mem::take(&mut f.direct);
         let head = f.head.clone();
         for &(dst, seq) in &head.dsts {
-            let host = self.placement[dst as usize];
+            let host = self.hosts.of(dst)[0];
             if host == self.me || direct.contains(&host) {
-                self.deliver(WireMessage {
-                    src: head.src,
-                    dst,
-                    superstep: head.superstep,
-                    seq,
-                    tag: head.tag,
-                    payload: payload.clone(),
-                });
+                self.deliver_to(
+                    host,
+                    WireMessage {
+                        src: head.src,
+                        dst,
+                        superstep: head.superstep,
+                        seq,
+                        tag: head.tag,
+                        payload: payload.clone(),
+                    },
+                );
             }
         }
         self.flush_all();

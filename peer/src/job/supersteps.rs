@@ -19,7 +19,7 @@ impl Driver {
                 },
             );
         }
-        if let Err(e) = self.barrier.on_done(s, d) {
+        if let Err(e) = self.barrier.on_done_from(s, d, self.me) {
             self.fail(
                 None,
                 format!("a local process's report broke the protocol: {e}"),
@@ -82,7 +82,7 @@ impl Driver {
         let s = self.local.get(&pid).map_or(0, |l| l.superstep);
         let capture_input = checkpointed(s, self.checkpoint_every).then(|| CaptureInput {
             outbox: self.retained.get(&pid).cloned().unwrap_or_default(),
-            targets: replicas_of(self.job, pid, self.me, &self.peers, self.replicas),
+            targets: self.replica_targets(pid),
             early: self.early_tx.clone(),
         });
         // A free slot: straight to a blocking thread (one thread hop less
@@ -149,6 +149,8 @@ impl Driver {
             }
             Outcome::Failed(reason) => return self.fail(Some(pid), reason),
         };
+        #[cfg(feature = "fault-injection")]
+        crate::fault::on_sync(s, &mut p.process);
         let out = wire_messages(pid, s, p.process.take_outbox());
         self.on_synced(pid, exited, out);
         if exited || checkpointed(s, self.checkpoint_every) {
@@ -174,6 +176,12 @@ impl Driver {
             return;
         };
         let s = l.superstep;
+        #[cfg(feature = "fault-injection")]
+        let out = {
+            let mut out = out;
+            crate::fault::on_messages(s, &mut out);
+            out
+        };
         let done = done_of(pid, exited, &out, s);
         self.route(&out);
         self.flush_all();
@@ -191,7 +199,12 @@ impl Driver {
             }
         }
         if let Some(l) = self.local.get_mut(&pid) {
-            l.held.push((s, done));
+            if self.hosts.copies() > 1 && (exited || checkpointed(s, self.checkpoint_every)) {
+                // It carries the digest of the state being captured.
+                l.unsigned = Some((s, done));
+            } else {
+                l.held.push((s, done));
+            }
         }
         // `Done(s)` does not wait for `K_s` (only for the checkpoints
         // before it): the other processes go on while this one is captured
@@ -211,7 +224,7 @@ impl Driver {
             .get_mut(&pid)
             .map(|l| std::mem::take(&mut l.acks))
             .unwrap_or_default();
-        let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
+        let targets = self.replica_targets(pid);
         self.tasks.spawn_blocking(move || {
             let captured = capture(&mut p, outbox, exited, acks, &targets);
             Task::Captured(pid, captured.map(|(s, e)| (p, s, e)))
@@ -246,7 +259,7 @@ impl Driver {
         p.recent.push_back(snapshot.clone());
         // The replicas may have changed while it was captured: new ones get
         // frames planned here, gone ones none.
-        let targets = replicas_of(self.job, pid, self.me, &self.peers, self.replicas);
+        let targets = self.replica_targets(pid);
         for (r, _) in encoded.iter().filter(|(r, _)| !targets.contains(r)) {
             // Planned for, never sent: it holds no base from this capture.
             p.tracker.forget(*r);
@@ -278,10 +291,18 @@ impl Driver {
             .stats
             .checkpoint_bytes
             .fetch_add(bytes as u64, Ordering::Relaxed);
+        let redundant = self.hosts.copies() > 1;
         let l = self.local.get_mut(&pid).expect("checked above");
         let output_mark = p.process.output_mark().max(l.exit_mark);
         if l.capturing_exit == Some(s) {
             l.capturing_exit = None;
+        }
+        let digest = p.tracker.last_state_digest();
+        if let Some((us, mut done)) = l.unsigned.take() {
+            if us == s {
+                done.digest = Some(digest);
+            }
+            l.held.push((us, done));
         }
         l.pending.push_back(Pending {
             superstep: s,
@@ -290,6 +311,8 @@ impl Driver {
             gates_own: exited,
             output_mark,
             unsent,
+            digest,
+            agreed: !redundant,
         });
         l.state = if exited {
             State::Exited
@@ -319,6 +342,8 @@ impl Driver {
         if self.failed {
             return;
         }
+        self.report_disputes();
+        self.release_agreed();
         // Over the peer's memory budget: the job holding the most here
         // fails, rather than the peer (issue 20, finding 1).
         let budget = self.env.runtime.budget();

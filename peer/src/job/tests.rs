@@ -109,6 +109,7 @@ fn assignment(job: JobId, wasm: &[u8], peers: &[TestPeer], placement: Vec<u32>) 
             output_mib: 16,
             checkpoint_every: 1,
             replicas: 2,
+            redundancy: 1,
         },
         job_token: format!("token-{job}-{}", "0".repeat(32)),
         placement,
@@ -788,6 +789,7 @@ fn small_limits() -> JobLimits {
         output_mib: 1,
         checkpoint_every: 1,
         replicas: 2,
+        redundancy: 1,
     }
 }
 
@@ -902,6 +904,7 @@ async fn a_peer_that_breaks_the_protocol_fails_the_job() {
                         pid: 1,
                         exited: false,
                         counts: vec![(0, 1)],
+                        digest: None,
                     }],
                 };
                 conn.send(net::encode(&frame).unwrap()).await.unwrap();
@@ -911,6 +914,7 @@ async fn a_peer_that_breaks_the_protocol_fails_the_job() {
                         pid: 1,
                         exited: false,
                         counts: vec![(0, 2)],
+                        digest: None,
                     }],
                 };
                 conn.send(net::encode(&frame).unwrap()).await.unwrap();

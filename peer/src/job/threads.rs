@@ -82,6 +82,8 @@ pub(super) fn resume_and_capture(
     let Some(c) = capture_input else {
         return Task::Resumed(pid, Ok((p, outcome)));
     };
+    #[cfg(feature = "fault-injection")]
+    crate::fault::on_sync(s, &mut p.process);
     let out = wire_messages(pid, s, p.process.take_outbox());
     let mut outbox = c.outbox;
     outbox.extend(out.iter().cloned());
@@ -176,5 +178,6 @@ pub(super) fn done_of(pid: Pid, exited: bool, messages: &[WireMessage], s: u32) 
         pid,
         exited,
         counts: counts.into_iter().collect(),
+        digest: None,
     }
 }

@@ -156,6 +156,19 @@ impl Process {
         self.writes.as_ref().map(crate::dirty::Tracking::cold_pages)
     }
 
+    /// Flip one bit in the middle of linear memory (test-only fault
+    /// injection, [`crate::fault`]).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn corrupt_memory(&mut self) {
+        if let Some(m) = self.store.data().memory {
+            let data = m.data_mut(&mut self.store);
+            if !data.is_empty() {
+                let i = data.len() / 2;
+                data[i] ^= 1;
+            }
+        }
+    }
+
     /// Take the messages sent since the last call.
     pub fn take_outbox(&mut self) -> Vec<Outgoing> {
         std::mem::take(&mut self.store.data_mut().outbox)

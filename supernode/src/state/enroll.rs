@@ -43,6 +43,9 @@ pub(crate) enum FenceCause {
     AccountDisabled,
     /// They hold processes but make no progress, say the jobs' other peers.
     Stalled,
+    /// With redundancy, peers of other volunteers outvoted its result
+    /// (`state::redundancy`).
+    Quarantined,
 }
 
 impl FenceCause {
@@ -51,6 +54,7 @@ impl FenceCause {
             FenceCause::Revoked => LossCause::Revoked,
             FenceCause::Disabled | FenceCause::AccountDisabled => LossCause::Disabled,
             FenceCause::Stalled => LossCause::Stalled,
+            FenceCause::Quarantined => LossCause::Quarantined,
         }
     }
 }
@@ -280,29 +284,44 @@ impl Core {
     ) -> Result<PeerInfo, Error> {
         let Caller { id: caller, admin } = caller;
         let tx = self.conn.transaction()?;
-        let row: Option<(Option<i64>, Option<i64>, String)> = tx
+        #[allow(clippy::type_complexity)]
+        let row: Option<(Option<i64>, Option<i64>, String, Option<String>)> = tx
             .query_row(
-                "SELECT p.enrollment, e.owner, p.name FROM peers p \
+                "SELECT p.enrollment, e.owner, p.name, p.quarantine_reason FROM peers p \
                  LEFT JOIN enrollments e ON e.id = p.enrollment WHERE p.id = ?1",
                 [peer],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .optional()?;
-        let Some((enrollment, _, name)) =
-            row.filter(|(_, owner, _)| admin || *owner == Some(caller))
+        let Some((enrollment, _, name, quarantine)) =
+            row.filter(|(_, owner, ..)| admin || *owner == Some(caller))
         else {
             let whose = if admin { "" } else { " of yours" };
             return Err(Error::NotFound(format!("no peer #{peer}{whose}")));
         };
+        // A quarantined peer computed wrongly: its volunteer may not simply
+        // let it back in (issue 18, result validation).
+        if let Some(why) = quarantine.filter(|_| !disabled && !admin) {
+            return Err(Error::Forbidden(format!(
+                "peer #{peer} was quarantined because {why}; only an administrator may enable it"
+            )));
+        }
         // Every row of the same machine (name and token) changes together,
         // so the login check sees one answer.
+        // Enabling also lifts a quarantine (an administrator's call).
         match enrollment {
             Some(e) => tx.execute(
-                "UPDATE peers SET disabled = ?3 WHERE enrollment = ?1 AND name = ?2",
+                "UPDATE peers SET disabled = ?3, \
+                     quarantined_at = CASE WHEN ?3 THEN quarantined_at END, \
+                     quarantine_reason = CASE WHEN ?3 THEN quarantine_reason END \
+                 WHERE enrollment = ?1 AND name = ?2",
                 params![e, name, disabled],
             )?,
             None => tx.execute(
-                "UPDATE peers SET disabled = ?2 WHERE id = ?1",
+                "UPDATE peers SET disabled = ?2, \
+                     quarantined_at = CASE WHEN ?2 THEN quarantined_at END, \
+                     quarantine_reason = CASE WHEN ?2 THEN quarantine_reason END \
+                 WHERE id = ?1",
                 params![peer, disabled],
             )?,
         };

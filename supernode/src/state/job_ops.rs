@@ -39,7 +39,8 @@ impl Core {
             .collect();
         peers.sort_by(|a, b| a.position.total_cmp(&b.position));
         let mut stmt = self.conn.prepare(
-            "SELECT p.job, p.pid, p.position, p.peer_id FROM placements p JOIN jobs j ON j.id = p.job \
+            "SELECT p.job, p.pid % j.nprocs, p.position, p.peer_id FROM placements p \
+             JOIN jobs j ON j.id = p.job \
              WHERE j.state = 'active' AND j.owner = ?1 ORDER BY p.job, p.pid",
         )?;
         let processes = stmt
@@ -65,19 +66,26 @@ impl Core {
         let now = now_ms();
         let tx = self.conn.transaction()?;
         let quota = users::quotas_of(&tx, &inner.config, owner)?.max_processes;
-        if quota > 0 && job.nprocs > quota {
+        // Every copy of a process runs, takes memory and counts.
+        let redundancy = job.limits.redundancy.max(1);
+        let copies = job.nprocs.saturating_mul(redundancy);
+        if quota > 0 && copies > quota {
+            let what = if redundancy > 1 {
+                format!("{} processes × {redundancy} copies", job.nprocs)
+            } else {
+                format!("{} processes", job.nprocs)
+            };
             return Err(Error::QuotaExceeded(format!(
-                "the job has {} processes and your quota allows {quota} at once; run it with fewer, or ask an administrator for a larger quota",
-                job.nprocs
+                "the job has {what} and your quota allows {quota} processes at once; run it with fewer, or ask an administrator for a larger quota"
             )));
         }
         let hash = Self::resolve_program(&tx, owner, &job.program)?;
-        let proc_bytes = admit_memory(&tx, &hash, job.nprocs, job.limits.replicas)?;
+        let proc_bytes = admit_memory(&tx, &hash, copies, job.limits.replicas)?;
         tx.execute(
             "INSERT INTO jobs (owner, program, program_hash, nprocs, args, description, seed, \
                  superstep_ms, memory_mib, output_mib, state, submitted_at, checkpoint_every, replicas, \
-                 proc_bytes) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'waiting', ?11, ?12, ?13, ?14)",
+                 proc_bytes, redundancy) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'waiting', ?11, ?12, ?13, ?14, ?15)",
             params![
                 owner,
                 job.program,
@@ -92,7 +100,8 @@ impl Core {
                 now,
                 job.limits.checkpoint_every,
                 job.limits.replicas,
-                u64_to_sql(proc_bytes)
+                u64_to_sql(proc_bytes),
+                redundancy
             ],
         )?;
         let id = tx.last_insert_rowid();

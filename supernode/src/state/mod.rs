@@ -2,8 +2,9 @@
 //! peer leases and peer reports. Each runs in one SQLite transaction on a
 //! blocking thread and records its [`Effects`]. One file per concern:
 //! [`validate`], [`users`], [`job_ops`], [`schedule`], [`peers`],
-//! [`report`]; here the [`Core`] itself, its loading and the background
-//! tasks.
+//! [`report`], [`redundancy`] (result validation: output gating and
+//! judging disagreements); here the [`Core`] itself, its loading and the
+//! background tasks.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -32,6 +33,7 @@ mod job_ops;
 mod links;
 mod peers;
 mod progress;
+mod redundancy;
 mod report;
 mod schedule;
 mod users;
@@ -427,6 +429,7 @@ mod tests {
             output_mib: 0,
             checkpoint_every: 0,
             replicas: 0,
+            redundancy: 1,
         });
         assert_eq!(
             l,
@@ -436,6 +439,7 @@ mod tests {
                 output_mib: 1,
                 checkpoint_every: 1,
                 replicas: 0,
+                redundancy: 1,
             }
         );
         let l = clamp_limits(JobLimits {
@@ -444,6 +448,7 @@ mod tests {
             output_mib: u32::MAX,
             checkpoint_every: u32::MAX,
             replicas: u32::MAX,
+            redundancy: 2,
         });
         assert_eq!(
             l,
@@ -453,6 +458,7 @@ mod tests {
                 output_mib: 1024,
                 checkpoint_every: 1_000_000,
                 replicas: MAX_REPLICAS,
+                redundancy: 2,
             }
         );
         assert_eq!(clamp_limits(JobLimits::default()), JobLimits::default());
@@ -525,5 +531,27 @@ mod tests {
         assert_eq!(ok.resources, vec![("input".to_string(), b"hello".to_vec())]);
         assert_eq!(ok.seed, u64::MAX);
         assert!(validate_submit(base()).unwrap().seed < 1 << 53);
+        // Redundancy 1 or 2, else a 400 that says what is allowed.
+        for (r, ok) in [
+            (0, false),
+            (1, true),
+            (2, true),
+            (3, false),
+            (u32::MAX, false),
+        ] {
+            let mut j = base();
+            j.limits = Some(JobLimits {
+                redundancy: r,
+                ..JobLimits::default()
+            });
+            match validate_submit(j) {
+                Ok(job) => assert!(ok && job.limits.redundancy == r, "{r}"),
+                Err(e) => {
+                    assert!(!ok, "{r}: {e}");
+                    assert!(matches!(e, Error::BadRequest { .. }), "{e}");
+                    assert!(e.to_string().contains("must be 1"), "{e}");
+                }
+            }
+        }
     }
 }

@@ -612,7 +612,7 @@ impl Core {
                  cluster, rss_bytes, held_bytes, budget_bytes, enrollment, disabled, \
                  (SELECT u.name FROM enrollments e JOIN users u ON u.id = e.owner \
                   WHERE e.id = peers.enrollment), \
-                 CASE WHEN state = 'online' THEN power END \
+                 CASE WHEN state = 'online' THEN power END, quarantine_reason \
              FROM peers ORDER BY state != 'online', id",
         )?;
         let rows = stmt.query_map([], |r| {
@@ -645,6 +645,7 @@ impl Core {
                 disabled: r.get(14)?,
                 owner: r.get(15)?,
                 power: r.get(16)?,
+                quarantined: r.get(17)?,
                 delivered_power: None,
             })
         })?;

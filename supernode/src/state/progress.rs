@@ -21,7 +21,13 @@ impl Core {
         if !waits.is_empty() {
             tracing::debug!(reporter, ?waits, "barrier waits reported");
         }
-        let mut hosts: HashMap<JobId, HashMap<Pid, PeerId>> = HashMap::new();
+        // The peers each waited-for pid's wait is laid on: its host, or
+        // with redundancy the hosts of its copies that are furthest behind
+        // (a wait for a quorum is a wait for the slower copy).
+        let mut hosts: HashMap<JobId, HashMap<Pid, Vec<PeerId>>> = HashMap::new();
+        // Every peer hosting a process (a copy) of each job: the suspects
+        // and their judges.
+        let mut members: HashMap<JobId, BTreeSet<PeerId>> = HashMap::new();
         let mut limits: HashMap<JobId, u64> = HashMap::new();
         for w in waits {
             if hosts.contains_key(&w.job) {
@@ -35,18 +41,36 @@ impl Core {
                 )
                 .optional()?;
             let Some(limit) = limit else { continue };
-            let mut stmt =
-                tx.prepare_cached("SELECT pid, peer_id FROM placements WHERE job = ?1")?;
-            let placed = stmt
+            let mut stmt = tx.prepare_cached(
+                "SELECT p.pid % j.nprocs, p.peer_id, p.superstep FROM placements p \
+                 JOIN jobs j ON j.id = p.job WHERE p.job = ?1",
+            )?;
+            let rows = stmt
                 .query_map([w.job], |r| {
-                    Ok((r.get::<_, Pid>(0)?, r.get::<_, PeerId>(1)?))
+                    Ok((
+                        r.get::<_, Pid>(0)?,
+                        r.get::<_, PeerId>(1)?,
+                        r.get::<_, u32>(2)?,
+                    ))
                 })?
-                .collect::<rusqlite::Result<HashMap<Pid, PeerId>>>()?;
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            members.insert(w.job, rows.iter().map(|&(_, p, _)| p).collect());
+            let mut behind: HashMap<Pid, (u32, Vec<PeerId>)> = HashMap::new();
+            for (pid, peer, step) in rows {
+                let e = behind.entry(pid).or_insert((step, Vec::new()));
+                if step < e.0 {
+                    *e = (step, Vec::new());
+                }
+                if step == e.0 {
+                    e.1.push(peer);
+                }
+            }
+            let placed = behind.into_iter().map(|(pid, (_, p))| (pid, p)).collect();
             hosts.insert(w.job, placed);
             limits.insert(w.job, u64::try_from(limit).unwrap_or(0));
         }
         let mut parties: HashMap<PeerId, crate::verify::Party> = HashMap::new();
-        for &p in hosts.values().flat_map(|h| h.values()) {
+        for &p in members.values().flatten() {
             if parties.contains_key(&p) {
                 continue;
             }
@@ -77,15 +101,18 @@ impl Core {
             waits,
             |job, pids| {
                 hosts.get(&job).map_or_else(BTreeSet::new, |h| {
-                    pids.iter().filter_map(|p| h.get(p).copied()).collect()
+                    pids.iter()
+                        .filter_map(|p| h.get(p))
+                        .flatten()
+                        .copied()
+                        .collect()
                 })
             },
             now,
         );
         let mut stalled = BTreeSet::new();
-        for (job, placed) in &hosts {
-            let peers: BTreeSet<PeerId> = placed.values().copied().collect();
-            for x in live.verify.stalled(*job, &peers, party, limits[job], now) {
+        for (job, peers) in &members {
+            for x in live.verify.stalled(*job, peers, party, limits[job], now) {
                 tracing::warn!(
                     peer = x,
                     job,

@@ -1,17 +1,81 @@
 //! A peer's report: output, progress, exits, aborts, failures, handovers
 //! and suspected peers, applied in order in one transaction.
 
+use super::redundancy::{self, Offer, Verdict};
 use super::*;
+use crate::twins::Copies;
+
+/// Disagreements one report may carry that are judged; more are ignored
+/// (a peer reports each once, and few at a time).
+const MAX_VERDICTS_PER_REPORT: usize = 64;
 
 /// What a report handler knows about a job the reporting peer may touch.
 pub(super) struct ReportJob {
     active: bool,
     owner: i64,
     nprocs: u32,
+    /// Copies of each process (1: no validation).
+    redundancy: u32,
+    /// The job's output limit per process, in MiB.
+    output_mib: u32,
     /// The job's current epoch.
     epoch: u64,
-    /// The processes, indexed by pid.
+    /// The processes, indexed by slot (`copy * nprocs + pid`).
     placement: Vec<epoch::Placed>,
+}
+
+impl ReportJob {
+    fn copies(&self) -> Copies {
+        Copies {
+            nprocs: self.nprocs,
+            redundancy: self.redundancy,
+        }
+    }
+
+    /// The slot of `pid` whose row satisfies `f`. Peers speak of pids;
+    /// a peer never runs two copies of one pid ([`crate::twins`]), so its
+    /// pid names one slot.
+    fn slot_where(&self, pid: Pid, f: impl Fn(&epoch::Placed) -> bool) -> Option<u32> {
+        if pid >= self.nprocs {
+            return None;
+        }
+        self.copies()
+            .slots_of(pid)
+            .find(|&s| self.placement.get(s as usize).is_some_and(&f))
+    }
+
+    /// The slot of `pid` that `peer` hosts, or else still hands over.
+    fn slot_run_by(&self, pid: Pid, peer: PeerId) -> Option<u32> {
+        self.slot_where(pid, |p| p.peer == peer)
+            .or_else(|| self.slot_where(pid, |p| p.is_run_by(peer)))
+    }
+
+    /// The slot of `pid` that `peer` hosts now.
+    fn slot_hosted_by(&self, pid: Pid, peer: PeerId) -> Option<u32> {
+        self.slot_where(pid, |p| p.peer == peer)
+    }
+}
+
+/// The lowest superstep the copies of `pid` have reported reaching.
+fn pid_superstep(tx: &Connection, job: JobId, copies: Copies, pid: Pid) -> Result<u32, Error> {
+    let mut stmt =
+        tx.prepare_cached("SELECT superstep FROM placements WHERE job = ?1 AND pid = ?2")?;
+    let mut low: Option<u32> = None;
+    for slot in copies.slots_of(pid) {
+        let s: Option<u32> = stmt
+            .query_row(params![job, slot], |r| r.get(0))
+            .optional()?;
+        low = match (low, s) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    Ok(low.unwrap_or(0))
+}
+
+/// The JSON of an event, as held copies are compared.
+fn event_json(kind: &JobEventKind) -> Result<String, Error> {
+    serde_json::to_string(kind).map_err(|e| Error::Internal(format!("event payload: {e}")))
 }
 
 impl Core {
@@ -42,6 +106,8 @@ impl Core {
         let mut jobs: HashMap<JobId, Option<ReportJob>> = HashMap::new();
         let mut handed_over = false;
         let mut suspects = Vec::new();
+        // Disagreements reported or found, judged once every event applied.
+        let mut verdicts: Vec<Verdict> = Vec::new();
         // Output bytes each owner's jobs store, once a record needed it.
         let mut owner_stored: HashMap<i64, i64> = HashMap::new();
         // Each owner's output quota in MiB (0: none), once needed.
@@ -56,7 +122,8 @@ impl Core {
                 | PeerEvent::ProcessHandedOver { job, .. }
                 | PeerEvent::Progress { job, .. }
                 | PeerEvent::Status { job, .. }
-                | PeerEvent::PeerUnreachable { job, .. } => *job,
+                | PeerEvent::PeerUnreachable { job, .. }
+                | PeerEvent::Disagreement { job, .. } => *job,
             };
             let entry = match jobs.entry(job) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -79,12 +146,9 @@ impl Core {
                 tracing::debug!(peer, job, "ignoring a report about a finished job");
                 continue;
             }
-            // The host of `pid`, or its old host while it hands it over.
-            let own = |pid: Pid| {
-                ctx.placement
-                    .get(pid as usize)
-                    .is_some_and(|p| p.is_run_by(peer))
-            };
+            // The host of a copy of `pid`, or its old host while it hands
+            // it over.
+            let own = |pid: Pid| ctx.slot_run_by(pid, peer).is_some();
             match event {
                 PeerEvent::Output {
                     pid,
@@ -139,8 +203,43 @@ impl Core {
                     if known {
                         continue;
                     }
-                    // The owner's storage quota (issue 20, finding 4; 0: none).
                     let bytes = db::output_bytes(&kind).map_or(0, |b| b.len() as i64);
+                    // With redundancy, only what copies of two volunteers
+                    // agree on reaches the user.
+                    if ctx.redundancy > 1 {
+                        let limit = i64::from(ctx.output_mib).saturating_mul(1 << 20);
+                        let offer = redundancy::offer_copy(
+                            &tx,
+                            job,
+                            pid,
+                            seq,
+                            peer,
+                            &event_json(&kind)?,
+                            bytes,
+                            limit,
+                            ctx.redundancy,
+                            now,
+                        )?;
+                        let (groups, publish) = match offer {
+                            Offer::Held | Offer::Dropped => continue,
+                            Offer::Agreed { groups } => (groups, true),
+                            Offer::Disagree { groups } => (groups, false),
+                        };
+                        if groups.len() > 1 && verdicts.len() < MAX_VERDICTS_PER_REPORT {
+                            verdicts.push(Verdict {
+                                job,
+                                pid,
+                                superstep: pid_superstep(&tx, job, ctx.copies(), pid)?,
+                                groups,
+                                what: format!("output record {seq}"),
+                                reporter: None,
+                            });
+                        }
+                        if !publish {
+                            continue;
+                        }
+                    }
+                    // The owner's storage quota (issue 20, finding 4; 0: none).
                     let stored = match owner_stored.get(&ctx.owner) {
                         Some(&s) => s,
                         None => tx.query_row(
@@ -196,19 +295,22 @@ impl Core {
                 PeerEvent::Progress { pid, superstep, .. } => {
                     // Only the process's current host speaks for it: a
                     // migrating process's old host may still report.
+                    let Some(slot) = ctx.slot_hosted_by(pid, peer) else {
+                        continue;
+                    };
                     let before: Option<u32> = tx
                         .prepare_cached(
                             "SELECT superstep FROM placements \
                              WHERE job = ?1 AND pid = ?2 AND peer_id = ?3",
                         )?
-                        .query_row(params![job, pid, peer], |r| r.get(0))
+                        .query_row(params![job, slot, peer], |r| r.get(0))
                         .optional()?;
                     let Some(before) = before else { continue };
                     tx.prepare_cached(
                         "UPDATE placements SET superstep = ?3 \
                          WHERE job = ?1 AND pid = ?2 AND peer_id = ?4",
                     )?
-                    .execute(params![job, pid, superstep, peer])?;
+                    .execute(params![job, slot, superstep, peer])?;
                     // Supersteps re-executed after a restore count again:
                     // they were computed again.
                     fx.counts.add(
@@ -261,7 +363,16 @@ impl Core {
                     from_start,
                     ..
                 } => {
-                    let Some(p) = ctx.placement.get(pid as usize) else {
+                    let Some(p) = ctx
+                        .slot_hosted_by(pid, peer)
+                        .and_then(|s| ctx.placement.get(s as usize))
+                    else {
+                        tracing::info!(
+                            peer,
+                            job,
+                            pid,
+                            "ignoring the restore report of a process this peer does not host"
+                        );
                         continue;
                     };
                     let (Some(moved), Some(kind)) = (p.moved_epoch, p.moved_kind) else {
@@ -308,7 +419,10 @@ impl Core {
                     }
                 }
                 PeerEvent::ProcessHandedOver { pid, epoch: at, .. } => {
-                    let Some(p) = ctx.placement.get_mut(pid as usize) else {
+                    let slot = ctx
+                        .slot_where(pid, |p| p.handing_over_from() == Some(peer))
+                        .unwrap_or(pid);
+                    let Some(p) = ctx.placement.get_mut(slot as usize) else {
                         continue;
                     };
                     if p.handing_over_from() != Some(peer) || p.moved_epoch.is_none_or(|m| at < m) {
@@ -323,14 +437,14 @@ impl Core {
                     }
                     tx.execute(
                         "UPDATE placements SET handed_over = 1 WHERE job = ?1 AND pid = ?2",
-                        params![job, pid],
+                        params![job, slot],
                     )?;
                     p.handed_over = true;
                     handed_over = true;
                     fx.jobs.insert(job);
                 }
                 PeerEvent::ProcessExited { pid, superstep, .. } => {
-                    if !own(pid) {
+                    let Some(slot) = ctx.slot_run_by(pid, peer) else {
                         tracing::warn!(
                             peer,
                             job,
@@ -338,12 +452,54 @@ impl Core {
                             "ignoring the exit of a process not placed on this peer"
                         );
                         continue;
-                    }
+                    };
                     tx.prepare_cached(
                         "UPDATE placements SET superstep = ?3 WHERE job = ?1 AND pid = ?2",
                     )?
-                    .execute(params![job, pid, superstep])?;
+                    .execute(params![job, slot, superstep])?;
                     let kind = JobEventKind::ProcessExited { superstep };
+                    // With redundancy, a process exits once copies of two
+                    // volunteers exited alike.
+                    if ctx.redundancy > 1 {
+                        let known = tx
+                            .prepare_cached(
+                                "SELECT 1 FROM events WHERE job = ?1 AND pid = ?2 AND seq = -1",
+                            )?
+                            .exists(params![job, pid])?;
+                        if known {
+                            continue;
+                        }
+                        let offer = redundancy::offer_copy(
+                            &tx,
+                            job,
+                            pid,
+                            -1,
+                            peer,
+                            &event_json(&kind)?,
+                            0,
+                            i64::MAX,
+                            ctx.redundancy,
+                            now,
+                        )?;
+                        let (groups, publish) = match offer {
+                            Offer::Held | Offer::Dropped => continue,
+                            Offer::Agreed { groups } => (groups, true),
+                            Offer::Disagree { groups } => (groups, false),
+                        };
+                        if groups.len() > 1 && verdicts.len() < MAX_VERDICTS_PER_REPORT {
+                            verdicts.push(Verdict {
+                                job,
+                                pid,
+                                superstep,
+                                groups,
+                                what: "its exit".into(),
+                                reporter: None,
+                            });
+                        }
+                        if !publish {
+                            continue;
+                        }
+                    }
                     // seq -1: a process exits once, however often it is
                     // reported (a restored process re-executes and exits again).
                     if db::insert_event(&tx, job, Some(pid), Some(-1), &kind, now)?.is_none() {
@@ -367,6 +523,32 @@ impl Core {
                         };
                         finish_job(&tx, &mut self.place, inner, fx, job, ending, now)?;
                         ctx.active = false;
+                    }
+                }
+                PeerEvent::Disagreement {
+                    pid,
+                    superstep,
+                    groups,
+                    what,
+                    ..
+                } => {
+                    // Checked and judged once the report is applied.
+                    if verdicts.len() < MAX_VERDICTS_PER_REPORT {
+                        verdicts.push(Verdict {
+                            job,
+                            pid,
+                            superstep,
+                            groups,
+                            what,
+                            reporter: Some(peer),
+                        });
+                    } else {
+                        tracing::debug!(
+                            peer,
+                            job,
+                            pid,
+                            "ignoring a disagreement: too many in one report"
+                        );
                     }
                 }
                 PeerEvent::ProcessAborted {
@@ -436,6 +618,12 @@ impl Core {
                 }
             }
         }
+        // Quarantines and third runs change epochs (of other jobs too), so
+        // they come after the events that were about the epochs as
+        // reported.
+        for v in &verdicts {
+            redundancy::judge(&tx, &mut self.place, inner, fx, v, now)?;
+        }
         if handed_over {
             // A draining peer that handed over its last process leaves the job;
             // processes that waited for their handover may move now.
@@ -452,14 +640,24 @@ pub(super) fn load_report_job(
     job: JobId,
     peer: PeerId,
 ) -> Result<Option<ReportJob>, Error> {
-    let row: Option<(String, u32, i64, i64)> = tx
+    #[allow(clippy::type_complexity)]
+    let row: Option<(String, u32, i64, i64, u32, u32)> = tx
         .query_row(
-            "SELECT state, nprocs, epoch, owner FROM jobs WHERE id = ?1",
+            "SELECT state, nprocs, epoch, owner, redundancy, output_mib FROM jobs WHERE id = ?1",
             [job],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            },
         )
         .optional()?;
-    let Some((state, nprocs, epoch, owner)) = row else {
+    let Some((state, nprocs, epoch, owner, redundancy, output_mib)) = row else {
         return Ok(None);
     };
     let placement = epoch::placements(tx, job)?;
@@ -472,6 +670,8 @@ pub(super) fn load_report_job(
         active: state == "active",
         owner,
         nprocs,
+        redundancy: redundancy.max(1),
+        output_mib,
         epoch: u64_from_sql(epoch),
         placement,
     }))

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::jobs::job_position;
+use crate::twins::{self, Copies, Volunteers};
 
 impl Core {
     // ------------------------------------------------------------ scheduling
@@ -44,16 +45,23 @@ impl Core {
         let cores: f64 = online.values().map(|(_, c)| f64::from(*c)).sum();
         let capacity = inner.config.overload_factor * cores;
         let (mut running, mut active): (i64, i64) = tx.query_row(
-            "SELECT coalesce(sum(nprocs - exited), 0), count(*) FROM jobs WHERE state = 'active'",
+            "SELECT coalesce(sum((nprocs - exited) * redundancy), 0), count(*) FROM jobs \
+             WHERE state = 'active'",
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
-        let waiting: Vec<(JobId, u32, i64)> = {
+        let waiting: Vec<(JobId, Copies, i64)> = {
             let mut stmt = tx.prepare(
-                "SELECT id, nprocs, owner FROM jobs WHERE state = 'waiting' ORDER BY id",
+                "SELECT id, nprocs, redundancy, owner FROM jobs WHERE state = 'waiting' ORDER BY id",
             )?;
-            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-                .collect::<rusqlite::Result<_>>()?
+            stmt.query_map([], |r| {
+                let copies = Copies {
+                    nprocs: r.get(1)?,
+                    redundancy: r.get::<_, u32>(2)?.max(1),
+                };
+                Ok((r.get(0)?, copies, r.get(3)?))
+            })?
+            .collect::<rusqlite::Result<_>>()?
         };
         if waiting.is_empty() {
             return Ok(0);
@@ -65,7 +73,9 @@ impl Core {
         // processes of its active jobs.
         let mut owners: HashMap<i64, (bool, u32, u64)> = HashMap::new();
         let mut placed = 0;
-        for (job, nprocs, owner) in waiting {
+        for (job, copies, owner) in waiting {
+            // Every copy is a process that runs (and counts against quotas).
+            let nprocs = copies.slots();
             let (disabled, quota, used) = match owners.entry(owner) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => {
@@ -124,12 +134,12 @@ impl Core {
                 &online,
                 &mut room,
                 job,
-                nprocs,
+                copies,
                 now,
             )? {
                 Placing::Placed => {}
                 // Later jobs may fit where this one does not (yet).
-                Placing::NoMemory => continue,
+                Placing::NoMemory | Placing::NoVolunteers => continue,
                 Placing::NoPeer => break,
             }
             self.place.quota_waits.remove(&job);
@@ -158,6 +168,10 @@ pub(super) enum Placing {
     /// A peer lacks the memory for its share: the job waits (or failed,
     /// when it would not fit even on an idle peer); later ones may fit.
     NoMemory,
+    /// With redundancy: the peers that can take work belong to too few
+    /// volunteers for the twin rule ([`crate::twins`]); the job waits,
+    /// later ones may fit.
+    NoVolunteers,
 }
 
 /// What one process of a job takes on a peer, estimated from its program's
@@ -229,7 +243,9 @@ pub(super) fn admit_memory(
 /// DHHT lookup in `table` (one cluster, if the job fits one; the flat DHHT
 /// when no clusters are known), placements stored, the job active,
 /// `StartJob` queued for each of its peers. Returns false if no peer could
-/// take it.
+/// take it. With redundancy the job's *slots* (every copy of every pid)
+/// are placed like the processes of an ordinary job, then the twin rule
+/// is repaired ([`twins::repair`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn place_job(
     tx: &Transaction<'_>,
@@ -240,9 +256,10 @@ pub(super) fn place_job(
     online: &HashMap<PeerId, (String, u32)>,
     room: &mut HashMap<PeerId, Room>,
     job: JobId,
-    nprocs: u32,
+    copies: Copies,
     now: i64,
 ) -> Result<Placing, Error> {
+    let nprocs = copies.slots();
     let indices: Vec<u64> = (0..nprocs).map(|_| place.process_indices.alloc()).collect();
     let xs: Vec<placement::Position> = indices.iter().map(|&k| golden_position(k)).collect();
     let placed = table
@@ -256,6 +273,38 @@ pub(super) fn place_job(
         return Ok(Placing::NoPeer);
     };
     debug_assert_eq!(placed.owners.len(), nprocs as usize);
+    // The twin rule: copies of a pid on peers of different volunteers,
+    // chosen among the peers that take work (those in the DHHT), by power.
+    let candidates: Vec<(PeerId, f64)> = place
+        .dhht
+        .peers()
+        .filter(|p| online.contains_key(&p.id))
+        .map(|p| (p.id, p.weight))
+        .collect();
+    let vol = if copies.redundancy > 1 {
+        Volunteers::load(tx, candidates.iter().map(|&(p, _)| p))?
+    } else {
+        Volunteers::default()
+    };
+    let mut first_owners = placed.owners.clone();
+    if let Err(too_few) = twins::repair(job, copies, &mut first_owners, &candidates, &vol) {
+        for k in indices {
+            place.process_indices.free(k);
+        }
+        if place.volunteer_waits.insert(job) {
+            let text = format!(
+                "waiting for volunteers: with redundancy {r}, {too_few}; it starts once peers of \
+                 {r} volunteers are online (volunteers enroll peers with `bspweb token create`), \
+                 or kill it and submit it with redundancy 1",
+                r = copies.redundancy
+            );
+            tracing::info!(job, "{text}");
+            db::insert_event(tx, job, None, None, &JobEventKind::Status { text }, now)?;
+            fx.jobs.insert(job);
+        }
+        return Ok(Placing::NoVolunteers);
+    }
+    place.volunteer_waits.remove(&job);
     // Every peer must have the memory for its share (issue 20, finding 1).
     let proc_bytes: i64 =
         tx.query_row("SELECT proc_bytes FROM jobs WHERE id = ?1", [job], |r| {
@@ -275,10 +324,10 @@ pub(super) fn place_job(
                 .map(|r| (peer, n, need, *r))
         })
     };
-    let first_short = short_of(&placed.owners);
+    let first_short = short_of(&first_owners);
     // A job placed in one cluster whose peers lack the memory now may go
     // to the next cluster it fits, in the top ring's order.
-    let mut owners = placed.owners.clone();
+    let mut owners = first_owners;
     let mut elsewhere = None;
     let mut never = first_short.is_some_and(|(_, _, need, r)| need > r.budget);
     if first_short.is_some() && placed.blocks.len() == 1 {
@@ -292,7 +341,10 @@ pub(super) fn place_job(
                         .filter(|p| online.contains_key(p))
                 })
                 .collect();
-            let Some(other) = other else { continue };
+            let Some(mut other) = other else { continue };
+            if twins::repair(job, copies, &mut other, &candidates, &vol).is_err() {
+                continue;
+            }
             match short_of(&other) {
                 None => {
                     owners = other;
@@ -381,8 +433,9 @@ pub(super) fn place_job(
         let mut stmt = tx.prepare_cached(
             "INSERT INTO placements (job, pid, peer_id, position) VALUES (?1, ?2, ?3, ?4)",
         )?;
-        for (pid, (&peer, &k)) in owners.iter().zip(&indices).enumerate() {
-            stmt.execute(params![job, pid as i64, peer, u64_to_sql(k)])?;
+        // One row per slot: `pid` holds `copy * nprocs + pid`.
+        for (slot, (&peer, &k)) in owners.iter().zip(&indices).enumerate() {
+            stmt.execute(params![job, slot as i64, peer, u64_to_sql(k)])?;
         }
     }
     let job_token = hex::encode(rand::random::<[u8; 32]>());
@@ -391,11 +444,21 @@ pub(super) fn place_job(
         params![job, now, job_token],
     )?;
     list_changed(tx, fx, job)?;
-    let mut text = format!(
-        "placed {nprocs} process{} on {hosts} peer{}",
-        if nprocs == 1 { "" } else { "es" },
-        if hosts == 1 { "" } else { "s" }
-    );
+    let mut text = if copies.redundancy > 1 {
+        let n = copies.nprocs;
+        format!(
+            "placed {n} process{} × {} copies on {hosts} peers of {} volunteers",
+            if n == 1 { "" } else { "es" },
+            copies.redundancy,
+            vol.count(peers[..hosts].iter().copied()),
+        )
+    } else {
+        format!(
+            "placed {nprocs} process{} on {hosts} peer{}",
+            if nprocs == 1 { "" } else { "es" },
+            if hosts == 1 { "" } else { "s" }
+        )
+    };
     match &elsewhere {
         Some(cluster) => text.push_str(&format!(
             " in cluster {} (the first choice lacked the memory)",

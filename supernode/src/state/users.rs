@@ -60,7 +60,8 @@ fn user_row(r: &rusqlite::Row<'_>, config: &crate::Config) -> rusqlite::Result<U
 pub(super) fn usage_of(conn: &Connection, id: i64) -> Result<Usage, Error> {
     Ok(conn.query_row(
         "SELECT \
-             (SELECT coalesce(sum(nprocs - exited), 0) FROM jobs WHERE owner = ?1 AND state = 'active'), \
+             (SELECT coalesce(sum((nprocs - exited) * redundancy), 0) FROM jobs \
+              WHERE owner = ?1 AND state = 'active'), \
              (SELECT count(*) FROM program_uploads WHERE owner = ?1), \
              (SELECT coalesce(sum(output_bytes), 0) FROM jobs WHERE owner = ?1)",
         [id],

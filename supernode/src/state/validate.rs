@@ -94,6 +94,27 @@ pub(crate) fn clamp_limits(limits: JobLimits) -> JobLimits {
         output_mib: limits.output_mib.clamp(1, 1024),
         checkpoint_every: limits.checkpoint_every.clamp(1, 1_000_000),
         replicas: limits.replicas.min(MAX_REPLICAS),
+        // Checked, not clamped (`check_redundancy`): a job silently run
+        // without the validation it asked for would mislead its owner.
+        redundancy: limits.redundancy,
+    }
+}
+
+/// Most copies of a process a job may ask for (issue 18, "result
+/// validation by redundancy"): two copies and, on disagreement, a third
+/// run.
+pub(crate) const MAX_REDUNDANCY: u32 = 2;
+
+/// `limits.redundancy` must be 1 (no validation) or 2.
+pub(crate) fn check_redundancy(redundancy: u32) -> Result<(), Error> {
+    if (1..=MAX_REDUNDANCY).contains(&redundancy) {
+        Ok(())
+    } else {
+        Err(Error::bad_request(format!(
+            "`limits.redundancy` must be 1 (each process runs once, unchecked) or 2 (each \
+             process runs on peers of two different volunteers, whose results must agree), \
+             not {redundancy}"
+        )))
     }
 }
 
@@ -127,6 +148,8 @@ pub(crate) fn validate_submit(job: bsp_api::rest::SubmitJob) -> Result<NewJob, E
             "`description` is longer than {MAX_DESCRIPTION_CHARS} characters"
         )));
     }
+    let limits = job.limits.unwrap_or_default();
+    check_redundancy(limits.redundancy)?;
     let mut resources = Vec::with_capacity(job.resources.len());
     let mut total = 0usize;
     for (name, data) in job.resources {
@@ -157,7 +180,7 @@ pub(crate) fn validate_submit(job: bsp_api::rest::SubmitJob) -> Result<NewJob, E
         description: job.description,
         // Below 2^53, so the seed survives JavaScript's numbers in the web UI.
         seed: job.seed.unwrap_or_else(|| rand::random::<u64>() >> 11),
-        limits: clamp_limits(job.limits.unwrap_or_default()),
+        limits: clamp_limits(limits),
         resources,
     })
 }
