@@ -8,8 +8,11 @@
 //! and p = 1 with checkpoints off (`checkpoint_every` 1 000 000; p = 1
 //! without checkpoints is the guest's compiled code and the runtime, the
 //! floor of any checkpointed run), and p = 2 with one replica per
-//! checkpoint instead of two (what the replication volume costs). Every
-//! bspweb output must equal the native one, byte for byte.
+//! checkpoint instead of two (what the replication volume costs), and p = 2
+//! with redundancy 2 (issue 18: every process on two peers of different
+//! volunteers, results compared; the cluster's peers belong to two
+//! volunteers). Every bspweb output must equal the native one, byte for
+//! byte.
 //!
 //! Times are wall clock, the minimum over the runs. Native: graph generation
 //! plus the iterations. bspweb: from submission until the job's event stream
@@ -23,8 +26,8 @@
 //! minutes), `-- --quick` (20 iterations, 1 run), or choose with
 //! `-- --iters N --runs N`; `-- --only N` runs only the N-th bspweb
 //! configuration (1: p = 1, 2: p = 2, 3: p = 4, 4: p = 2 without
-//! checkpoints, 5: p = 1 without, 6: p = 2 with one replica), for a
-//! profiler.
+//! checkpoints, 5: p = 1 without, 6: p = 2 with one replica, 7: p = 2 with
+//! redundancy 2), for a profiler.
 
 #[path = "../tests/all/harness.rs"]
 #[allow(dead_code)]
@@ -51,6 +54,9 @@ const SEED: u64 = 1;
 /// Issue 13's goals.
 const P1_MAX_SLOWDOWN: f64 = 1.4;
 const P2_MIN_SPEEDUP: f64 = 1.2;
+/// Issue 18's: redundancy 2 against 1 (p = 2, checkpoints), on a machine
+/// with spare cores.
+const REDUNDANCY_MAX_COST: f64 = 2.2;
 
 struct Config {
     label: &'static str,
@@ -58,6 +64,8 @@ struct Config {
     checkpoints: bool,
     /// Replicas of each checkpoint (the job default, 2, when `None`).
     replicas: Option<u32>,
+    /// Copies of each process (issue 18's result validation).
+    redundancy: u32,
 }
 
 const CONFIGS: &[Config] = &[
@@ -66,36 +74,49 @@ const CONFIGS: &[Config] = &[
         p: 1,
         checkpoints: true,
         replicas: None,
+        redundancy: 1,
     },
     Config {
         label: "bspweb p = 2, checkpoint every sync",
         p: 2,
         checkpoints: true,
         replicas: None,
+        redundancy: 1,
     },
     Config {
         label: "bspweb p = 4, checkpoint every sync",
         p: 4,
         checkpoints: true,
         replicas: None,
+        redundancy: 1,
     },
     Config {
         label: "bspweb p = 2, checkpoints off",
         p: 2,
         checkpoints: false,
         replicas: None,
+        redundancy: 1,
     },
     Config {
         label: "bspweb p = 1, checkpoints off",
         p: 1,
         checkpoints: false,
         replicas: None,
+        redundancy: 1,
     },
     Config {
         label: "bspweb p = 2, checkpoints, 1 replica",
         p: 2,
         checkpoints: true,
         replicas: Some(1),
+        redundancy: 1,
+    },
+    Config {
+        label: "bspweb p = 2, checkpoints, redundancy 2",
+        p: 2,
+        checkpoints: true,
+        replicas: None,
+        redundancy: 2,
     },
 ];
 
@@ -120,7 +141,7 @@ async fn bspweb(client: &Client, c: &Config, iters: u32) -> (Duration, Vec<Strin
         c.p,
         json!({"n": N, "m": M, "iters": iters, "seed": SEED}),
     );
-    if !c.checkpoints || c.replicas.is_some() {
+    if !c.checkpoints || c.replicas.is_some() || c.redundancy != 1 {
         let default = JobLimits::default();
         spec.limits = Some(JobLimits {
             checkpoint_every: if c.checkpoints {
@@ -129,6 +150,7 @@ async fn bspweb(client: &Client, c: &Config, iters: u32) -> (Duration, Vec<Strin
                 1_000_000
             },
             replicas: c.replicas.unwrap_or(default.replicas),
+            redundancy: c.redundancy,
             ..default
         });
     }
@@ -203,11 +225,19 @@ fn main() {
         one_iteration: native_one,
     }];
 
-    let cluster = harness::Cluster::start(harness::Options {
-        peers: 4,
+    // Two peers of the administrator's and two of a second volunteer's:
+    // redundancy puts a process's copies on different volunteers.
+    let mut cluster = harness::Cluster::start(harness::Options {
+        peers: 2,
         ..Default::default()
     });
     let rt = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    rt.block_on(async {
+        for name in ["vera-1", "vera-2"] {
+            cluster.add_volunteer_peer("vera", name, &[]).await;
+        }
+    });
+    cluster.wait_for_peers(4);
     rt.block_on(async {
         let client = cluster.admin().await;
         let warm = json!({"n": N, "m": M, "iters": 1, "seed": SEED});
@@ -277,5 +307,12 @@ fn main() {
     println!(
         "  bspweb p = 2 (checkpoints) at least {P2_MIN_SPEEDUP}× faster than native: {p2:.2}× — {}",
         verdict(p2 >= P2_MIN_SPEEDUP)
+    );
+    let cost = time(CONFIGS[6].label) / time(CONFIGS[1].label);
+    println!("goal (issue 18):");
+    println!(
+        "  bspweb p = 2 with redundancy 2 within {REDUNDANCY_MAX_COST}× of redundancy 1: {cost:.2}× — {} ({} cores here; the goal is for a machine with spare cores)",
+        verdict(cost <= REDUNDANCY_MAX_COST),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 }

@@ -369,6 +369,36 @@ impl Cluster {
             .expect("admin login")
     }
 
+    /// A peer of the volunteer `user` (an account of that name, created
+    /// unless it exists, which enrolls the peer), started with `env` set;
+    /// returns its index. Peers of different volunteers are what
+    /// redundancy needs.
+    pub async fn add_volunteer_peer(
+        &mut self,
+        user: &str,
+        peer: &str,
+        env: &[(&str, &str)],
+    ) -> usize {
+        let admin = self.admin().await;
+        let exists = admin
+            .users()
+            .await
+            .is_ok_and(|users| users.iter().any(|u| u.name == user));
+        let client = if exists {
+            client_options(&self.url)
+                .login(&self.url, user, &format!("pw-of-{user}"))
+                .await
+                .unwrap()
+        } else {
+            self.user(user).await
+        };
+        let token = client
+            .create_enrollment(peer)
+            .await
+            .unwrap_or_else(|e| panic!("{user} enrolls {peer}: {e}"));
+        self.add_peer_with_env(peer, &["--token".into(), token.token.0.clone()], env)
+    }
+
     /// Create a user and log in as it.
     pub async fn user(&self, name: &str) -> Client {
         let admin = self.admin().await;

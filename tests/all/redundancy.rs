@@ -31,22 +31,6 @@ fn outputs(r: &Run, nprocs: u32) -> Vec<Vec<String>> {
     (0..nprocs).map(|p| r.stdout(p)).collect()
 }
 
-/// A peer of a new volunteer `user` (an account of its own, which enrolls
-/// it), with `env` set; returns its index.
-async fn volunteer_peer(
-    cluster: &mut Cluster,
-    user: &str,
-    peer: &str,
-    env: &[(&str, &str)],
-) -> usize {
-    let client = cluster.user(user).await;
-    let token = client
-        .create_enrollment(peer)
-        .await
-        .unwrap_or_else(|e| panic!("{user} enrolls {peer}: {e}"));
-    cluster.add_peer_with_env(peer, &["--token".into(), token.token.0.clone()], env)
-}
-
 /// A cluster of three volunteers' peers: two of the administrator's, one
 /// of `vera`'s, one of `walt`'s.
 async fn three_volunteers() -> Cluster {
@@ -54,8 +38,8 @@ async fn three_volunteers() -> Cluster {
         peers: 2,
         ..Options::default()
     });
-    volunteer_peer(&mut cluster, "vera", "vera-1", &[]).await;
-    volunteer_peer(&mut cluster, "walt", "walt-1", &[]).await;
+    cluster.add_volunteer_peer("vera", "vera-1", &[]).await;
+    cluster.add_volunteer_peer("walt", "walt-1", &[]).await;
     cluster.wait_for_peers(4);
     cluster
 }
@@ -124,13 +108,9 @@ mod faulty {
         reference.assert_exited();
         // Only now the faulty peer (of a fourth volunteer): the reference run
         // must not meet it. The fault fires once, in superstep 2.
-        volunteer_peer(
-            &mut cluster,
-            "mallory",
-            "faulty",
-            &[("BSPWEB_TEST_FAULT", fault)],
-        )
-        .await;
+        cluster
+            .add_volunteer_peer("mallory", "faulty", &[("BSPWEB_TEST_FAULT", fault)])
+            .await;
         cluster.wait_for_peers(5);
         let faulty = peer_id(&cluster, "faulty").await;
         // The job must give the faulty peer a copy: placement is by hashing,

@@ -108,8 +108,7 @@ impl Driver {
             .take_while(|(s, _)| {
                 may_announce(&l.pending, l.capturing_exit, *s)
                     && (!redundant
-                        || l
-                            .pending
+                        || l.pending
                             .iter()
                             .all(|p| p.superstep > *s || delivered >= p.output_mark))
             })

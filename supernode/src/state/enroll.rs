@@ -118,15 +118,25 @@ pub(super) fn check_login(
             ),
         ));
     }
-    let disabled: Option<PeerId> = tx
+    let disabled: Option<(PeerId, Option<String>)> = tx
         .query_row(
-            "SELECT id FROM peers WHERE enrollment = ?1 AND name = ?2 AND disabled = 1 \
-             ORDER BY id DESC LIMIT 1",
+            "SELECT id, quarantine_reason FROM peers \
+             WHERE enrollment = ?1 AND name = ?2 AND disabled = 1 ORDER BY id DESC LIMIT 1",
             params![id, name],
-            |r| r.get(0),
+            |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .optional()?;
-    if let Some(peer) = disabled {
+    if let Some((peer, Some(why))) = &disabled {
+        return Err(refused(
+            refusal::PEER_DISABLED,
+            format!(
+                "the peer `{name}` of enrollment token #{id} was quarantined (peer #{peer}): \
+                 {why}. Check the machine (memory, overclocking) before an administrator lets \
+                 it in again with `bspweb peers enable {peer}`"
+            ),
+        ));
+    }
+    if let Some((peer, None)) = disabled {
         return Err(refused(
             refusal::PEER_DISABLED,
             format!(

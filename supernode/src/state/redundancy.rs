@@ -349,8 +349,8 @@ pub(super) fn quarantine(
         return Ok(false);
     };
     let reason = format!(
-        "its result for pid {pid} in superstep {superstep} ({what}) differs from the one peers \
-         of other volunteers agree on"
+        "its result for pid {pid} of job {job} in superstep {superstep} ({what}) differs from \
+         the one peers of other volunteers agree on"
     );
     tx.execute(
         "UPDATE peers SET quarantined_at = ?2, quarantine_reason = ?3, disabled = 1 WHERE id = ?1",
