@@ -594,6 +594,8 @@ impl Barrier {
             .messages
             .values()
             .flat_map(|(v, _)| v.iter())
+            // A version taken is counted in `messages` (the same buffer).
+            .filter(|(_, by)| by.len() < self.quorum)
             .map(|((_, p), _)| p.len())
             .sum();
         taken + open

@@ -71,6 +71,58 @@ async fn two_copies_on_different_volunteers_give_exactly_the_output_of_one() {
     );
 }
 
+/// A peer hosting copies is SIGKILLed mid-job: the lost copies are
+/// restored on peers of other volunteers than their twins' from the
+/// checkpoints the copies agreed on, and the output is still exactly the
+/// failure-free one, each record once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_copy_is_restored_and_the_output_is_unchanged() {
+    let mut cluster = three_volunteers().await;
+    cluster.add_volunteer_peer("vera", "vera-2", &[]).await;
+    cluster.wait_for_peers(5);
+    let admin = cluster.admin().await;
+    let spec = |redundancy| {
+        let mut s = pagerank(6, redundancy);
+        s.args = serde_json::json!({"n": 20_000, "m": 100_000, "iters": 400});
+        s
+    };
+    let reference = run(&admin, spec(1)).await;
+    reference.assert_exited();
+    let info = admin.submit(&spec(2)).await.expect("submit");
+    // Once the job is well under way, kill the host of copy 1 of pid 0.
+    let victim = crate::harness::until(
+        "the job at superstep 20",
+        std::time::Duration::from_secs(120),
+        async || {
+            let j = admin.job(info.id).await.ok()?;
+            (j.supersteps.iter().all(|&s| s >= 20) && !j.copies.is_empty()).then(|| j.copies[0][0])
+        },
+    )
+    .await;
+    let index = cluster
+        .peer_index(&admin, victim)
+        .await
+        .expect("the victim is a peer of the cluster");
+    cluster.kill_peer(index);
+    let r = crate::harness::collect(&admin, info.id).await;
+    r.assert_exited();
+    assert_eq!(outputs(&r, 6), outputs(&reference, 6));
+    assert!(
+        r.events
+            .iter()
+            .any(|e| matches!(e.kind, JobEventKind::ProcessRolledBack { .. })),
+        "a copy of the killed peer was restored: {:?}",
+        r.events
+    );
+    assert!(
+        !r.events.iter().any(|e| matches!(
+            e.kind,
+            JobEventKind::CopiesDisagree { .. } | JobEventKind::PeerQuarantined { .. }
+        )),
+        "a lost copy is no disagreement"
+    );
+}
+
 /// The tests with a faulty peer: it exists only with the test-only
 /// feature `fault-injection` (`scripts/test` builds with it).
 #[cfg(feature = "fault-injection")]

@@ -1003,6 +1003,23 @@ async function main() {
     check(JSON.stringify(second.args) === JSON.stringify(args) && second.description === description, `the resubmitted job differs: ${JSON.stringify({ args: second.args, description: second.description })}`);
   });
 
+  await step('submit with "Validate results": two copies asked for; one volunteer\'s peers make it wait, and it says why', async () => {
+    await page.goto(`${base}/#/submit?program=ring`);
+    await page.waitForSelector('#submit-program option[value="ring"]', { state: 'attached' });
+    await page.fill('#submit-nprocs', '2');
+    await page.click('details.advanced summary');
+    await page.check('#submit-redundancy');
+    await page.click('#submit-button');
+    await page.waitForURL(/#\/jobs\/\d+$/);
+    const id = jobIdFromUrl();
+    const job = (await apiGet(`/jobs/${id}`)).body;
+    check(job.limits?.redundancy === 2, `the job does not ask for two copies: ${JSON.stringify(job.limits)}`);
+    // `bspweb up`'s peers all belong to one volunteer.
+    await page.waitForSelector('#timeline li:has-text("waiting for volunteers")', { timeout: JOB_MS });
+    await apiPost(`/jobs/${id}/kill`, {});
+    await page.waitForSelector('#timeline li.terminal', { timeout: JOB_MS });
+  });
+
   await step('a malformed link shows an error page, not a blank one', async () => {
     for (const hash of ['#/jobs/%', '#/jobs/%E0%A4%A']) {
       await page.goto(`${base}/${hash}`);
