@@ -73,7 +73,7 @@ use std::time::Instant;
 
 use bsp_api::client::Client;
 use bsp_api::rest::JobLimits;
-use loopback::{loopback_bandwidth, loopback_rtt};
+use loopback::{loopback_bandwidth, loopback_rtt, record_layer};
 use serde_json::json;
 
 /// Checkpoints effectively off: only the exit is a checkpoint.
@@ -356,6 +356,19 @@ fn main() {
         bw / 1e9
     );
     println!("(a byte at loopback bandwidth costs {:.3} ns)", 1e9 / bw);
+    // Issue 18: what the data plane's encryption costs, in the same run.
+    let rec = record_layer();
+    let per_byte = 1e9 / rec.sealed_bw - 1e9 / rec.plain_bw;
+    let per_trip = rec.sealed_rtt.as_secs_f64() - rec.plain_rtt.as_secs_f64();
+    println!(
+        "data-plane records (Noise handshake, AEGIS-256X4) against plain TCP, same streams: \
+         {:.2} against {:.2} GB/s ({:+.3} ns per byte), round trip {:.1} against {:.1} µs",
+        rec.sealed_bw / 1e9,
+        rec.plain_bw / 1e9,
+        per_byte,
+        rec.sealed_rtt.as_secs_f64() * 1e6,
+        rec.plain_rtt.as_secs_f64() * 1e6
+    );
     let mpi = prepare_mpi();
     match &mpi {
         Ok(m) => println!("MPI: {} (Open MPI, TCP on lo)", m.exe.display()),
@@ -466,6 +479,31 @@ fn main() {
             rtt.as_secs_f64() * 1e6,
             ratio(r.off.1, m, 1.5),
             ratio(r.sync.1, m, 1.5)
+        );
+    }
+    println!();
+    println!(
+        "encryption's share (issue 18: encrypted ≤ 1.2× plain for 1 MiB h-relations): g and l \
+         without checkpoints against the same with the records' extra cost per byte \
+         ({per_byte:+.3} ns) and per round trip ({:+.1} µs) taken out",
+        per_trip * 1e6
+    );
+    println!(
+        "{:>3} {:>12} {:>12} {:>8} | {:>12} {:>12} {:>8}",
+        "p", "g (ns/B)", "g plain", "ratio", "l (µs)", "l plain", "ratio"
+    );
+    for r in &rows {
+        let (g, l) = (r.off.0 * 1e9, r.off.1 * 1e6);
+        let (gp, lp) = (g - per_byte.max(0.0), l - (per_trip * 1e6).max(0.0));
+        println!(
+            "{:>3} {:>12.3} {:>12.3} {:>7.2}× | {:>12.1} {:>12.1} {:>7.2}×",
+            r.p,
+            g,
+            gp,
+            g / gp,
+            l,
+            lp,
+            l / lp
         );
     }
     println!();

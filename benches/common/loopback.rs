@@ -70,3 +70,140 @@ pub fn loopback_bandwidth() -> f64 {
     sink.join().unwrap();
     total as f64 / secs
 }
+
+/// The data plane's record layer against plain TCP on loopback, measured
+/// the same way in one run: bspweb peers talk through `peer::noise`'s
+/// `SecureStream` (a Noise handshake, then AEGIS-256X4 records of up to
+/// 64 KiB), and there is no plain data plane to run a job over any more, so
+/// the comparison is of the two streams themselves.
+#[allow(dead_code)]
+pub struct RecordLayer {
+    /// Single-stream bandwidth in bytes per second, 1 MiB writes.
+    pub plain_bw: f64,
+    pub sealed_bw: f64,
+    /// One-byte ping-pong round trip.
+    pub plain_rtt: Duration,
+    pub sealed_rtt: Duration,
+}
+
+#[allow(dead_code)]
+pub fn record_layer() -> RecordLayer {
+    use bspweb_peer::noise::{Initiator, JobKey, Responder, SecureStream};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    rt.block_on(async {
+        async fn connected() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            let (a, b) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
+            let (a, b) = (a.unwrap(), b.unwrap().0);
+            a.set_nodelay(true).unwrap();
+            b.set_nodelay(true).unwrap();
+            (a, b)
+        }
+        let sealed = || async {
+            let (a, b) = connected().await;
+            let key = JobKey::derive(&"0123456789abcdef".repeat(4));
+            let (init, hello) = Initiator::start(&key, 1, 1, b"").unwrap();
+            let (resp, _) = Responder::accept(&key, 1, 1, &hello).unwrap();
+            let (to_dialer, answer) = resp.answer(b"").unwrap();
+            let (to_listener, _) = init.finish(&answer).unwrap();
+            (
+                SecureStream::new(a, to_listener, bytes::BytesMut::new()),
+                SecureStream::new(b, to_dialer, bytes::BytesMut::new()),
+            )
+        };
+        let (a, b) = connected().await;
+        let plain_bw = stream_bandwidth(a, b).await;
+        let (a, b) = sealed().await;
+        let sealed_bw = stream_bandwidth(a, b).await;
+        let (a, b) = connected().await;
+        let plain_rtt = stream_rtt(a, b).await;
+        let (a, b) = sealed().await;
+        let sealed_rtt = stream_rtt(a, b).await;
+        RecordLayer {
+            plain_bw,
+            sealed_bw,
+            plain_rtt,
+            sealed_rtt,
+        }
+    })
+}
+
+/// Bytes per second from `tx` to `rx` (1 GiB in 1 MiB writes, after a
+/// warm-up), the receiver on another task.
+async fn stream_bandwidth<S>(mut tx: S, mut rx: S) -> f64
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let total: usize = 1 << 30;
+    let warm: usize = 64 << 20;
+    let sink = tokio::spawn(async move {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0;
+        while got < warm + total {
+            match rx.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+        rx.write_all(&[1]).await.unwrap();
+        rx.flush().await.unwrap();
+    });
+    let buf = vec![0x5au8; 1 << 20];
+    let mut sent = 0;
+    while sent < warm {
+        tx.write_all(&buf).await.unwrap();
+        sent += buf.len();
+    }
+    let t = Instant::now();
+    let mut sent = 0;
+    while sent < total {
+        tx.write_all(&buf).await.unwrap();
+        sent += buf.len();
+    }
+    tx.flush().await.unwrap();
+    let mut ack = [0u8; 1];
+    tx.read_exact(&mut ack).await.unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    sink.await.unwrap();
+    total as f64 / secs
+}
+
+/// One-byte ping-pong round trip between `a` and an echo on `b`.
+async fn stream_rtt<S>(mut a: S, mut b: S) -> Duration
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let echo = tokio::spawn(async move {
+        let mut x = [0u8; 1];
+        while b.read_exact(&mut x).await.is_ok() {
+            if b.write_all(&x).await.is_err() || b.flush().await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut x = [7u8; 1];
+    let mut once = async |a: &mut S| {
+        a.write_all(&x).await.unwrap();
+        a.flush().await.unwrap();
+        a.read_exact(&mut x).await.unwrap();
+    };
+    for _ in 0..1000 {
+        once(&mut a).await;
+    }
+    let n = 20_000;
+    let t = Instant::now();
+    for _ in 0..n {
+        once(&mut a).await;
+    }
+    let rtt = t.elapsed() / n;
+    drop(a);
+    let _ = echo.await;
+    rtt
+}

@@ -627,7 +627,7 @@ fn a_seeded_tracker_sends_deltas_against_the_restored_snapshot() {
     let restored = PageTracker::new().capture(head(0, 5, vec![]), &m);
     let mut store = ReplicaStore::new();
     store.insert(restored.clone());
-    let mut t = PageTracker::seeded(&restored);
+    let mut t = PageTracker::seeded(&restored, false);
     t.acked(8, 5, true);
     m[2 * P + 7] ^= 1;
     let s6 = t.capture(head(0, 6, vec![]), &m);
@@ -948,12 +948,16 @@ fn the_state_digest_covers_the_state_and_this_supersteps_messages_only() {
     older.superstep = 4;
     let mut now = msg(0, 1, 1, 40);
     now.superstep = 5;
-    let mut t = PageTracker::new();
+    let mut t = PageTracker::new().with_state_digests();
     let snap = t.capture(
         head_retaining(0, 5, vec![older.clone(), now.clone()]),
         &memory,
     );
     assert_eq!(t.last_state_digest(), snap.state_digest());
+    let mut seeded = PageTracker::seeded(&snap, true);
+    assert_eq!(seeded.last_state_digest(), snap.state_digest());
+    let again = seeded.capture(head_retaining(0, 5, vec![now.clone()]), &memory);
+    assert_eq!(seeded.last_state_digest(), again.state_digest());
     // Another host retained less: same digest, other content hash.
     let mut t2 = PageTracker::new();
     let fewer = t2.capture(head_retaining(0, 5, vec![now.clone()]), &memory);

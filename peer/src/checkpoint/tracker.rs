@@ -45,8 +45,10 @@ pub struct PageTracker {
     replicas: HashMap<PeerId, u32>,
     /// The retained messages' payload hashes.
     pub(super) payloads: PayloadHashes,
-    /// [`Snapshot::state_digest`] of the last capture.
+    /// [`Snapshot::state_digest`] of the last capture, when `digests`.
     state_digest: [u8; 32],
+    /// Compute the state digest at each capture (a job with redundancy).
+    digests: bool,
 }
 
 impl Default for PageTracker {
@@ -68,11 +70,20 @@ impl PageTracker {
             replicas: HashMap::new(),
             payloads: PayloadHashes::default(),
             state_digest: [0; 32],
+            digests: false,
         }
     }
 
+    /// A tracker that also computes [`Snapshot::state_digest`] at each
+    /// capture (a job with redundancy compares it between copies).
+    pub fn with_state_digests(mut self) -> Self {
+        self.digests = true;
+        self
+    }
+
     /// [`Snapshot::state_digest`] of the last capture, computed with its
-    /// hash (zeros before the first).
+    /// hash (zeros before the first, or without
+    /// [`PageTracker::with_state_digests`]).
     pub fn last_state_digest(&self) -> [u8; 32] {
         self.state_digest
     }
@@ -228,7 +239,7 @@ impl PageTracker {
             snapshot.memory.len() as u64,
             self.page_hashes[..n].iter().copied(),
             &mut self.payloads,
-            Some(&mut self.state_digest),
+            self.digests.then_some(&mut self.state_digest),
         );
         self.origin.get_or_insert(snapshot.superstep);
         self.last = Some((snapshot.superstep, snapshot.hash));
@@ -243,8 +254,9 @@ impl PageTracker {
     /// A tracker whose first capture is `snapshot` (a process restored from
     /// it): replicas known to hold exactly this snapshot (tell it with
     /// [`PageTracker::acked`]) can get deltas against it.
-    pub fn seeded(snapshot: &Snapshot) -> Self {
+    pub fn seeded(snapshot: &Snapshot, digests: bool) -> Self {
         let mut t = PageTracker::new();
+        t.digests = digests;
         let head = Snapshot {
             memory: Vec::new(),
             globals: snapshot.globals.clone(),

@@ -69,6 +69,7 @@ impl Driver {
                     unreachable!("begin_fetch defers until the program is here")
                 };
                 let info = self.info.clone();
+                let redundant = self.hosts.copies() > 1;
                 if let Some(l) = self.local.get_mut(&pid) {
                     l.state = State::Busy;
                 }
@@ -81,7 +82,8 @@ impl Driver {
                         }
                         let process = runtime.restore(&module, info, &snap)?;
                         // Replicas that get this snapshot can take deltas against it.
-                        Ok::<_, HostError>(Some((process, PageTracker::seeded(&snap))))
+                        let tracker = PageTracker::seeded(&snap, redundant);
+                        Ok::<_, HostError>(Some((process, tracker)))
                     })
                     .await;
                     let r = match joined {

@@ -46,6 +46,7 @@ impl Driver {
             let info = self.info.clone();
             let slots = self.env.slots.clone();
             let job = self.job;
+            let redundant = self.hosts.copies() > 1;
             self.tasks.spawn(async move {
                 let slot = slots.acquire(job).await.map_err(HostError::from);
                 let joined = tokio::task::spawn_blocking(move || {
@@ -53,7 +54,11 @@ impl Driver {
                     timeline(pid, 0, "instantiating");
                     let mut p = Proc {
                         process: runtime.instantiate(&module, info, pid)?,
-                        tracker: PageTracker::new(),
+                        tracker: if redundant {
+                            PageTracker::new().with_state_digests()
+                        } else {
+                            PageTracker::new()
+                        },
                         recent: VecDeque::new(),
                     };
                     timeline(pid, 0, "resumed");

@@ -770,7 +770,10 @@ impl World {
             .map(|s| runtime().restore(module, job.clone(), s).unwrap())
             .collect();
         let mut w = World {
-            trackers: snapshots.iter().map(PageTracker::seeded).collect(),
+            trackers: snapshots
+                .iter()
+                .map(|s| PageTracker::seeded(s, false))
+                .collect(),
             exited: snapshots.iter().map(|s| s.exited).collect(),
             job,
             procs,
