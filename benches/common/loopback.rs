@@ -116,14 +116,20 @@ pub fn record_layer() -> RecordLayer {
                 SecureStream::new(b, to_dialer, bytes::BytesMut::new()),
             )
         };
-        let (a, b) = connected().await;
-        let plain_bw = stream_bandwidth(a, b).await;
-        let (a, b) = sealed().await;
-        let sealed_bw = stream_bandwidth(a, b).await;
-        let (a, b) = connected().await;
-        let plain_rtt = stream_rtt(a, b).await;
-        let (a, b) = sealed().await;
-        let sealed_rtt = stream_rtt(a, b).await;
+        // Alternately, the best of three each: the order of two runs alone
+        // moved either by 20 % (the cores' clocks, the allocator's state).
+        let (mut plain_bw, mut sealed_bw) = (0f64, 0f64);
+        let (mut plain_rtt, mut sealed_rtt) = (Duration::MAX, Duration::MAX);
+        for _ in 0..3 {
+            let (a, b) = connected().await;
+            plain_bw = plain_bw.max(stream_bandwidth(a, b).await);
+            let (a, b) = sealed().await;
+            sealed_bw = sealed_bw.max(stream_bandwidth(a, b).await);
+            let (a, b) = connected().await;
+            plain_rtt = plain_rtt.min(stream_rtt(a, b).await);
+            let (a, b) = sealed().await;
+            sealed_rtt = sealed_rtt.min(stream_rtt(a, b).await);
+        }
         RecordLayer {
             plain_bw,
             sealed_bw,
@@ -133,14 +139,14 @@ pub fn record_layer() -> RecordLayer {
     })
 }
 
-/// Bytes per second from `tx` to `rx` (1 GiB in 1 MiB writes, after a
+/// Bytes per second from `tx` to `rx` (512 MiB in 1 MiB writes, after a
 /// warm-up), the receiver on another task.
 async fn stream_bandwidth<S>(mut tx: S, mut rx: S) -> f64
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let total: usize = 1 << 30;
+    let total: usize = 512 << 20;
     let warm: usize = 64 << 20;
     let sink = tokio::spawn(async move {
         let mut buf = vec![0u8; 1 << 20];
@@ -197,7 +203,7 @@ where
     for _ in 0..1000 {
         once(&mut a).await;
     }
-    let n = 20_000;
+    let n = 10_000;
     let t = Instant::now();
     for _ in 0..n {
         once(&mut a).await;
