@@ -1204,7 +1204,9 @@ pub async fn peers(a: PeersArgs) -> anyhow::Result<ExitCode> {
             mib(&p, p.memory.rss_bytes),
             mib(&p, p.memory.held_bytes),
             p.links.len(),
-            if p.disabled && p.state == "gone" {
+            if p.quarantined.is_some() && p.state == "gone" {
+                "quarantined"
+            } else if p.disabled && p.state == "gone" {
                 "disabled"
             } else {
                 &p.state

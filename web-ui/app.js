@@ -2432,7 +2432,9 @@ function peersPage(main, ctx) {
   }
 
   function peerState(p) {
-    const badge = p.disabled ? h('span', { class: 'badge failed' }, 'disabled') : h('span', { class: `badge peer-${p.state}` }, p.state);
+    const badge = p.quarantined
+      ? h('span', { class: 'badge failed', title: `Quarantined: ${p.quarantined}` }, 'quarantined')
+      : p.disabled ? h('span', { class: 'badge failed' }, 'disabled') : h('span', { class: `badge peer-${p.state}` }, p.state);
     if (!canChange(p)) return h('td', {}, badge);
     const action = p.disabled
       ? h('button', { type: 'button', class: 'secondary small-btn', onclick: () => setPeerDisabled(p, false) }, 'Enable')

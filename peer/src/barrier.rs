@@ -78,78 +78,120 @@ pub struct Dispute {
     pub what: String,
 }
 
-/// The versions of one result and who sent each.
-type Versions<T> = Vec<(T, BTreeSet<PeerId>)>;
+/// The versions of one result, each with the peers that sent it (a peer
+/// votes once per result: a second, different copy from it is ignored).
+#[derive(Debug, Clone)]
+struct Ballot<T> {
+    versions: Vec<(T, BTreeSet<PeerId>)>,
+    /// The version taken into the barrier, once one was.
+    taken: Option<usize>,
+    /// What the last dispute reported (versions, eligible voters, decided),
+    /// so each change is reported once.
+    reported: (usize, usize, bool),
+}
 
-/// The versions of one result, and whether a dispute about it was reported.
-type Ballot<T> = (Versions<T>, bool);
+impl<T> Default for Ballot<T> {
+    fn default() -> Self {
+        Ballot {
+            versions: Vec::new(),
+            taken: None,
+            reported: (1, 0, false),
+        }
+    }
+}
+
+impl<T: PartialEq + Clone> Ballot<T> {
+    /// `from`'s copy. Returns false for a repeat, and for a second,
+    /// different copy from the same peer (ignored: a peer does not get to
+    /// change its vote).
+    fn cast(&mut self, v: T, from: PeerId) -> bool {
+        if self.versions.iter().any(|(_, by)| by.contains(&from)) {
+            return false;
+        }
+        match self.versions.iter_mut().find(|(x, _)| *x == v) {
+            Some((_, by)) => {
+                by.insert(from);
+            }
+            None => self.versions.push((v, BTreeSet::from([from]))),
+        }
+        true
+    }
+
+    /// Count the votes of `eligible` peers: the version with `quorum` of
+    /// them, if any, is decided; it is taken (returned, once) when `needs`
+    /// is among its voters too. A dispute goes to `out` whenever versions
+    /// differ and what they look like changed.
+    fn tally(
+        &mut self,
+        eligible: Option<&BTreeSet<PeerId>>,
+        quorum: usize,
+        needs: Option<PeerId>,
+        dispute: impl FnOnce(Vec<Vec<PeerId>>) -> Dispute,
+        out: &mut Vec<Dispute>,
+    ) -> Option<T> {
+        let counted = |by: &BTreeSet<PeerId>| -> Vec<PeerId> {
+            by.iter()
+                .copied()
+                .filter(|p| eligible.is_some_and(|e| e.contains(p)))
+                .collect()
+        };
+        let groups: Vec<Vec<PeerId>> = self.versions.iter().map(|(_, by)| counted(by)).collect();
+        let decided = groups.iter().position(|g| g.len() >= quorum);
+        let voters: usize = groups.iter().map(Vec::len).sum();
+        let live = groups.iter().filter(|g| !g.is_empty()).count();
+        let now = (live, voters, decided.is_some());
+        if live > 1 && now != self.reported {
+            self.reported = now;
+            let mut shown: Vec<Vec<PeerId>> =
+                groups.into_iter().filter(|g| !g.is_empty()).collect();
+            shown.sort_by_key(|g| std::cmp::Reverse(g.len()));
+            out.push(dispute(shown));
+        }
+        let w = decided?;
+        if self.taken.is_some() || needs.is_some_and(|n| !self.versions[w].1.contains(&n)) {
+            return None;
+        }
+        self.taken = Some(w);
+        Some(self.versions[w].0.clone())
+    }
+
+    /// The decided version, by the same count as [`Ballot::tally`].
+    fn decided(&self, eligible: Option<&BTreeSet<PeerId>>, quorum: usize) -> Option<&T> {
+        self.versions
+            .iter()
+            .find(|(_, by)| {
+                by.iter()
+                    .filter(|p| eligible.is_some_and(|e| e.contains(p)))
+                    .count()
+                    >= quorum
+            })
+            .map(|(v, _)| v)
+    }
+}
 
 /// A message's key among the votes: `(dst, superstep, src, seq)`.
 type MessageKey = (Pid, u32, Pid, u32);
 
-/// What a copy's arrival did to its result's votes.
-enum Vote {
-    /// Not taken yet.
-    Open,
-    /// This copy completed the quorum: take it.
-    Taken,
-    /// A repeat, or a copy of a result taken before.
-    Old,
-}
-
-/// Add `from`'s copy `v` to `versions`; `label` describes the result for a
-/// dispute. Disputes go to `out`.
-fn vote<T: PartialEq>(
-    versions: &mut Versions<T>,
-    v: T,
-    from: PeerId,
-    quorum: usize,
-    reported: &mut bool,
-    dispute: impl FnOnce(Vec<Vec<PeerId>>) -> Dispute,
-    out: &mut Vec<Dispute>,
-) -> Vote {
-    let i = match versions.iter().position(|(x, _)| *x == v) {
-        Some(i) => i,
-        None => {
-            versions.push((v, BTreeSet::new()));
-            versions.len() - 1
-        }
-    };
-    let was_taken = versions.iter().any(|(_, by)| by.len() >= quorum);
-    let new = versions[i].1.insert(from);
-    let taken = versions[i].1.len() >= quorum;
-    let outcome = match (was_taken, taken && new) {
-        (false, true) => Vote::Taken,
-        (false, false) => Vote::Open,
-        (true, _) => Vote::Old,
-    };
-    // A dispute once there are two versions, again when a quorum outvotes
-    // someone (the supernode acts on that one).
-    let decided = matches!(outcome, Vote::Taken);
-    if versions.len() > 1 && (!*reported || decided || (was_taken && new && !taken)) {
-        *reported = true;
-        let mut groups: Vec<Vec<PeerId>> = versions
-            .iter()
-            .map(|(_, by)| by.iter().copied().collect())
-            .collect();
-        groups.sort_by_key(|g: &Vec<PeerId>| std::cmp::Reverse(g.len()));
-        out.push(dispute(groups));
-    }
-    outcome
-}
-
 /// The votes of a barrier with redundancy.
 #[derive(Debug, Default, Clone)]
 struct Votes {
-    /// `(dst, superstep, src, seq)` → versions of `(tag, payload)`, and
-    /// whether a dispute was reported.
+    /// `(dst, superstep, src, seq)` → versions of `(tag, payload)`.
     messages: BTreeMap<MessageKey, Ballot<(u32, Bytes)>>,
     /// `(superstep, pid)` → versions of the `Done` (its digest apart).
     dones: BTreeMap<(u32, Pid), Ballot<DoneRec>>,
     /// `(pid, superstep)` → versions of the state digest.
     digests: BTreeMap<(Pid, u32), Ballot<[u8; 32]>>,
-    /// Payload bytes of copies not taken, per `(src, superstep, sender)`.
+    /// Payload bytes of copies, per `(src, superstep, sender)`.
     bytes: HashMap<(Pid, u32, PeerId), usize>,
+    /// Who may vote on each pid's results: the peers that run or ran a
+    /// copy of it, as far as this peer learned. Others' copies are kept
+    /// (so one that arrives before this peer learns of a new host still
+    /// counts once it does) but not counted.
+    voters: HashMap<Pid, BTreeSet<PeerId>>,
+    /// The peer that runs copy 0 of each pid: a `Done` is taken only with
+    /// its vote among the agreeing ones, because only copy 0 replicates and
+    /// its `Done` is what says its earlier checkpoints are safe.
+    primary: HashMap<Pid, PeerId>,
     /// Disputes not yet handed to the driver.
     disputes: Vec<Dispute>,
 }
@@ -210,6 +252,60 @@ impl Barrier {
         }
     }
 
+    /// The hosts of `pid` in this peer's newest assignment, copy 0 first:
+    /// they may vote on its results from now on (so may its earlier hosts
+    /// still: what they sent before they left counts), and a `Done` of
+    /// `pid` needs copy 0's. Results that now have their quorum are taken.
+    pub fn set_hosts(&mut self, pid: Pid, hosts: &[PeerId]) -> Result<(), BarrierError> {
+        if self.quorum <= 1 {
+            return Ok(());
+        }
+        self.votes
+            .voters
+            .entry(pid)
+            .or_default()
+            .extend(hosts.iter().copied());
+        if let Some(&p) = hosts.first() {
+            self.votes.primary.insert(pid, p);
+        }
+        self.recount(pid)
+    }
+
+    /// Tally every open result of `src` again (its voters changed).
+    fn recount(&mut self, src: Pid) -> Result<(), BarrierError> {
+        let keys: Vec<MessageKey> = self
+            .votes
+            .messages
+            .iter()
+            .filter(|(k, b)| k.2 == src && b.taken.is_none())
+            .map(|(k, _)| *k)
+            .collect();
+        for key in keys {
+            self.tally_message(key)?;
+        }
+        let keys: Vec<(u32, Pid)> = self
+            .votes
+            .dones
+            .iter()
+            .filter(|(k, b)| k.1 == src && b.taken.is_none())
+            .map(|(k, _)| *k)
+            .collect();
+        for (superstep, pid) in keys {
+            self.tally_done(superstep, pid)?;
+        }
+        let keys: Vec<(Pid, u32)> = self
+            .votes
+            .digests
+            .keys()
+            .filter(|k| k.0 == src)
+            .copied()
+            .collect();
+        for (pid, superstep) in keys {
+            self.tally_digest(pid, superstep);
+        }
+        Ok(())
+    }
+
     /// The disputes found since the last call (redundancy).
     pub fn take_disputes(&mut self) -> Vec<Dispute> {
         std::mem::take(&mut self.votes.disputes)
@@ -218,15 +314,16 @@ impl Barrier {
     /// The state digest of `pid` at the end of `superstep` that a quorum
     /// of its copies agreed on, if they did.
     pub fn agreed_digest(&self, pid: Pid, superstep: u32) -> Option<[u8; 32]> {
-        let (versions, _) = self.votes.digests.get(&(pid, superstep))?;
-        versions
-            .iter()
-            .find(|(_, by)| by.len() >= self.quorum)
-            .map(|(d, _)| *d)
+        self.votes
+            .digests
+            .get(&(pid, superstep))?
+            .decided(self.votes.voters.get(&pid), self.quorum)
+            .copied()
     }
 
     /// A copy of a message from peer `from` (redundancy: it counts once a
-    /// quorum of peers sent the same). Returns whether it was taken now.
+    /// quorum of its sender's hosts sent the same). Returns whether it was
+    /// taken now.
     pub fn on_message_from(&mut self, m: WireMessage, from: PeerId) -> Result<bool, BarrierError> {
         if self.quorum <= 1 {
             return self.on_message(m);
@@ -236,25 +333,6 @@ impl Barrier {
         if self.floor.get(&m.dst).is_some_and(|&f| m.superstep < f) || m.superstep < self.forgotten
         {
             return Ok(false);
-        }
-        let key = (m.dst, m.superstep, m.src, m.seq);
-        if !self.votes.messages.contains_key(&key) {
-            // Taken before (and its votes dropped): only a repeat is fine.
-            if let Some(old) = self
-                .messages
-                .get(&(m.dst, m.superstep))
-                .and_then(|b| b.get(&(m.src, m.seq)))
-            {
-                if old.0 != m.tag || old.1[..] != m.payload[..] {
-                    self.votes.disputes.push(Dispute {
-                        pid: m.src,
-                        superstep: m.superstep,
-                        groups: vec![Vec::new(), vec![from]],
-                        what: format!("its message {} to pid {}", m.seq, m.dst),
-                    });
-                }
-                return Ok(false);
-            }
         }
         let used = self
             .votes
@@ -269,49 +347,49 @@ impl Barrier {
                 limit: self.limit,
             });
         }
+        let key = (m.dst, m.superstep, m.src, m.seq);
+        let ballot = self.votes.messages.entry(key).or_default();
+        if !ballot.cast((m.tag, m.payload), from) {
+            return Ok(false);
+        }
         *used = total;
-        let (versions, reported) = self.votes.messages.entry(key).or_default();
-        let what = format!("its message {} to pid {}", m.seq, m.dst);
-        let (src, superstep) = (m.src, m.superstep);
-        let outcome = vote(
-            versions,
-            (m.tag, m.payload),
-            from,
+        self.tally_message(key)
+    }
+
+    /// Take the message of `key` if its copies now agree.
+    fn tally_message(&mut self, key: MessageKey) -> Result<bool, BarrierError> {
+        let (dst, superstep, src, seq) = key;
+        let Some(ballot) = self.votes.messages.get_mut(&key) else {
+            return Ok(false);
+        };
+        let taken = ballot.tally(
+            self.votes.voters.get(&src),
             self.quorum,
-            reported,
+            None,
             |groups| Dispute {
                 pid: src,
                 superstep,
                 groups,
-                what,
+                what: format!("its message {seq} to pid {dst}"),
             },
             &mut self.votes.disputes,
         );
-        match outcome {
-            Vote::Taken => {
-                let (tag, payload) = versions
-                    .iter()
-                    .find(|(_, by)| by.len() >= self.quorum)
-                    .map(|(v, _)| v.clone())
-                    .expect("a version was just taken");
-                let m = WireMessage {
-                    src,
-                    dst: key.0,
-                    superstep,
-                    seq: key.3,
-                    tag,
-                    payload,
-                };
-                // Byte counts per sender stay until the superstep is
-                // forgotten: a peer's share is bounded either way.
-                self.on_message(m)
-            }
-            Vote::Open | Vote::Old => Ok(false),
+        match taken {
+            Some((tag, payload)) => self.on_message(WireMessage {
+                src,
+                dst,
+                superstep,
+                seq,
+                tag,
+                payload,
+            }),
+            None => Ok(false),
         }
     }
 
     /// A copy of a `Done` from peer `from` (redundancy: it counts once a
-    /// quorum of peers sent the same; its digest is voted on apart).
+    /// quorum of the process's hosts, copy 0's among them, sent the same;
+    /// its digest is voted on apart).
     pub fn on_done_from(
         &mut self,
         superstep: u32,
@@ -330,33 +408,33 @@ impl Barrier {
         }
         let pid = d.pid;
         if let Some(digest) = d.digest {
-            let (versions, reported) = self.votes.digests.entry((pid, superstep)).or_default();
-            vote(
-                versions,
-                digest,
-                from,
-                self.quorum,
-                reported,
-                |groups| Dispute {
-                    pid,
-                    superstep,
-                    groups,
-                    what: "its state at the end of the superstep".to_string(),
-                },
-                &mut self.votes.disputes,
-            );
+            self.on_digest_from(pid, superstep, digest, from);
         }
         let rec = DoneRec {
             exited: d.exited,
             counts: d.counts.iter().copied().filter(|&(_, n)| n > 0).collect(),
         };
-        let (versions, reported) = self.votes.dones.entry((superstep, pid)).or_default();
-        let outcome = vote(
-            versions,
-            rec,
-            from,
+        if self
+            .votes
+            .dones
+            .entry((superstep, pid))
+            .or_default()
+            .cast(rec, from)
+        {
+            self.tally_done(superstep, pid)?;
+        }
+        Ok(())
+    }
+
+    /// Take the `Done` of `pid` for `superstep` if its copies now agree.
+    fn tally_done(&mut self, superstep: u32, pid: Pid) -> Result<(), BarrierError> {
+        let Some(ballot) = self.votes.dones.get_mut(&(superstep, pid)) else {
+            return Ok(());
+        };
+        let taken = ballot.tally(
+            self.votes.voters.get(&pid),
             self.quorum,
-            reported,
+            self.votes.primary.get(&pid).copied(),
             |groups| Dispute {
                 pid,
                 superstep,
@@ -365,9 +443,53 @@ impl Barrier {
             },
             &mut self.votes.disputes,
         );
-        match outcome {
-            Vote::Taken => self.on_done(superstep, d),
-            Vote::Open | Vote::Old => Ok(()),
+        match taken {
+            Some(rec) => self.on_done(
+                superstep,
+                ProcDone {
+                    pid,
+                    exited: rec.exited,
+                    counts: rec.counts.into_iter().collect(),
+                    digest: None,
+                },
+            ),
+            None => Ok(()),
+        }
+    }
+
+    /// A copy of the digest of `pid`'s state at the end of `superstep`
+    /// from peer `from` (in its `Done`, or this peer's own copy as soon as
+    /// it captured it: copy 0's `Done` of an exit waits for its checkpoint
+    /// to be replicated, which waits for the digests to agree).
+    pub fn on_digest_from(&mut self, pid: Pid, superstep: u32, digest: [u8; 32], from: PeerId) {
+        if self.quorum <= 1 || pid >= self.nprocs || superstep < self.forgotten {
+            return;
+        }
+        if self
+            .votes
+            .digests
+            .entry((pid, superstep))
+            .or_default()
+            .cast(digest, from)
+        {
+            self.tally_digest(pid, superstep);
+        }
+    }
+
+    fn tally_digest(&mut self, pid: Pid, superstep: u32) {
+        if let Some(ballot) = self.votes.digests.get_mut(&(pid, superstep)) {
+            ballot.tally(
+                self.votes.voters.get(&pid),
+                self.quorum,
+                None,
+                |groups| Dispute {
+                    pid,
+                    superstep,
+                    groups,
+                    what: "its state at the end of the superstep".to_string(),
+                },
+                &mut self.votes.disputes,
+            );
         }
     }
 
@@ -593,10 +715,14 @@ impl Barrier {
             .votes
             .messages
             .values()
-            .flat_map(|(v, _)| v.iter())
             // A version taken is counted in `messages` (the same buffer).
-            .filter(|(_, by)| by.len() < self.quorum)
-            .map(|((_, p), _)| p.len())
+            .flat_map(|b| {
+                b.versions
+                    .iter()
+                    .enumerate()
+                    .filter(move |(i, _)| b.taken != Some(*i))
+            })
+            .map(|(_, ((_, p), _))| p.len())
             .sum();
         taken + open
     }

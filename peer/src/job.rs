@@ -628,6 +628,7 @@ async fn run_job(
         sites: sites_of(&a),
         relays: BTreeMap::new(),
     };
+    d.elect();
     for p in &a.peers {
         if p.id != me {
             d.open_link(p.id, p.addr.clone());

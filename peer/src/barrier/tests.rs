@@ -109,6 +109,8 @@ fn done_d(pid: Pid, counts: &[(Pid, u32)], digest: u8) -> ProcDone {
 fn with_redundancy_a_result_counts_once_two_peers_sent_the_same() {
     let mut b = Barrier::with_quorum(2, 1 << 20, 2);
     // Pid 1 runs on peers 10 and 11; pid 0 on 20 and 21.
+    b.set_hosts(1, &[10, 11]).unwrap();
+    b.set_hosts(0, &[20, 21]).unwrap();
     b.on_done_from(0, done_d(1, &[(0, 1)], 7), 10).unwrap();
     b.on_done_from(0, done_d(0, &[], 9), 20).unwrap();
     b.on_done_from(0, done_d(0, &[], 9), 20).unwrap();
@@ -134,6 +136,7 @@ fn with_redundancy_a_result_counts_once_two_peers_sent_the_same() {
 fn copies_that_differ_are_disputed_and_a_third_decides() {
     let mut b = Barrier::with_quorum(2, 1 << 20, 2);
     for (pid, peers) in [(0, [20, 21]), (1, [10, 11])] {
+        b.set_hosts(pid, &peers).unwrap();
         for p in peers {
             b.on_done_from(0, done(pid, false, &[(0, 1)]), p).unwrap();
         }
@@ -152,7 +155,8 @@ fn copies_that_differ_are_disputed_and_a_third_decides() {
     b.on_message_from(msg(0, 0, 0, 0, b"self"), 20).unwrap();
     b.on_message_from(msg(0, 0, 0, 0, b"self"), 21).unwrap();
     assert!(!b.ready(0, 0));
-    // A third run, on peer 12, agrees with peer 10.
+    // A third run: copy 1 moves from peer 11 to 12, which agrees with 10.
+    b.set_hosts(1, &[10, 12]).unwrap();
     assert!(b.on_message_from(msg(1, 0, 0, 0, b"good"), 12).unwrap());
     let d = b.take_disputes();
     assert_eq!(d.len(), 1);
@@ -180,6 +184,55 @@ fn copies_that_differ_are_disputed_and_a_third_decides() {
         b.done_rec(1, 1).is_some(),
         "the Done itself (what was sent) agreed"
     );
+}
+
+#[test]
+fn only_the_hosts_of_a_process_vote_on_it_and_a_done_needs_copy_0() {
+    let mut b = Barrier::with_quorum(2, 1 << 20, 2);
+    b.set_hosts(0, &[20, 21]).unwrap();
+    b.set_hosts(1, &[10, 11]).unwrap();
+    // Two peers that host no copy of pid 1 forge its message to pid 0.
+    b.on_message_from(msg(1, 0, 0, 0, b"fake"), 30).unwrap();
+    assert!(!b.on_message_from(msg(1, 0, 0, 0, b"fake"), 31).unwrap());
+    assert!(b.take_disputes().is_empty(), "forgers are not voters");
+    // The hosts' copies decide; the forgery never counted.
+    b.on_message_from(msg(1, 0, 0, 0, b"real"), 10).unwrap();
+    assert!(b.on_message_from(msg(1, 0, 0, 0, b"real"), 11).unwrap());
+    for (pid, peers) in [(0, [20, 21]), (1, [10, 11])] {
+        for p in peers {
+            b.on_done_from(0, done(pid, false, &[(0, 1)]), p).unwrap();
+        }
+    }
+    // A peer changes its vote: ignored.
+    b.on_message_from(msg(0, 0, 0, 0, b"a"), 20).unwrap();
+    b.on_message_from(msg(0, 0, 0, 0, b"b"), 20).unwrap();
+    assert!(b.on_message_from(msg(0, 0, 0, 0, b"a"), 21).unwrap());
+    assert_eq!(
+        b.take(0, 0),
+        vec![
+            (0, 0, Bytes::from_static(b"a")),
+            (1, 0, Bytes::from_static(b"real"))
+        ]
+    );
+    // Copy 1 of pid 1 moved from 11 to 12: 11's and 12's Done agree, but
+    // without copy 0's (10) it is not taken; 10's arrives, and it is.
+    b.set_hosts(1, &[10, 12]).unwrap();
+    b.on_done_from(1, done(1, false, &[]), 11).unwrap();
+    b.on_done_from(1, done(1, false, &[]), 12).unwrap();
+    b.on_done_from(1, done(0, false, &[]), 20).unwrap();
+    b.on_done_from(1, done(0, false, &[]), 21).unwrap();
+    assert!(!b.complete(1), "copy 0's Done is missing");
+    b.on_done_from(1, done(1, false, &[]), 10).unwrap();
+    assert!(b.complete(1));
+    // A copy that arrived before its sender was known to host the pid
+    // counts once it is.
+    b.on_done_from(2, done(1, false, &[]), 10).unwrap();
+    b.on_done_from(2, done(1, false, &[]), 13).unwrap();
+    b.on_done_from(2, done(0, false, &[]), 20).unwrap();
+    b.on_done_from(2, done(0, false, &[]), 21).unwrap();
+    assert!(!b.complete(2));
+    b.set_hosts(1, &[10, 13]).unwrap();
+    assert!(b.complete(2));
 }
 
 proptest! {
@@ -221,6 +274,9 @@ proptest! {
         events.extend(repeats);
         // The event after which each (src, superstep) item has both copies.
         let mut b = Barrier::with_quorum(nprocs, 1 << 20, 2);
+        for q in 0..nprocs {
+            b.set_hosts(q, &[100 + q as PeerId, 200 + q as PeerId]).unwrap();
+        }
         let mut at = vec![0u32; nprocs as usize];
         type Read = Vec<Vec<Vec<(Pid, u32, Bytes)>>>;
         let mut read: Read = vec![Vec::new(); nprocs as usize];

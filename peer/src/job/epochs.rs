@@ -30,6 +30,7 @@ impl Driver {
         let old_peers: HashSet<PeerId> = self.peers.iter().copied().collect();
         self.peers = a.peers.iter().map(|p| p.id).collect();
         self.hosts = hosts;
+        self.elect();
         self.env
             .registry
             .update_peers(self.job, self.me, self.peers.iter().copied());
@@ -60,6 +61,7 @@ impl Driver {
             }
         }
         // Replicas that are gone will not answer.
+        let delivered = self.env.reporter.delivered_count();
         for pid in self.local.keys().copied().collect::<Vec<_>>() {
             let targets = self.replica_targets(pid);
             let Some(l) = self.local.get_mut(&pid) else {
@@ -78,7 +80,9 @@ impl Driver {
                 let snap = p.snapshot.clone();
                 // Frames for replicas that are gone are void.
                 p.unsent.retain(|(r, _)| !gone.contains(r));
-                let held = !p.unsent.is_empty();
+                // Still waiting for its output, or for its copies to agree:
+                // new replicas wait with the others.
+                let held = !p.unsent.is_empty() || !p.agreed || delivered < p.output_mark;
                 for t in fresh {
                     p.waiting.insert(t);
                     for f in whole(&snap) {

@@ -243,8 +243,9 @@ impl Driver {
                 .local
                 .values()
                 .flat_map(|l| l.pending.iter())
-                // Not yet sent at all: it goes out once the output is delivered.
-                .filter(|p| p.waiting.contains(&peer) && p.unsent.is_empty())
+                // Not yet sent at all: it goes out once the output is
+                // delivered (and, with redundancy, the copies agreed).
+                .filter(|p| p.waiting.contains(&peer) && p.unsent.is_empty() && p.agreed)
                 .map(|p| p.snapshot.clone())
                 .collect();
             for s in pending {

@@ -16,6 +16,20 @@ impl Driver {
         replicas_of(self.job, pid, self.me, &self.peers, self.replicas)
     }
 
+    /// Tell the barrier who runs each pid now (with redundancy, only they
+    /// and earlier hosts may vote on its results).
+    pub(super) fn elect(&mut self) {
+        if self.hosts.copies() == 1 {
+            return;
+        }
+        for pid in 0..self.info.nprocs {
+            let hosts = self.hosts.of(pid).to_vec();
+            if let Err(e) = self.barrier.set_hosts(pid, &hosts) {
+                return self.fail(None, format!("a peer broke the data-plane protocol: {e}"));
+            }
+        }
+    }
+
     /// With redundancy: checkpoints whose digest a quorum of the copies
     /// now agreed on may go to their replicas. A checkpoint outvoted
     /// never goes (the supernode quarantines this peer).

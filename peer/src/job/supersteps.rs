@@ -156,7 +156,10 @@ impl Driver {
         };
         #[cfg(feature = "fault-injection")]
         crate::fault::on_sync(s, &mut p.process);
-        let out = wire_messages(pid, s, p.process.take_outbox());
+        #[allow(unused_mut)]
+        let mut out = wire_messages(pid, s, p.process.take_outbox());
+        #[cfg(feature = "fault-injection")]
+        crate::fault::on_messages(s, &mut out);
         self.on_synced(pid, exited, out);
         if exited || checkpointed(s, self.checkpoint_every) {
             self.spawn_capture(pid, p, exited);
@@ -181,12 +184,6 @@ impl Driver {
             return;
         };
         let s = l.superstep;
-        #[cfg(feature = "fault-injection")]
-        let out = {
-            let mut out = out;
-            crate::fault::on_messages(s, &mut out);
-            out
-        };
         let done = done_of(pid, exited, &out, s);
         self.route(&out);
         self.flush_all();
@@ -297,12 +294,17 @@ impl Driver {
             .checkpoint_bytes
             .fetch_add(bytes as u64, Ordering::Relaxed);
         let redundant = self.hosts.copies() > 1;
+        let digest = p.tracker.last_state_digest();
+        if redundant {
+            // This copy's vote, now: copy 0's `Done` of an exit waits for
+            // its checkpoint's replicas, and so for this agreement.
+            self.barrier.on_digest_from(pid, s, digest, self.me);
+        }
         let l = self.local.get_mut(&pid).expect("checked above");
         let output_mark = p.process.output_mark().max(l.exit_mark);
         if l.capturing_exit == Some(s) {
             l.capturing_exit = None;
         }
-        let digest = p.tracker.last_state_digest();
         if let Some((us, mut done)) = l.unsigned.take() {
             if us == s {
                 done.digest = Some(digest);

@@ -84,7 +84,12 @@ pub(super) fn resume_and_capture(
     };
     #[cfg(feature = "fault-injection")]
     crate::fault::on_sync(s, &mut p.process);
-    let out = wire_messages(pid, s, p.process.take_outbox());
+    // A fault in the process's computation (test builds): what it sent is
+    // wrong everywhere, on the wire, in its outbox and in its checkpoint.
+    #[allow(unused_mut)]
+    let mut out = wire_messages(pid, s, p.process.take_outbox());
+    #[cfg(feature = "fault-injection")]
+    crate::fault::on_messages(s, &mut out);
     let mut outbox = c.outbox;
     outbox.extend(out.iter().cloned());
     if c.early.send(Early { pid, exited, out }).is_err() {

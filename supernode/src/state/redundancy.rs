@@ -23,6 +23,9 @@ const MAX_GROUPS: usize = 8;
 const MAX_GROUP_PEERS: usize = 8;
 /// Longest `what` kept from a peer, in characters.
 const MAX_WHAT_CHARS: usize = 200;
+/// Disagreements without a quorum recorded per job; more reports are
+/// ignored (each starts a third run; a real job needs a few).
+const MAX_DISAGREEMENTS_PER_JOB: i64 = 256;
 
 /// What became of one copy of an output record or exit.
 #[derive(Debug, PartialEq, Eq)]
@@ -124,6 +127,21 @@ pub(super) fn offer_copy(
         return Ok(Offer::Disagree { groups });
     }
     Ok(Offer::Held)
+}
+
+/// An output record of `job` that a copy delivered and no other copy
+/// matched (held, not from a quarantined peer): `(pid, seq)`, the first.
+pub(super) fn unmatched_output(tx: &Connection, job: JobId) -> Result<Option<(Pid, i64)>, Error> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT h.pid, h.seq FROM held_copies h LEFT JOIN peers p ON p.id = h.peer_id \
+             WHERE h.job = ?1 AND h.seq >= 0 AND p.quarantined_at IS NULL \
+             AND NOT EXISTS (SELECT 1 FROM events e WHERE e.job = h.job AND e.pid = h.pid \
+                             AND e.seq = h.seq) \
+             ORDER BY h.pid, h.seq LIMIT 1",
+        )?
+        .query_row([job], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?)
 }
 
 /// A disagreement between copies of `pid`, reported by a peer or found by
@@ -264,6 +282,14 @@ pub(super) fn judge(
         }
         [] => {}
         _ => return ignore("two versions both have a quorum"),
+    }
+    // A peer of the job may report any superstep: bound what it can make
+    // the supernode store (a real run disagrees a few times at most).
+    let recorded: i64 = tx
+        .prepare_cached("SELECT count(*) FROM disagreements WHERE job = ?1")?
+        .query_row([job], |r| r.get(0))?;
+    if recorded >= MAX_DISAGREEMENTS_PER_JOB {
+        return ignore("the job has had too many disagreements recorded already");
     }
     let first = tx
         .prepare_cached(

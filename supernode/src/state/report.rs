@@ -512,14 +512,41 @@ impl Core {
                         |r| r.get(0),
                     )?;
                     if exited >= ctx.nprocs {
-                        let ending = Ending {
-                            outcome: JobOutcome::Exited,
-                            error: None,
-                            error_pid: None,
-                            event: JobEventKind::JobExited,
-                            // Peers keep checkpoint replicas until the job ends.
-                            kill: Some("the job finished".into()),
-                            skip_peer: None,
+                        // With redundancy, an output record only one copy
+                        // delivered (or that the copies disagree on, and no
+                        // third run could decide: a copy restored from a
+                        // checkpoint does not print again what came before
+                        // it) was never published: the job's output is
+                        // incomplete, and says so instead of exiting.
+                        let unmatched = if ctx.redundancy > 1 {
+                            redundancy::unmatched_output(&tx, job)?
+                        } else {
+                            None
+                        };
+                        let ending = match unmatched {
+                            None => Ending {
+                                outcome: JobOutcome::Exited,
+                                error: None,
+                                error_pid: None,
+                                event: JobEventKind::JobExited,
+                                // Peers keep checkpoint replicas until the job ends.
+                                kill: Some("the job finished".into()),
+                                skip_peer: None,
+                            },
+                            Some((pid, seq)) => {
+                                let reason = format!(
+                                    "the copies of pid {pid} never agreed on its output record {seq}, so it \
+                                     was not published and the output is incomplete; run the job again"
+                                );
+                                Ending {
+                                    outcome: JobOutcome::Failed,
+                                    error: Some(reason.clone()),
+                                    error_pid: Some(pid),
+                                    event: JobEventKind::JobFailed { reason },
+                                    kill: Some("the job failed".into()),
+                                    skip_peer: None,
+                                }
+                            }
                         };
                         finish_job(&tx, &mut self.place, inner, fx, job, ending, now)?;
                         ctx.active = false;

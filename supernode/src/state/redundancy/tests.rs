@@ -336,6 +336,31 @@ fn differing_exits_are_held_and_agreeing_ones_end_the_job() {
 }
 
 #[test]
+fn a_job_whose_copies_never_matched_a_record_fails_instead_of_exiting() {
+    let w = world(&[1, 2, 3], 1);
+    let p = w.placed();
+    let (a, b) = p.hosts(0);
+    let exit = |s| PeerEvent::ProcessExited {
+        job: JOB,
+        pid: 0,
+        superstep: s,
+    };
+    // Copy 0 printed a record copy 1 never delivered (a copy restored from
+    // a later checkpoint does not print it again).
+    w.report(a, vec![output(0, 0, "only once\n"), exit(4)]);
+    w.report(b, vec![exit(4)]);
+    assert_eq!(w.count("stdout"), 0);
+    assert_eq!(w.count("job_exited"), 0);
+    assert_eq!(w.count("job_failed"), 1);
+    let error: Option<String> = w.query("SELECT error FROM jobs WHERE id = 1");
+    let error = error.unwrap_or_default();
+    assert!(
+        error.contains("output record 0") && error.contains("incomplete"),
+        "{error}"
+    );
+}
+
+#[test]
 fn an_outvoted_peer_is_quarantined_once_and_its_share_restored() {
     let w = world(&[1, 2, 3, 3], 3);
     let p = w.placed();
