@@ -394,6 +394,71 @@ async fn three_peers_run_a_ring_and_deliver_every_message_in_order() {
     }
 }
 
+/// Redundancy 2: three processes, each on two of four peers, returning at
+/// different supersteps (a process's copy 0 must announce its exit although
+/// its exit checkpoint waits for the copies to agree): every copy exits,
+/// and what the processes read is what one copy each reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_copies_of_each_process_with_staggered_exits_run_to_the_end() {
+    let peers = start_peers(4).await;
+    let wasm = ring_guest("(i32.add (i32.const 2) (local.get $pid))", 1000, None);
+    let n = 3u32;
+    let mut a = assignment(11, &wasm, &peers, vec![0, 1, 2]);
+    // Copy 0 of pid p on peer p, copy 1 on peer p + 1.
+    a.placement = vec![0, 1, 2, 1, 2, 3];
+    a.limits.redundancy = 2;
+    let handles = start_everywhere(&peers, &a, &wasm);
+    let refs: Vec<&TestPeer> = peers.iter().collect();
+    let events = collect_until(&refs, |all| {
+        let exits = all
+            .iter()
+            .filter(|e| matches!(e, PeerEvent::ProcessExited { .. }))
+            .count();
+        exits == 2 * n as usize
+            || all.iter().any(|e| {
+                matches!(
+                    e,
+                    PeerEvent::ProcessFailed { .. }
+                        | PeerEvent::ProcessAborted { .. }
+                        | PeerEvent::Disagreement { .. }
+                )
+            })
+    })
+    .await;
+    for p in &peers {
+        p.jobs.kill(11);
+    }
+    wait_all(handles).await;
+    assert!(
+        !events.iter().any(|e| matches!(
+            e,
+            PeerEvent::ProcessFailed { .. }
+                | PeerEvent::ProcessAborted { .. }
+                | PeerEvent::Disagreement { .. }
+        )),
+        "{events:?}"
+    );
+    let rounds = |p: u32| 2 + p;
+    let mut expected = Vec::new();
+    for pid in 0..n {
+        for s in 1..=rounds(pid) {
+            let mut srcs = [(pid + n - 1) % n, (pid + 1) % n];
+            srcs.sort();
+            for src in srcs {
+                if s - 1 < rounds(src) {
+                    expected.push([pid, s, src, s - 1, 4, src * 100 + s - 1]);
+                }
+            }
+        }
+    }
+    // Both copies print the same: each record twice.
+    let mut got = records(&events);
+    got.sort_by_key(|r| (r[0], r[1], r[2]));
+    let mut twice: Vec<[u32; 6]> = expected.iter().flat_map(|r| [*r, *r]).collect();
+    twice.sort_by_key(|r| (r[0], r[1], r[2]));
+    assert_eq!(got, twice);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_on_one_peer_needs_no_network() {
     let peers = start_peers(1).await;
