@@ -144,25 +144,29 @@ impl Snapshot {
         canonical_hash(self, self.memory.len() as u64, pages)
     }
 
-    /// The digest of the process's state and of what it sent in this
-    /// superstep: the BLAKE3 hash of the canonical encoding up to the
-    /// outbox, then of the outbox's messages of this superstep only (in
-    /// the same encoding, without the count). The whole outbox depends on
-    /// how long its host retained messages, this does not: copies of a
-    /// process on different peers (redundancy) compare it, and a replica
-    /// holds a checkpoint only once they agreed, so a restore re-sends
-    /// only messages the copies agreed on.
+    /// The digest of the process's state and of what it sent since the
+    /// previous checkpoint (with a checkpoint every `every` supersteps: in
+    /// supersteps `superstep − every + 1 ..= superstep`): the BLAKE3 hash
+    /// of the canonical encoding up to the outbox, then of the outbox's
+    /// messages of those supersteps only (in the same encoding, without
+    /// the count). The whole outbox depends on how long its host retained
+    /// messages, this does not: copies of a process on different peers
+    /// (redundancy) compare it, and a replica holds a checkpoint only once
+    /// they agreed, so a restore re-sends only messages the copies agreed
+    /// on (the older ones it carries were covered by earlier checkpoints'
+    /// digests).
     /// [`PageTracker::capture`] gives it without rehashing
     /// ([`PageTracker::last_state_digest`]).
-    pub fn state_digest(&self) -> [u8; 32] {
+    pub fn state_digest(&self, every: u32) -> [u8; 32] {
         let mut state = [0; 32];
+        let from = digest_from(self.superstep, every);
         let pages = self.memory.chunks(PAGE_SIZE).map(page_hash);
         canonical_hash_cached(
             self,
             self.memory.len() as u64,
             pages,
             &mut PayloadHashes::default(),
-            Some(&mut state),
+            Some((&mut state, from)),
         );
         state
     }
@@ -288,13 +292,20 @@ fn canonical_hash(
 
 /// [`canonical_hash`] that takes the payload hashes it can from `cache`
 /// and leaves in it those of `s`'s outbox.
-/// When `state` is given, it gets [`Snapshot::state_digest`].
+/// The first superstep whose messages [`Snapshot::state_digest`] of
+/// `superstep` covers, with a checkpoint every `every` supersteps.
+pub(crate) fn digest_from(superstep: u32, every: u32) -> u32 {
+    superstep.saturating_sub(every.max(1) - 1)
+}
+
+/// When `state` is given (with the first superstep whose messages it
+/// covers), it gets [`Snapshot::state_digest`].
 fn canonical_hash_cached(
     s: &Snapshot,
     memory_len: u64,
     page_hashes: impl Iterator<Item = PageHash>,
     cache: &mut PayloadHashes,
-    state: Option<&mut [u8; 32]>,
+    state: Option<(&mut [u8; 32], u32)>,
 ) -> [u8; 32] {
     let mut next = HashMap::new();
     let mut h = blake3::Hasher::new();
@@ -315,6 +326,7 @@ fn canonical_hash_cached(
     // The state digest: the same up to here, then the messages of this
     // superstep alone (older ones are in the outbox only while the host
     // retains them).
+    let from = state.as_ref().map_or(0, |(_, f)| *f);
     let mut digest = state.is_some().then(|| h.clone());
     h.update(&(s.outbox.len() as u64).to_le_bytes());
     // Each message contributes the hash of its payload, computed once for a
@@ -331,14 +343,17 @@ fn canonical_hash_cached(
             fields[20..28].copy_from_slice(&(m.payload.len() as u64).to_le_bytes());
             h.update(&fields);
             h.update(&payload);
-            if let Some(d) = digest.as_mut().filter(|_| m.superstep == s.superstep) {
+            if let Some(d) = digest
+                .as_mut()
+                .filter(|_| (from..=s.superstep).contains(&m.superstep))
+            {
                 d.update(&fields);
                 d.update(&payload);
             }
         }
     }
     cache.known = next;
-    if let (Some(state), Some(d)) = (state, digest) {
+    if let (Some((state, _)), Some(d)) = (state, digest) {
         *state = d.finalize().into();
     }
     h.finalize().into()

@@ -627,7 +627,7 @@ fn a_seeded_tracker_sends_deltas_against_the_restored_snapshot() {
     let restored = PageTracker::new().capture(head(0, 5, vec![]), &m);
     let mut store = ReplicaStore::new();
     store.insert(restored.clone());
-    let mut t = PageTracker::seeded(&restored, false);
+    let mut t = PageTracker::seeded(&restored, None);
     t.acked(8, 5, true);
     m[2 * P + 7] ^= 1;
     let s6 = t.capture(head(0, 6, vec![]), &m);
@@ -939,39 +939,47 @@ fn a_capture_that_starts_over_does_not_keep_a_recycled_buffers_pages() {
 
 /// The state digest copies of a process compare (redundancy): the same
 /// whatever older messages the host still retains, different when the
-/// memory or a message of the superstep differs, and what the tracker
-/// gives without rehashing.
+/// memory or a message sent since the previous checkpoint differs, and
+/// what the tracker gives without rehashing.
 #[test]
-fn the_state_digest_covers_the_state_and_this_supersteps_messages_only() {
+fn the_state_digest_covers_the_state_and_the_messages_since_the_last_checkpoint() {
     let memory: Vec<u8> = [page_of(3), page_of(0), page_of(9)].concat();
-    let mut older = msg(0, 1, 0, 40);
-    older.superstep = 4;
-    let mut now = msg(0, 1, 1, 40);
-    now.superstep = 5;
-    let mut t = PageTracker::new().with_state_digests();
-    let snap = t.capture(
-        head_retaining(0, 5, vec![older.clone(), now.clone()]),
-        &memory,
-    );
-    assert_eq!(t.last_state_digest(), snap.state_digest());
-    let mut seeded = PageTracker::seeded(&snap, true);
-    assert_eq!(seeded.last_state_digest(), snap.state_digest());
-    let again = seeded.capture(head_retaining(0, 5, vec![now.clone()]), &memory);
-    assert_eq!(seeded.last_state_digest(), again.state_digest());
-    // Another host retained less: same digest, other content hash.
-    let mut t2 = PageTracker::new();
-    let fewer = t2.capture(head_retaining(0, 5, vec![now.clone()]), &memory);
-    assert_eq!(fewer.state_digest(), snap.state_digest());
-    assert_ne!(fewer.hash, snap.hash);
-    // A bit of memory, or of a message of the superstep, differs.
-    let mut flipped = memory.clone();
-    flipped[P + 17] ^= 1;
-    let mut t3 = PageTracker::new();
-    let other = t3.capture(head_retaining(0, 5, vec![now.clone()]), &flipped);
-    assert_ne!(other.state_digest(), snap.state_digest());
-    let mut bad = now.clone();
-    bad.payload = bytes::Bytes::from(vec![7u8; 40]);
-    let mut t4 = PageTracker::new();
-    let other = t4.capture(head_retaining(0, 5, vec![bad]), &memory);
-    assert_ne!(other.state_digest(), snap.state_digest());
+    let sent = |seq: u32, superstep: u32| {
+        let mut m = msg(0, 1, seq, 40);
+        m.superstep = superstep;
+        m
+    };
+    let (older, before, now) = (sent(0, 3), sent(1, 4), sent(2, 5));
+    for every in [1, 2] {
+        let mut t = PageTracker::new().with_state_digests(every);
+        let snap = t.capture(
+            head_retaining(0, 5, vec![older.clone(), before.clone(), now.clone()]),
+            &memory,
+        );
+        assert_eq!(t.last_state_digest(), snap.state_digest(every));
+        let mut seeded = PageTracker::seeded(&snap, Some(every));
+        assert_eq!(seeded.last_state_digest(), snap.state_digest(every));
+        // Another host retained less (back to the previous checkpoint):
+        // same digest, other content hash.
+        let kept = if every == 1 {
+            vec![now.clone()]
+        } else {
+            vec![before.clone(), now.clone()]
+        };
+        let again = seeded.capture(head_retaining(0, 5, kept.clone()), &memory);
+        assert_eq!(seeded.last_state_digest(), again.state_digest(every));
+        assert_eq!(again.state_digest(every), snap.state_digest(every));
+        assert_ne!(again.hash, snap.hash);
+        // A bit of memory differs.
+        let mut flipped = memory.clone();
+        flipped[P + 17] ^= 1;
+        let other = PageTracker::new().capture(head_retaining(0, 5, kept.clone()), &flipped);
+        assert_ne!(other.state_digest(every), snap.state_digest(every));
+        // A message since the previous checkpoint differs: with a
+        // checkpoint every 2 supersteps, one of superstep 4 counts too.
+        let mut bad = kept.clone();
+        bad[0].payload = bytes::Bytes::from(vec![7u8; 40]);
+        let other = PageTracker::new().capture(head_retaining(0, 5, bad), &memory);
+        assert_ne!(other.state_digest(every), snap.state_digest(every));
+    }
 }

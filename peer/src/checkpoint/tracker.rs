@@ -47,8 +47,9 @@ pub struct PageTracker {
     pub(super) payloads: PayloadHashes,
     /// [`Snapshot::state_digest`] of the last capture, when `digests`.
     state_digest: [u8; 32],
-    /// Compute the state digest at each capture (a job with redundancy).
-    digests: bool,
+    /// Compute the state digest at each capture (a job with redundancy),
+    /// with a checkpoint every this many supersteps.
+    digests: Option<u32>,
 }
 
 impl Default for PageTracker {
@@ -70,14 +71,15 @@ impl PageTracker {
             replicas: HashMap::new(),
             payloads: PayloadHashes::default(),
             state_digest: [0; 32],
-            digests: false,
+            digests: None,
         }
     }
 
     /// A tracker that also computes [`Snapshot::state_digest`] at each
-    /// capture (a job with redundancy compares it between copies).
-    pub fn with_state_digests(mut self) -> Self {
-        self.digests = true;
+    /// capture (a job with redundancy compares it between copies), with a
+    /// checkpoint every `every` supersteps.
+    pub fn with_state_digests(mut self, every: u32) -> Self {
+        self.digests = Some(every);
         self
     }
 
@@ -239,7 +241,12 @@ impl PageTracker {
             snapshot.memory.len() as u64,
             self.page_hashes[..n].iter().copied(),
             &mut self.payloads,
-            self.digests.then_some(&mut self.state_digest),
+            self.digests.map(|every| {
+                (
+                    &mut self.state_digest,
+                    super::digest_from(snapshot.superstep, every),
+                )
+            }),
         );
         self.origin.get_or_insert(snapshot.superstep);
         self.last = Some((snapshot.superstep, snapshot.hash));
@@ -254,7 +261,7 @@ impl PageTracker {
     /// A tracker whose first capture is `snapshot` (a process restored from
     /// it): replicas known to hold exactly this snapshot (tell it with
     /// [`PageTracker::acked`]) can get deltas against it.
-    pub fn seeded(snapshot: &Snapshot, digests: bool) -> Self {
+    pub fn seeded(snapshot: &Snapshot, digests: Option<u32>) -> Self {
         let mut t = PageTracker::new();
         t.digests = digests;
         let head = Snapshot {

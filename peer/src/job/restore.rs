@@ -69,7 +69,7 @@ impl Driver {
                     unreachable!("begin_fetch defers until the program is here")
                 };
                 let info = self.info.clone();
-                let redundant = self.hosts.copies() > 1;
+                let digests = (self.hosts.copies() > 1).then_some(self.checkpoint_every);
                 if let Some(l) = self.local.get_mut(&pid) {
                     l.state = State::Busy;
                 }
@@ -82,7 +82,7 @@ impl Driver {
                         }
                         let process = runtime.restore(&module, info, &snap)?;
                         // Replicas that get this snapshot can take deltas against it.
-                        let tracker = PageTracker::seeded(&snap, redundant);
+                        let tracker = PageTracker::seeded(&snap, digests);
                         Ok::<_, HostError>(Some((process, tracker)))
                     })
                     .await;
@@ -153,7 +153,7 @@ impl Driver {
         // the other copies' did.
         let digest = match &p {
             Some(p) => p.tracker.last_state_digest(),
-            None => snapshot.state_digest(),
+            None => snapshot.state_digest(self.checkpoint_every),
         };
         let redundant = self.hosts.copies() > 1;
         let held: Vec<(u32, ProcDone)> = supersteps

@@ -47,6 +47,7 @@ impl Driver {
             let slots = self.env.slots.clone();
             let job = self.job;
             let redundant = self.hosts.copies() > 1;
+            let every = self.checkpoint_every;
             self.tasks.spawn(async move {
                 let slot = slots.acquire(job).await.map_err(HostError::from);
                 let joined = tokio::task::spawn_blocking(move || {
@@ -55,7 +56,7 @@ impl Driver {
                     let mut p = Proc {
                         process: runtime.instantiate(&module, info, pid)?,
                         tracker: if redundant {
-                            PageTracker::new().with_state_digests()
+                            PageTracker::new().with_state_digests(every)
                         } else {
                             PageTracker::new()
                         },

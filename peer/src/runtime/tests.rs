@@ -772,7 +772,7 @@ impl World {
         let mut w = World {
             trackers: snapshots
                 .iter()
-                .map(|s| PageTracker::seeded(s, false))
+                .map(|s| PageTracker::seeded(s, None))
                 .collect(),
             exited: snapshots.iter().map(|s| s.exited).collect(),
             job,
