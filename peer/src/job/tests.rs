@@ -402,12 +402,21 @@ async fn three_peers_run_a_ring_and_deliver_every_message_in_order() {
 async fn two_copies_of_each_process_with_staggered_exits_run_to_the_end() {
     let peers = start_peers(4).await;
     let wasm = ring_guest("(i32.add (i32.const 2) (local.get $pid))", 1000, None);
+    // A checkpoint at every sync, and one every third (digests then cover
+    // the messages of three supersteps).
+    for (job, every) in [(11, 1), (12, 3)] {
+        two_copies_run(&peers, &wasm, job, every).await;
+    }
+}
+
+async fn two_copies_run(peers: &[TestPeer], wasm: &[u8], job: JobId, every: u32) {
     let n = 3u32;
-    let mut a = assignment(11, &wasm, &peers, vec![0, 1, 2]);
+    let mut a = assignment(job, wasm, peers, vec![0, 1, 2]);
     // Copy 0 of pid p on peer p, copy 1 on peer p + 1.
     a.placement = vec![0, 1, 2, 1, 2, 3];
     a.limits.redundancy = 2;
-    let handles = start_everywhere(&peers, &a, &wasm);
+    a.limits.checkpoint_every = every;
+    let handles = start_everywhere(peers, &a, wasm);
     let refs: Vec<&TestPeer> = peers.iter().collect();
     let events = collect_until(&refs, |all| {
         let exits = all
@@ -425,8 +434,8 @@ async fn two_copies_of_each_process_with_staggered_exits_run_to_the_end() {
             })
     })
     .await;
-    for p in &peers {
-        p.jobs.kill(11);
+    for p in peers {
+        p.jobs.kill(job);
     }
     wait_all(handles).await;
     assert!(
@@ -436,7 +445,7 @@ async fn two_copies_of_each_process_with_staggered_exits_run_to_the_end() {
                 | PeerEvent::ProcessAborted { .. }
                 | PeerEvent::Disagreement { .. }
         )),
-        "{events:?}"
+        "checkpoint every {every}: {events:?}"
     );
     let rounds = |p: u32| 2 + p;
     let mut expected = Vec::new();
@@ -456,7 +465,7 @@ async fn two_copies_of_each_process_with_staggered_exits_run_to_the_end() {
     got.sort_by_key(|r| (r[0], r[1], r[2]));
     let mut twice: Vec<[u32; 6]> = expected.iter().flat_map(|r| [*r, *r]).collect();
     twice.sort_by_key(|r| (r[0], r[1], r[2]));
-    assert_eq!(got, twice);
+    assert_eq!(got, twice, "checkpoint every {every}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
