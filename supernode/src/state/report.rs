@@ -9,6 +9,25 @@ use crate::twins::Copies;
 /// (a peer reports each once, and few at a time).
 const MAX_VERDICTS_PER_REPORT: usize = 64;
 
+/// What becomes of an offered copy of an output record or exit: a verdict
+/// (made by `verdict`) when its versions differ, queued with the report's
+/// others; whether the copy is to be published now.
+fn settle_offer(
+    offer: Offer,
+    verdicts: &mut Vec<Verdict>,
+    verdict: impl FnOnce(Vec<Vec<PeerId>>) -> Result<Verdict, Error>,
+) -> Result<bool, Error> {
+    let (groups, publish) = match offer {
+        Offer::Held | Offer::Dropped => return Ok(false),
+        Offer::Agreed { groups } => (groups, true),
+        Offer::Disagree { groups } => (groups, false),
+    };
+    if groups.len() > 1 && verdicts.len() < MAX_VERDICTS_PER_REPORT {
+        verdicts.push(verdict(groups)?);
+    }
+    Ok(publish)
+}
+
 /// What a report handler knows about a job the reporting peer may touch.
 pub(super) struct ReportJob {
     active: bool,
@@ -220,21 +239,16 @@ impl Core {
                             ctx.redundancy,
                             now,
                         )?;
-                        let (groups, publish) = match offer {
-                            Offer::Held | Offer::Dropped => continue,
-                            Offer::Agreed { groups } => (groups, true),
-                            Offer::Disagree { groups } => (groups, false),
-                        };
-                        if groups.len() > 1 && verdicts.len() < MAX_VERDICTS_PER_REPORT {
-                            verdicts.push(Verdict {
+                        let publish = settle_offer(offer, &mut verdicts, |groups| {
+                            Ok(Verdict {
                                 job,
                                 pid,
                                 superstep: pid_superstep(&tx, job, ctx.copies(), pid)?,
                                 groups,
                                 what: format!("output record {seq}"),
                                 reporter: None,
-                            });
-                        }
+                            })
+                        })?;
                         if !publish {
                             continue;
                         }
@@ -481,21 +495,16 @@ impl Core {
                             ctx.redundancy,
                             now,
                         )?;
-                        let (groups, publish) = match offer {
-                            Offer::Held | Offer::Dropped => continue,
-                            Offer::Agreed { groups } => (groups, true),
-                            Offer::Disagree { groups } => (groups, false),
-                        };
-                        if groups.len() > 1 && verdicts.len() < MAX_VERDICTS_PER_REPORT {
-                            verdicts.push(Verdict {
+                        let publish = settle_offer(offer, &mut verdicts, |groups| {
+                            Ok(Verdict {
                                 job,
                                 pid,
                                 superstep,
                                 groups,
                                 what: "its exit".into(),
                                 reporter: None,
-                            });
-                        }
+                            })
+                        })?;
                         if !publish {
                             continue;
                         }
