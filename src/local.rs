@@ -59,8 +59,12 @@ fn open_supernode(
         ..bspweb_supernode::Config::default()
     };
     adjust(&mut config);
+    let place = match &config.database {
+        Some(_) => "its PostgreSQL database".to_string(),
+        None => data.display().to_string(),
+    };
     bspweb_supernode::Supernode::open(config)
-        .with_context(|| format!("cannot open the supernode's state in {}", data.display()))
+        .with_context(|| format!("cannot open the supernode's state in {place}"))
 }
 
 async fn register_examples(
@@ -402,6 +406,7 @@ pub async fn supernode(a: SupernodeArgs) -> anyhow::Result<ExitCode> {
             c.user_max_processes = a.user_max_processes;
             c.user_max_programs = a.user_max_programs;
             c.tls = tls;
+            c.database = a.database.clone();
         },
     )?;
     if !a.no_examples {

@@ -163,6 +163,11 @@ pub struct SupernodeArgs {
     /// Directory for the database and secrets [default: ~/.local/share/bspweb]
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Keep the state in this PostgreSQL database instead of SQLite in
+    /// DATA: postgres://USER:PASSWORD@HOST:PORT/DATABASE. Several
+    /// supernodes may share one (docs/deployment.md)
+    #[arg(long, value_name = "URL", env = "BSPWEB_DATABASE", hide_env_values = true)]
+    database: Option<String>,
     /// Lease time-to-live of peers, in seconds
     #[arg(long, default_value_t = 15)]
     lease_ttl_secs: u64,

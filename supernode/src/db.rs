@@ -2,61 +2,105 @@
 
 use std::path::Path;
 
+use crate::sql::{Connection, OptionalExtension, Row, params};
 use bsp_api::rest::{JobEvent, JobEventKind, JobInfo, JobLimits, JobOutcome, JobState};
 use bsp_api::{JobId, PeerId, Pid};
-use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::Error;
 
-/// The numbered migration files, applied in order. `PRAGMA user_version` is
+/// The numbered migrations, applied in order: each file's SQLite form
+/// (`migrations/`) and its PostgreSQL form (`migrations/postgres/`).
+/// SQLite's `PRAGMA user_version` and PostgreSQL's `bspweb_schema` table hold
 /// the number already applied.
-const MIGRATIONS: &[(&str, &str)] = &[
+const MIGRATIONS: &[(&str, &str, &str)] = &[
     (
         "0001_init.sql",
         include_str!("../../migrations/0001_init.sql"),
+        include_str!("../../migrations/postgres/0001_init.sql"),
     ),
     (
         "0002_fault_tolerance.sql",
         include_str!("../../migrations/0002_fault_tolerance.sql"),
+        include_str!("../../migrations/postgres/0002_fault_tolerance.sql"),
     ),
     (
         "0003_progress.sql",
         include_str!("../../migrations/0003_progress.sql"),
+        include_str!("../../migrations/postgres/0003_progress.sql"),
     ),
     (
         "0004_clusters.sql",
         include_str!("../../migrations/0004_clusters.sql"),
+        include_str!("../../migrations/postgres/0004_clusters.sql"),
     ),
     (
         "0005_peer_memory.sql",
         include_str!("../../migrations/0005_peer_memory.sql"),
+        include_str!("../../migrations/postgres/0005_peer_memory.sql"),
     ),
     (
         "0006_compact_output.sql",
         include_str!("../../migrations/0006_compact_output.sql"),
+        include_str!("../../migrations/postgres/0006_compact_output.sql"),
     ),
     (
         "0007_memory_admission.sql",
         include_str!("../../migrations/0007_memory_admission.sql"),
+        include_str!("../../migrations/postgres/0007_memory_admission.sql"),
     ),
     (
         "0008_accounts.sql",
         include_str!("../../migrations/0008_accounts.sql"),
+        include_str!("../../migrations/postgres/0008_accounts.sql"),
     ),
     (
         "0009_enrollment.sql",
         include_str!("../../migrations/0009_enrollment.sql"),
+        include_str!("../../migrations/postgres/0009_enrollment.sql"),
     ),
     (
         "0010_redundancy.sql",
         include_str!("../../migrations/0010_redundancy.sql"),
+        include_str!("../../migrations/postgres/0010_redundancy.sql"),
     ),
 ];
 
+/// Where the supernode keeps its state.
+#[derive(Debug, Clone)]
+pub(crate) enum Database {
+    /// A SQLite file (the embedded default).
+    Sqlite(std::path::PathBuf),
+    /// A PostgreSQL database, which several supernodes may share.
+    Postgres(Box<crate::sql::PgConfig>),
+}
+
+impl std::fmt::Display for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Database::Sqlite(path) => write!(f, "SQLite {}", path.display()),
+            Database::Postgres(pg) => write!(f, "PostgreSQL {}", pg.redacted()),
+        }
+    }
+}
+
 /// Opens (creating if needed) the database and brings its schema up to date.
-pub(crate) fn open(path: &Path) -> anyhow::Result<Connection> {
+pub(crate) fn open(db: &Database) -> anyhow::Result<Connection> {
     use anyhow::Context;
-    let mut conn = Connection::open(path)
+    match db {
+        Database::Sqlite(path) => open_sqlite(path),
+        Database::Postgres(pg) => {
+            let mut conn = Connection::postgres(pg).with_context(|| {
+                format!("cannot connect to {db}; is the server running, and do the URL's user, password and database exist?")
+            })?;
+            migrate_postgres(&mut conn).with_context(|| format!("cannot migrate {db}"))?;
+            Ok(conn)
+        }
+    }
+}
+
+pub(crate) fn open_sqlite(path: &Path) -> anyhow::Result<Connection> {
+    use anyhow::Context;
+    let mut conn = rusqlite::Connection::open(path)
         .with_context(|| format!("cannot open the database {}", path.display()))?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
     let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
@@ -64,23 +108,28 @@ pub(crate) fn open(path: &Path) -> anyhow::Result<Connection> {
         tracing::warn!(mode, "SQLite refused write-ahead logging");
     }
     conn.execute_batch("PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;")?;
-    migrate(&mut conn)
+    migrate_sqlite(&mut conn)
         .with_context(|| format!("cannot migrate the database {}", path.display()))?;
-    Ok(conn)
+    Ok(Connection::sqlite(conn))
 }
 
-/// Applies the migrations the database has not seen yet, each in its own
-/// transaction together with the `user_version` bump.
-pub(crate) fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
-    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+fn too_new(version: i64) -> anyhow::Result<()> {
     let known = MIGRATIONS.len() as i64;
     if version > known {
         anyhow::bail!(
             "the database has schema version {version} but this supernode knows only {known}; \
-             it was written by a newer bspweb, so run that version (or start with a fresh data directory)"
+             it was written by a newer bspweb, so run that version (or start with a fresh database)"
         );
     }
-    for (i, (name, sql)) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+    Ok(())
+}
+
+/// Applies the migrations the database has not seen yet, each in its own
+/// transaction together with the `user_version` bump.
+pub(crate) fn migrate_sqlite(conn: &mut rusqlite::Connection) -> anyhow::Result<()> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    too_new(version)?;
+    for (i, (name, sql, _)) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         let tx = conn.transaction()?;
         tx.execute_batch(sql)
             .map_err(|e| anyhow::anyhow!("migration {name} failed: {e}"))?;
@@ -88,6 +137,35 @@ pub(crate) fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
         tx.commit()?;
         tracing::info!(migration = name, "applied database migration");
     }
+    Ok(())
+}
+
+/// The PostgreSQL form of [`migrate_sqlite`]. Each migration runs in the
+/// transaction that bumps `bspweb_schema`, under the lock every supernode's
+/// transactions take, so supernodes starting together migrate once.
+fn migrate_postgres(conn: &mut Connection) -> anyhow::Result<()> {
+    let tx = conn.transaction()?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS bspweb_schema (version BIGINT NOT NULL); \
+         INSERT INTO bspweb_schema (version) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM bspweb_schema)",
+    )?;
+    tx.commit()?;
+    for (i, (name, _, sql)) in MIGRATIONS.iter().enumerate() {
+        let tx = conn.transaction()?;
+        let version: i64 = tx.query_row("SELECT version FROM bspweb_schema", [], |r| r.get(0))?;
+        too_new(version)?;
+        if version > i as i64 {
+            continue;
+        }
+        tx.execute_batch(sql)
+            .map_err(|e| anyhow::anyhow!("migration {name} failed: {e}"))?;
+        tx.execute("UPDATE bspweb_schema SET version = ?1", [(i + 1) as i64])?;
+        tx.commit()?;
+        tracing::info!(migration = name, "applied database migration");
+    }
+    let tx = conn.transaction()?;
+    let version: i64 = tx.query_row("SELECT version FROM bspweb_schema", [], |r| r.get(0))?;
+    too_new(version)?;
     Ok(())
 }
 
@@ -106,7 +184,7 @@ const JOB_COLUMNS: &str = "j.id, u.name, j.program, j.program_hash, j.nprocs, j.
      j.submitted_at, j.started_at, j.finished_at, j.exited, j.checkpoint_every, j.replicas, \
      j.redundancy";
 
-fn job_from_row(row: &Row<'_>) -> rusqlite::Result<JobInfo> {
+fn job_from_row(row: &Row<'_>) -> crate::sql::Result<JobInfo> {
     let args: String = row.get(5)?;
     let state: String = row.get(7)?;
     let outcome: Option<String> = row.get(8)?;
@@ -144,7 +222,7 @@ fn job_from_row(row: &Row<'_>) -> rusqlite::Result<JobInfo> {
 /// Where each pid of `job` runs and how many supersteps it has completed:
 /// its first copy's, and with redundancy where its other copies run
 /// (`placements` has a row per copy, `c * nprocs + pid`).
-fn placement_of(conn: &Connection, job: &mut JobInfo) -> rusqlite::Result<()> {
+fn placement_of(conn: &Connection, job: &mut JobInfo) -> crate::sql::Result<()> {
     let mut stmt = conn.prepare_cached(
         "SELECT pid, peer_id, superstep FROM placements WHERE job = ?1 ORDER BY pid",
     )?;
@@ -183,7 +261,7 @@ pub(crate) fn job_info(
 ) -> Result<Option<JobInfo>, Error> {
     let sql = format!(
         "SELECT {JOB_COLUMNS} FROM jobs j JOIN users u ON u.id = j.owner \
-         WHERE j.id = ?1 AND (?2 IS NULL OR j.owner = ?2)"
+         WHERE j.id = ?1 AND (CAST(?2 AS BIGINT) IS NULL OR j.owner = ?2)"
     );
     let job = conn
         .query_row(&sql, params![id, owner], job_from_row)
@@ -205,11 +283,11 @@ pub(crate) fn jobs_of(
 ) -> Result<Vec<JobInfo>, Error> {
     let sql = format!(
         "SELECT {JOB_COLUMNS} FROM jobs j JOIN users u ON u.id = j.owner \
-         WHERE j.owner = ?1 AND (?2 IS NULL OR j.state = ?2) ORDER BY j.id"
+         WHERE j.owner = ?1 AND (CAST(?2 AS TEXT) IS NULL OR j.state = ?2) ORDER BY j.id"
     );
     let mut stmt = conn.prepare(&sql)?;
     let rows = stmt.query_map(params![owner, state.map(JobState::as_str)], job_from_row)?;
-    let mut jobs = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut jobs = rows.collect::<crate::sql::Result<Vec<_>>>()?;
     for job in &mut jobs {
         if job.state != JobState::Waiting {
             placement_of(conn, job)?;
@@ -237,12 +315,14 @@ pub(crate) fn insert_event(
             None,
         ),
     };
-    let mut stmt = conn.prepare_cached(
-        "INSERT OR IGNORE INTO events (job, pid, kind, seq, payload, at, data) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?;
-    let n = stmt.execute(params![job, pid, kind.name(), seq, payload, at, data])?;
-    Ok((n == 1).then(|| conn.last_insert_rowid()))
+    Ok(conn
+        .query_row(
+            "INSERT INTO events (job, pid, kind, seq, payload, at, data) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO NOTHING RETURNING id",
+            params![job, pid, kind.name(), seq, payload, at, data],
+            |r| r.get(0),
+        )
+        .optional()?)
 }
 
 /// The bytes of an output event (stdout and stderr text, decoded raw
@@ -339,14 +419,14 @@ mod tests {
     fn migrations_apply_once_and_record_the_version() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db.sqlite3");
-        let conn = open(&path).unwrap();
+        let conn = open_sqlite(&path).unwrap();
         let v: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
         assert_eq!(v, MIGRATIONS.len() as i64);
         drop(conn);
         // Opening again applies nothing (a second CREATE TABLE would fail).
-        let conn = open(&path).unwrap();
+        let conn = open_sqlite(&path).unwrap();
         let fk: i64 = conn
             .query_row("PRAGMA foreign_keys", [], |r| r.get(0))
             .unwrap();
@@ -358,17 +438,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db.sqlite3");
         {
-            let conn = Connection::open(&path).unwrap();
+            let conn = rusqlite::Connection::open(&path).unwrap();
             conn.pragma_update(None, "user_version", 99).unwrap();
         }
-        let err = open(&path).unwrap_err();
+        let err = open_sqlite(&path).unwrap_err();
         assert!(format!("{err:#}").contains("newer bspweb"), "{err:#}");
     }
 
     /// A fresh database with user 1 and its active job 1.
     fn one_job() -> (tempfile::TempDir, Connection) {
         let dir = tempfile::tempdir().unwrap();
-        let conn = open(&dir.path().join("db.sqlite3")).unwrap();
+        let conn = open_sqlite(&dir.path().join("db.sqlite3")).unwrap();
         conn.execute_batch(
             "INSERT INTO users (id, name, password_hash, created_at) VALUES (1, 'a', 'x', 0);
              INSERT INTO programs (hash, bytes, size, created_at)

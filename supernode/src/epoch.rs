@@ -15,7 +15,7 @@ use bsp_api::rest::{JobEventKind, JobLimits, JobOutcome};
 use bsp_api::{JobId, PeerId, Pid};
 
 use crate::jobs::two_level_target;
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Connection, OptionalExtension, params};
 use sha2::{Digest, Sha256};
 
 use crate::db::{self, u64_from_sql, u64_to_sql};
@@ -108,7 +108,7 @@ pub(crate) fn placements(tx: &Connection, job: JobId) -> Result<Vec<Placed>, Err
             handed_over: r.get(6)?,
         })
     })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<crate::sql::Result<_>>()?)
 }
 
 /// The peer of pid `q` among `rows` (ordered by pid, as [`placements`]
@@ -165,8 +165,9 @@ pub(crate) fn set_job_peers(tx: &Connection, job: JobId, peers: &[PeerId]) -> Re
     tx.execute("DELETE FROM job_peers WHERE job = ?1", [job])?;
     let mut stmt =
         tx.prepare_cached("INSERT INTO job_peers (job, peer_id, ord) VALUES (?1, ?2, ?3)")?;
-    let mut ever =
-        tx.prepare_cached("INSERT OR IGNORE INTO job_peer_history (job, peer_id) VALUES (?1, ?2)")?;
+    let mut ever = tx.prepare_cached(
+        "INSERT INTO job_peer_history (job, peer_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+    )?;
     for (ord, peer) in peers.iter().enumerate() {
         stmt.execute(params![job, peer, ord as i64])?;
         ever.execute(params![job, peer])?;
@@ -180,7 +181,7 @@ pub(crate) fn usable_peers(tx: &Connection, now: i64) -> Result<BTreeSet<PeerId>
         "SELECT id FROM peers WHERE state = 'online' AND lease_expires_at >= ?1 AND draining = 0",
     )?;
     let rows = stmt.query_map([now], |r| r.get::<_, PeerId>(0))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<crate::sql::Result<_>>()?)
 }
 
 /// Peers with a valid lease at `now`, draining or not.
@@ -188,7 +189,7 @@ fn live_peers(tx: &Connection, now: i64) -> Result<BTreeSet<PeerId>, Error> {
     let mut stmt = tx
         .prepare_cached("SELECT id FROM peers WHERE state = 'online' AND lease_expires_at >= ?1")?;
     let rows = stmt.query_map([now], |r| r.get::<_, PeerId>(0))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<crate::sql::Result<_>>()?)
 }
 
 /// Online peers that are draining.
@@ -196,7 +197,7 @@ fn draining_peers(tx: &Connection) -> Result<BTreeSet<PeerId>, Error> {
     let mut stmt =
         tx.prepare_cached("SELECT id FROM peers WHERE state = 'online' AND draining = 1")?;
     let rows = stmt.query_map([], |r| r.get::<_, PeerId>(0))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<crate::sql::Result<_>>()?)
 }
 
 /// The order in which peers are asked to be replica-only peers of `job`:
@@ -297,7 +298,7 @@ pub(crate) fn assignment(
                 cluster: r.get(2)?,
             })
         })?
-        .collect::<rusqlite::Result<_>>()?
+        .collect::<crate::sql::Result<_>>()?
     };
     let index: BTreeMap<PeerId, u32> = peers
         .iter()
@@ -340,7 +341,7 @@ pub(crate) fn assignment(
         stmt.query_map([job], |r| {
             Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
         })?
-        .collect::<rusqlite::Result<_>>()?
+        .collect::<crate::sql::Result<_>>()?
     };
     let (resources_hash, resources_bytes) = if resources.is_empty() {
         (String::new(), 0)

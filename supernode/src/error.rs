@@ -64,24 +64,27 @@ pub enum Error {
     /// The caller's quota does not allow it (409, code `quota_exceeded`).
     #[error("{0}")]
     QuotaExceeded(String),
-    /// SQLite failed.
+    /// The database (SQLite or PostgreSQL) failed.
     #[error("database error: {0}")]
-    Database(#[from] rusqlite::Error),
+    Database(#[from] crate::sql::Error),
     /// Anything else that is the supernode's fault.
     #[error("internal error: {0}")]
     Internal(String),
 }
 
-/// Whether a SQLite error means the disk cannot take writes (full, or
-/// failing), as opposed to a bug or a bad request: the supernode degrades
+/// Whether a database error means the storage cannot take writes (SQLite's
+/// disk full or failing; PostgreSQL unreachable, shutting down or out of
+/// space), as opposed to a bug or a bad request: the supernode degrades
 /// (issue 20, finding 4) instead of failing what depends on the write.
-pub(crate) fn is_storage_error(e: &rusqlite::Error) -> bool {
+pub(crate) fn is_storage_error(e: &crate::sql::Error) -> bool {
     use rusqlite::ErrorCode as C;
-    matches!(
-        e,
-        rusqlite::Error::SqliteFailure(f, _)
-            if matches!(f.code, C::DiskFull | C::SystemIoFailure | C::CannotOpen)
-    )
+    match e {
+        crate::sql::Error::Sqlite(rusqlite::Error::SqliteFailure(f, _)) => {
+            matches!(f.code, C::DiskFull | C::SystemIoFailure | C::CannotOpen)
+        }
+        crate::sql::Error::Postgres(e) => crate::sql::is_unavailable(e),
+        _ => false,
+    }
 }
 
 /// The message of a 503 while the disk takes no writes.

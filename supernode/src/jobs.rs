@@ -3,11 +3,11 @@
 //! peer, ending a job, and how pids and a job's peers are read. It imports
 //! neither, so `state` → `epoch` → `jobs` has no loop.
 
+use crate::sql::{Connection, OptionalExtension, params};
 use bsp_api::control::{Command, SeqCommand};
 use bsp_api::rest::{JobEventKind, JobOutcome};
 use bsp_api::{JobId, PeerId, Pid};
 use placement::{Dhht, IndexAllocator};
-use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::db::{self, u64_from_sql, u64_to_sql};
 use crate::metrics::Counter;
@@ -60,7 +60,7 @@ pub(crate) fn two_level(
         let mut stmt =
             tx.prepare_cached("SELECT id, cores, cluster FROM peers WHERE state = 'online'")?;
         stmt.query_map([], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))?
-            .collect::<rusqlite::Result<_>>()?
+            .collect::<crate::sql::Result<_>>()?
     };
     let found = inner.found_clusters();
     let peers: Vec<placement::ClusterPeer> = place
@@ -148,13 +148,14 @@ pub(crate) fn queue(
         p.last_seq
     };
     tx.execute(
-        "UPDATE peers SET cmd_seq = max(cmd_seq, ?2) WHERE id = ?1",
+        "UPDATE peers SET cmd_seq = CASE WHEN cmd_seq > ?2 THEN cmd_seq ELSE ?2 END WHERE id = ?1",
         params![peer, u64_to_sql(seq)],
     )?;
     let body = serde_json::to_string(&command)
         .map_err(|e| Error::Internal(format!("cannot encode a command: {e}")))?;
     tx.execute(
-        "INSERT OR REPLACE INTO commands (peer_id, seq, body) VALUES (?1, ?2, ?3)",
+        "INSERT INTO commands (peer_id, seq, body) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (peer_id, seq) DO UPDATE SET body = excluded.body",
         params![peer, u64_to_sql(seq), body],
     )?;
     fx.commands.push((peer, SeqCommand { seq, command }));
@@ -276,7 +277,7 @@ pub(crate) fn job_peers(tx: &Connection, job: JobId) -> Result<Vec<PeerId>, Erro
     let mut stmt =
         tx.prepare_cached("SELECT peer_id FROM job_peers WHERE job = ?1 ORDER BY ord")?;
     let rows = stmt.query_map([job], |r| r.get::<_, PeerId>(0))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<crate::sql::Result<_>>()?)
 }
 
 #[cfg(test)]

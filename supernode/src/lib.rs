@@ -42,6 +42,7 @@ mod listen;
 mod metrics;
 mod openapi;
 mod rest;
+mod sql;
 mod sse;
 mod state;
 mod suspect;
@@ -74,6 +75,10 @@ pub use tls::{CertificateSource, ServerTls, TlsError, write_private};
 pub struct Config {
     /// Directory holding `bspweb.sqlite3` and `jwt-secret` (created if missing).
     pub data_dir: PathBuf,
+    /// A `postgres://USER:PASSWORD@HOST:PORT/DATABASE` URL: keep the state
+    /// in that PostgreSQL database, which several supernodes may share,
+    /// instead of `bspweb.sqlite3` in `data_dir`.
+    pub database: Option<String>,
     /// How long a peer's lease lasts without renewal; peers renew every TTL/3.
     pub lease_ttl: Duration,
     /// Processes per online core before new jobs wait in the ready queue
@@ -113,6 +118,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             data_dir: PathBuf::from("bspweb-data"),
+            database: None,
             lease_ttl: Duration::from_secs(15),
             overload_factor: 4.0,
             public_url: None,
@@ -289,7 +295,7 @@ impl Inner {
 
     /// Note that a write failed because the disk takes none (logged once,
     /// shown by `/health`).
-    pub(crate) fn storage_failed(&self, e: &rusqlite::Error) {
+    pub(crate) fn storage_failed(&self, e: &sql::Error) {
         let mut t = self
             .storage_trouble
             .lock()
@@ -423,9 +429,29 @@ impl Supernode {
             )
         })?;
         let secret = auth::load_or_create_secret(&config.data_dir.join("jwt-secret"))?;
-        let conn = db::open(&config.data_dir.join("bspweb.sqlite3"))?;
-        let (core, live) = state::Core::load(conn, config.lease_ttl)?;
-        let accounts = core.accounts()?;
+        let database = match &config.database {
+            None => db::Database::Sqlite(config.data_dir.join("bspweb.sqlite3")),
+            Some(url) => db::Database::Postgres(Box::new(
+                sql::PgConfig::parse(url).map_err(anyhow::Error::msg)?,
+            )),
+        };
+        tracing::info!(%database, "state stored in {database}");
+        let lease_ttl = config.lease_ttl;
+        let load = move || -> anyhow::Result<_> {
+            let conn = db::open(&database)?;
+            let (core, live) = state::Core::load(conn, lease_ttl)?;
+            let accounts = core.accounts()?;
+            Ok((core, live, accounts))
+        };
+        // The PostgreSQL client blocks on a runtime of its own, which
+        // cannot start on a thread that drives a runtime already, so the
+        // state loads on a thread of its own; later queries run on
+        // blocking threads (`with_core`).
+        let (core, live, accounts) = std::thread::scope(|s| {
+            s.spawn(load)
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })?;
         Ok(Supernode {
             inner: Arc::new(Inner {
                 config,

@@ -20,8 +20,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::sql::Connection;
 use bsp_api::{JobId, PeerId, Pid};
-use rusqlite::Connection;
 use sha2::{Digest, Sha256};
 
 use crate::Error;
@@ -122,7 +122,7 @@ impl Volunteers {
             if map.contains_key(&peer) {
                 continue;
             }
-            let owner: Option<i64> = rusqlite::OptionalExtension::optional(
+            let owner: Option<i64> = crate::sql::OptionalExtension::optional(
                 stmt.query_row([peer], |r| r.get::<_, i64>(0)),
             )?;
             map.insert(peer, owner.map_or(Party::Peer(peer), Party::Volunteer));

@@ -18,6 +18,44 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sha2::Digest;
 
+#[path = "support/throwaway_pg.rs"]
+mod throwaway_pg;
+
+/// The database of the supernode whose data directory is `dir`: SQLite in
+/// it, or (with `BSPWEB_TEST_DATABASE=postgres`) a throw-away PostgreSQL
+/// database whose URL the directory remembers, so a restart finds its state.
+fn database_of(dir: &std::path::Path) -> Option<String> {
+    let file = dir.join("test-database-url");
+    match std::fs::read_to_string(&file) {
+        Ok(url) => Some(url),
+        Err(_) => {
+            let url = throwaway_pg::database_for_test()?;
+            std::fs::write(&file, &url).unwrap();
+            Some(url)
+        }
+    }
+}
+
+/// Runs `sql` on the stored state of a stopped supernode.
+fn execute_stored(dir: &std::path::Path, sql: &str) {
+    match database_of(dir) {
+        None => {
+            let db = rusqlite::Connection::open(dir.join("bspweb.sqlite3")).unwrap();
+            db.execute_batch(sql).unwrap();
+        }
+        Some(url) => {
+            // The blocking client cannot run on the test's runtime thread.
+            let sql = sql.to_string();
+            std::thread::spawn(move || {
+                let mut db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+                db.batch_execute(&sql).unwrap();
+            })
+            .join()
+            .unwrap();
+        }
+    }
+}
+
 const GUEST: &str = r#"(module
     (import "bspweb_v1" "pid" (func (result i32)))
     (memory (export "memory") 1)
@@ -74,8 +112,14 @@ impl Harness {
         adjust: impl FnOnce(&mut Config),
         create_users: bool,
     ) -> Harness {
+        // RUST_LOG=… shows the supernode's log with a test's output.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let mut config = Config {
             data_dir: dir.path().to_path_buf(),
+            database: database_of(dir.path()),
             ..Config::default()
         };
         adjust(&mut config);
@@ -1880,11 +1924,7 @@ async fn commands_leases_and_event_ids_survive_a_restart() {
     let dir = h.stop().await;
 
     // The stored lease ran out long ago: the restart grants a fresh TTL anyway.
-    {
-        let db = rusqlite::Connection::open(dir.path().join("bspweb.sqlite3")).unwrap();
-        db.execute("UPDATE peers SET lease_expires_at = 0", [])
-            .unwrap();
-    }
+    execute_stored(dir.path(), "UPDATE peers SET lease_expires_at = 0");
     let h = Harness::start_in(dir, |_| {}, false).await;
     assert_eq!(pending_starts(&h, &token, peer.seen).await, unfetched);
     assert_eq!(h.renew(&peer).await.0, StatusCode::OK);

@@ -28,7 +28,7 @@ pub(crate) fn rebalance(
             "SELECT id, migrated_at FROM jobs WHERE state = 'active' ORDER BY id",
         )?;
         stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<rusqlite::Result<_>>()?
+            .collect::<crate::sql::Result<_>>()?
     };
     place
         .moves
@@ -149,7 +149,7 @@ pub(crate) fn settle_drains(
              WHERE p.draining = 1 AND p.state = 'online' AND j.state = 'active' ORDER BY jp.job",
         )?;
         stmt.query_map([], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?
+            .collect::<crate::sql::Result<_>>()?
     };
     if jobs.is_empty() {
         return Ok(());

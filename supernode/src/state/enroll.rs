@@ -148,7 +148,7 @@ pub(super) fn check_login(
     Ok(id)
 }
 
-fn info_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<EnrollmentInfo> {
+fn info_row(r: &crate::sql::Row<'_>) -> crate::sql::Result<EnrollmentInfo> {
     Ok(EnrollmentInfo {
         id: r.get(0)?,
         name: r.get(1)?,
@@ -201,11 +201,11 @@ impl Core {
                  revoke one it no longer needs (`bspweb token list`, `bspweb token revoke ID`)"
             )));
         }
-        tx.execute(
-            "INSERT INTO enrollments (owner, name, secret_hash, created_at) VALUES (?1, ?2, ?3, ?4)",
+        let id: i64 = tx.query_row(
+            "INSERT INTO enrollments (owner, name, secret_hash, created_at) VALUES (?1, ?2, ?3, ?4) RETURNING id",
             params![owner, name, &Sha256::digest(secret)[..], now],
+            |r| r.get(0),
         )?;
-        let id = tx.last_insert_rowid();
         let enrollment = tx.query_row(&format!("{INFO_SELECT} WHERE e.id = ?1"), [id], info_row)?;
         tx.commit()?;
         tracing::info!(enrollment = id, owner = %enrollment.owner, "enrollment token created");
@@ -220,10 +220,10 @@ impl Core {
     pub(crate) fn enrollments(&self, caller: Caller) -> Result<Vec<EnrollmentInfo>, Error> {
         let Caller { id: caller, admin } = caller;
         let mut stmt = self.conn.prepare(&format!(
-            "{INFO_SELECT} WHERE ?1 OR e.owner = ?2 ORDER BY e.id DESC"
+            "{INFO_SELECT} WHERE ?1 = 1 OR e.owner = ?2 ORDER BY e.id DESC"
         ))?;
         let rows = stmt.query_map(params![admin, caller], info_row)?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+        Ok(rows.collect::<crate::sql::Result<_>>()?)
     }
 
     /// Revokes enrollment token `id` (its owner's or an administrator's
@@ -343,7 +343,7 @@ impl Core {
                         "SELECT id FROM peers WHERE enrollment = ?1 AND name = ?2 AND state = 'online'",
                     )?;
                     stmt.query_map(params![e, name], |r| r.get(0))?
-                        .collect::<rusqlite::Result<Vec<PeerId>>>()?
+                        .collect::<crate::sql::Result<Vec<PeerId>>>()?
                 }
                 None => online_peers(&tx, "id = ?1", peer)?,
             };
@@ -407,7 +407,7 @@ fn online_peers(tx: &Connection, filter: &str, arg: i64) -> Result<Vec<PeerId>, 
         "SELECT id FROM peers WHERE state = 'online' AND {filter}"
     ))?;
     let rows = stmt.query_map([arg], |r| r.get(0))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<crate::sql::Result<_>>()?)
 }
 
 /// Marks `peers` gone now and restores their processes elsewhere, as an

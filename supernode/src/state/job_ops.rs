@@ -52,7 +52,7 @@ impl Core {
                     peer: r.get(3)?,
                 })
             })?
-            .collect::<rusqlite::Result<_>>()?;
+            .collect::<crate::sql::Result<_>>()?;
         Ok(RingInfo { peers, processes })
     }
 
@@ -81,11 +81,11 @@ impl Core {
         }
         let hash = Self::resolve_program(&tx, owner, &job.program)?;
         let proc_bytes = admit_memory(&tx, &hash, copies, job.limits.replicas)?;
-        tx.execute(
+        let id: i64 = tx.query_row(
             "INSERT INTO jobs (owner, program, program_hash, nprocs, args, description, seed, \
                  superstep_ms, memory_mib, output_mib, state, submitted_at, checkpoint_every, replicas, \
                  proc_bytes, redundancy) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'waiting', ?11, ?12, ?13, ?14, ?15)",
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'waiting', ?11, ?12, ?13, ?14, ?15) RETURNING id",
             params![
                 owner,
                 job.program,
@@ -103,8 +103,8 @@ impl Core {
                 u64_to_sql(proc_bytes),
                 redundancy
             ],
+            |r| r.get(0),
         )?;
-        let id = tx.last_insert_rowid();
         {
             let mut stmt =
                 tx.prepare("INSERT INTO job_resources (job, name, data) VALUES (?1, ?2, ?3)")?;
@@ -134,7 +134,7 @@ impl Core {
             .prepare_cached("SELECT id FROM jobs WHERE owner = ?1 ORDER BY id")?;
         let ids = stmt
             .query_map([owner], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
+            .collect::<crate::sql::Result<_>>()?;
         Ok(ids)
     }
 

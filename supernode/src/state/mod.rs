@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
+use crate::sql::{Connection, OptionalExtension, Transaction, params};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bsp_api::control::{Command, Lease, PeerEvent, PeerLogin, PeerRenew, SeqCommand, Stream};
@@ -18,7 +19,6 @@ use bsp_api::rest::{
 };
 use bsp_api::{JobId, PeerId, Pid};
 use placement::{Dhht, golden_position};
-use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
@@ -176,7 +176,7 @@ impl Core {
                 why: SuspectWhy::Restart,
             })
         })?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+        Ok(rows.collect::<crate::sql::Result<_>>()?)
     }
 
     /// Builds the in-memory state from the database at start. The leases of
@@ -189,7 +189,7 @@ impl Core {
             place: Place::default(),
         };
         core.conn.execute(
-            "UPDATE peers SET lease_expires_at = max(lease_expires_at, ?1) WHERE state = 'online'",
+            "UPDATE peers SET lease_expires_at = CASE WHEN lease_expires_at > ?1 THEN lease_expires_at ELSE ?1 END WHERE state = 'online'",
             [lease::expiry(now_ms(), ttl)],
         )?;
         core.rebuild_placement()?;

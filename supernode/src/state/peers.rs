@@ -70,15 +70,15 @@ impl Core {
                 id
             }
             None => {
-                tx.execute(
+                tx.query_row(
                     "INSERT INTO peers (name, addr, speed, idle, cores, golden, lease_id, lease_expires_at, \
                          state, first_seen, last_seen, power, cluster, enrollment) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'online', ?9, ?9, ?10, ?11, ?12)",
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'online', ?9, ?9, ?10, ?11, ?12) RETURNING id",
                     params![login.name, login.addr, login.speed, login.idle, login.cores,
                         u64_to_sql(k), lease_id, expires_at, now, power,
                         login.cluster, enrollment],
-                )?;
-                tx.last_insert_rowid()
+                    |r| r.get(0),
+                )?
             }
         };
         let seq: i64 = tx.query_row("SELECT cmd_seq FROM peers WHERE id = ?1", [id], |r| {
@@ -221,7 +221,7 @@ impl Core {
         let tx = self.conn.transaction()?;
         {
             let mut stmt = tx.prepare_cached(
-                "UPDATE peers SET lease_expires_at = max(lease_expires_at, ?2) \
+                "UPDATE peers SET lease_expires_at = CASE WHEN lease_expires_at > ?2 THEN lease_expires_at ELSE ?2 END \
                  WHERE id = ?1 AND state = 'online'",
             )?;
             for (id, at) in leases {
@@ -229,7 +229,7 @@ impl Core {
             }
         }
         tx.execute(
-            "INSERT OR REPLACE INTO storage_probe (id, at) VALUES (1, ?1)",
+            "INSERT INTO storage_probe (id, at) VALUES (1, ?1) ON CONFLICT (id) DO UPDATE SET at = excluded.at",
             [now],
         )?;
         tx.commit()?;
@@ -594,7 +594,7 @@ impl Core {
             .prepare_cached("SELECT name, data FROM job_resources WHERE job = ?1 ORDER BY name")?;
         let resources: Vec<(String, Vec<u8>)> = stmt
             .query_map([job], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<rusqlite::Result<_>>()?;
+            .collect::<crate::sql::Result<_>>()?;
         Ok(bsp_api::control::encode_resources(&resources))
     }
 
@@ -649,7 +649,7 @@ impl Core {
                 delivered_power: None,
             })
         })?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+        Ok(rows.collect::<crate::sql::Result<_>>()?)
     }
 }
 
@@ -675,7 +675,7 @@ pub(super) fn expire_overdue(
                 expires_at: r.get(1)?,
             })
         })?
-        .collect::<rusqlite::Result<_>>()?
+        .collect::<crate::sql::Result<_>>()?
     };
     // A renewal whose write failed (the disk took none) extended the lease
     // in memory only: the later expiry counts.

@@ -53,7 +53,7 @@ impl Core {
                         r.get::<_, u32>(2)?,
                     ))
                 })?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
+                .collect::<crate::sql::Result<Vec<_>>>()?;
             members.insert(w.job, rows.iter().map(|&(_, p, _)| p).collect());
             let mut behind: HashMap<Pid, (u32, Vec<PeerId>)> = HashMap::new();
             for (pid, peer, step) in rows {
@@ -146,7 +146,7 @@ pub(super) fn job_members(
         }
         let peers: HashMap<PeerId, u32> = stmt
             .query_map([job], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<rusqlite::Result<_>>()?;
+            .collect::<crate::sql::Result<_>>()?;
         if peers.contains_key(&reporter) {
             out.insert(job, peers);
         }

@@ -79,8 +79,8 @@ pub(super) fn offer_copy(
         return Ok(Offer::Dropped);
     }
     tx.prepare_cached(
-        "INSERT OR IGNORE INTO held_copies (job, pid, seq, peer_id, payload, bytes, at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO held_copies (job, pid, seq, peer_id, payload, bytes, at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO NOTHING",
     )?
     .execute(params![job, pid, seq, peer, payload, bytes, now])?;
     // Copies of quarantined peers count for nothing: they were judged.
@@ -91,7 +91,7 @@ pub(super) fn offer_copy(
              ORDER BY h.peer_id",
         )?
         .query_map(params![job, pid, seq], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<_>>()?;
+        .collect::<crate::sql::Result<_>>()?;
     let mut versions: BTreeMap<&str, Vec<PeerId>> = BTreeMap::new();
     for (p, text) in &copies {
         versions.entry(text.as_str()).or_default().push(*p);
@@ -293,7 +293,7 @@ pub(super) fn judge(
     }
     let first = tx
         .prepare_cached(
-            "INSERT OR IGNORE INTO disagreements (job, pid, superstep, at) VALUES (?1, ?2, ?3, ?4)",
+            "INSERT INTO disagreements (job, pid, superstep, at) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
         )?
         .execute(params![job, pid, superstep, now])?
         == 1;

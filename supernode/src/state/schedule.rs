@@ -19,7 +19,7 @@ impl Core {
                  WHERE state = 'online' AND lease_expires_at >= ?1 AND draining = 0",
             )?;
             stmt.query_map([now], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))?
-                .collect::<rusqlite::Result<_>>()?
+                .collect::<crate::sql::Result<_>>()?
         };
         if online.is_empty() || self.place.dhht.is_empty() {
             return Ok(0);
@@ -40,7 +40,7 @@ impl Core {
                     },
                 ))
             })?
-            .collect::<rusqlite::Result<_>>()?
+            .collect::<crate::sql::Result<_>>()?
         };
         let cores: f64 = online.values().map(|(_, c)| f64::from(*c)).sum();
         let capacity = inner.config.overload_factor * cores;
@@ -61,7 +61,7 @@ impl Core {
                 };
                 Ok((r.get(0)?, copies, r.get(3)?))
             })?
-            .collect::<rusqlite::Result<_>>()?
+            .collect::<crate::sql::Result<_>>()?
         };
         if waiting.is_empty() {
             return Ok(0);
@@ -221,7 +221,7 @@ pub(super) fn admit_memory(
     };
     let per_process = process_footprint(pages, replicas);
     let (budgets, unlimited, peers): (i64, i64, i64) = tx.query_row(
-        "SELECT coalesce(sum(budget_bytes), 0), coalesce(sum(budget_bytes = 0), 0), count(*) \
+        "SELECT coalesce(sum(budget_bytes), 0), count(*) FILTER (WHERE budget_bytes = 0), count(*) \
          FROM peers WHERE state = 'online' AND draining = 0",
         [],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),

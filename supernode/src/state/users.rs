@@ -35,7 +35,7 @@ fn role_of(s: &str) -> Role {
 
 /// An account from a row of [`USER_COLUMNS`], its quotas resolved against
 /// the supernode's defaults.
-fn user_row(r: &rusqlite::Row<'_>, config: &crate::Config) -> rusqlite::Result<UserInfo> {
+fn user_row(r: &crate::sql::Row<'_>, config: &crate::Config) -> crate::sql::Result<UserInfo> {
     let role = role_of(&r.get::<_, String>(2)?);
     let max_processes: Option<u32> = r.get(5)?;
     let max_programs: Option<u32> = r.get(6)?;
@@ -113,9 +113,9 @@ impl Core {
                 "a user named `{name}` exists already"
             )));
         }
-        self.conn.execute(
+        let id: i64 = self.conn.query_row(
             "INSERT INTO users (name, password_hash, role, created_at, max_processes, max_programs, \
-                 max_output_mib) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                 max_output_mib) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) RETURNING id",
             params![
                 name,
                 hash,
@@ -125,8 +125,8 @@ impl Core {
                 quotas.max_programs,
                 quotas.max_output_mib.map(u64_to_sql)
             ],
+            |r| r.get(0),
         )?;
-        let id = self.conn.last_insert_rowid();
         tracing::info!(user = name, %role, "created user");
         let user = self.account(inner, id)?;
         inner.accounts().insert(id, Account::of(&user, 0));
@@ -193,7 +193,7 @@ impl Core {
             .prepare(&format!("SELECT {USER_COLUMNS} FROM users ORDER BY name"))?;
         let mut users: Vec<UserInfo> = stmt
             .query_map([], |r| user_row(r, &inner.config))?
-            .collect::<rusqlite::Result<_>>()?;
+            .collect::<crate::sql::Result<_>>()?;
         for u in &mut users {
             u.usage = Some(usage_of(&self.conn, u.id)?);
         }
@@ -360,7 +360,7 @@ impl Core {
                 },
             ))
         })?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+        Ok(rows.collect::<crate::sql::Result<_>>()?)
     }
 
     // ------------------------------------------------------------ programs
@@ -379,12 +379,12 @@ impl Core {
         let now = now_ms();
         let tx = self.conn.transaction()?;
         tx.execute(
-            "INSERT OR IGNORE INTO programs (hash, bytes, size, created_at) VALUES (?1, ?2, ?3, ?4)",
+            "INSERT INTO programs (hash, bytes, size, created_at) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
             params![hash, wasm, wasm.len() as i64, now],
         )?;
         if let Some(owner) = owner {
             let (stored, again): (u32, bool) = tx.query_row(
-                "SELECT count(*), coalesce(sum(hash = ?2), 0) > 0 FROM program_uploads WHERE owner = ?1",
+                "SELECT count(*), count(*) FILTER (WHERE hash = ?2) > 0 FROM program_uploads WHERE owner = ?1",
                 params![owner, hash],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )?;
@@ -395,7 +395,7 @@ impl Core {
                 )));
             }
             tx.execute(
-                "INSERT OR IGNORE INTO program_uploads (owner, hash, uploaded_at) VALUES (?1, ?2, ?3)",
+                "INSERT INTO program_uploads (owner, hash, uploaded_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
                 params![owner, hash, now],
             )?;
         }

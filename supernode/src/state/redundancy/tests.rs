@@ -21,7 +21,7 @@ const JOB: JobId = 1;
 fn world(vols: &[i64], nprocs: u32) -> World {
     let dir = tempfile::tempdir().unwrap();
     {
-        let conn = crate::db::open(&dir.path().join("bspweb.sqlite3")).unwrap();
+        let conn = crate::db::open_sqlite(&dir.path().join("bspweb.sqlite3")).unwrap();
         conn.execute(
             "INSERT INTO users (id, name, password_hash, created_at) VALUES (100, 'owner', 'x', 0)",
             [],
@@ -104,7 +104,7 @@ impl World {
         fx
     }
 
-    fn query<T: rusqlite::types::FromSql>(&self, sql: &str) -> T {
+    fn query<T: crate::sql::FromSql>(&self, sql: &str) -> T {
         self.run(|c, _, _| c.conn.query_row(sql, [], |r| r.get(0)).unwrap())
             .0
     }
@@ -375,7 +375,7 @@ fn an_outvoted_peer_is_quarantined_once_and_its_share_restored() {
     w.run(|c, _, _| {
         c.conn
             .execute(
-                "INSERT OR IGNORE INTO job_peer_history (job, peer_id) VALUES (1, ?1)",
+                "INSERT INTO job_peer_history (job, peer_id) VALUES (1, ?1) ON CONFLICT DO NOTHING",
                 [t],
             )
             .unwrap()

@@ -1,0 +1,416 @@
+//! The PostgreSQL engine's side of [`crate::sql`]: one `postgres::Client`,
+//! statements prepared once per text, `?N` parameters turned into `$N`, and
+//! values converted to and from whatever type the server chose.
+//!
+//! Every transaction first takes one transaction-scoped advisory lock
+//! ([`WRITE_LOCK`]), so the state transitions of all supernodes sharing the
+//! database run one at a time, exactly as one supernode's do behind its
+//! mutex.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::error::Error as StdError;
+use std::fmt;
+use std::str::FromStr;
+
+use bytes::BytesMut;
+use postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
+use postgres::{Client, NoTls, Statement};
+
+use super::{Error, Result, ValueRef};
+
+/// The advisory lock every transaction holds until it ends ("bspweb" in
+/// ASCII).
+pub(crate) const WRITE_LOCK: i64 = 0x6273_7077_6562;
+
+/// Where the database is: a `postgres://` URL (or a libpq key=value
+/// string), parsed.
+#[derive(Clone)]
+pub(crate) struct PgConfig {
+    url: String,
+    config: postgres::Config,
+}
+
+impl PgConfig {
+    /// Parses `url`; the error says what is wrong with it.
+    pub(crate) fn parse(url: &str) -> Result<PgConfig, String> {
+        let config = postgres::Config::from_str(url)
+            .map_err(|e| format!("not a PostgreSQL connection URL ({e}); expected postgres://USER:PASSWORD@HOST:PORT/DATABASE"))?;
+        if config.get_hosts().is_empty() {
+            return Err("the PostgreSQL URL names no host: expected postgres://USER:PASSWORD@HOST:PORT/DATABASE".into());
+        }
+        Ok(PgConfig {
+            url: url.to_string(),
+            config,
+        })
+    }
+
+    /// The URL with its password hidden, for logs.
+    pub(crate) fn redacted(&self) -> String {
+        match self.config.get_password() {
+            Some(p) if !p.is_empty() => match std::str::from_utf8(p) {
+                Ok(p) => self.url.replace(&format!(":{p}@"), ":***@"),
+                Err(_) => "postgres://…".to_string(),
+            },
+            _ => self.url.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for PgConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+/// A connection; reconnects, between transactions, after the server closed
+/// it.
+pub(crate) struct Conn {
+    config: PgConfig,
+    /// `None` only while it is dropped.
+    client: RefCell<Option<Client>>,
+    cache: RefCell<HashMap<String, Statement>>,
+    in_transaction: Cell<bool>,
+}
+
+impl Conn {
+    fn client(&self) -> std::cell::RefMut<'_, Client> {
+        std::cell::RefMut::map(self.client.borrow_mut(), |c| {
+            c.as_mut()
+                .expect("the client is there until the connection is dropped")
+        })
+    }
+
+    pub(crate) fn connect(config: &PgConfig) -> Result<Conn> {
+        let client = config.config.connect(NoTls)?;
+        Ok(Conn {
+            config: config.clone(),
+            client: RefCell::new(Some(client)),
+            cache: RefCell::new(HashMap::new()),
+            in_transaction: Cell::new(false),
+        })
+    }
+
+    /// Reconnects if the server closed the connection and no transaction
+    /// was open on it (one that was is lost, and its caller told).
+    fn ensure_open(&self) -> Result<()> {
+        if self.client().is_closed() && !self.in_transaction.get() {
+            tracing::warn!(database = %self.config.redacted(), "the PostgreSQL connection closed; connecting again");
+            let client = self.config.config.connect(NoTls)?;
+            discard(std::mem::replace(&mut *self.client(), client));
+            self.cache.borrow_mut().clear();
+        }
+        Ok(())
+    }
+
+    pub(crate) fn batch(&self, sql: &str) -> Result<()> {
+        self.ensure_open()?;
+        Ok(self.client().batch_execute(sql)?)
+    }
+
+    pub(crate) fn begin(&self) -> Result<()> {
+        self.ensure_open()?;
+        self.client().batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})"
+        ))?;
+        self.in_transaction.set(true);
+        Ok(())
+    }
+
+    pub(crate) fn end(&self, commit: bool) -> Result<()> {
+        self.in_transaction.set(false);
+        if self.client().is_closed() {
+            return if commit {
+                // The commit never reached the server: the caller must not
+                // think it did.
+                Err(Error::Postgres(closed_error(&mut self.client())))
+            } else {
+                Ok(())
+            };
+        }
+        let sql = if commit { "COMMIT" } else { "ROLLBACK" };
+        Ok(self.client().batch_execute(sql)?)
+    }
+
+    pub(crate) fn prepare(&self, sql: &str) -> Result<Statement> {
+        self.ensure_open()?;
+        if let Some(s) = self.cache.borrow().get(sql) {
+            return Ok(s.clone());
+        }
+        let stmt = self.client().prepare(&numbered(sql))?;
+        self.cache
+            .borrow_mut()
+            .insert(sql.to_string(), stmt.clone());
+        Ok(stmt)
+    }
+
+    pub(crate) fn execute(&self, stmt: &Statement, values: &[ValueRef<'_>]) -> Result<usize> {
+        let params = Param::list(values);
+        let n = self.client().execute(stmt, &Param::refs(&params))?;
+        Ok(n as usize)
+    }
+
+    pub(crate) fn query(
+        &self,
+        stmt: &Statement,
+        values: &[ValueRef<'_>],
+    ) -> Result<Vec<postgres::Row>> {
+        let params = Param::list(values);
+        Ok(self.client().query(stmt, &Param::refs(&params))?)
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.get_mut().take() {
+            discard(client);
+        }
+    }
+}
+
+/// Drops `client` on a thread of its own: its `Drop` says goodbye to the
+/// server by blocking on its runtime, which panics on a thread that drives
+/// an async runtime (where a supernode may be dropped).
+fn discard(client: Client) {
+    let _ = std::thread::Builder::new()
+        .name("postgres-close".into())
+        .spawn(move || drop(client));
+}
+
+/// The error a closed connection gives (by asking it for something).
+fn closed_error(client: &mut Client) -> postgres::Error {
+    match client.simple_query("") {
+        Err(e) => e,
+        Ok(_) => unreachable!("a closed connection answered"),
+    }
+}
+
+/// `sql` with `?N` (and bare `?`) parameters as `$N`, leaving quoted text
+/// and identifiers alone.
+pub(crate) fn numbered(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut quote: Option<char> = None;
+    let mut next = 1;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match quote {
+            Some(q) => {
+                out.push(c);
+                if c == q {
+                    quote = None;
+                }
+            }
+            None if c == '\'' || c == '"' => {
+                quote = Some(c);
+                out.push(c);
+            }
+            None if c == '?' => {
+                out.push('$');
+                let mut digits = String::new();
+                while let Some(d) = chars.peek().copied().filter(char::is_ascii_digit) {
+                    digits.push(d);
+                    chars.next();
+                }
+                if digits.is_empty() {
+                    out.push_str(&next.to_string());
+                    next += 1;
+                } else {
+                    out.push_str(&digits);
+                }
+            }
+            None => out.push(c),
+        }
+    }
+    out
+}
+
+/// A parameter, converted to the type the server inferred for it.
+#[derive(Debug)]
+struct Param<'a>(ValueRef<'a>);
+
+impl<'a> Param<'a> {
+    fn list(values: &[ValueRef<'a>]) -> Vec<Param<'a>> {
+        values.iter().map(|v| Param(*v)).collect()
+    }
+
+    fn refs<'p>(params: &'p [Param<'a>]) -> Vec<&'p (dyn ToSql + Sync)> {
+        params.iter().map(|p| p as &(dyn ToSql + Sync)).collect()
+    }
+}
+
+type BoxError = Box<dyn StdError + Sync + Send>;
+
+impl ToSql for Param<'_> {
+    fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, BoxError> {
+        match self.0 {
+            ValueRef::Null => Ok(IsNull::Yes),
+            ValueRef::Integer(i) => match *ty {
+                Type::INT8 => i.to_sql(ty, out),
+                Type::INT4 => i32::try_from(i)?.to_sql(ty, out),
+                Type::INT2 => i16::try_from(i)?.to_sql(ty, out),
+                Type::FLOAT8 => (i as f64).to_sql(ty, out),
+                Type::FLOAT4 => (i as f32).to_sql(ty, out),
+                Type::BOOL => (i != 0).to_sql(ty, out),
+                Type::TEXT | Type::VARCHAR | Type::UNKNOWN => i.to_string().to_sql(ty, out),
+                _ => Err(format!("an integer cannot be stored as {ty}").into()),
+            },
+            ValueRef::Real(r) => match *ty {
+                Type::FLOAT8 => r.to_sql(ty, out),
+                Type::FLOAT4 => (r as f32).to_sql(ty, out),
+                Type::TEXT | Type::VARCHAR | Type::UNKNOWN => r.to_string().to_sql(ty, out),
+                _ => Err(format!("a real number cannot be stored as {ty}").into()),
+            },
+            ValueRef::Text(s) => s.to_sql(ty, out),
+            ValueRef::Blob(b) => b.to_sql(ty, out),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    to_sql_checked!();
+}
+
+/// Column `idx` of `row` as a `T`, whatever integer, real, boolean, text,
+/// bytes or numeric type the server gave it.
+pub(super) fn read<T: super::FromSql>(row: &postgres::Row, idx: usize) -> Result<T> {
+    let Some(column) = row.columns().get(idx) else {
+        return Err(Error::Conversion {
+            column: idx,
+            wanted: T::NAME,
+            found: "no such column",
+        });
+    };
+    let ty = column.type_().clone();
+    let v = match ty {
+        Type::INT8 => row.try_get::<_, Option<i64>>(idx)?.map(ValueRef::Integer),
+        Type::INT4 => row
+            .try_get::<_, Option<i32>>(idx)?
+            .map(|v| ValueRef::Integer(v.into())),
+        Type::INT2 => row
+            .try_get::<_, Option<i16>>(idx)?
+            .map(|v| ValueRef::Integer(v.into())),
+        Type::BOOL => row
+            .try_get::<_, Option<bool>>(idx)?
+            .map(|v| ValueRef::Integer(v.into())),
+        Type::FLOAT8 => row.try_get::<_, Option<f64>>(idx)?.map(ValueRef::Real),
+        Type::FLOAT4 => row
+            .try_get::<_, Option<f32>>(idx)?
+            .map(|v| ValueRef::Real(v.into())),
+        Type::NUMERIC => row.try_get::<_, Option<Numeric>>(idx)?.map(|n| n.0),
+        Type::BYTEA => row.try_get::<_, Option<&[u8]>>(idx)?.map(ValueRef::Blob),
+        _ => match row.try_get::<_, Option<&str>>(idx) {
+            Ok(v) => v.map(ValueRef::Text),
+            Err(_) => {
+                return Err(Error::Conversion {
+                    column: idx,
+                    wanted: T::NAME,
+                    found: "a PostgreSQL type bspweb does not read",
+                });
+            }
+        },
+    }
+    .unwrap_or(ValueRef::Null);
+    T::from_sql(v).ok_or(Error::Conversion {
+        column: idx,
+        wanted: T::NAME,
+        found: v.kind(),
+    })
+}
+
+/// A `numeric` (what `sum` of a `bigint` gives): an integer when it has no
+/// fraction and fits in 64 bits, a real otherwise.
+struct Numeric(ValueRef<'static>);
+
+impl<'a> FromSql<'a> for Numeric {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Numeric, BoxError> {
+        let word = |i: usize| -> Result<u16, BoxError> {
+            raw.get(2 * i..2 * i + 2)
+                .map(|b| u16::from_be_bytes([b[0], b[1]]))
+                .ok_or_else(|| "a truncated numeric".into())
+        };
+        let ndigits = usize::from(word(0)?);
+        let weight = i32::from(word(1)? as i16);
+        let sign = word(2)?;
+        let dscale = word(3)?;
+        if sign == 0xC000 {
+            return Ok(Numeric(ValueRef::Real(f64::NAN)));
+        }
+        let negative = sign == 0x4000;
+        let mut int: Option<i128> = Some(0);
+        let mut real = 0f64;
+        for i in 0..ndigits {
+            let d = word(4 + i)?;
+            let power = weight - i as i32;
+            real += f64::from(d) * 10_000f64.powi(power);
+            int = match (int, power) {
+                (Some(acc), p) if p >= 0 => u32::try_from(p)
+                    .ok()
+                    .and_then(|p| 10_000i128.checked_pow(p))
+                    .and_then(|m| acc.checked_add(i128::from(d).checked_mul(m)?)),
+                _ if d == 0 => int,
+                _ => None,
+            };
+        }
+        let int = int
+            .filter(|_| dscale == 0)
+            .map(|v| if negative { -v } else { v })
+            .and_then(|v| i64::try_from(v).ok());
+        Ok(Numeric(match int {
+            Some(i) => ValueRef::Integer(i),
+            None => ValueRef::Real(if negative { -real } else { real }),
+        }))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::NUMERIC
+    }
+}
+
+/// A PostgreSQL error as a line: the server's message with its SQLSTATE
+/// and detail, or the connection's failure.
+pub(super) fn describe(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut s = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+            if let Some(detail) = db.detail() {
+                s.push_str(": ");
+                s.push_str(detail);
+            }
+            s
+        }
+        None => format!("PostgreSQL: {e}"),
+    }
+}
+
+/// Whether `e` means the database cannot be reached or cannot take writes
+/// (connection lost, server shutting down, disk full), as opposed to a bad
+/// statement.
+pub(crate) fn is_unavailable(e: &postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        Some(code) => {
+            let c = code.code();
+            c.starts_with("08") || c.starts_with("53") || c.starts_with("57P") || c == "58030"
+        }
+        None => e.as_db_error().is_none(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_are_numbered_outside_quotes() {
+        assert_eq!(
+            numbered("SELECT a FROM t WHERE b = ?1 AND c = ?12 AND d = '?1' AND \"e?\" = ?"),
+            "SELECT a FROM t WHERE b = $1 AND c = $12 AND d = '?1' AND \"e?\" = $1"
+        );
+        assert_eq!(numbered("x = ? AND y = ?"), "x = $1 AND y = $2");
+        assert_eq!(numbered("it''s ? '?'"), "it''s $1 '?'");
+    }
+}
