@@ -292,7 +292,16 @@ impl FromRequestParts<Supernode> for AuthUser {
             .parse()
             .map_err(|_| Error::unauthorized("the token is not valid here; log in again"))?;
         let account = state.inner.accounts().get(&id).copied();
-        let role = check_account(account, claims.generation)?;
+        let role = match check_account(account, claims.generation) {
+            Ok(role) => role,
+            // Another supernode of the database may have made the account
+            // (or issued the token) a moment ago: read it again, once.
+            Err(_) if state.refresh_shared().await => {
+                let account = state.inner.accounts().get(&id).copied();
+                check_account(account, claims.generation)?
+            }
+            Err(e) => return Err(e),
+        };
         Ok(AuthUser {
             id,
             name: claims.name,
@@ -336,13 +345,17 @@ impl FromRequestParts<Supernode> for AuthPeer {
             .sub
             .parse()
             .map_err(|_| Error::unauthorized("the lease token is not valid here; log in again"))?;
-        let live = state.inner.live();
-        let valid = live
-            .peers
-            .get(&id)
-            .is_some_and(|p| p.lease_id == claims.lid && lease::is_valid(now_ms(), p.expires_at));
-        drop(live);
-        if valid {
+        let valid = || {
+            state
+                .inner
+                .live()
+                .peers
+                .get(&id)
+                .is_some_and(|p| p.lease_id == claims.lid && lease::is_valid(now_ms(), p.expires_at))
+        };
+        // A peer may have logged in or renewed at another supernode of the
+        // database: read the leases again, once, before refusing it.
+        if valid() || (state.refresh_shared().await && valid()) {
             Ok(AuthPeer { id })
         } else {
             Err(Error::Unauthorized {

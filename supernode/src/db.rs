@@ -140,14 +140,21 @@ pub(crate) fn migrate_sqlite(conn: &mut rusqlite::Connection) -> anyhow::Result<
     Ok(())
 }
 
-/// The PostgreSQL form of [`migrate_sqlite`]. Each migration runs in the
+/// The PostgreSQL form of [`migrate_sqlite`]; it also makes the tables
+/// only supernodes sharing a database need (`crate::shared`): the
+/// generation of the shared state and the shared secrets. Each migration
+/// runs in the
 /// transaction that bumps `bspweb_schema`, under the lock every supernode's
 /// transactions take, so supernodes starting together migrate once.
 fn migrate_postgres(conn: &mut Connection) -> anyhow::Result<()> {
     let tx = conn.transaction()?;
     tx.execute_batch(
         "CREATE TABLE IF NOT EXISTS bspweb_schema (version BIGINT NOT NULL); \
-         INSERT INTO bspweb_schema (version) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM bspweb_schema)",
+         INSERT INTO bspweb_schema (version) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM bspweb_schema); \
+         CREATE TABLE IF NOT EXISTS bspweb_generation (generation BIGINT NOT NULL); \
+         INSERT INTO bspweb_generation (generation) \
+             SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM bspweb_generation); \
+         CREATE TABLE IF NOT EXISTS bspweb_secrets (name TEXT PRIMARY KEY, value BYTEA NOT NULL)",
     )?;
     tx.commit()?;
     for (i, (name, _, sql)) in MIGRATIONS.iter().enumerate() {

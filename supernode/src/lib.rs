@@ -42,6 +42,7 @@ mod listen;
 mod metrics;
 mod openapi;
 mod rest;
+mod shared;
 mod sql;
 mod sse;
 mod state;
@@ -162,6 +163,8 @@ pub(crate) struct Inner {
     job_list: broadcast::Sender<(i64, JobId)>,
     /// Becomes `true` when the server shuts down.
     shutdown: watch::Sender<bool>,
+    /// This supernode among those sharing its database (0 with SQLite).
+    instance: u64,
     /// Since when (ms) and why SQLite takes no writes, while it does not.
     storage_trouble: Mutex<Option<(i64, String)>>,
     /// The `/metrics` counters.
@@ -428,7 +431,6 @@ impl Supernode {
                 config.data_dir.display()
             )
         })?;
-        let secret = auth::load_or_create_secret(&config.data_dir.join("jwt-secret"))?;
         let database = match &config.database {
             None => db::Database::Sqlite(config.data_dir.join("bspweb.sqlite3")),
             Some(url) => db::Database::Postgres(Box::new(
@@ -437,21 +439,28 @@ impl Supernode {
         };
         tracing::info!(%database, "state stored in {database}");
         let lease_ttl = config.lease_ttl;
+        let secret_file = config.data_dir.join("jwt-secret");
         let load = move || -> anyhow::Result<_> {
-            let conn = db::open(&database)?;
+            let mut conn = db::open(&database)?;
+            // Several supernodes on one database share their JWT secret.
+            let secret = match database {
+                db::Database::Sqlite(_) => auth::load_or_create_secret(&secret_file)?,
+                db::Database::Postgres(_) => shared::secret(&mut conn)?,
+            };
             let (core, live) = state::Core::load(conn, lease_ttl)?;
             let accounts = core.accounts()?;
-            Ok((core, live, accounts))
+            Ok((core, live, accounts, secret))
         };
         // The PostgreSQL client blocks on a runtime of its own, which
         // cannot start on a thread that drives a runtime already, so the
         // state loads on a thread of its own; later queries run on
         // blocking threads (`with_core`).
-        let (core, live, accounts) = std::thread::scope(|s| {
+        let (core, live, accounts, secret) = std::thread::scope(|s| {
             s.spawn(load)
                 .join()
                 .unwrap_or_else(|p| std::panic::resume_unwind(p))
         })?;
+        let instance = core.shared.as_ref().map_or(0, |s| s.instance);
         Ok(Supernode {
             inner: Arc::new(Inner {
                 config,
@@ -463,6 +472,7 @@ impl Supernode {
                 job_list: broadcast::channel(JOB_LIST_CAPACITY).0,
                 shutdown: watch::channel(false).0,
                 storage_trouble: Mutex::new(None),
+                instance,
                 metrics: metrics::Metrics::default(),
                 accounts: Mutex::new(accounts),
                 found_clusters: Mutex::new(Arc::new(BTreeMap::new())),
@@ -481,8 +491,19 @@ impl Supernode {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
             let mut core = inner.lock_core();
+            // With several supernodes on one database: their lock, and what
+            // the others changed (`shared`).
+            if let Err(e) = shared::enter(&mut core, &inner) {
+                if let Error::Database(d) = &e
+                    && error::is_storage_error(d)
+                {
+                    inner.storage_failed(d);
+                }
+                return Err(e);
+            }
             let mut fx = Effects::default();
             let out = f(&mut core, &inner, &mut fx);
+            shared::leave(&mut core, out.is_ok().then_some(&fx));
             match &out {
                 Ok(_) => inner.apply(fx),
                 // The transaction rolled back; the in-memory placement tables
@@ -643,6 +664,60 @@ impl Supernode {
         .await
     }
 
+    /// The notification listener's settings, when the database is shared
+    /// (PostgreSQL).
+    fn lock_shared_config(&self) -> Option<tokio_postgres::Config> {
+        let core = self.inner.lock_core();
+        core.conn.postgres_conn().map(|c| c.config().tokio())
+    }
+
+    /// With a shared database, reads what other supernodes changed since
+    /// this one last looked; `false` (nothing done) with SQLite.
+    pub(crate) async fn refresh_shared(&self) -> bool {
+        if self.inner.instance == 0 {
+            return false;
+        }
+        match self.with_core(|_, _, _| Ok(())).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read what other supernodes changed");
+                false
+            }
+        }
+    }
+
+    /// This process's instance id among the supernodes of its database.
+    pub(crate) fn instance(&self) -> u64 {
+        self.inner.instance
+    }
+
+    /// Another supernode changed the shared database: read it again (waking
+    /// the long polls of peers with new commands), then wake the event
+    /// streams, job lists and scheduler it names.
+    pub(crate) async fn wake_from_elsewhere(&self, wake: shared::Wake) {
+        self.refresh_shared().await;
+        let inner = &self.inner;
+        {
+            let mut watch = inner.job_watch.lock().unwrap_or_else(|e| e.into_inner());
+            watch.retain(|_, tx| tx.receiver_count() > 0);
+            for (job, tx) in watch.iter() {
+                if wake.all || wake.jobs.contains(job) {
+                    tx.send_replace(());
+                }
+            }
+        }
+        for change in wake.job_list {
+            let _ = inner.job_list.send(change);
+        }
+        if wake.all {
+            // Every follower of a job list re-reads it.
+            let _ = inner.job_list.send((sse::EVERY_OWNER, 0));
+        }
+        if wake.scheduler || wake.all {
+            inner.sched_wake.notify_one();
+        }
+    }
+
     /// The HTTP routes: the REST API, the peer control plane and the web UI.
     /// The scheduler and the lease sweeper only run under [`Supernode::serve`].
     pub fn router(&self) -> axum::Router {
@@ -671,6 +746,9 @@ impl Supernode {
         let scheduler = tokio::spawn(state::scheduler_task(self.clone()));
         let sweeper = tokio::spawn(state::lease_task(self.clone()));
         let clustering = tokio::spawn(clusters::cluster_task(self.clone()));
+        let listener_task = self
+            .lock_shared_config()
+            .map(|config| tokio::spawn(shared::listen_task(self.clone(), config)));
         let inner = self.inner.clone();
         tokio::spawn(async move {
             shutdown.await;
@@ -684,6 +762,9 @@ impl Supernode {
         scheduler.abort();
         sweeper.abort();
         clustering.abort();
+        if let Some(task) = listener_task {
+            task.abort();
+        }
         result?;
         tracing::info!("supernode stopped");
         Ok(())

@@ -26,7 +26,7 @@ mod sqlite;
 use std::fmt;
 use std::ops::Deref;
 
-pub(crate) use pg::{PgConfig, is_unavailable};
+pub(crate) use pg::{PgConfig, WRITE_LOCK, is_unavailable};
 
 /// What a query failed with.
 #[derive(Debug, thiserror::Error)]
@@ -338,6 +338,14 @@ impl Connection {
         Ok(Connection(Conn::Postgres(Box::new(pg::Conn::connect(
             config,
         )?))))
+    }
+
+    /// The PostgreSQL connection underneath, if that is the engine.
+    pub(crate) fn postgres_conn(&self) -> Option<&pg::Conn> {
+        match &self.0 {
+            Conn::Sqlite(_) => None,
+            Conn::Postgres(c) => Some(c),
+        }
     }
 
     pub(crate) fn engine(&self) -> Engine {

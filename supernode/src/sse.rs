@@ -210,6 +210,9 @@ struct ListFollow {
     pending: VecDeque<JobId>,
 }
 
+/// The owner of a job-list change that stands for "any job of any owner".
+pub(crate) const EVERY_OWNER: i64 = -1;
+
 /// `GET /api/v1/events`: one `job_list_changed` event each time one of the
 /// caller's jobs is submitted, starts, finishes or is disposed of. The stream
 /// is a notification, not a log: it has no ids and no replay, so a client
@@ -269,12 +272,14 @@ async fn next_list_change(f: &mut ListFollow) -> Option<JobListChanged> {
             _ = f.stop.wait_for(|s| *s) => return None,
         };
         match change {
-            Ok((owner, job)) => {
+            Ok((owner, job)) if owner != EVERY_OWNER => {
                 if owner == f.owner {
                     f.pending.push_back(job);
                 }
             }
-            Err(broadcast::error::RecvError::Lagged(_)) => {
+            // Missed changes, or any job of anybody's may have changed
+            // (another supernode said so): tell every job's state again.
+            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
                 let owner = f.owner;
                 match f.sn.with_core(move |core, _, _| core.job_ids(owner)).await {
                     Ok(ids) => f.pending.extend(ids),

@@ -21,24 +21,9 @@ use sha2::Digest;
 #[path = "support/throwaway_pg.rs"]
 mod throwaway_pg;
 
-/// The database of the supernode whose data directory is `dir`: SQLite in
-/// it, or (with `BSPWEB_TEST_DATABASE=postgres`) a throw-away PostgreSQL
-/// database whose URL the directory remembers, so a restart finds its state.
-fn database_of(dir: &std::path::Path) -> Option<String> {
-    let file = dir.join("test-database-url");
-    match std::fs::read_to_string(&file) {
-        Ok(url) => Some(url),
-        Err(_) => {
-            let url = throwaway_pg::database_for_test()?;
-            std::fs::write(&file, &url).unwrap();
-            Some(url)
-        }
-    }
-}
-
 /// Runs `sql` on the stored state of a stopped supernode.
 fn execute_stored(dir: &std::path::Path, sql: &str) {
-    match database_of(dir) {
+    match throwaway_pg::database_of(dir) {
         None => {
             let db = rusqlite::Connection::open(dir.join("bspweb.sqlite3")).unwrap();
             db.execute_batch(sql).unwrap();
@@ -119,7 +104,7 @@ impl Harness {
             .try_init();
         let mut config = Config {
             data_dir: dir.path().to_path_buf(),
-            database: database_of(dir.path()),
+            database: throwaway_pg::database_of(dir.path()),
             ..Config::default()
         };
         adjust(&mut config);

@@ -6,6 +6,7 @@
 //! Every child is started with `--exit-on-stdin-eof` and a piped stdin, so it
 //! ends when the test process ends, whatever way that happens.
 
+use crate::throwaway_pg;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -598,11 +599,14 @@ fn spawn_supernode(
     // The tests' own plain `reqwest` clients need a process-wide rustls
     // provider (bspweb's clients pass theirs).
     bsp_api::client::tls::install_default_provider();
+    let data_dir = opts.supernode_data.as_deref().unwrap_or(data);
+    let database = throwaway_pg::database_of(data_dir);
     let mut supernode = bspweb()
         .args(["supernode", "--listen", listen, "--exit-on-stdin-eof"])
         .args(opts.tls.then_some("--tls"))
         .arg("--data")
-        .arg(opts.supernode_data.as_deref().unwrap_or(data))
+        .arg(data_dir)
+        .args(database.iter().flat_map(|url| ["--database", url]))
         .args(["--lease-ttl-secs", &opts.lease_ttl_secs.to_string()])
         .args(&opts.supernode_args)
         .env("BSPWEB_USER", ADMIN)

@@ -4,6 +4,8 @@
 //! jobs share one cluster; tests that break things start their own.
 
 mod harness;
+#[path = "../../supernode/tests/support/throwaway_pg.rs"]
+mod throwaway_pg;
 
 mod api_spec;
 mod c_guest;

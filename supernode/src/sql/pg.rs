@@ -32,6 +32,12 @@ pub(crate) struct PgConfig {
 }
 
 impl PgConfig {
+    /// The same settings for `tokio-postgres` (the listener of
+    /// notifications).
+    pub(crate) fn tokio(&self) -> tokio_postgres::Config {
+        tokio_postgres::Config::from_str(&self.url).expect("parsed once already")
+    }
+
     /// Parses `url`; the error says what is wrong with it.
     pub(crate) fn parse(url: &str) -> Result<PgConfig, String> {
         let config = postgres::Config::from_str(url)
@@ -71,6 +77,9 @@ pub(crate) struct Conn {
     client: RefCell<Option<Client>>,
     cache: RefCell<HashMap<String, Statement>>,
     in_transaction: Cell<bool>,
+    /// Statements that changed rows, and commits: whether a state
+    /// transition wrote anything other supernodes must read again.
+    writes: Cell<u64>,
 }
 
 impl Conn {
@@ -88,6 +97,7 @@ impl Conn {
             client: RefCell::new(Some(client)),
             cache: RefCell::new(HashMap::new()),
             in_transaction: Cell::new(false),
+            writes: Cell::new(0),
         })
     }
 
@@ -105,6 +115,7 @@ impl Conn {
 
     pub(crate) fn batch(&self, sql: &str) -> Result<()> {
         self.ensure_open()?;
+        self.writes.set(self.writes.get() + 1);
         Ok(self.client().batch_execute(sql)?)
     }
 
@@ -128,8 +139,21 @@ impl Conn {
                 Ok(())
             };
         }
+        if commit {
+            self.writes.set(self.writes.get() + 1);
+        }
         let sql = if commit { "COMMIT" } else { "ROLLBACK" };
         Ok(self.client().batch_execute(sql)?)
+    }
+
+    /// How many writes this connection made (see [`Conn::writes`]).
+    pub(crate) fn writes(&self) -> u64 {
+        self.writes.get()
+    }
+
+    /// The URL it connects to.
+    pub(crate) fn config(&self) -> &PgConfig {
+        &self.config
     }
 
     pub(crate) fn prepare(&self, sql: &str) -> Result<Statement> {
@@ -147,6 +171,9 @@ impl Conn {
     pub(crate) fn execute(&self, stmt: &Statement, values: &[ValueRef<'_>]) -> Result<usize> {
         let params = Param::list(values);
         let n = self.client().execute(stmt, &Param::refs(&params))?;
+        if n > 0 {
+            self.writes.set(self.writes.get() + 1);
+        }
         Ok(n as usize)
     }
 

@@ -67,6 +67,9 @@ const MIN_AVAILABILITY: f64 = 0.05;
 pub(crate) struct Core {
     pub(crate) conn: Connection,
     place: Place,
+    /// Set when the database is shared with other supernodes
+    /// (PostgreSQL): what [`crate::shared`] needs.
+    pub(crate) shared: Option<crate::shared::Shared>,
 }
 
 /// Points sampled to measure each peer's share of the ring (`GET /api/v1/ring`).
@@ -184,9 +187,16 @@ impl Core {
     /// peers that kept running while the supernode was down can renew and
     /// their jobs carry on; peers that did not are declared gone a TTL later.
     pub(crate) fn load(conn: Connection, ttl: std::time::Duration) -> anyhow::Result<(Core, Live)> {
+        let shared = match conn.engine() {
+            crate::sql::Engine::Sqlite => None,
+            crate::sql::Engine::Postgres => Some(crate::shared::Shared::new(
+                crate::shared::generation(&conn)?,
+            )),
+        };
         let mut core = Core {
             conn,
             place: Place::default(),
+            shared,
         };
         core.conn.execute(
             "UPDATE peers SET lease_expires_at = CASE WHEN lease_expires_at > ?1 THEN lease_expires_at ELSE ?1 END WHERE state = 'online'",
@@ -194,58 +204,114 @@ impl Core {
         )?;
         core.rebuild_placement()?;
         let mut live = Live::default();
-        {
-            let mut stmt = core.conn.prepare(
-                "SELECT id, lease_id, lease_expires_at, cmd_seq, addr FROM peers WHERE state = 'online'",
-            )?;
-            let rows = stmt.query_map([], |r| {
-                Ok((
-                    r.get::<_, PeerId>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, i64>(2)?,
-                    r.get::<_, i64>(3)?,
-                    r.get::<_, String>(4)?,
-                ))
-            })?;
-            let mut commands = core
-                .conn
-                .prepare("SELECT seq, body FROM commands WHERE peer_id = ?1 ORDER BY seq")?;
-            for row in rows {
-                let (id, lease_id, expires_at, seq, addr) = row?;
-                let mut queue = VecDeque::new();
-                for c in commands
-                    .query_map([id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?
-                {
-                    let (seq, body) = c?;
-                    match serde_json::from_str::<Command>(&body) {
-                        Ok(command) => queue.push_back(SeqCommand {
-                            seq: u64_from_sql(seq),
-                            command,
-                        }),
-                        Err(e) => {
-                            tracing::error!(peer = id, seq, error = %e, "skipping an unreadable stored command")
-                        }
-                    }
+        live.peers.extend(core.read_live_peers()?);
+        Ok((core, live))
+    }
+
+    /// The online peers' leases and command queues, as stored.
+    fn read_live_peers(&self) -> Result<Vec<(PeerId, LivePeer)>, Error> {
+        let mut stmt = self.conn.prepare(
+            "SELECT id, lease_id, lease_expires_at, cmd_seq, addr FROM peers WHERE state = 'online'",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, PeerId>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, String>(4)?,
+            ))
+        })?;
+        let mut commands = self.conn.prepare(
+            "SELECT c.peer_id, c.seq, c.body FROM commands c JOIN peers p ON p.id = c.peer_id \
+             WHERE p.state = 'online' ORDER BY c.peer_id, c.seq",
+        )?;
+        let mut queues: HashMap<PeerId, VecDeque<SeqCommand>> = HashMap::new();
+        for c in commands.query_map([], |r| {
+            Ok((
+                r.get::<_, PeerId>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+            ))
+        })? {
+            let (id, seq, body) = c?;
+            match serde_json::from_str::<Command>(&body) {
+                Ok(command) => queues.entry(id).or_default().push_back(SeqCommand {
+                    seq: u64_from_sql(seq),
+                    command,
+                }),
+                Err(e) => {
+                    tracing::error!(peer = id, seq, error = %e, "skipping an unreadable stored command")
                 }
-                let acked = queue.front().map_or(u64_from_sql(seq), |c| c.seq - 1);
-                live.peers.insert(
-                    id,
-                    LivePeer {
-                        lease_id,
-                        expires_at,
-                        last_seq: u64_from_sql(seq),
-                        queue,
-                        acked,
-                        pruned: acked,
-                        notify: Arc::new(Notify::new()),
-                        probed_at: None,
-                        counters: None,
-                        addr,
-                    },
-                );
             }
         }
-        Ok((core, live))
+        let mut peers = Vec::new();
+        for row in rows {
+            let (id, lease_id, expires_at, seq, addr) = row?;
+            let queue = queues.remove(&id).unwrap_or_default();
+            let acked = queue.front().map_or(u64_from_sql(seq), |c| c.seq - 1);
+            peers.push((
+                id,
+                LivePeer {
+                    lease_id,
+                    expires_at,
+                    last_seq: u64_from_sql(seq),
+                    queue,
+                    acked,
+                    pruned: acked,
+                    notify: Arc::new(Notify::new()),
+                    probed_at: None,
+                    counters: None,
+                    addr,
+                },
+            ));
+        }
+        Ok(peers)
+    }
+
+    /// Reads again what another supernode sharing the database changed
+    /// ([`crate::shared`]): the placement tables, the online peers' leases
+    /// and command queues (waking the long polls of peers that have new
+    /// commands, and of peers no longer online), and the accounts.
+    pub(crate) fn resync(&mut self, inner: &Inner) -> Result<(), Error> {
+        self.rebuild_placement()?;
+        let fresh = self.read_live_peers()?;
+        let accounts = self.accounts()?;
+        *inner.accounts() = accounts;
+        let mut live = inner.live();
+        let online: HashSet<PeerId> = fresh.iter().map(|(id, _)| *id).collect();
+        let gone: Vec<PeerId> = live
+            .peers
+            .keys()
+            .filter(|id| !online.contains(id))
+            .copied()
+            .collect();
+        live.forget(&gone);
+        for (id, new) in fresh {
+            match live.peers.get_mut(&id) {
+                Some(p) if p.lease_id == new.lease_id => {
+                    let newest = p.queue.back().map(|c| c.seq);
+                    let acked = p.acked;
+                    p.expires_at = p.expires_at.max(new.expires_at);
+                    p.last_seq = p.last_seq.max(new.last_seq);
+                    p.queue = new.queue.into_iter().filter(|c| c.seq > acked).collect();
+                    if p.queue.back().map(|c| c.seq) > newest {
+                        p.notify.notify_waiters();
+                    }
+                }
+                // It logged in again (at another supernode): a new lease.
+                Some(p) => {
+                    let notify = p.notify.clone();
+                    *p = new;
+                    p.notify = notify;
+                    p.notify.notify_waiters();
+                }
+                None => {
+                    live.peers.insert(id, new);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Rebuilds the DHHT and the allocators from the database (at start, and

@@ -33,6 +33,23 @@ pub fn database_for_test() -> Option<String> {
     selected().then(|| server().create_database())
 }
 
+/// The database of the supernode whose data directory is `dir`: `None`
+/// (SQLite, in it), or with `BSPWEB_TEST_DATABASE=postgres` a database on
+/// the throw-away server whose URL the directory remembers, so a restarted
+/// supernode finds its state.
+pub fn database_of(dir: &Path) -> Option<String> {
+    let file = dir.join("test-database-url");
+    match std::fs::read_to_string(&file) {
+        Ok(url) => Some(url),
+        Err(_) => {
+            let url = database_for_test()?;
+            std::fs::create_dir_all(dir).expect("the data directory can be made");
+            std::fs::write(&file, &url).expect("the data directory takes a file");
+            Some(url)
+        }
+    }
+}
+
 /// The test process's server, started on first use.
 pub fn server() -> &'static Server {
     static SERVER: OnceLock<Server> = OnceLock::new();

@@ -1,0 +1,326 @@
+//! Several supernodes on one PostgreSQL database (issue 14; DESIGN.md,
+//! "Several supernodes").
+//!
+//! Each supernode keeps state derived from the database in memory — the
+//! DHHT and its allocators, the online peers' leases and command queues,
+//! the accounts the token checks read — and changes the database only in
+//! state transitions ([`Supernode::with_core`]). With several supernodes on
+//! one database:
+//!
+//! - **One transition at a time, across supernodes.** A transition holds
+//!   the session advisory lock [`WRITE_LOCK`] from start to end, as one
+//!   supernode's transitions hold its core mutex: every decision (placement,
+//!   restore, sweep) is made on the state the one before it left.
+//! - **Read again what another wrote.** A transition that wrote increments
+//!   `bspweb_generation`; a supernode whose next transition finds a
+//!   generation it did not write first rebuilds what it derived
+//!   ([`Core::resync`](crate::state::Core::resync)). Any supernode can
+//!   rebuild any placement because the DHHT needs only the peers and their
+//!   powers (§4.2.2).
+//! - **Wake followers everywhere.** After a transition that wrote, the
+//!   supernode sends `NOTIFY bspweb` with what changed ([`Wake`]: jobs
+//!   whose event streams grew, changes of job lists, the scheduler); every
+//!   other supernode LISTENs ([`listen_task`]), resyncs — which wakes the
+//!   long polls of peers with new commands — and wakes its event streams
+//!   and scheduler. After it (re)connects to listen it wakes everything, as
+//!   it may have missed a notification.
+//! - **Background duties** (lease sweep, scheduler) run on every supernode,
+//!   but under the lock and on the database's state, so each change they
+//!   make happens once: the first sweep after a lease ran out declares the
+//!   peer gone, the others find it gone already.
+//! - The JWT secret is in the database (`bspweb_secrets`), so a token any
+//!   supernode issued is good at every other.
+
+use std::time::Duration;
+
+use bsp_api::JobId;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use crate::sql::{Connection, OptionalExtension, WRITE_LOCK};
+use crate::state::Core;
+use crate::{Effects, Error, Inner, Supernode};
+
+/// The channel supernodes notify each other on.
+pub(crate) const CHANNEL: &str = "bspweb";
+
+/// Largest payload PostgreSQL takes (8000 bytes), with a margin.
+const MAX_PAYLOAD: usize = 7_900;
+
+/// What one supernode's transition changed, for the others to wake on.
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Wake {
+    /// The supernode that sent it ([`Shared::instance`]).
+    pub(crate) from: u64,
+    /// Jobs whose event streams grew.
+    #[serde(default)]
+    pub(crate) jobs: Vec<JobId>,
+    /// `(owner, job)` whose state changed (`GET /api/v1/events`).
+    #[serde(default)]
+    pub(crate) job_list: Vec<(i64, JobId)>,
+    /// The scheduler may place a job now.
+    #[serde(default)]
+    pub(crate) scheduler: bool,
+    /// Too much to list: wake every follower.
+    #[serde(default)]
+    pub(crate) all: bool,
+}
+
+impl Wake {
+    /// What `fx` tells other supernodes.
+    pub(crate) fn of(from: u64, fx: &Effects) -> Wake {
+        Wake {
+            from,
+            jobs: fx.jobs.iter().copied().collect(),
+            job_list: fx.job_list.clone(),
+            scheduler: fx.wake_scheduler || !fx.forget_peers.is_empty(),
+            all: false,
+        }
+    }
+
+    /// The NOTIFY payload: the JSON of `self`, or of "wake everything"
+    /// when that is too long.
+    pub(crate) fn payload(&self) -> String {
+        let text = serde_json::to_string(self).unwrap_or_default();
+        if text.len() <= MAX_PAYLOAD {
+            return text;
+        }
+        serde_json::to_string(&Wake {
+            from: self.from,
+            scheduler: self.scheduler,
+            all: true,
+            ..Wake::default()
+        })
+        .unwrap_or_default()
+    }
+}
+
+/// A supernode's part in sharing a database.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// Random, per process: tells its own notifications from others'.
+    pub(crate) instance: u64,
+    /// The generation this supernode's derived state reflects.
+    generation: i64,
+    /// The connection's write count when the transition began.
+    writes_at_enter: u64,
+}
+
+impl Shared {
+    pub(crate) fn new(generation: i64) -> Shared {
+        Shared {
+            // Never 0, which stands for "not shared".
+            instance: rand::random::<u64>() | 1,
+            generation,
+            writes_at_enter: 0,
+        }
+    }
+}
+
+/// The generation the database is at.
+pub(crate) fn generation(conn: &Connection) -> Result<i64, Error> {
+    Ok(conn.query_row("SELECT generation FROM bspweb_generation", [], |r| r.get(0))?)
+}
+
+/// At the start of a transition: takes the lock and, if another supernode
+/// wrote since this one last looked, rebuilds the derived state.
+pub(crate) fn enter(core: &mut Core, inner: &Inner) -> Result<(), Error> {
+    let Some(writes) = core.conn.postgres_conn().map(|c| c.writes()) else {
+        return Ok(());
+    };
+    core.conn
+        .query_row("SELECT pg_advisory_lock(?1)", [WRITE_LOCK], |_| Ok(()))?;
+    let now = match generation(&core.conn) {
+        Ok(g) => g,
+        Err(e) => {
+            unlock(&core.conn);
+            return Err(e);
+        }
+    };
+    let stale = core.shared.as_ref().is_some_and(|s| s.generation != now);
+    if stale && let Err(e) = core.resync(inner) {
+        unlock(&core.conn);
+        return Err(e);
+    }
+    if let Some(s) = core.shared.as_mut() {
+        s.generation = now;
+        s.writes_at_enter = writes;
+    }
+    Ok(())
+}
+
+/// At the end of a transition: if it wrote, moves the generation on and
+/// tells the other supernodes what changed; releases the lock.
+pub(crate) fn leave(core: &mut Core, fx: Option<&Effects>) {
+    let Some(writes) = core.conn.postgres_conn().map(|c| c.writes()) else {
+        return;
+    };
+    let Some(shared) = core.shared.as_mut() else {
+        return;
+    };
+    if writes != shared.writes_at_enter {
+        match core.conn.query_row(
+            "UPDATE bspweb_generation SET generation = generation + 1 RETURNING generation",
+            [],
+            |r| r.get::<_, i64>(0),
+        ) {
+            Ok(g) => shared.generation = g,
+            Err(e) => tracing::error!(error = %e, "cannot move the shared generation on"),
+        }
+        let wake = fx.map_or_else(
+            || Wake {
+                from: shared.instance,
+                all: true,
+                scheduler: true,
+                ..Wake::default()
+            },
+            |fx| Wake::of(shared.instance, fx),
+        );
+        if let Err(e) = core.conn.query_row(
+            "SELECT pg_notify(?1, ?2)",
+            crate::sql::params![CHANNEL, wake.payload()],
+            |_| Ok(()),
+        ) {
+            tracing::error!(error = %e, "cannot notify the other supernodes");
+        }
+    }
+    unlock(&core.conn);
+}
+
+fn unlock(conn: &Connection) {
+    if let Err(e) = conn.query_row("SELECT pg_advisory_unlock(?1)", [WRITE_LOCK], |_| Ok(())) {
+        // A lost connection released it with its session.
+        tracing::warn!(error = %e, "cannot release the shared lock");
+    }
+}
+
+/// The JWT secret all supernodes of the database share, made by the first.
+pub(crate) fn secret(conn: &mut Connection) -> Result<Vec<u8>, Error> {
+    let tx = conn.transaction()?;
+    let found: Option<Vec<u8>> = tx
+        .query_row(
+            "SELECT value FROM bspweb_secrets WHERE name = 'jwt'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let secret = match found {
+        Some(s) if s.len() >= 32 => s,
+        Some(_) => {
+            return Err(Error::Internal(
+                "the JWT secret in bspweb_secrets is shorter than 32 bytes; delete its row to \
+                 have a new one made (every login becomes invalid)"
+                    .into(),
+            ));
+        }
+        None => {
+            let secret: [u8; 32] = rand::random();
+            tx.execute(
+                "INSERT INTO bspweb_secrets (name, value) VALUES ('jwt', ?1)",
+                [secret.to_vec()],
+            )?;
+            secret.to_vec()
+        }
+    };
+    tx.commit()?;
+    Ok(secret)
+}
+
+/// LISTENs for the other supernodes' notifications and wakes what they
+/// name, reconnecting with back-off; runs until the supernode stops.
+pub(crate) async fn listen_task(sn: Supernode, config: tokio_postgres::Config) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match listen_once(&sn, &config).await {
+            Ok(()) => return,
+            Err(e) => tracing::warn!(
+                error = %e,
+                "lost the notifications of the other supernodes; listening again in {backoff:?}"
+            ),
+        }
+        let mut stop = sn.inner.shutdown_signal();
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = stopped(&mut stop) => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// One connection's worth of [`listen_task`]; `Ok` when the supernode stops.
+async fn listen_once(
+    sn: &Supernode,
+    config: &tokio_postgres::Config,
+) -> Result<(), tokio_postgres::Error> {
+    let (client, mut connection) = config.connect(tokio_postgres::NoTls).await?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
+                    let _ = tx.send(Ok(n.payload().to_string()));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            }
+        }
+    });
+    let result = async {
+        client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+        // What was missed while not listening: everything may have changed.
+        sn.wake_from_elsewhere(Wake {
+            all: true,
+            scheduler: true,
+            ..Wake::default()
+        })
+        .await;
+        let mut stop = sn.inner.shutdown_signal();
+        loop {
+            tokio::select! {
+                message = rx.recv() => match message {
+                    Some(Ok(payload)) => match serde_json::from_str::<Wake>(&payload) {
+                        Ok(wake) if wake.from == sn.instance() => {}
+                        Ok(wake) => sn.wake_from_elsewhere(wake).await,
+                        Err(e) => tracing::warn!(error = %e, "an unreadable notification on the shared channel"),
+                    },
+                    Some(Err(e)) => return Err(e),
+                    None => return Ok(()),
+                },
+                () = stopped(&mut stop) => return Ok(()),
+            }
+        }
+    }
+    .await;
+    driver.abort();
+    result
+}
+
+/// Once the supernode stops.
+async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_wake_becomes_wake_everything() {
+        let mut w = Wake {
+            from: 7,
+            jobs: (0..10).collect(),
+            scheduler: true,
+            ..Wake::default()
+        };
+        let short: Wake = serde_json::from_str(&w.payload()).unwrap();
+        assert_eq!(short, w);
+        w.jobs = (0..5_000).collect();
+        let long: Wake = serde_json::from_str(&w.payload()).unwrap();
+        assert!(long.all && long.scheduler && long.jobs.is_empty() && long.from == 7);
+        assert!(w.payload().len() <= MAX_PAYLOAD);
+    }
+}
