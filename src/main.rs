@@ -166,7 +166,12 @@ pub struct SupernodeArgs {
     /// Keep the state in this PostgreSQL database instead of SQLite in
     /// DATA: postgres://USER:PASSWORD@HOST:PORT/DATABASE. Several
     /// supernodes may share one (docs/deployment.md)
-    #[arg(long, value_name = "URL", env = "BSPWEB_DATABASE", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "BSPWEB_DATABASE",
+        hide_env_values = true
+    )]
     database: Option<String>,
     /// Lease time-to-live of peers, in seconds
     #[arg(long, default_value_t = 15)]

@@ -346,12 +346,9 @@ impl FromRequestParts<Supernode> for AuthPeer {
             .parse()
             .map_err(|_| Error::unauthorized("the lease token is not valid here; log in again"))?;
         let valid = || {
-            state
-                .inner
-                .live()
-                .peers
-                .get(&id)
-                .is_some_and(|p| p.lease_id == claims.lid && lease::is_valid(now_ms(), p.expires_at))
+            state.inner.live().peers.get(&id).is_some_and(|p| {
+                p.lease_id == claims.lid && lease::is_valid(now_ms(), p.expires_at)
+            })
         };
         // A peer may have logged in or renewed at another supernode of the
         // database: read the leases again, once, before refusing it.

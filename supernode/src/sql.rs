@@ -450,7 +450,7 @@ pub struct Statement<'c>(Stmt<'c>);
 enum Stmt<'c> {
     Sqlite(rusqlite::Statement<'c>),
     SqliteCached(rusqlite::CachedStatement<'c>),
-    Postgres(&'c pg::Conn, postgres::Statement),
+    Postgres(&'c pg::Conn, (postgres::Statement, bool)),
 }
 
 impl<'c> Statement<'c> {

@@ -3268,3 +3268,167 @@ async fn quotas_hold_programs_and_processes() {
     })
     .await;
 }
+
+// ----------------------------------------- several supernodes, one database
+
+/// The peer of each process of an assignment.
+fn hosts_of(a: &JobAssignment) -> Vec<bsp_api::PeerId> {
+    a.placement
+        .iter()
+        .map(|&i| a.peers[i as usize].id)
+        .collect()
+}
+
+/// Three supernodes on one fresh database of the throw-away PostgreSQL
+/// server (started by the tests themselves, whatever `BSPWEB_TEST_DATABASE`
+/// says); the first made the users.
+async fn three_on_one_database(adjust: fn(&mut Config)) -> [Harness; 3] {
+    let url = throwaway_pg::server().create_database();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("test-database-url"), &url).unwrap();
+        nodes.push(Harness::start_in(dir, adjust, i == 0).await);
+    }
+    nodes.try_into().unwrap_or_else(|_| unreachable!())
+}
+
+/// Issue 14: any supernode of a shared database serves any user, peer and
+/// job. A user logs in at one and is known at the others; a peer logs in
+/// at one, renews at another and long-polls a third; a job submitted at one
+/// is placed and its commands reach the peer's poll elsewhere; output
+/// reported at one streams live from another with the same event ids; and
+/// with the supernode that placed the job stopped, the others go on.
+#[tokio::test]
+async fn any_supernode_of_a_shared_database_serves_any_user_peer_and_job() {
+    let [a, b, c] = three_on_one_database(|_| {}).await;
+    // Registering at two supernodes is idempotent.
+    for h in [&a, &b] {
+        h.sn.register_builtin("ring", "", &wasm(GUEST))
+            .await
+            .unwrap();
+    }
+
+    // A token from b is good at c: one secret, one set of accounts.
+    let alice = b.login("alice", "alice-password").await;
+    assert_eq!(c.get("/jobs", &alice).await.0, StatusCode::OK);
+    // A user made at c can log in at a at once.
+    let admin = c.login("admin", "admin-password").await;
+    let (status, body) = c
+        .post(
+            "/users",
+            &admin,
+            json!({"name": "carol", "password": "carol-password"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let carol = a.login("carol", "carol-password").await;
+    assert_eq!(b.get("/jobs", &carol).await.0, StatusCode::OK);
+
+    // The peer logs in at a, renews at b, polls at c.
+    let mut peer = a.peer_login(login_body("shared", 2, None)).await;
+    assert_eq!(b.renew(&peer).await.0, StatusCode::OK);
+    let job = b.submit(&alice, "ring", 2).await;
+    let assignment = start_job(&c.commands(&mut peer).await);
+    assert_eq!(assignment.job, job.id);
+    assert_eq!(hosts_of(&assignment), vec![peer.id, peer.id]);
+
+    // Output reported at a streams live at c.
+    let follow =
+        {
+            let token = alice.clone();
+            let c = &c;
+            async move {
+                c.wait_event(&token, job.id, |e| {
+                matches!(&e.kind, JobEventKind::Stdout { text } if text == "hello from pid 1")
+            })
+            .await
+            }
+        };
+    let (seen, status) = tokio::join!(follow, async {
+        // Let c's stream open first, so the event arrives live.
+        tokio::task::yield_now().await;
+        a.report(
+            &peer,
+            vec![
+                out(job.id, 0, 0, "hello from pid 0"),
+                out(job.id, 1, 0, "hello from pid 1"),
+            ],
+        )
+        .await
+    });
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
+    // The job ends at c; every supernode tells the same story with the
+    // same event ids.
+    assert_eq!(
+        c.report(&peer, vec![exited(job.id, 0), exited(job.id, 1)])
+            .await,
+        StatusCode::NO_CONTENT
+    );
+    let done = a
+        .wait_job(&alice, job.id, "the job's end, seen at a", |j| {
+            j.state == JobState::Finished
+        })
+        .await;
+    assert_eq!(done.outcome, Some(JobOutcome::Exited));
+    let stream_a = a.events(&alice, job.id, None).await;
+    let stream_b = b.events(&alice, job.id, None).await;
+    assert_eq!(stream_a, stream_b);
+    assert!(stream_a.iter().any(|(_, _, e)| e.id == seen.id));
+
+    // b, which placed the first job, stops: c places the next one and the
+    // peer's poll at a gets it.
+    drop(b.stop().await);
+    let second = c.submit(&alice, "ring", 2).await;
+    let assignment = a.assignment_at(&mut peer, second.id, 0).await;
+    assert_eq!(hosts_of(&assignment), vec![peer.id, peer.id]);
+}
+
+/// Issue 14: a peer that renews at one supernode only is not declared gone
+/// by the lease sweeps of the others, and one that stops renewing is
+/// declared gone once, whichever supernode's sweep sees it first.
+#[tokio::test]
+async fn leases_renewed_at_one_supernode_hold_at_all_and_a_silent_peer_is_lost_once() {
+    let [a, b, c] = three_on_one_database(|c| {
+        c.lease_ttl = Duration::from_millis(600);
+    })
+    .await;
+    a.sn.register_builtin("ring", "", &wasm(GUEST))
+        .await
+        .unwrap();
+    let alice = a.login("alice", "alice-password").await;
+    let mut steady = b.peer_login(login_body("steady", 1, None)).await;
+    let mut silent = b.peer_login(login_body("silent", 1, None)).await;
+    let keep = b.keep_alive(&steady);
+    let job = a.submit(&alice, "ring", 2).await;
+    let mut hosts = vec![];
+    for peer in [&mut steady, &mut silent] {
+        let assignment = start_job(&c.commands(peer).await);
+        hosts = hosts_of(&assignment);
+    }
+    assert!(hosts.contains(&steady.id) && hosts.contains(&silent.id));
+    // The silent peer's processes are restored on the steady one, in one
+    // new epoch: one loss, not one per supernode.
+    let restored = c.assignment_at(&mut steady, job.id, 1).await;
+    assert_eq!(hosts_of(&restored), vec![steady.id, steady.id]);
+    // Three sweep periods later the steady peer is still online everywhere.
+    tokio::time::sleep(Duration::from_millis(3 * 600)).await;
+    for h in [&a, &b, &c] {
+        let peers = h.peer_list(&alice).await;
+        let s = peers.iter().find(|p| p.id == steady.id).unwrap();
+        assert_eq!(s.state, "online", "{peers:?}");
+    }
+    // One loss, one new epoch: not one per supernode's sweep.
+    let url = throwaway_pg::database_of(a.dir.path()).unwrap();
+    let epoch = std::thread::spawn(move || {
+        let mut db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        db.query_one("SELECT epoch FROM jobs WHERE id = $1", &[&job.id])
+            .unwrap()
+            .get::<_, i64>(0)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(epoch, 1);
+    keep.abort();
+}

@@ -75,7 +75,8 @@ pub(crate) struct Conn {
     config: PgConfig,
     /// `None` only while it is dropped.
     client: RefCell<Option<Client>>,
-    cache: RefCell<HashMap<String, Statement>>,
+    /// Prepared statements by text, and whether each writes.
+    cache: RefCell<HashMap<String, (Statement, bool)>>,
     in_transaction: Cell<bool>,
     /// Statements that changed rows, and commits: whether a state
     /// transition wrote anything other supernodes must read again.
@@ -156,22 +157,32 @@ impl Conn {
         &self.config
     }
 
-    pub(crate) fn prepare(&self, sql: &str) -> Result<Statement> {
+    /// A prepared statement, and whether it writes (anything but a
+    /// `SELECT`: `INSERT … RETURNING` is run as a query).
+    pub(crate) fn prepare(&self, sql: &str) -> Result<(Statement, bool)> {
         self.ensure_open()?;
         if let Some(s) = self.cache.borrow().get(sql) {
             return Ok(s.clone());
         }
         let stmt = self.client().prepare(&numbered(sql))?;
+        let writes = !sql
+            .trim_start()
+            .get(..6)
+            .is_some_and(|w| w.eq_ignore_ascii_case("SELECT"));
         self.cache
             .borrow_mut()
-            .insert(sql.to_string(), stmt.clone());
-        Ok(stmt)
+            .insert(sql.to_string(), (stmt.clone(), writes));
+        Ok((stmt, writes))
     }
 
-    pub(crate) fn execute(&self, stmt: &Statement, values: &[ValueRef<'_>]) -> Result<usize> {
+    pub(crate) fn execute(
+        &self,
+        stmt: &(Statement, bool),
+        values: &[ValueRef<'_>],
+    ) -> Result<usize> {
         let params = Param::list(values);
-        let n = self.client().execute(stmt, &Param::refs(&params))?;
-        if n > 0 {
+        let n = self.client().execute(&stmt.0, &Param::refs(&params))?;
+        if n > 0 && stmt.1 {
             self.writes.set(self.writes.get() + 1);
         }
         Ok(n as usize)
@@ -179,11 +190,15 @@ impl Conn {
 
     pub(crate) fn query(
         &self,
-        stmt: &Statement,
+        stmt: &(Statement, bool),
         values: &[ValueRef<'_>],
     ) -> Result<Vec<postgres::Row>> {
         let params = Param::list(values);
-        Ok(self.client().query(stmt, &Param::refs(&params))?)
+        let rows = self.client().query(&stmt.0, &Param::refs(&params))?;
+        if stmt.1 && !rows.is_empty() {
+            self.writes.set(self.writes.get() + 1);
+        }
+        Ok(rows)
     }
 }
 
