@@ -231,7 +231,8 @@ pub struct SupernodeArgs {
 
 #[derive(Args)]
 struct LoginArgs {
-    /// Supernode URL
+    /// Supernode URL (or several, separated by commas, of supernodes
+    /// sharing one database: the next is used when one does not answer)
     #[arg(long, env = "BSPWEB_URL", default_value = cli_client::DEFAULT_URL)]
     url: String,
     /// User name

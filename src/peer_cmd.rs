@@ -87,7 +87,8 @@ struct InstallArgs {
     user: bool,
     #[command(flatten)]
     service: ServiceArgs,
-    /// Base URL of the supernode, e.g. https://supernode.example:7878
+    /// Base URL of the supernode, e.g. https://supernode.example:7878 (or
+    /// several, separated by commas, of supernodes sharing one database)
     #[arg(long, env = "BSPWEB_SUPERNODE")]
     supernode: String,
     /// The supernode certificate's SHA-256 fingerprint to pin (`sha256:…`,
@@ -145,7 +146,9 @@ struct InstallArgs {
 
 #[derive(Args)]
 pub struct PeerRunArgs {
-    /// Base URL of the supernode, e.g. http://127.0.0.1:7878
+    /// Base URL of the supernode, e.g. http://127.0.0.1:7878; or several,
+    /// separated by commas, of supernodes sharing one database: the peer
+    /// fails over to the next when one does not answer
     // Required to run a peer; an `Option` only so that the subcommands
     // need none.
     #[arg(long, env = "BSPWEB_SUPERNODE", required = true)]

@@ -75,10 +75,15 @@ fn unreachable_reason(e: &reqwest::Error) -> String {
 /// What the peer does when its lease turns out to be gone.
 pub type FencedHook = Box<dyn Fn() + Send + Sync>;
 
-/// A client of one supernode, holding the current lease.
+/// A client of the supernodes (one, or several sharing a database), holding
+/// the current lease. It talks to one at a time and fails over to the next
+/// when that one cannot be reached or answers that it is unavailable; the
+/// callers' retries then go there.
 pub struct Client {
     http: reqwest::Client,
-    base: String,
+    bases: Vec<String>,
+    /// Index into `bases` of the supernode in use.
+    current: std::sync::atomic::AtomicUsize,
     login: RwLock<PeerLogin>,
     lease: RwLock<Option<Lease>>,
     relogin: tokio::sync::Mutex<()>,
@@ -91,7 +96,7 @@ pub struct Client {
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
-            .field("base", &self.base)
+            .field("base", &self.base_url())
             .field("peer_id", &self.peer_id())
             .finish_non_exhaustive()
     }
@@ -99,26 +104,22 @@ impl std::fmt::Debug for Client {
 
 impl Client {
     /// A client for the supernode at `base` (e.g. `https://bsp.example.org:7878`,
-    /// or `http://127.0.0.1:7878` on loopback) that logs in with `login`
+    /// or `http://127.0.0.1:7878` on loopback), or for several separated by
+    /// commas (supernodes sharing one database), that logs in with `login`
     /// and verifies an `https://` supernode's certificate as `tls` says.
     pub fn new(
         base: &str,
         login: PeerLogin,
         tls: &bsp_api::client::TlsOptions,
     ) -> Result<Arc<Client>, String> {
-        let url = reqwest::Url::parse(base)
-            .map_err(|e| format!("the supernode URL `{base}` is invalid: {e}"))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(format!(
-                "the supernode URL `{base}` must start with http:// or https://"
-            ));
-        }
-        if url.scheme() == "http" && !bsp_api::client::is_loopback(&url) {
-            return Err(format!(
-                "the supernode URL `{base}` is plain http:// to another machine: the enrollment \
-                 token and leases would cross the network in the clear; a supernode elsewhere \
-                 serves https://, so use https://"
-            ));
+        let bases = base
+            .split(',')
+            .map(str::trim)
+            .filter(|b| !b.is_empty())
+            .map(check_base)
+            .collect::<Result<Vec<_>, _>>()?;
+        if bases.is_empty() {
+            return Err("no supernode URL given".into());
         }
         // Idle connections are let go before the supernode closes them
         // (after 20 s without a request).
@@ -127,7 +128,8 @@ impl Client {
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         Ok(Arc::new(Client {
             http,
-            base: base.trim_end_matches('/').to_string(),
+            bases,
+            current: std::sync::atomic::AtomicUsize::new(0),
             login: RwLock::new(login),
             lease: RwLock::new(None),
             relogin: tokio::sync::Mutex::new(()),
@@ -137,13 +139,63 @@ impl Client {
         }))
     }
 
-    /// The supernode's base URL.
+    /// The base URL of the supernode in use.
     pub fn base_url(&self) -> &str {
-        &self.base
+        let i = self.current.load(std::sync::atomic::Ordering::Relaxed);
+        &self.bases[i % self.bases.len()]
     }
 
     fn url(&self, path: &str) -> String {
-        format!("{}/api/v1/peer/{path}", self.base)
+        format!("{}/api/v1/peer/{path}", self.base_url())
+    }
+
+    /// The supernode at `url` did not answer, or said it cannot serve: use
+    /// the next one (unless another request moved on already).
+    fn fail_over(&self, url: &str) {
+        if self.bases.len() < 2 || !url.starts_with(self.base_url()) {
+            return;
+        }
+        let i = self.current.load(std::sync::atomic::Ordering::Relaxed);
+        let next = (i + 1) % self.bases.len();
+        if self
+            .current
+            .compare_exchange(
+                i,
+                next,
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+            .is_ok()
+        {
+            tracing::warn!(
+                from = %self.bases[i],
+                to = %self.bases[next],
+                "the supernode does not answer: failing over to the next one"
+            );
+        }
+    }
+
+    /// Sends `req` to the supernode in use; fails over when it cannot be
+    /// reached or answers 502, 503 or 504 (a proxy without it, or a
+    /// supernode whose database is gone).
+    async fn send(&self, req: RequestBuilder) -> Result<Response, ControlError> {
+        let url = req
+            .try_clone()
+            .and_then(|r| r.build().ok())
+            .map(|r| r.url().to_string())
+            .unwrap_or_default();
+        match req.send().await {
+            Ok(resp) => {
+                if matches!(resp.status().as_u16(), 502..=504) {
+                    self.fail_over(&url);
+                }
+                Ok(resp)
+            }
+            Err(e) => {
+                self.fail_over(&url);
+                Err(ControlError::Unreachable(e))
+            }
+        }
     }
 
     /// The current lease token ("" before the first login).
@@ -210,13 +262,13 @@ impl Client {
             body.previous_id = Some(id);
         }
         let resp = self
-            .http
-            .post(self.url("login"))
-            .timeout(Duration::from_secs(30))
-            .json(&body)
-            .send()
-            .await
-            .map_err(ControlError::Unreachable)?;
+            .send(
+                self.http
+                    .post(self.url("login"))
+                    .timeout(Duration::from_secs(30))
+                    .json(&body),
+            )
+            .await?;
         let status = resp.status();
         if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
             let body = resp.bytes().await.map_err(ControlError::Unreachable)?;
@@ -257,7 +309,7 @@ impl Client {
                 }
                 Err(e) => tracing::warn!(
                     "cannot log in to the supernode at {}: {e}; retrying in {:?}",
-                    self.base,
+                    self.base_url(),
                     backoff
                 ),
             }
@@ -301,11 +353,7 @@ impl Client {
     ) -> Result<Response, ControlError> {
         for attempt in 0..2 {
             let token = self.token();
-            let resp = build(&token)
-                .bearer_auth(&token)
-                .send()
-                .await
-                .map_err(ControlError::Unreachable)?;
+            let resp = self.send(build(&token).bearer_auth(&token)).await?;
             match check(what, resp).await {
                 Err(ControlError::Unauthorized) if attempt == 0 => {
                     self.relogin(&token).await?;
@@ -445,6 +493,25 @@ impl Client {
         }
         Ok(bytes)
     }
+}
+
+/// `base` if it is a supernode URL a peer may use, without a trailing `/`.
+fn check_base(base: &str) -> Result<String, String> {
+    let url = reqwest::Url::parse(base)
+        .map_err(|e| format!("the supernode URL `{base}` is invalid: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "the supernode URL `{base}` must start with http:// or https://"
+        ));
+    }
+    if url.scheme() == "http" && !bsp_api::client::is_loopback(&url) {
+        return Err(format!(
+            "the supernode URL `{base}` is plain http:// to another machine: the enrollment \
+             token and leases would cross the network in the clear; a supernode elsewhere \
+             serves https://, so use https://"
+        ));
+    }
+    Ok(base.trim_end_matches('/').to_string())
 }
 
 async fn check(what: &'static str, resp: Response) -> Result<Response, ControlError> {

@@ -352,7 +352,7 @@ impl FromRequestParts<Supernode> for AuthPeer {
         };
         // A peer may have logged in or renewed at another supernode of the
         // database: read the leases again, once, before refusing it.
-        if valid() || (state.refresh_shared().await && valid()) {
+        if valid() || (state.refresh_peer(id).await && valid()) {
             Ok(AuthPeer { id })
         } else {
             Err(Error::Unauthorized {

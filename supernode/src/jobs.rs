@@ -136,21 +136,34 @@ pub(crate) fn queue(
     peer: PeerId,
     command: Command,
 ) -> Result<(), Error> {
-    let seq = {
+    // The sequence number comes from the database: with several
+    // supernodes sharing it, another may have queued the last command.
+    let Some((seq, stored_expiry)) = tx
+        .query_row(
+            "UPDATE peers SET cmd_seq = cmd_seq + 1 WHERE id = ?1 AND state = 'online' \
+             RETURNING cmd_seq, lease_expires_at",
+            [peer],
+            |r| Ok((u64_from_sql(r.get(0)?), r.get::<_, i64>(1)?)),
+        )
+        .optional()?
+    else {
+        return Ok(());
+    };
+    {
         let mut live = inner.live();
-        let Some(p) = live.peers.get_mut(&peer) else {
-            return Ok(());
-        };
-        if !lease::is_valid(now_ms(), p.expires_at) {
+        let held = live.peers.get_mut(&peer);
+        // The lease as stored (renewed at any supernode), or as this one
+        // holds it in memory while its disk takes no writes.
+        let expiry = held
+            .as_ref()
+            .map_or(stored_expiry, |p| p.expires_at.max(stored_expiry));
+        if !lease::is_valid(now_ms(), expiry) {
             return Ok(());
         }
-        p.last_seq += 1;
-        p.last_seq
-    };
-    tx.execute(
-        "UPDATE peers SET cmd_seq = CASE WHEN cmd_seq > ?2 THEN cmd_seq ELSE ?2 END WHERE id = ?1",
-        params![peer, u64_to_sql(seq)],
-    )?;
+        if let Some(p) = held {
+            p.last_seq = p.last_seq.max(seq);
+        }
+    }
     let body = serde_json::to_string(&command)
         .map_err(|e| Error::Internal(format!("cannot encode a command: {e}")))?;
     tx.execute(

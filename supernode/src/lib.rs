@@ -503,7 +503,7 @@ impl Supernode {
             }
             let mut fx = Effects::default();
             let out = f(&mut core, &inner, &mut fx);
-            shared::leave(&mut core, out.is_ok().then_some(&fx));
+            shared::leave(&mut core, &inner, out.is_ok().then_some(&fx));
             match &out {
                 Ok(_) => inner.apply(fx),
                 // The transaction rolled back; the in-memory placement tables
@@ -684,6 +684,17 @@ impl Supernode {
                 false
             }
         }
+    }
+
+    /// With a shared database, reads `peer`'s lease from it (it may have
+    /// logged in or renewed at another supernode); `false` with SQLite.
+    pub(crate) async fn refresh_peer(&self, peer: bsp_api::PeerId) -> bool {
+        if self.inner.instance == 0 {
+            return false;
+        }
+        self.with_core(move |core, inner, _| core.refresh_lease(inner, peer))
+            .await
+            .is_ok()
     }
 
     /// This process's instance id among the supernodes of its database.

@@ -104,6 +104,8 @@ pub(crate) struct Shared {
     generation: i64,
     /// The connection's write count when the transition began.
     writes_at_enter: u64,
+    /// [`Core::shared_fingerprint`] when the transition began.
+    fingerprint_at_enter: u64,
 }
 
 impl Shared {
@@ -113,6 +115,7 @@ impl Shared {
             instance: rand::random::<u64>() | 1,
             generation,
             writes_at_enter: 0,
+            fingerprint_at_enter: 0,
         }
     }
 }
@@ -138,27 +141,51 @@ pub(crate) fn enter(core: &mut Core, inner: &Inner) -> Result<(), Error> {
         }
     };
     let stale = core.shared.as_ref().is_some_and(|s| s.generation != now);
+    if stale {
+        tracing::debug!(
+            now,
+            "another supernode changed the shared state: reading it again"
+        );
+    }
     if stale && let Err(e) = core.resync(inner) {
         unlock(&core.conn);
         return Err(e);
     }
+    let fingerprint = core.shared_fingerprint(inner);
     if let Some(s) = core.shared.as_mut() {
         s.generation = now;
         s.writes_at_enter = writes;
+        s.fingerprint_at_enter = fingerprint;
     }
     Ok(())
 }
 
 /// At the end of a transition: if it wrote, moves the generation on and
 /// tells the other supernodes what changed; releases the lock.
-pub(crate) fn leave(core: &mut Core, fx: Option<&Effects>) {
+pub(crate) fn leave(core: &mut Core, inner: &Inner, fx: Option<&Effects>) {
     let Some(writes) = core.conn.postgres_conn().map(|c| c.writes()) else {
         return;
     };
+    let fingerprint = core.shared_fingerprint(inner);
     let Some(shared) = core.shared.as_mut() else {
         return;
     };
-    if writes != shared.writes_at_enter {
+    // Only what the others must read again moves the generation on: a
+    // change of the DHHT or the accounts, or an effect to tell (commands,
+    // events, job lists, lost peers, the scheduler). A plain renewal writes
+    // its lease, which the others read when they need it.
+    let to_tell = match fx {
+        None => true,
+        Some(fx) => {
+            !fx.commands.is_empty()
+                || !fx.jobs.is_empty()
+                || !fx.job_list.is_empty()
+                || !fx.forget_peers.is_empty()
+                || fx.wake_scheduler
+                || fingerprint != shared.fingerprint_at_enter
+        }
+    };
+    if writes != shared.writes_at_enter && to_tell {
         match core.conn.query_row(
             "UPDATE bspweb_generation SET generation = generation + 1 RETURNING generation",
             [],
@@ -284,7 +311,10 @@ async fn listen_once(
                 message = rx.recv() => match message {
                     Some(Ok(payload)) => match serde_json::from_str::<Wake>(&payload) {
                         Ok(wake) if wake.from == sn.instance() => {}
-                        Ok(wake) => sn.wake_from_elsewhere(wake).await,
+                        Ok(wake) => {
+                            tracing::debug!(?wake, "another supernode changed the shared state");
+                            sn.wake_from_elsewhere(wake).await
+                        }
                         Err(e) => tracing::warn!(error = %e, "an unreadable notification on the shared channel"),
                     },
                     Some(Err(e)) => return Err(e),

@@ -508,6 +508,7 @@ fn reference_cluster() -> &'static Mutex<Cluster> {
             idle_files: true,
             log_files: true,
             tls: false,
+            ..Default::default()
         }))
     })
 }
@@ -705,6 +706,7 @@ fn fault_cluster(peers: usize) -> Cluster {
         idle_files: true,
         log_files: true,
         tls: false,
+        ..Default::default()
     })
 }
 

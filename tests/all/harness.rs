@@ -81,6 +81,9 @@ pub struct Cluster {
     /// `host:port` the supernode listens on; a restart binds it again.
     listen: String,
     supernode: Child,
+    /// With [`Options::supernodes`] > 1: the others, and their URLs
+    /// (`None` once killed).
+    others: Vec<(Option<Child>, String)>,
     pub peers: Vec<Peer>,
     opts: Options,
     data_path: PathBuf,
@@ -95,6 +98,12 @@ impl Drop for Cluster {
         }
         let _ = self.supernode.kill();
         let _ = self.supernode.wait();
+        for (child, _) in self.others.iter_mut() {
+            if let Some(mut c) = child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
     }
 }
 
@@ -118,6 +127,10 @@ pub struct Options {
     /// Serve HTTPS (`--tls`: a self-signed certificate) and pin it in the
     /// peers and the harness's clients.
     pub tls: bool,
+    /// Run this many supernodes on one fresh database of the throw-away
+    /// PostgreSQL server (issue 14); the peers know them all. 1: one
+    /// supernode, on whatever `BSPWEB_TEST_DATABASE` says.
+    pub supernodes: usize,
 }
 
 impl Default for Options {
@@ -131,6 +144,7 @@ impl Default for Options {
             idle_files: true,
             log_files: false,
             tls: false,
+            supernodes: 1,
         }
     }
 }
@@ -139,8 +153,23 @@ impl Cluster {
     pub fn start(opts: Options) -> Cluster {
         let data = tempfile::tempdir().expect("temp dir");
         let data_path = data.path().to_path_buf();
+        let shared = (opts.supernodes > 1).then(|| throwaway_pg::server().create_database());
+        if let Some(db) = &shared {
+            std::fs::write(data_path.join("test-database-url"), db).expect("write");
+        }
         let (supernode, url, fingerprint) =
             spawn_supernode("127.0.0.1:0", &data_path, &opts).expect("start the supernode");
+        let mut others = Vec::new();
+        for i in 1..opts.supernodes.max(1) {
+            let dir = data_path.join(format!("supernode-{i}"));
+            std::fs::create_dir_all(&dir).expect("mkdir");
+            if let Some(db) = &shared {
+                std::fs::write(dir.join("test-database-url"), db).expect("write");
+            }
+            let (child, url, _) = spawn_supernode("127.0.0.1:0", &dir, &opts)
+                .unwrap_or_else(|e| panic!("start supernode {i}: {e}"));
+            others.push((Some(child), url));
+        }
         let listen = url
             .trim_start_matches("http://")
             .trim_start_matches("https://")
@@ -152,6 +181,7 @@ impl Cluster {
             peer_token,
             listen,
             supernode,
+            others,
             peers: vec![],
             opts: opts.clone(),
             data_path,
@@ -180,31 +210,37 @@ impl Cluster {
     ) -> usize {
         let mut cmd = bspweb();
         cmd.envs(env.iter().copied());
-        cmd.args(["peer", "--supernode", &self.url, "--listen", "127.0.0.1:0"])
-            .args(["--name", name, "--nice", "0", "--slots", "2"])
-            // Speed 1 unless the test claims another.
-            .args(
-                (!extra.iter().any(|a| a == "--speed"))
-                    .then_some(["--speed", "1.0"])
-                    .into_iter()
-                    .flatten(),
-            )
-            .arg("--exit-on-stdin-eof")
-            .arg("--control-socket")
-            .arg(self.control_socket(name))
-            // No peer.toml of the machine's user is read.
-            .env("BSPWEB_CONFIG_DIR", &self.data_path)
-            .env("BSPWEB_PEER_TOKEN", &self.peer_token)
-            .args(
-                self.fingerprint
-                    .iter()
-                    .flat_map(|f| ["--supernode-fingerprint", f.as_str()]),
-            )
-            .args(extra)
-            .env("BSPWEB_LOG", log_filter(self.opts.log_files))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(self.log_sink(&format!("peer-{name}.log")));
+        cmd.args([
+            "peer",
+            "--supernode",
+            &self.urls(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--name", name, "--nice", "0", "--slots", "2"])
+        // Speed 1 unless the test claims another.
+        .args(
+            (!extra.iter().any(|a| a == "--speed"))
+                .then_some(["--speed", "1.0"])
+                .into_iter()
+                .flatten(),
+        )
+        .arg("--exit-on-stdin-eof")
+        .arg("--control-socket")
+        .arg(self.control_socket(name))
+        // No peer.toml of the machine's user is read.
+        .env("BSPWEB_CONFIG_DIR", &self.data_path)
+        .env("BSPWEB_PEER_TOKEN", &self.peer_token)
+        .args(
+            self.fingerprint
+                .iter()
+                .flat_map(|f| ["--supernode-fingerprint", f.as_str()]),
+        )
+        .args(extra)
+        .env("BSPWEB_LOG", log_filter(self.opts.log_files))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(self.log_sink(&format!("peer-{name}.log")));
         let idle_file = self.opts.idle_files.then(|| {
             let path = self.data_path.join(format!("idle-{name}"));
             write_atomically(&path, "1.0");
@@ -318,6 +354,27 @@ impl Cluster {
             .as_ref()
             .expect("the cluster was started with idle files");
         write_atomically(path, &format!("{idle}"));
+    }
+
+    /// Every supernode's URL, separated by commas (the first is
+    /// [`Cluster::url`]), as peers and clients take them.
+    pub fn urls(&self) -> String {
+        std::iter::once(self.url.as_str())
+            .chain(self.others.iter().map(|(_, u)| u.as_str()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// SIGKILL supernode `i` of [`Options::supernodes`] (0 is
+    /// [`Cluster::url`]'s) and reap it.
+    pub fn kill_supernode_at(&mut self, i: usize) {
+        if i == 0 {
+            return self.kill_supernode();
+        }
+        if let Some(mut child) = self.others[i - 1].0.take() {
+            child.kill().expect("SIGKILL a supernode");
+            child.wait().expect("reap it");
+        }
     }
 
     /// SIGKILL the supernode and reap it.
@@ -591,7 +648,7 @@ pub fn client_options(url: &str) -> ClientOptions {
 /// Start a supernode listening on `listen` with its state in `data`;
 /// returns it, the URL it printed and, with TLS, its certificate's
 /// fingerprint, or why it did not start.
-fn spawn_supernode(
+pub fn spawn_supernode(
     listen: &str,
     data: &Path,
     opts: &Options,

@@ -22,6 +22,7 @@ mod metrics;
 mod redteam;
 mod redundancy;
 mod security;
+mod shared_db;
 mod testbed;
 mod testbed_jobs;
 mod tls;

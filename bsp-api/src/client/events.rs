@@ -415,11 +415,12 @@ impl Resumable {
         if let Some(id) = &self.last_id {
             req = req.header("last-event-id", id.as_str());
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|source| ClientError::transport(&url, source))?;
+        let resp = req.send().await.map_err(|source| {
+            self.client.fail_over(&url);
+            ClientError::transport(&url, source)
+        })?;
         let status = resp.status();
+        self.client.fail_over_on(&url, status);
         if !status.is_success() {
             let body = resp.bytes().await.unwrap_or_default();
             return Err(api_error(status.as_u16(), &body));
@@ -435,9 +436,14 @@ impl Resumable {
                     })?,
             ),
         };
+        let client = self.client.clone();
         let stream = resp.bytes_stream().eventsource().map(move |r| {
             r.map_err(|e| match e {
-                EventStreamError::Transport(source) => ClientError::transport(&url, source),
+                // The supernode went away mid-stream: resume at the next.
+                EventStreamError::Transport(source) => {
+                    client.fail_over(&url);
+                    ClientError::transport(&url, source)
+                }
                 e => ClientError::Protocol(format!("{url}: {e}")),
             })
         });

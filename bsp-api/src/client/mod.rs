@@ -97,13 +97,19 @@ pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(45);
 /// How long establishing a TCP connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A logged-in connection to one supernode.
+/// A logged-in connection to a supernode, or to several sharing one
+/// database (a base URL of several, separated by commas): calls go to one
+/// at a time, and the next call after one could not reach it (or was
+/// answered 502, 503 or 504) goes to the next. Event streams resume there
+/// after the last event they delivered.
 #[derive(Clone)]
 pub struct Client {
-    base: String,
-    /// Why `base` is unusable, if it is: every call fails with
+    bases: std::sync::Arc<Vec<String>>,
+    /// Index into `bases` of the supernode in use (shared by clones).
+    current: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Why a base URL is unusable, if one is: every call fails with
     /// [`ClientError::InvalidUrl`].
-    bad_base: Option<String>,
+    bad_base: Option<(String, String)>,
     token: String,
     /// For ordinary calls, each with a total timeout.
     http: reqwest::Client,
@@ -118,7 +124,7 @@ pub struct Client {
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
-            .field("base", &self.base)
+            .field("base", &self.base_url())
             .field("request_timeout", &self.request_timeout)
             .field("stream_idle_timeout", &self.stream_idle_timeout)
             .finish_non_exhaustive()
@@ -296,7 +302,11 @@ impl ClientOptions {
             })
             .send()
             .await
-            .map_err(|source| ClientError::transport(&url, source))?;
+            .map_err(|source| {
+                client.fail_over(&url);
+                ClientError::transport(&url, source)
+            })?;
+        client.fail_over_on(&url, resp.status());
         let login: LoginResponse = decode(&url, resp).await?;
         client.token.clone_from(&login.token);
         Ok((client, login))
@@ -305,9 +315,18 @@ impl ClientOptions {
 
 impl Client {
     fn new(base: &str, token: String, tls: TlsOptions) -> Client {
-        let (base, bad_base) = check_base(base);
+        let mut bases = Vec::new();
+        let mut bad_base = None;
+        for given in base.split(',') {
+            let (base, why) = check_base(given);
+            if let Some(why) = why {
+                bad_base.get_or_insert((base.clone(), why));
+            }
+            bases.push(base);
+        }
         Client {
-            base,
+            bases: std::sync::Arc::new(bases),
+            current: Default::default(),
             bad_base,
             token,
             http: http(None, &tls),
@@ -381,17 +400,40 @@ impl Client {
     /// [`ClientError::InvalidUrl`] if the base URL is unusable.
     fn check(&self) -> Result<(), ClientError> {
         match &self.bad_base {
-            Some(reason) => Err(ClientError::InvalidUrl {
-                url: self.base.clone(),
+            Some((url, reason)) => Err(ClientError::InvalidUrl {
+                url: url.clone(),
                 reason: reason.clone(),
             }),
             None => Ok(()),
         }
     }
 
-    /// The supernode's base URL.
+    /// The base URL of the supernode in use.
     pub fn base_url(&self) -> &str {
-        &self.base
+        let i = self.current.load(std::sync::atomic::Ordering::Relaxed);
+        &self.bases[i % self.bases.len()]
+    }
+
+    /// `url` (of the supernode in use) could not be reached or said it
+    /// cannot serve: the next call goes to the next supernode, if there is
+    /// another (unless another call moved on already).
+    pub(crate) fn fail_over(&self, url: &str) {
+        if self.bases.len() < 2 || !url.starts_with(self.base_url()) {
+            return;
+        }
+        use std::sync::atomic::Ordering::Relaxed;
+        let i = self.current.load(Relaxed);
+        let _ = self
+            .current
+            .compare_exchange(i, (i + 1) % self.bases.len(), Relaxed, Relaxed);
+    }
+
+    /// [`Client::fail_over`] on an answer that says the supernode cannot
+    /// serve now (a proxy without a backend, a database that is gone).
+    pub(crate) fn fail_over_on(&self, url: &str, status: reqwest::StatusCode) {
+        if matches!(status.as_u16(), 502..=504) {
+            self.fail_over(url);
+        }
     }
 
     /// The bearer token in use.
@@ -400,7 +442,7 @@ impl Client {
     }
 
     fn url(&self, path: &str) -> String {
-        format!("{}/api/v1{}", self.base, path)
+        format!("{}/api/v1{}", self.base_url(), path)
     }
 
     async fn send<T: DeserializeOwned>(
@@ -414,7 +456,11 @@ impl Client {
             .timeout(self.request_timeout)
             .send()
             .await
-            .map_err(|source| ClientError::transport(url, source))?;
+            .map_err(|source| {
+                self.fail_over(url);
+                ClientError::transport(url, source)
+            })?;
+        self.fail_over_on(url, resp.status());
         decode(url, resp).await
     }
 
@@ -426,7 +472,11 @@ impl Client {
             .timeout(self.request_timeout)
             .send()
             .await
-            .map_err(|source| ClientError::transport(url, source))?;
+            .map_err(|source| {
+                self.fail_over(url);
+                ClientError::transport(url, source)
+            })?;
+        self.fail_over_on(url, resp.status());
         let status = resp.status();
         if status.is_success() {
             Ok(())

@@ -269,6 +269,78 @@ impl Core {
         Ok(peers)
     }
 
+    /// A fingerprint of what other supernodes derive from the database and
+    /// could not learn by themselves: the DHHT's peers and weights and the
+    /// accounts' standing. A transition of a shared database that changed
+    /// neither and had no effect to tell (a plain lease renewal) does not
+    /// make the others resync ([`crate::shared::leave`]); leases they read
+    /// from the database when theirs look stale ([`Core::refresh_lease`]).
+    pub(crate) fn shared_fingerprint(&self, inner: &Inner) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for p in self.place.dhht.peers() {
+            (p.id, p.position, p.weight.to_bits()).hash(&mut h);
+        }
+        let mut accounts: Vec<(i64, String, bool, i64)> = inner
+            .accounts()
+            .iter()
+            .map(|(&id, a)| (id, a.role.to_string(), a.disabled, a.generation))
+            .collect();
+        accounts.sort_unstable();
+        accounts.hash(&mut h);
+        h.finish()
+    }
+
+    /// Reads `peer`'s lease from the database into the live table: with a
+    /// shared database it may have logged in or renewed at another
+    /// supernode since this one last looked.
+    pub(crate) fn refresh_lease(&self, inner: &Inner, peer: PeerId) -> Result<(), Error> {
+        let row: Option<(String, i64)> = self
+            .conn
+            .query_row(
+                "SELECT lease_id, lease_expires_at FROM peers WHERE id = ?1 AND state = 'online'",
+                [peer],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let Some((lease_id, expires_at)) = row else {
+            inner.live().forget(&[peer]);
+            return Ok(());
+        };
+        let same = inner
+            .live()
+            .peers
+            .get(&peer)
+            .is_some_and(|p| p.lease_id == lease_id);
+        if same {
+            if let Some(p) = inner.live().peers.get_mut(&peer) {
+                p.expires_at = p.expires_at.max(expires_at);
+            }
+            return Ok(());
+        }
+        // A lease this supernode has not seen: the whole entry, with its
+        // command queue.
+        if let Some((_, fresh)) = self
+            .read_live_peers()?
+            .into_iter()
+            .find(|(id, _)| *id == peer)
+        {
+            let mut live = inner.live();
+            match live.peers.get_mut(&peer) {
+                Some(p) => {
+                    let notify = p.notify.clone();
+                    *p = fresh;
+                    p.notify = notify;
+                    p.notify.notify_waiters();
+                }
+                None => {
+                    live.peers.insert(peer, fresh);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Reads again what another supernode sharing the database changed
     /// ([`crate::shared`]): the placement tables, the online peers' leases
     /// and command queues (waking the long polls of peers that have new

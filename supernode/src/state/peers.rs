@@ -129,11 +129,24 @@ impl Core {
     ) -> Result<Lease, Error> {
         let now = now_ms();
         let ttl = inner.config.lease_ttl;
-        let lease_id = {
+        let held = |inner: &Inner| {
             let live = inner.live();
-            match live.peers.get(&peer) {
-                Some(p) if lease::is_valid(now, p.expires_at) => p.lease_id.clone(),
-                _ => {
+            live.peers
+                .get(&peer)
+                .filter(|p| lease::is_valid(now, p.expires_at))
+                .map(|p| p.lease_id.clone())
+        };
+        // With a shared database the last renewal may have gone to another
+        // supernode.
+        let mut lease_id = held(inner);
+        if lease_id.is_none() && self.shared.is_some() {
+            self.refresh_lease(inner, peer)?;
+            lease_id = held(inner);
+        }
+        let lease_id = {
+            match lease_id {
+                Some(id) => id,
+                None => {
                     return Err(Error::Unauthorized {
                         code: "lease_expired",
                         message: format!("the lease of peer {peer} has expired; log in again"),
