@@ -28,6 +28,9 @@
 #[path = "../tests/all/harness.rs"]
 #[allow(dead_code)]
 mod harness;
+#[path = "../supernode/tests/support/throwaway_pg.rs"]
+#[allow(dead_code)]
+mod throwaway_pg;
 
 #[path = "common/loopback.rs"]
 mod loopback;

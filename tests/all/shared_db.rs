@@ -12,7 +12,7 @@ fn pagerank() -> bsp_api::rest::SubmitJob {
     job(
         "pagerank",
         3,
-        serde_json::json!({"n": 20_000, "m": 100_000, "iters": 300, "seed": 3}),
+        serde_json::json!({"n": 20_000, "m": 100_000, "iters": 1500, "seed": 3}),
     )
 }
 
@@ -44,16 +44,18 @@ async fn killing_supernodes_one_after_another_loses_nothing() {
     let mut stream = user.events(id, None);
     let mut streamed: Vec<JobEvent> = Vec::new();
     // Some progress first, so the kill falls mid-job.
-    until(
+    let at_kill = until(
         "the job to be under way",
         Duration::from_secs(120),
         async || {
             let info = user.job(id).await.ok()?;
-            (info.supersteps.iter().copied().min().unwrap_or(0) >= 20).then_some(())
+            (info.supersteps.iter().copied().min().unwrap_or(0) >= 20).then_some(info)
         },
     )
     .await;
     cluster.kill_supernode_at(0);
+    eprintln!("killed the first supernode at supersteps {:?}", at_kill.supersteps);
+    assert_eq!(at_kill.state, JobState::Active, "the kill falls mid-job");
     // Submitting goes on: the first call may meet the dead supernode, the
     // next goes to another.
     let during = until(

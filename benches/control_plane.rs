@@ -1,0 +1,231 @@
+//! The control plane under load (issue 14): simulated peers log in and then
+//! renew their leases over HTTP on loopback as fast as `--workers`
+//! concurrent requests allow, for `--secs` seconds, against one SQLite
+//! supernode and against one, two and three supernodes sharing one
+//! PostgreSQL database (a throw-away server this benchmark starts). Prints
+//! renewals per second and their latency (median, p99) for each, side by
+//! side, and how many peers that rate serves at the default renewal
+//! interval (a third of the 15 s lease).
+//!
+//! Every supernode is a `bspweb supernode` process; the simulated peers run
+//! in this process, spread over the supernodes round robin (a peer renews
+//! at any supernode of a shared database). Bounded: `--peers` peers,
+//! `--secs` seconds per setup, loopback only.
+//!
+//! Run: `cargo bench --bench control_plane` (about two minutes),
+//! `-- --peers N --workers N --secs N`.
+
+#[path = "../tests/all/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+#[path = "../supernode/tests/support/throwaway_pg.rs"]
+#[allow(dead_code)]
+mod throwaway_pg;
+
+#[path = "common/args.rs"]
+mod args;
+use args::flag_value;
+
+use std::process::Child;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bsp_api::control::{EnrollmentToken, Lease, PeerLogin, PeerRenew};
+
+/// The default lease: peers renew every third of it.
+const DEFAULT_TTL_SECS: f64 = 15.0;
+
+/// One setup's supernodes: their processes (killed on drop) and URLs.
+struct Setup {
+    children: Vec<Child>,
+    urls: Vec<String>,
+    _dirs: Vec<tempfile::TempDir>,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `n` supernodes: on SQLite (`database` `None`, `n` must be 1) or on one
+/// database of the throw-away PostgreSQL server.
+fn start(n: usize, database: Option<String>) -> Setup {
+    let opts = harness::Options {
+        // Long leases: a peer renews only when its turn comes.
+        lease_ttl_secs: 3600,
+        supernode_args: [
+            "--max-connections",
+            "4096",
+            "--max-connections-per-address",
+            "4096",
+            "--no-examples",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..Default::default()
+    };
+    let mut setup = Setup {
+        children: vec![],
+        urls: vec![],
+        _dirs: vec![],
+    };
+    for _ in 0..n {
+        let dir = tempfile::tempdir().expect("temp dir");
+        if let Some(url) = &database {
+            std::fs::write(dir.path().join("test-database-url"), url).expect("write");
+        }
+        let (child, url, _) =
+            harness::spawn_supernode("127.0.0.1:0", dir.path(), &opts).expect("a supernode");
+        setup.children.push(child);
+        setup.urls.push(url);
+        setup._dirs.push(dir);
+    }
+    setup
+}
+
+/// What one setup measured.
+struct Measured {
+    renewals: usize,
+    secs: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: usize,
+}
+
+async fn measure(setup: &Setup, peers: usize, workers: usize, secs: u64) -> Measured {
+    let token = EnrollmentToken(harness::enroll(&setup.urls[0], "load"));
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(workers)
+        .build()
+        .expect("http client");
+    // Log in at the first supernode; renew round robin over all.
+    let mut leases: Vec<(String, String)> = Vec::with_capacity(peers);
+    for i in 0..peers {
+        let login = PeerLogin {
+            name: format!("sim-{i}"),
+            addr: "127.0.0.1:9".into(),
+            speed: 1.0,
+            idle: 1.0,
+            cores: 1,
+            version: bsp_api::API_VERSION,
+            previous_id: None,
+            cluster: None,
+            token: Some(token.clone()),
+        };
+        let lease: Lease = http
+            .post(format!("{}/api/v1/peer/login", setup.urls[0]))
+            .json(&login)
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .expect("login")
+            .json()
+            .await
+            .expect("a lease");
+        let url = &setup.urls[i % setup.urls.len()];
+        leases.push((format!("{url}/api/v1/peer/renew"), lease.token));
+    }
+    let leases = Arc::new(leases);
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let end = start + Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for _ in 0..workers {
+        let (http, leases, next) = (http.clone(), leases.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut errors = 0;
+            let body = PeerRenew::idle(1.0);
+            while Instant::now() < end {
+                let (url, token) = &leases[next.fetch_add(1, Ordering::Relaxed) % leases.len()];
+                let t = Instant::now();
+                let ok = http
+                    .post(url)
+                    .bearer_auth(token)
+                    .json(&body)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                if ok {
+                    latencies.push(t.elapsed());
+                } else {
+                    errors += 1;
+                }
+            }
+            (latencies, errors)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await.expect("a worker");
+        all.extend(l);
+        errors += e;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    all.sort_unstable();
+    let at = |q: f64| {
+        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
+            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+    };
+    Measured {
+        renewals: all.len(),
+        secs,
+        p50_ms: at(0.5),
+        p99_ms: at(0.99),
+        errors,
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let peers = flag_value(&args, "--peers").unwrap_or(2000) as usize;
+    let workers = flag_value(&args, "--workers").unwrap_or(64) as usize;
+    let secs = u64::from(flag_value(&args, "--secs").unwrap_or(10));
+    bsp_api::client::tls::install_default_provider();
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
+    println!(
+        "control plane: {peers} simulated peers, {workers} concurrent renewals, {secs} s per setup"
+    );
+    println!(
+        "{:<28} {:>12} {:>10} {:>10} {:>8} {:>16}",
+        "setup", "renewals/s", "p50 (ms)", "p99 (ms)", "errors", "peers served*"
+    );
+    let setups: [(&str, usize, bool); 4] = [
+        ("1 supernode, SQLite", 1, false),
+        ("1 supernode, PostgreSQL", 1, true),
+        ("2 supernodes, PostgreSQL", 2, true),
+        ("3 supernodes, PostgreSQL", 3, true),
+    ];
+    let mut sqlite_rate = f64::NAN;
+    for (name, n, pg) in setups {
+        let database = pg.then(|| throwaway_pg::server().create_database());
+        let setup = start(n, database);
+        let m = rt.block_on(measure(&setup, peers, workers, secs));
+        drop(setup);
+        let rate = m.renewals as f64 / m.secs;
+        if !pg {
+            sqlite_rate = rate;
+        }
+        println!(
+            "{:<28} {:>12.0} {:>10.1} {:>10.1} {:>8} {:>16.0}   ({:.2}× SQLite)",
+            name,
+            rate,
+            m.p50_ms,
+            m.p99_ms,
+            m.errors,
+            rate * DEFAULT_TTL_SECS / 3.0,
+            rate / sqlite_rate
+        );
+    }
+    println!(
+        "* peers whose renewals that rate takes at the default interval ({} s): rate × {}",
+        DEFAULT_TTL_SECS / 3.0,
+        DEFAULT_TTL_SECS / 3.0
+    );
+}
