@@ -39,7 +39,6 @@
 #[allow(dead_code)]
 mod harness;
 #[path = "../supernode/tests/support/throwaway_pg.rs"]
-#[allow(dead_code)]
 mod throwaway_pg;
 
 #[path = "../guest-sdk/examples/pagerank/kernel.rs"]

@@ -19,7 +19,6 @@
 #[allow(dead_code)]
 mod harness;
 #[path = "../supernode/tests/support/throwaway_pg.rs"]
-#[allow(dead_code)]
 mod throwaway_pg;
 
 #[path = "common/args.rs"]

@@ -33,7 +33,6 @@
 #[allow(dead_code)]
 mod harness;
 #[path = "../supernode/tests/support/throwaway_pg.rs"]
-#[allow(dead_code)]
 mod throwaway_pg;
 
 #[path = "../guest-sdk/examples/pagerank/kernel.rs"]

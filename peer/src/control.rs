@@ -152,7 +152,7 @@ impl Client {
     /// The supernode at `url` did not answer, or said it cannot serve: use
     /// the next one (unless another request moved on already).
     fn fail_over(&self, url: &str) {
-        if self.bases.len() < 2 || !url.starts_with(self.base_url()) {
+        if self.bases.len() < 2 || !url.starts_with(&format!("{}/", self.base_url())) {
             return;
         }
         let i = self.current.load(std::sync::atomic::Ordering::Relaxed);

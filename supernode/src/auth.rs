@@ -333,6 +333,8 @@ fn check_account(account: Option<Account>, generation: i64) -> Result<Role, Erro
 #[derive(Debug, Clone)]
 pub(crate) struct AuthPeer {
     pub id: PeerId,
+    /// The lease its token names.
+    pub lease: String,
 }
 
 impl FromRequestParts<Supernode> for AuthPeer {
@@ -353,7 +355,10 @@ impl FromRequestParts<Supernode> for AuthPeer {
         // A peer may have logged in or renewed at another supernode of the
         // database: read the leases again, once, before refusing it.
         if valid() || (state.refresh_peer(id).await && valid()) {
-            Ok(AuthPeer { id })
+            Ok(AuthPeer {
+                id,
+                lease: claims.lid,
+            })
         } else {
             Err(Error::Unauthorized {
                 code: "lease_expired",

@@ -66,9 +66,25 @@ pub(crate) async fn renew(
     ApiJson(renew): ApiJson<PeerRenew>,
 ) -> Result<Json<Lease>, Error> {
     state::validate_renew(&renew)?;
+    let renew = std::sync::Arc::new(renew);
+    // With a shared database, most renewals need not wait for the
+    // exclusive lock (`state/plain_renewal.rs`).
+    if sn.instance() != 0 {
+        let (plain, token_lease) = (renew.clone(), peer.lease.clone());
+        let lease = sn
+            .with_core_plain(move |core, inner, fx| {
+                core.renew_plain(inner, fx, peer.id, &token_lease, &plain)
+            })
+            .await?;
+        if let Some(lease) = lease {
+            return Ok(Json(lease));
+        }
+    }
     Ok(Json(
-        sn.with_core(move |core, inner, fx| core.peer_renew(inner, fx, peer.id, &renew))
-            .await?,
+        sn.with_core(move |core, inner, fx| {
+            core.peer_renew(inner, fx, peer.id, &peer.lease, &renew)
+        })
+        .await?,
     ))
 }
 

@@ -502,12 +502,22 @@ impl Supernode {
                 return Err(e);
             }
             let mut fx = Effects::default();
-            let out = f(&mut core, &inner, &mut fx);
-            shared::leave(&mut core, &inner, out.is_ok().then_some(&fx));
+            // A panic must not leave the shared lock held: every other
+            // supernode would wait for it.
+            let out = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                f(&mut core, &inner, &mut fx)
+            })) {
+                Ok(out) => out,
+                Err(panic) => {
+                    shared::leave(&mut core, &inner, None);
+                    std::panic::resume_unwind(panic);
+                }
+            };
             match &out {
-                Ok(_) => inner.apply(fx),
+                Ok(_) => {}
                 // The transaction rolled back; the in-memory placement tables
-                // may have moved ahead of it, so rebuild them from SQLite.
+                // may have moved ahead of it, so rebuild them (still under
+                // the shared lock).
                 Err(Error::Database(e)) => {
                     if error::is_storage_error(e) {
                         inner.storage_failed(e);
@@ -518,6 +528,33 @@ impl Supernode {
                         tracing::error!(error = %e, "cannot rebuild the placement tables");
                     }
                 }
+                Err(_) => {}
+            }
+            shared::leave(&mut core, &inner, out.is_ok().then_some(&fx));
+            if out.is_ok() {
+                inner.apply(fx);
+            }
+            out
+        })
+        .await?
+    }
+
+    /// [`Supernode::with_core`] without the shared database's exclusive
+    /// lock and resync: for what holds its own (shared) lock, the plain
+    /// renewal (`state/plain_renewal.rs`).
+    pub(crate) async fn with_core_plain<T, F>(&self, f: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut state::Core, &Inner, &mut Effects) -> Result<T, Error> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut core = inner.lock_core();
+            let mut fx = Effects::default();
+            let out = f(&mut core, &inner, &mut fx);
+            match &out {
+                Ok(_) => inner.apply(fx),
+                Err(Error::Database(e)) if error::is_storage_error(e) => inner.storage_failed(e),
                 Err(_) => {}
             }
             out
@@ -674,14 +711,24 @@ impl Supernode {
     /// With a shared database, reads what other supernodes changed since
     /// this one last looked; `false` (nothing done) with SQLite.
     pub(crate) async fn refresh_shared(&self) -> bool {
+        self.read_shared_changes().await.is_some()
+    }
+
+    /// With a shared database, reads what other supernodes changed since
+    /// this one last looked: `Some(true)` if anything had changed, `None`
+    /// with SQLite (or when the database cannot be reached).
+    pub(crate) async fn read_shared_changes(&self) -> Option<bool> {
         if self.inner.instance == 0 {
-            return false;
+            return None;
         }
-        match self.with_core(|_, _, _| Ok(())).await {
-            Ok(()) => true,
+        let read = self
+            .with_core(|core, _, _| Ok(core.shared.as_ref().is_some_and(|s| s.resynced)))
+            .await;
+        match read {
+            Ok(changed) => Some(changed),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read what other supernodes changed");
-                false
+                None
             }
         }
     }

@@ -44,6 +44,9 @@ use crate::{Effects, Error, Inner, Supernode};
 /// The channel supernodes notify each other on.
 pub(crate) const CHANNEL: &str = "bspweb";
 
+/// How often a supernode reads what the others changed without being told.
+const CHECK_EVERY: Duration = Duration::from_secs(2);
+
 /// Largest payload PostgreSQL takes (8000 bytes), with a margin.
 const MAX_PAYLOAD: usize = 7_900;
 
@@ -106,6 +109,8 @@ pub(crate) struct Shared {
     writes_at_enter: u64,
     /// [`Core::shared_fingerprint`] when the transition began.
     fingerprint_at_enter: u64,
+    /// The transition began by reading what others changed.
+    pub(crate) resynced: bool,
 }
 
 impl Shared {
@@ -116,6 +121,7 @@ impl Shared {
             generation,
             writes_at_enter: 0,
             fingerprint_at_enter: 0,
+            resynced: false,
         }
     }
 }
@@ -133,6 +139,7 @@ pub(crate) fn enter(core: &mut Core, inner: &Inner) -> Result<(), Error> {
     };
     core.conn
         .query_row("SELECT pg_advisory_lock(?1)", [WRITE_LOCK], |_| Ok(()))?;
+    set_holds_lock(&core.conn, true);
     let now = match generation(&core.conn) {
         Ok(g) => g,
         Err(e) => {
@@ -146,54 +153,74 @@ pub(crate) fn enter(core: &mut Core, inner: &Inner) -> Result<(), Error> {
             now,
             "another supernode changed the shared state: reading it again"
         );
-    }
-    if stale && let Err(e) = core.resync(inner) {
-        unlock(&core.conn);
-        return Err(e);
+        if let Err(e) = core.resync(inner) {
+            unlock(&core.conn);
+            return Err(e);
+        }
     }
     let fingerprint = core.shared_fingerprint(inner);
     if let Some(s) = core.shared.as_mut() {
         s.generation = now;
         s.writes_at_enter = writes;
         s.fingerprint_at_enter = fingerprint;
+        s.resynced = stale;
     }
     Ok(())
 }
 
-/// At the end of a transition: if it wrote, moves the generation on and
-/// tells the other supernodes what changed; releases the lock.
+fn set_holds_lock(conn: &Connection, held: bool) {
+    if let Some(c) = conn.postgres_conn() {
+        c.set_holds_lock(held);
+    }
+}
+
+/// At the end of a transition (`fx`: its effects, `None` when it failed):
+/// tells the other supernodes what changed, if anything did, and releases
+/// the lock. A committed transaction that wrote moved the generation on
+/// already ([`crate::sql`]'s PostgreSQL engine); a write outside one that
+/// the others must read (the DHHT, the accounts, an effect to tell)
+/// moves it here.
 pub(crate) fn leave(core: &mut Core, inner: &Inner, fx: Option<&Effects>) {
-    let Some(writes) = core.conn.postgres_conn().map(|c| c.writes()) else {
+    let Some((writes, committed)) = core
+        .conn
+        .postgres_conn()
+        .map(|c| (c.writes(), c.generation()))
+    else {
         return;
     };
     let fingerprint = core.shared_fingerprint(inner);
     let Some(shared) = core.shared.as_mut() else {
         return;
     };
+    let mut moved = committed.is_some_and(|g| g > shared.generation);
+    if let Some(g) = committed.filter(|_| moved) {
+        shared.generation = g;
+    }
     // Only what the others must read again moves the generation on: a
     // change of the DHHT or the accounts, or an effect to tell (commands,
-    // events, job lists, lost peers, the scheduler). A plain renewal writes
-    // its lease, which the others read when they need it.
-    let to_tell = match fx {
-        None => true,
-        Some(fx) => {
-            !fx.commands.is_empty()
-                || !fx.jobs.is_empty()
-                || !fx.job_list.is_empty()
-                || !fx.forget_peers.is_empty()
-                || fx.wake_scheduler
-                || fingerprint != shared.fingerprint_at_enter
-        }
-    };
-    if writes != shared.writes_at_enter && to_tell {
+    // events, job lists, lost peers, the scheduler).
+    let to_tell = fx.is_some_and(|fx| {
+        !fx.commands.is_empty()
+            || !fx.jobs.is_empty()
+            || !fx.job_list.is_empty()
+            || !fx.forget_peers.is_empty()
+            || fx.wake_scheduler
+            || fingerprint != shared.fingerprint_at_enter
+    });
+    if !moved && to_tell && writes != shared.writes_at_enter {
         match core.conn.query_row(
             "UPDATE bspweb_generation SET generation = generation + 1 RETURNING generation",
             [],
             |r| r.get::<_, i64>(0),
         ) {
-            Ok(g) => shared.generation = g,
+            Ok(g) => {
+                shared.generation = g;
+                moved = true;
+            }
             Err(e) => tracing::error!(error = %e, "cannot move the shared generation on"),
         }
+    }
+    if moved {
         let wake = fx.map_or_else(
             || Wake {
                 from: shared.instance,
@@ -215,6 +242,7 @@ pub(crate) fn leave(core: &mut Core, inner: &Inner, fx: Option<&Effects>) {
 }
 
 fn unlock(conn: &Connection) {
+    set_holds_lock(conn, false);
     if let Err(e) = conn.query_row("SELECT pg_advisory_unlock(?1)", [WRITE_LOCK], |_| Ok(())) {
         // A lost connection released it with its session.
         tracing::warn!(error = %e, "cannot release the shared lock");
@@ -306,8 +334,18 @@ async fn listen_once(
         })
         .await;
         let mut stop = sn.inner.shutdown_signal();
+        // A notification can be lost (a supernode killed between its commit
+        // and its NOTIFY): every few seconds, read what changed anyway and
+        // wake every follower if anything had.
+        let mut tick = tokio::time::interval(CHECK_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                _ = tick.tick() => {
+                    if sn.read_shared_changes().await == Some(true) {
+                        sn.wake_from_elsewhere(Wake { all: true, scheduler: true, ..Wake::default() }).await;
+                    }
+                }
                 message = rx.recv() => match message {
                     Some(Ok(payload)) => match serde_json::from_str::<Wake>(&payload) {
                         Ok(wake) if wake.from == sn.instance() => {}

@@ -3333,31 +3333,42 @@ async fn any_supernode_of_a_shared_database_serves_any_user_peer_and_job() {
     assert_eq!(assignment.job, job.id);
     assert_eq!(hosts_of(&assignment), vec![peer.id, peer.id]);
 
-    // Output reported at a streams live at c.
-    let follow =
-        {
-            let token = alice.clone();
-            let c = &c;
-            async move {
-                c.wait_event(&token, job.id, |e| {
-                matches!(&e.kind, JobEventKind::Stdout { text } if text == "hello from pid 1")
-            })
-            .await
-            }
-        };
-    let (seen, status) = tokio::join!(follow, async {
-        // Let c's stream open first, so the event arrives live.
-        tokio::task::yield_now().await;
-        a.report(
+    // Output reported at a streams live at c: c's stream is open (its
+    // answer has begun) before a stores the output.
+    let mut live = c
+        .http
+        .get(c.url(&format!("/jobs/{}/events", job.id)))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), StatusCode::OK);
+    let status = a
+        .report(
             &peer,
             vec![
                 out(job.id, 0, 0, "hello from pid 0"),
                 out(job.id, 1, 0, "hello from pid 1"),
             ],
         )
-        .await
-    });
+        .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
+    let mut text = String::new();
+    let seen = loop {
+        let found = parse_sse(&text).into_iter().find(|(_, _, e)| {
+            matches!(&e.kind, JobEventKind::Stdout { text } if text == "hello from pid 1")
+        });
+        if let Some((_, _, e)) = found {
+            break e;
+        }
+        // Well under the scheduler's 5 s pass: the NOTIFY woke the stream.
+        let chunk = tokio::time::timeout(Duration::from_secs(3), live.chunk())
+            .await
+            .unwrap_or_else(|_| panic!("c's stream did not follow a's output: {text}"))
+            .unwrap()
+            .expect("the stream goes on");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    };
 
     // The job ends at c; every supernode tells the same story with the
     // same event ids.
@@ -3391,7 +3402,9 @@ async fn any_supernode_of_a_shared_database_serves_any_user_peer_and_job() {
 #[tokio::test]
 async fn leases_renewed_at_one_supernode_hold_at_all_and_a_silent_peer_is_lost_once() {
     let [a, b, c] = three_on_one_database(|c| {
-        c.lease_ttl = Duration::from_millis(600);
+        // Short enough for a loss within the test, long enough that the
+        // steady peer's renewals every 100 ms keep it under a loaded CI.
+        c.lease_ttl = Duration::from_millis(1500);
     })
     .await;
     a.sn.register_builtin("ring", "", &wasm(GUEST))
@@ -3413,7 +3426,7 @@ async fn leases_renewed_at_one_supernode_hold_at_all_and_a_silent_peer_is_lost_o
     let restored = c.assignment_at(&mut steady, job.id, 1).await;
     assert_eq!(hosts_of(&restored), vec![steady.id, steady.id]);
     // Three sweep periods later the steady peer is still online everywhere.
-    tokio::time::sleep(Duration::from_millis(3 * 600)).await;
+    tokio::time::sleep(Duration::from_millis(3 * 1500)).await;
     for h in [&a, &b, &c] {
         let peers = h.peer_list(&alice).await;
         let s = peers.iter().find(|p| p.id == steady.id).unwrap();

@@ -131,6 +131,10 @@ pub struct Options {
     /// PostgreSQL server (issue 14); the peers know them all. 1: one
     /// supernode, on whatever `BSPWEB_TEST_DATABASE` says.
     pub supernodes: usize,
+    /// Keep the supernode on SQLite even with
+    /// `BSPWEB_TEST_DATABASE=postgres`: the test is about SQLite's own
+    /// file (its disk filling up, say).
+    pub sqlite: bool,
 }
 
 impl Default for Options {
@@ -145,6 +149,7 @@ impl Default for Options {
             log_files: false,
             tls: false,
             supernodes: 1,
+            sqlite: false,
         }
     }
 }
@@ -657,7 +662,11 @@ pub fn spawn_supernode(
     // provider (bspweb's clients pass theirs).
     bsp_api::client::tls::install_default_provider();
     let data_dir = opts.supernode_data.as_deref().unwrap_or(data);
-    let database = throwaway_pg::database_of(data_dir);
+    let database = if opts.sqlite {
+        None
+    } else {
+        throwaway_pg::database_of(data_dir)
+    };
     let mut supernode = bspweb()
         .args(["supernode", "--listen", listen, "--exit-on-stdin-eof"])
         .args(opts.tls.then_some("--tls"))

@@ -332,6 +332,8 @@ async fn finding_4_a_full_disk_fails_no_job() {
         peers: 3,
         lease_ttl_secs: 3,
         supernode_data: Some(disk.path().join("supernode")),
+        // The supernode's own SQLite file is what fills the disk.
+        sqlite: true,
         ..Options::default()
     });
     let client = cluster.admin().await;

@@ -54,7 +54,10 @@ async fn killing_supernodes_one_after_another_loses_nothing() {
     )
     .await;
     cluster.kill_supernode_at(0);
-    eprintln!("killed the first supernode at supersteps {:?}", at_kill.supersteps);
+    eprintln!(
+        "killed the first supernode at supersteps {:?}",
+        at_kill.supersteps
+    );
     assert_eq!(at_kill.state, JobState::Active, "the kill falls mid-job");
     // Submitting goes on: the first call may meet the dead supernode, the
     // next goes to another.

@@ -291,23 +291,38 @@ impl ClientOptions {
     ) -> Result<(Client, LoginResponse), ClientError> {
         let mut client = Client::new(base, String::new(), self.tls.clone());
         client.check()?;
-        let url = client.url("/login");
-        let resp = client
-            .http
-            .post(&url)
-            .timeout(client.request_timeout)
-            .json(&LoginRequest {
-                name: name.to_string(),
-                password: password.to_string(),
-            })
-            .send()
-            .await
-            .map_err(|source| {
+        // A login is safe to repeat: one that cannot reach a supernode (or
+        // is answered 502–504) tries the next, once each.
+        let mut tries = client.bases.len();
+        let login: LoginResponse = loop {
+            tries -= 1;
+            let url = client.url("/login");
+            let sent = client
+                .http
+                .post(&url)
+                .timeout(client.request_timeout)
+                .json(&LoginRequest {
+                    name: name.to_string(),
+                    password: password.to_string(),
+                })
+                .send()
+                .await;
+            let resp = match sent {
+                Ok(resp) => resp,
+                Err(source) => {
+                    client.fail_over(&url);
+                    if tries > 0 {
+                        continue;
+                    }
+                    return Err(ClientError::transport(&url, source));
+                }
+            };
+            if matches!(resp.status().as_u16(), 502..=504) && tries > 0 {
                 client.fail_over(&url);
-                ClientError::transport(&url, source)
-            })?;
-        client.fail_over_on(&url, resp.status());
-        let login: LoginResponse = decode(&url, resp).await?;
+                continue;
+            }
+            break decode(&url, resp).await?;
+        };
         client.token.clone_from(&login.token);
         Ok((client, login))
     }
@@ -418,7 +433,7 @@ impl Client {
     /// cannot serve: the next call goes to the next supernode, if there is
     /// another (unless another call moved on already).
     pub(crate) fn fail_over(&self, url: &str) {
-        if self.bases.len() < 2 || !url.starts_with(self.base_url()) {
+        if self.bases.len() < 2 || !url.starts_with(&format!("{}/", self.base_url())) {
             return;
         }
         use std::sync::atomic::Ordering::Relaxed;
@@ -726,6 +741,35 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A port nothing listens on (connections are refused).
+    fn dead() -> String {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_call_that_cannot_reach_a_supernode_moves_the_next_to_another() {
+        let (a, b) = (dead(), dead());
+        let client = Client::with_token(&format!("{a}, {b}/"), "t");
+        assert_eq!(client.base_url(), a);
+        assert!(client.jobs(None).await.is_err());
+        assert_eq!(client.base_url(), b, "failed over");
+        // Clones share where they are; after the last comes the first.
+        let clone = client.clone();
+        assert!(clone.jobs(None).await.is_err());
+        assert_eq!(client.base_url(), a);
+        // A login tries each once before it gives up.
+        let err = ClientOptions::new()
+            .login(&format!("{a},{b}"), "u", "p")
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("127.0.0.1"), "{err}");
+        // One URL: nothing to fail over to.
+        let one = Client::with_token(&a, "t");
+        assert!(one.jobs(None).await.is_err());
+        assert_eq!(one.base_url(), a);
+    }
 
     #[test]
     fn a_base_url_must_be_http_or_https_with_a_host() {

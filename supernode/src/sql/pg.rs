@@ -40,11 +40,17 @@ impl PgConfig {
 
     /// Parses `url`; the error says what is wrong with it.
     pub(crate) fn parse(url: &str) -> Result<PgConfig, String> {
-        let config = postgres::Config::from_str(url)
+        let mut config = postgres::Config::from_str(url)
             .map_err(|e| format!("not a PostgreSQL connection URL ({e}); expected postgres://USER:PASSWORD@HOST:PORT/DATABASE"))?;
         if config.get_hosts().is_empty() {
             return Err("the PostgreSQL URL names no host: expected postgres://USER:PASSWORD@HOST:PORT/DATABASE".into());
         }
+        // A server (or a lock holder) gone without closing the connection
+        // is noticed in about a minute, not TCP's two hours.
+        config
+            .keepalives(true)
+            .keepalives_idle(std::time::Duration::from_secs(30))
+            .options("-c lock_timeout=30s");
         Ok(PgConfig {
             url: url.to_string(),
             config,
@@ -53,14 +59,41 @@ impl PgConfig {
 
     /// The URL with its password hidden, for logs.
     pub(crate) fn redacted(&self) -> String {
-        match self.config.get_password() {
-            Some(p) if !p.is_empty() => match std::str::from_utf8(p) {
-                Ok(p) => self.url.replace(&format!(":{p}@"), ":***@"),
-                Err(_) => "postgres://…".to_string(),
-            },
-            _ => self.url.clone(),
-        }
+        redact(&self.url)
     }
+}
+
+/// `url` with the password of its user information (`user:PASSWORD@`) or
+/// of a `password=` setting replaced by `***`.
+fn redact(url: &str) -> String {
+    if let Some(scheme) = url.find("://") {
+        let rest = &url[scheme + 3..];
+        let authority = rest.find(['/', '?']).map_or(rest, |end| &rest[..end]);
+        if let Some(at) = authority.rfind('@')
+            && let Some(colon) = authority[..at].find(':')
+        {
+            let start = scheme + 3 + colon + 1;
+            let end = scheme + 3 + at;
+            return format!("{}***{}", &url[..start], redact_settings(&url[end..]));
+        }
+        return format!("{}{}", &url[..scheme + 3], redact_settings(rest));
+    }
+    redact_settings(url)
+}
+
+/// `password=…` settings (key=value form, or URL query) as `password=***`.
+fn redact_settings(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find("password=") {
+        out.push_str(&rest[..i + "password=".len()]);
+        out.push_str("***");
+        let tail = &rest[i + "password=".len()..];
+        let end = tail.find([' ', '&']).unwrap_or(tail.len());
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 impl fmt::Debug for PgConfig {
@@ -78,9 +111,17 @@ pub(crate) struct Conn {
     /// Prepared statements by text, and whether each writes.
     cache: RefCell<HashMap<String, (Statement, bool)>>,
     in_transaction: Cell<bool>,
-    /// Statements that changed rows, and commits: whether a state
-    /// transition wrote anything other supernodes must read again.
+    /// Statements that changed rows (and DDL): whether a state transition
+    /// wrote anything other supernodes must read again.
     writes: Cell<u64>,
+    /// `writes` when the open transaction began.
+    writes_at_begin: Cell<u64>,
+    /// The shared generation the last committed transaction that wrote
+    /// moved the database to ([`Conn::end`]).
+    generation: Cell<Option<i64>>,
+    /// A state transition holds the session's advisory lock: a lost
+    /// connection lost it, so this one must fail rather than reconnect.
+    holds_lock: Cell<bool>,
 }
 
 impl Conn {
@@ -99,13 +140,20 @@ impl Conn {
             cache: RefCell::new(HashMap::new()),
             in_transaction: Cell::new(false),
             writes: Cell::new(0),
+            writes_at_begin: Cell::new(0),
+            generation: Cell::new(None),
+            holds_lock: Cell::new(false),
         })
     }
 
-    /// Reconnects if the server closed the connection and no transaction
-    /// was open on it (one that was is lost, and its caller told).
+    /// Reconnects if the server closed the connection and neither a
+    /// transaction nor a transition's lock was held on it (those are lost,
+    /// and their caller told).
     fn ensure_open(&self) -> Result<()> {
-        if self.client().is_closed() && !self.in_transaction.get() {
+        if self.client().is_closed() {
+            if self.in_transaction.get() || self.holds_lock.get() {
+                return Err(Error::Postgres(closed_error(&mut self.client())));
+            }
             tracing::warn!(database = %self.config.redacted(), "the PostgreSQL connection closed; connecting again");
             let client = self.config.config.connect(NoTls)?;
             discard(std::mem::replace(&mut *self.client(), client));
@@ -122,16 +170,25 @@ impl Conn {
 
     pub(crate) fn begin(&self) -> Result<()> {
         self.ensure_open()?;
-        self.client().batch_execute(&format!(
+        let began = self.client().batch_execute(&format!(
             "BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})"
-        ))?;
+        ));
+        if let Err(e) = began {
+            // Not left in an aborted transaction.
+            let _ = self.client().batch_execute("ROLLBACK");
+            return Err(e.into());
+        }
         self.in_transaction.set(true);
+        self.writes_at_begin.set(self.writes.get());
         Ok(())
     }
 
+    /// Commits or rolls back. A commit of a transaction that wrote moves
+    /// the shared generation on in the same transaction, so no supernode
+    /// can miss the change (even if this one dies right after).
     pub(crate) fn end(&self, commit: bool) -> Result<()> {
-        self.in_transaction.set(false);
         if self.client().is_closed() {
+            self.in_transaction.set(false);
             return if commit {
                 // The commit never reached the server: the caller must not
                 // think it did.
@@ -140,11 +197,34 @@ impl Conn {
                 Ok(())
             };
         }
-        if commit {
-            self.writes.set(self.writes.get() + 1);
+        if commit && self.writes.get() != self.writes_at_begin.get() {
+            let bumped = self.client().query_one(
+                "UPDATE bspweb_generation SET generation = generation + 1 RETURNING generation",
+                &[],
+            );
+            match bumped {
+                Ok(row) => self.generation.set(Some(row.get(0))),
+                Err(e) => {
+                    self.in_transaction.set(false);
+                    let _ = self.client().batch_execute("ROLLBACK");
+                    return Err(e.into());
+                }
+            }
         }
+        self.in_transaction.set(false);
         let sql = if commit { "COMMIT" } else { "ROLLBACK" };
         Ok(self.client().batch_execute(sql)?)
+    }
+
+    /// The generation this connection's last committed write moved the
+    /// database to.
+    pub(crate) fn generation(&self) -> Option<i64> {
+        self.generation.get()
+    }
+
+    /// A transition took (`true`) or released the session's lock.
+    pub(crate) fn set_holds_lock(&self, held: bool) {
+        self.holds_lock.set(held);
     }
 
     /// How many writes this connection made (see [`Conn::writes`]).
@@ -436,15 +516,37 @@ pub(crate) fn is_unavailable(e: &postgres::Error) -> bool {
     match e.code() {
         Some(code) => {
             let c = code.code();
-            c.starts_with("08") || c.starts_with("53") || c.starts_with("57P") || c == "58030"
+            c.starts_with("08")
+                || c.starts_with("53")
+                || c.starts_with("57P")
+                || c == "58030"
+                // The lock of the shared database was not had in time.
+                || c == "55P03"
         }
-        None => e.as_db_error().is_none(),
+        None => e.as_db_error().is_none() && e.is_closed(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_are_hidden_in_logs() {
+        assert_eq!(
+            redact("postgres://bspweb:s%40cr3t@db:5432/bspweb"),
+            "postgres://bspweb:***@db:5432/bspweb"
+        );
+        assert_eq!(redact("postgres://bspweb@db/x"), "postgres://bspweb@db/x");
+        assert_eq!(
+            redact("host=db user=u password=hunter2 dbname=x"),
+            "host=db user=u password=*** dbname=x"
+        );
+        assert_eq!(
+            redact("postgres://db/x?user=u&password=hunter2&sslmode=disable"),
+            "postgres://db/x?user=u&password=***&sslmode=disable"
+        );
+    }
 
     #[test]
     fn parameters_are_numbered_outside_quotes() {

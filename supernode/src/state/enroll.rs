@@ -322,15 +322,15 @@ impl Core {
         match enrollment {
             Some(e) => tx.execute(
                 "UPDATE peers SET disabled = ?3, \
-                     quarantined_at = CASE WHEN ?3 THEN quarantined_at END, \
-                     quarantine_reason = CASE WHEN ?3 THEN quarantine_reason END \
+                     quarantined_at = CASE WHEN CAST(?3 AS BIGINT) = 1 THEN quarantined_at END, \
+                     quarantine_reason = CASE WHEN CAST(?3 AS BIGINT) = 1 THEN quarantine_reason END \
                  WHERE enrollment = ?1 AND name = ?2",
                 params![e, name, disabled],
             )?,
             None => tx.execute(
                 "UPDATE peers SET disabled = ?2, \
-                     quarantined_at = CASE WHEN ?2 THEN quarantined_at END, \
-                     quarantine_reason = CASE WHEN ?2 THEN quarantine_reason END \
+                     quarantined_at = CASE WHEN CAST(?2 AS BIGINT) = 1 THEN quarantined_at END, \
+                     quarantine_reason = CASE WHEN CAST(?2 AS BIGINT) = 1 THEN quarantine_reason END \
                  WHERE id = ?1",
                 params![peer, disabled],
             )?,

@@ -32,6 +32,7 @@ mod enroll;
 mod job_ops;
 mod links;
 mod peers;
+mod plain_renewal;
 mod progress;
 mod redundancy;
 mod report;
@@ -346,7 +347,23 @@ impl Core {
     /// and command queues (waking the long polls of peers that have new
     /// commands, and of peers no longer online), and the accounts.
     pub(crate) fn resync(&mut self, inner: &Inner) -> Result<(), Error> {
+        // What this supernode keeps about placement that is not stored —
+        // which waiting jobs were told why, the last move of each process —
+        // survives the rebuild, so no job is told again and no process
+        // moves back.
+        let kept = (
+            std::mem::take(&mut self.place.moves),
+            std::mem::take(&mut self.place.memory_waits),
+            std::mem::take(&mut self.place.volunteer_waits),
+            std::mem::take(&mut self.place.quota_waits),
+        );
         self.rebuild_placement()?;
+        (
+            self.place.moves,
+            self.place.memory_waits,
+            self.place.volunteer_waits,
+            self.place.quota_waits,
+        ) = kept;
         let fresh = self.read_live_peers()?;
         let accounts = self.accounts()?;
         *inner.accounts() = accounts;

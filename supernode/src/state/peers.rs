@@ -125,15 +125,18 @@ impl Core {
         inner: &Inner,
         fx: &mut Effects,
         peer: PeerId,
+        token_lease: &str,
         renew: &PeerRenew,
     ) -> Result<Lease, Error> {
         let now = now_ms();
         let ttl = inner.config.lease_ttl;
+        // Only the lease the token names is renewed (not one the peer got
+        // since, at another supernode of a shared database).
         let held = |inner: &Inner| {
             let live = inner.live();
             live.peers
                 .get(&peer)
-                .filter(|p| lease::is_valid(now, p.expires_at))
+                .filter(|p| lease::is_valid(now, p.expires_at) && p.lease_id == token_lease)
                 .map(|p| p.lease_id.clone())
         };
         // With a shared database the last renewal may have gone to another
@@ -182,42 +185,7 @@ impl Core {
             }
             Err(e) => return Err(e),
         }
-        fx.counts.add(Counter::LeaseRenewals, 1);
-        if let Some(p) = inner.live().peers.get_mut(&peer) {
-            p.expires_at = expires_at;
-            let now = renew.counters;
-            if let Some(before) = p.counters.replace(now) {
-                for (counter, now, before) in [
-                    (Counter::Checkpoints, now.checkpoints, before.checkpoints),
-                    (
-                        Counter::CheckpointBytes,
-                        now.checkpoint_bytes,
-                        before.checkpoint_bytes,
-                    ),
-                    (
-                        Counter::MessageBytes,
-                        now.message_bytes,
-                        before.message_bytes,
-                    ),
-                    (
-                        Counter::RelayedBytes,
-                        now.relayed_bytes,
-                        before.relayed_bytes,
-                    ),
-                ] {
-                    fx.counts.add(counter, now.saturating_sub(before));
-                }
-            }
-        }
-        let probe = record_links_and_choose_probes(inner, peer, &renew.links, now);
-        Ok(Lease {
-            peer_id: peer,
-            token: inner.keys.peer_token(peer, &lease_id, expires_at)?,
-            ttl_ms: ttl.as_millis() as u64,
-            renew_every_ms: lease::renew_every(ttl).as_millis() as u64,
-            probe_key: inner.keys.probe_key_hex(peer),
-            probe,
-        })
+        finish_renewal(inner, fx, peer, renew, &lease_id, now, expires_at)
     }
 
     /// After the disk took no writes: record the leases that were renewed
@@ -806,4 +774,54 @@ impl Core {
         }
         Ok(g)
     }
+}
+
+/// What every renewal does once its lease is stored: count it and the
+/// peer's running totals, note the links it measured, and answer the lease.
+pub(super) fn finish_renewal(
+    inner: &Inner,
+    fx: &mut Effects,
+    peer: PeerId,
+    renew: &PeerRenew,
+    lease_id: &str,
+    now: i64,
+    expires_at: i64,
+) -> Result<Lease, Error> {
+    let ttl = inner.config.lease_ttl;
+    fx.counts.add(Counter::LeaseRenewals, 1);
+    if let Some(p) = inner.live().peers.get_mut(&peer) {
+        p.expires_at = expires_at;
+        let now = renew.counters;
+        if let Some(before) = p.counters.replace(now) {
+            for (counter, now, before) in [
+                (Counter::Checkpoints, now.checkpoints, before.checkpoints),
+                (
+                    Counter::CheckpointBytes,
+                    now.checkpoint_bytes,
+                    before.checkpoint_bytes,
+                ),
+                (
+                    Counter::MessageBytes,
+                    now.message_bytes,
+                    before.message_bytes,
+                ),
+                (
+                    Counter::RelayedBytes,
+                    now.relayed_bytes,
+                    before.relayed_bytes,
+                ),
+            ] {
+                fx.counts.add(counter, now.saturating_sub(before));
+            }
+        }
+    }
+    let probe = record_links_and_choose_probes(inner, peer, &renew.links, now);
+    Ok(Lease {
+        peer_id: peer,
+        token: inner.keys.peer_token(peer, lease_id, expires_at)?,
+        ttl_ms: ttl.as_millis() as u64,
+        renew_every_ms: lease::renew_every(ttl).as_millis() as u64,
+        probe_key: inner.keys.probe_key_hex(peer),
+        probe,
+    })
 }
