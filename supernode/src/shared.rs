@@ -11,9 +11,13 @@
 //!   the session advisory lock [`WRITE_LOCK`] from start to end, as one
 //!   supernode's transitions hold its core mutex: every decision (placement,
 //!   restore, sweep) is made on the state the one before it left.
-//! - **Read again what another wrote.** A transition that wrote increments
-//!   `bspweb_generation`; a supernode whose next transition finds a
-//!   generation it did not write first rebuilds what it derived
+//!   Plain renewals hold it in shared mode instead and run side by side
+//!   (`state/plain_renewal.rs`). A transition waits for the lock at most
+//!   30 s (`lock_timeout`), and a panic releases it.
+//! - **Read again what another wrote.** A transaction that wrote increments
+//!   `bspweb_generation` in its own commit (`sql`'s PostgreSQL engine); a
+//!   supernode whose next transition finds a generation it did not write
+//!   first rebuilds what it derived
 //!   ([`Core::resync`](crate::state::Core::resync)). Any supernode can
 //!   rebuild any placement because the DHHT needs only the peers and their
 //!   powers (§4.2.2).
@@ -23,7 +27,9 @@
 //!   other supernode LISTENs ([`listen_task`]), resyncs — which wakes the
 //!   long polls of peers with new commands — and wakes its event streams
 //!   and scheduler. After it (re)connects to listen it wakes everything, as
-//!   it may have missed a notification.
+//!   it may have missed a notification, and every [`CHECK_EVERY`] it reads
+//!   the generation anyway (a supernode killed between its commit and its
+//!   NOTIFY tells nobody).
 //! - **Background duties** (lease sweep, scheduler) run on every supernode,
 //!   but under the lock and on the database's state, so each change they
 //!   make happens once: the first sweep after a lease ran out declares the
