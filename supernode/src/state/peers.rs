@@ -301,23 +301,7 @@ impl Core {
             // Their lease tokens stop working with the commit below.
             fx.forget_peers.extend(fenced);
         }
-        // Jobs the peer runs but should not: finished, unknown, or not among its peers.
-        let mut stale = Vec::new();
-        {
-            let mut stmt = tx.prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM job_peers p JOIN jobs j ON j.id = p.job \
-                 WHERE p.job = ?1 AND p.peer_id = ?2 AND j.state = 'active')",
-            )?;
-            let mut seen = HashSet::new();
-            for &job in &renew.jobs {
-                if seen.insert(job)
-                    && !stmt.query_row(params![job, peer], |r| r.get::<_, bool>(0))?
-                {
-                    stale.push(job);
-                }
-            }
-        }
-        for job in stale {
+        for job in stale_jobs(&tx, peer, &renew.jobs)? {
             tracing::info!(
                 peer,
                 job,
@@ -824,4 +808,25 @@ pub(super) fn finish_renewal(
         probe_key: inner.keys.probe_key_hex(peer),
         probe,
     })
+}
+
+/// The jobs among `jobs` (what `peer` says it runs) that it should not run:
+/// finished, unknown, or not among its peers; each once.
+pub(super) fn stale_jobs(
+    conn: &Connection,
+    peer: PeerId,
+    jobs: &[bsp_api::JobId],
+) -> Result<Vec<bsp_api::JobId>, Error> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM job_peers p JOIN jobs j ON j.id = p.job \
+         WHERE p.job = ?1 AND p.peer_id = ?2 AND j.state = 'active')",
+    )?;
+    let mut seen = HashSet::new();
+    let mut stale = Vec::new();
+    for &job in jobs {
+        if seen.insert(job) && !stmt.query_row(params![job, peer], |r| r.get::<_, bool>(0))? {
+            stale.push(job);
+        }
+    }
+    Ok(stale)
 }

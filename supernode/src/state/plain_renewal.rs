@@ -11,12 +11,11 @@
 //! anything again. Any other renewal goes the usual way
 //! ([`Core::peer_renew`], exclusive).
 
-use std::collections::HashSet;
-
 use bsp_api::PeerId;
 use bsp_api::control::{Lease, PeerRenew};
 
-use super::{Core, MIN_AVAILABILITY, allowed_weight, peers::finish_renewal, power_moved};
+use super::peers::{finish_renewal, stale_jobs};
+use super::{Core, MIN_AVAILABILITY, allowed_weight, power_moved};
 use crate::sql::{OptionalExtension, WRITE_LOCK, params};
 use crate::{Effects, Error, Inner, lease, now_ms};
 
@@ -109,20 +108,9 @@ impl Core {
                 return Ok(None);
             }
         }
-        {
-            let mut stmt = self.conn.prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM job_peers p JOIN jobs j ON j.id = p.job \
-                 WHERE p.job = ?1 AND p.peer_id = ?2 AND j.state = 'active')",
-            )?;
-            let mut seen = HashSet::new();
-            for &job in &renew.jobs {
-                if seen.insert(job)
-                    && !stmt.query_row(params![job, peer], |r| r.get::<_, bool>(0))?
-                {
-                    // It runs a job it should not: told so the usual way.
-                    return Ok(None);
-                }
-            }
+        if !stale_jobs(&self.conn, peer, &renew.jobs)?.is_empty() {
+            // It runs a job it should not: told so the usual way.
+            return Ok(None);
         }
         let expires_at = lease::expiry(now, inner.config.lease_ttl);
         let n = self.conn.execute(
