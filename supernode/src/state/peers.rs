@@ -165,7 +165,7 @@ impl Core {
         // The renewal's own effects (commands, events) apply only if its
         // transaction committed.
         let mut own = Effects::default();
-        match self.renew_in_db(inner, &mut own, peer, renew, now, expires_at) {
+        match self.renew_in_db(inner, &mut own, peer, &lease_id, renew, now) {
             Ok(()) => {
                 fx.merge(own);
                 if inner.storage_trouble().is_some() {
@@ -225,27 +225,16 @@ impl Core {
         inner: &Inner,
         fx: &mut Effects,
         peer: PeerId,
+        lease_id: &str,
         renew: &PeerRenew,
         now: i64,
-        expires_at: i64,
     ) -> Result<(), Error> {
+        // The same expiry as the caller's (a function of `now`).
+        let expires_at = lease::expiry(now, inner.config.lease_ttl);
         let tx = self.conn.transaction()?;
-        let draining: bool = tx.query_row(
-            "UPDATE peers SET speed = ?2, idle = ?3, lease_expires_at = ?4, last_seen = ?5, \
-                 rss_bytes = ?6, held_bytes = ?7, budget_bytes = ?8 \
-             WHERE id = ?1 AND state = 'online' RETURNING draining",
-            params![
-                peer,
-                renew.speed,
-                renew.idle,
-                expires_at,
-                now,
-                renew.memory.rss_bytes as i64,
-                renew.memory.held_bytes as i64,
-                i64::try_from(renew.memory.budget_bytes).unwrap_or(i64::MAX)
-            ],
-            |r| r.get(0),
-        )?;
+        let Some(draining) = store_renewal(&tx, peer, lease_id, renew, now, expires_at)? else {
+            return Err(lease_expired(peer));
+        };
         // What it saw of the other peers of its jobs (crate::verify): only
         // about active jobs it is a peer of, and their peers, once each.
         let members = job_members(
@@ -829,4 +818,44 @@ pub(super) fn stale_jobs(
         }
     }
     Ok(stale)
+}
+
+/// The answer to a request under a lease that is over.
+pub(super) fn lease_expired(peer: PeerId) -> Error {
+    Error::Unauthorized {
+        code: "lease_expired",
+        message: format!("the lease of peer {peer} has expired; log in again"),
+    }
+}
+
+/// Stores what a renewal reports in `peer`'s row if the peer is online
+/// under `lease` (the one its token names): whether it is draining, or
+/// `None` when it is not online under that lease.
+pub(super) fn store_renewal(
+    conn: &Connection,
+    peer: PeerId,
+    lease: &str,
+    renew: &PeerRenew,
+    now: i64,
+    expires_at: i64,
+) -> Result<Option<bool>, Error> {
+    Ok(conn
+        .query_row(
+            "UPDATE peers SET speed = ?3, idle = ?4, lease_expires_at = ?5, last_seen = ?6, \
+                 rss_bytes = ?7, held_bytes = ?8, budget_bytes = ?9 \
+             WHERE id = ?1 AND lease_id = ?2 AND state = 'online' RETURNING draining = 1",
+            params![
+                peer,
+                lease,
+                renew.speed,
+                renew.idle,
+                expires_at,
+                now,
+                renew.memory.rss_bytes as i64,
+                renew.memory.held_bytes as i64,
+                i64::try_from(renew.memory.budget_bytes).unwrap_or(i64::MAX)
+            ],
+            |r| r.get(0),
+        )
+        .optional()?)
 }

@@ -14,17 +14,10 @@
 use bsp_api::PeerId;
 use bsp_api::control::{Lease, PeerRenew};
 
-use super::peers::{finish_renewal, stale_jobs};
+use super::peers::{finish_renewal, lease_expired, stale_jobs, store_renewal};
 use super::{Core, MIN_AVAILABILITY, allowed_weight, power_moved};
 use crate::sql::{OptionalExtension, WRITE_LOCK, params};
 use crate::{Effects, Error, Inner, lease, now_ms};
-
-fn lease_expired(peer: PeerId) -> Error {
-    Error::Unauthorized {
-        code: "lease_expired",
-        message: format!("the lease of peer {peer} has expired; log in again"),
-    }
-}
 
 impl Core {
     /// Renews `peer`'s lease as a plain renewal if that is all it does
@@ -113,23 +106,7 @@ impl Core {
             return Ok(None);
         }
         let expires_at = lease::expiry(now, inner.config.lease_ttl);
-        let n = self.conn.execute(
-            "UPDATE peers SET speed = ?3, idle = ?4, lease_expires_at = ?5, last_seen = ?6, \
-                 rss_bytes = ?7, held_bytes = ?8, budget_bytes = ?9 \
-             WHERE id = ?1 AND lease_id = ?2 AND state = 'online'",
-            params![
-                peer,
-                lease_id,
-                renew.speed,
-                renew.idle,
-                expires_at,
-                now,
-                renew.memory.rss_bytes as i64,
-                renew.memory.held_bytes as i64,
-                i64::try_from(renew.memory.budget_bytes).unwrap_or(i64::MAX)
-            ],
-        )?;
-        if n == 0 {
+        if store_renewal(&self.conn, peer, &lease_id, renew, now, expires_at)?.is_none() {
             return Err(lease_expired(peer));
         }
         if !inner.live().peers.contains_key(&peer) {
