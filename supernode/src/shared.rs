@@ -291,8 +291,9 @@ pub(crate) fn secret(conn: &mut Connection) -> Result<Vec<u8>, Error> {
 /// name, reconnecting with back-off; runs until the supernode stops.
 pub(crate) async fn listen_task(sn: Supernode, config: tokio_postgres::Config) {
     let mut backoff = Duration::from_millis(100);
+    let mut first = true;
     loop {
-        match listen_once(&sn, &config).await {
+        match listen_once(&sn, &config, std::mem::take(&mut first)).await {
             Ok(()) => return,
             Err(e) => tracing::warn!(
                 error = %e,
@@ -308,10 +309,12 @@ pub(crate) async fn listen_task(sn: Supernode, config: tokio_postgres::Config) {
     }
 }
 
-/// One connection's worth of [`listen_task`]; `Ok` when the supernode stops.
+/// One connection's worth of [`listen_task`] (`first`: since the
+/// supernode started); `Ok` when the supernode stops.
 async fn listen_once(
     sn: &Supernode,
     config: &tokio_postgres::Config,
+    first: bool,
 ) -> Result<(), tokio_postgres::Error> {
     let (client, mut connection) = config.connect(tokio_postgres::NoTls).await?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -332,13 +335,16 @@ async fn listen_once(
     });
     let result = async {
         client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
-        // What was missed while not listening: everything may have changed.
-        sn.wake_from_elsewhere(Wake {
-            all: true,
-            scheduler: true,
-            ..Wake::default()
-        })
-        .await;
+        // What was missed while not listening (after a lost connection;
+        // at start the state was just read): everything may have changed.
+        if !first {
+            sn.wake_from_elsewhere(Wake {
+                all: true,
+                scheduler: true,
+                ..Wake::default()
+            })
+            .await;
+        }
         let mut stop = sn.inner.shutdown_signal();
         // A notification can be lost (a supernode killed between its commit
         // and its NOTIFY): every few seconds, read what changed anyway and

@@ -19,6 +19,12 @@ use super::{Core, MIN_AVAILABILITY, allowed_weight, power_moved};
 use crate::sql::{OptionalExtension, WRITE_LOCK, params};
 use crate::{Effects, Error, Inner, lease, now_ms};
 
+fn holds_lock(core: &Core, held: bool) {
+    if let Some(c) = core.conn.postgres_conn() {
+        c.set_holds_lock(held);
+    }
+}
+
 impl Core {
     /// Renews `peer`'s lease as a plain renewal if that is all it does
     /// (see the module docs); `Ok(None)`: it does more, renew it with
@@ -43,7 +49,13 @@ impl Core {
             .query_row("SELECT pg_advisory_lock_shared(?1)", [WRITE_LOCK], |_| {
                 Ok(())
             })?;
-        let out = self.renew_plain_locked(inner, fx, peer, token_lease, renew);
+        // Not reconnected (without the lock) half way.
+        holds_lock(self, true);
+        // Released even if the renewal panics.
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.renew_plain_locked(inner, fx, peer, token_lease, renew)
+        }));
+        holds_lock(self, false);
         if let Err(e) =
             self.conn
                 .query_row("SELECT pg_advisory_unlock_shared(?1)", [WRITE_LOCK], |_| {
@@ -52,7 +64,7 @@ impl Core {
         {
             tracing::warn!(error = %e, "cannot release the shared lock");
         }
-        out
+        out.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 
     fn renew_plain_locked(
