@@ -181,6 +181,7 @@ impl Server {
                 "--auth=trust",
                 "--username=bspweb",
                 "--encoding=UTF8",
+                "--locale=C",
                 "--no-sync",
                 "-D",
             ])
@@ -215,6 +216,9 @@ impl Server {
                     "full_page_writes=off",
                     "-c",
                     "max_connections=300",
+                    // `wait_ready` reads the log in English.
+                    "-c",
+                    "lc_messages=C",
                 ])
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped());
