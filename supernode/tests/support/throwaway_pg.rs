@@ -191,6 +191,7 @@ impl Server {
         as_user(&mut initdb, user, false);
         let out = initdb.output().map_err(|e| format!("initdb: {e}"))?;
         if !out.status.success() {
+            let _ = std::fs::remove_dir_all(&dir);
             return Err(format!(
                 "initdb failed: {}",
                 String::from_utf8_lossy(&out.stderr)
@@ -239,6 +240,7 @@ impl Server {
             let _ = child.wait();
             last = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
         }
+        let _ = std::fs::remove_dir_all(&dir);
         Err(format!(
             "the throw-away PostgreSQL server did not start:\n{last}"
         ))
