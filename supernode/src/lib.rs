@@ -488,12 +488,33 @@ impl Supernode {
         T: Send + 'static,
         F: FnOnce(&mut state::Core, &Inner, &mut Effects) -> Result<T, Error> + Send + 'static,
     {
+        self.on_core(true, f).await
+    }
+
+    /// [`Supernode::with_core`] without the shared database's exclusive
+    /// lock and resync: for what holds its own (shared) lock, the plain
+    /// renewal (`state/plain_renewal.rs`).
+    pub(crate) async fn with_core_plain<T, F>(&self, f: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut state::Core, &Inner, &mut Effects) -> Result<T, Error> + Send + 'static,
+    {
+        self.on_core(false, f).await
+    }
+
+    /// [`Supernode::with_core`] (`exclusive`) or
+    /// [`Supernode::with_core_plain`].
+    async fn on_core<T, F>(&self, exclusive: bool, f: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut state::Core, &Inner, &mut Effects) -> Result<T, Error> + Send + 'static,
+    {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
             let mut core = inner.lock_core();
             // With several supernodes on one database: their lock, and what
             // the others changed (`shared`).
-            if let Err(e) = shared::enter(&mut core, &inner) {
+            if exclusive && let Err(e) = shared::enter(&mut core, &inner) {
                 if let Error::Database(d) = &e
                     && error::is_storage_error(d)
                 {
@@ -509,7 +530,9 @@ impl Supernode {
             })) {
                 Ok(out) => out,
                 Err(panic) => {
-                    shared::leave(&mut core, &inner, None);
+                    if exclusive {
+                        shared::leave(&mut core, &inner, None);
+                    }
                     std::panic::resume_unwind(panic);
                 }
             };
@@ -517,45 +540,24 @@ impl Supernode {
                 Ok(_) => {}
                 // The transaction rolled back; the in-memory placement tables
                 // may have moved ahead of it, so rebuild them (still under
-                // the shared lock).
+                // the shared lock). What runs without it changes none.
                 Err(Error::Database(e)) => {
                     if error::is_storage_error(e) {
                         inner.storage_failed(e);
-                    } else {
+                    } else if exclusive {
                         tracing::error!(error = %e, "database operation failed; rebuilding the placement tables");
                     }
-                    if let Err(e) = core.rebuild_placement() {
+                    if exclusive && let Err(e) = core.rebuild_placement() {
                         tracing::error!(error = %e, "cannot rebuild the placement tables");
                     }
                 }
                 Err(_) => {}
             }
-            shared::leave(&mut core, &inner, out.is_ok().then_some(&fx));
+            if exclusive {
+                shared::leave(&mut core, &inner, out.is_ok().then_some(&fx));
+            }
             if out.is_ok() {
                 inner.apply(fx);
-            }
-            out
-        })
-        .await?
-    }
-
-    /// [`Supernode::with_core`] without the shared database's exclusive
-    /// lock and resync: for what holds its own (shared) lock, the plain
-    /// renewal (`state/plain_renewal.rs`).
-    pub(crate) async fn with_core_plain<T, F>(&self, f: F) -> Result<T, Error>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut state::Core, &Inner, &mut Effects) -> Result<T, Error> + Send + 'static,
-    {
-        let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut core = inner.lock_core();
-            let mut fx = Effects::default();
-            let out = f(&mut core, &inner, &mut fx);
-            match &out {
-                Ok(_) => inner.apply(fx),
-                Err(Error::Database(e)) if error::is_storage_error(e) => inner.storage_failed(e),
-                Err(_) => {}
             }
             out
         })
