@@ -35,6 +35,9 @@ use bsp_api::control::{EnrollmentToken, Lease, PeerLogin, PeerRenew};
 /// The default lease: peers renew every third of it.
 const DEFAULT_TTL_SECS: f64 = 15.0;
 
+/// The network issue 14 sizes the control plane for.
+const GOAL_PEERS: f64 = 100_000.0;
+
 /// One setup's supernodes: their processes (killed on drop) and URLs.
 struct Setup {
     children: Vec<Child>,
@@ -94,9 +97,73 @@ struct Measured {
     p50_ms: f64,
     p99_ms: f64,
     errors: usize,
+    /// CPU seconds the supernodes, the database server and the load
+    /// generator (this process) used while renewing.
+    cpu_supernodes: f64,
+    cpu_database: f64,
+    cpu_load: f64,
 }
 
-async fn measure(setup: &Setup, peers: usize, workers: usize, secs: u64) -> Measured {
+/// CPU time (user + system) the processes `pids` have used so far, in
+/// seconds (`/proc/PID/stat`; a process that is gone counts 0).
+fn cpu_secs(pids: &[u32]) -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter_map(|stat| {
+            // Fields after the command (which may hold spaces) in parens.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split(' ').collect();
+            // utime and stime are fields 14 and 15 of the line, 12 and 13
+            // after the state.
+            Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
+        })
+        .sum::<f64>()
+        / hz
+}
+
+/// The throw-away PostgreSQL server's processes: the postmaster and its
+/// children (one backend per connection).
+fn postgres_pids(server: &throwaway_pg::Server) -> Vec<u32> {
+    let Some(master) = std::fs::read_to_string(server.dir().join("data/postmaster.pid"))
+        .ok()
+        .and_then(|s| s.lines().next()?.trim().parse::<u32>().ok())
+    else {
+        return vec![];
+    };
+    let mut pids = vec![master];
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s[s.rfind(')')? + 2..]
+                    .split(' ')
+                    .nth(1)?
+                    .parse::<u32>()
+                    .ok()
+            });
+        if parent == Some(master) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+async fn measure(
+    setup: &Setup,
+    pg: Option<&throwaway_pg::Server>,
+    peers: usize,
+    workers: usize,
+    secs: u64,
+) -> Measured {
     let token = EnrollmentToken(harness::enroll(&setup.urls[0], "load"));
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(workers)
@@ -131,6 +198,10 @@ async fn measure(setup: &Setup, peers: usize, workers: usize, secs: u64) -> Meas
     }
     let leases = Arc::new(leases);
     let next = Arc::new(AtomicUsize::new(0));
+    let supernodes: Vec<u32> = setup.children.iter().map(Child::id).collect();
+    let database = pg.map(postgres_pids).unwrap_or_default();
+    let me = [std::process::id()];
+    let cpu_before = (cpu_secs(&supernodes), cpu_secs(&database), cpu_secs(&me));
     let start = Instant::now();
     let end = start + Duration::from_secs(secs);
     let mut tasks = Vec::new();
@@ -167,6 +238,11 @@ async fn measure(setup: &Setup, peers: usize, workers: usize, secs: u64) -> Meas
         errors += e;
     }
     let secs = start.elapsed().as_secs_f64();
+    let (cpu_supernodes, cpu_database, cpu_load) = (
+        cpu_secs(&supernodes) - cpu_before.0,
+        cpu_secs(&database) - cpu_before.1,
+        cpu_secs(&me) - cpu_before.2,
+    );
     all.sort_unstable();
     let at = |q: f64| {
         all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
@@ -178,6 +254,9 @@ async fn measure(setup: &Setup, peers: usize, workers: usize, secs: u64) -> Meas
         p50_ms: at(0.5),
         p99_ms: at(0.99),
         errors,
+        cpu_supernodes,
+        cpu_database,
+        cpu_load,
     }
 }
 
@@ -202,10 +281,11 @@ fn main() {
         ("3 supernodes, PostgreSQL", 3, true),
     ];
     let mut sqlite_rate = f64::NAN;
+    let mut costs = Vec::new();
     for (name, n, pg) in setups {
-        let database = pg.then(|| throwaway_pg::server().create_database());
-        let setup = start(n, database);
-        let m = rt.block_on(measure(&setup, peers, workers, secs));
+        let server = pg.then(throwaway_pg::server);
+        let setup = start(n, server.map(|s| s.create_database()));
+        let m = rt.block_on(measure(&setup, server, peers, workers, secs));
         drop(setup);
         let rate = m.renewals as f64 / m.secs;
         if !pg {
@@ -220,6 +300,30 @@ fn main() {
             m.errors,
             rate * DEFAULT_TTL_SECS / 3.0,
             rate / sqlite_rate
+        );
+        costs.push((name, m));
+    }
+    // What a renewal costs in CPU, so what 10⁵ peers need on any machine.
+    let goal = GOAL_PEERS / (DEFAULT_TTL_SECS / 3.0);
+    println!();
+    println!(
+        "CPU per renewal (µs) and cores for {GOAL_PEERS:.0} peers ({goal:.0} renewals/s) at that cost:"
+    );
+    println!(
+        "{:<28} {:>12} {:>12} {:>12} {:>16} {:>16}",
+        "setup", "supernodes", "database", "load gen.", "supernode cores", "database cores"
+    );
+    for (name, m) in &costs {
+        let per = |cpu: f64| cpu / m.renewals.max(1) as f64 * 1e6;
+        let (sn, db) = (per(m.cpu_supernodes), per(m.cpu_database));
+        println!(
+            "{:<28} {:>12.1} {:>12.1} {:>12.1} {:>16.2} {:>16.2}",
+            name,
+            sn,
+            db,
+            per(m.cpu_load),
+            goal * sn / 1e6,
+            goal * db / 1e6
         );
     }
     println!(

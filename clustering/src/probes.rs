@@ -49,13 +49,32 @@ fn affinity(a: i64, b: i64) -> u64 {
 }
 
 /// The `max` peers of `peers` closest to `me` by affinity (itself
-/// excluded), closest first: `me`'s probe candidates.
+/// excluded), closest first: `me`'s probe candidates. Linear in
+/// `peers.len()` (a bounded heap of the `max` best so far), as a supernode
+/// of a large network chooses them among every online peer.
 pub fn neighbours(me: i64, peers: &[i64], max: usize) -> Vec<i64> {
-    let mut others: Vec<i64> = peers.iter().copied().filter(|&p| p != me).collect();
-    others.sort_unstable_by_key(|&p| (affinity(me, p), p));
-    others.dedup();
-    others.truncate(max);
-    others
+    if max == 0 {
+        return Vec::new();
+    }
+    // A max-heap of the best `(affinity, peer)` so far: its top is the
+    // worst of them, the one a closer peer replaces.
+    let mut best: std::collections::BinaryHeap<(u64, i64)> =
+        std::collections::BinaryHeap::with_capacity(max + 1);
+    for &p in peers {
+        if p == me {
+            continue;
+        }
+        let key = (affinity(me, p), p);
+        let closer = best.len() < max || best.peek().is_some_and(|&worst| key < worst);
+        // A peer listed twice counts once.
+        if closer && !best.iter().any(|&b| b == key) {
+            best.push(key);
+            if best.len() > max {
+                best.pop();
+            }
+        }
+    }
+    best.into_sorted_vec().into_iter().map(|(_, p)| p).collect()
 }
 
 /// The `max_neigh` fastest of `measured` (`(peer, bandwidth)`), fastest
@@ -109,7 +128,26 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The definition [`neighbours`] computes in one pass: sort everyone
+    /// by affinity, keep the first `max`.
+    fn neighbours_by_sorting(me: i64, peers: &[i64], max: usize) -> Vec<i64> {
+        let mut others: Vec<i64> = peers.iter().copied().filter(|&p| p != me).collect();
+        others.sort_unstable_by_key(|&p| (affinity(me, p), p));
+        others.dedup();
+        others.truncate(max);
+        others
+    }
+
     proptest! {
+        #[test]
+        fn neighbours_are_the_closest_by_sorting(
+            me in 0i64..300,
+            peers in proptest::collection::vec(0i64..300, 0..400),
+            max in 0usize..40,
+        ) {
+            prop_assert_eq!(neighbours(me, &peers, max), neighbours_by_sorting(me, &peers, max));
+        }
+
         /// At most `max_neigh` distinct others, symmetric weights, and the
         /// choice of a peer does not depend on the order peers are listed in.
         #[test]

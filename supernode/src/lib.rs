@@ -187,6 +187,16 @@ pub(crate) struct Live {
     pub(crate) probes_asked: HashMap<(PeerId, PeerId), i64>,
     /// What peers delivered, against what they claim (issue 18).
     pub(crate) verify: verify::Verifier,
+    /// Each peer's probe candidates (`state/links.rs`).
+    pub(crate) candidates: HashMap<PeerId, Candidates>,
+}
+
+/// A peer's probe candidates, as chosen at `chosen_at` (Unix ms) among the
+/// online peers when this supernode knew `known` peers.
+pub(crate) struct Candidates {
+    pub(crate) peers: Vec<PeerId>,
+    pub(crate) chosen_at: i64,
+    pub(crate) known: usize,
 }
 
 impl Live {
@@ -207,6 +217,9 @@ impl Live {
             .retain(|(from, to), _| !gone.contains(from) && !gone.contains(to));
         self.probes_asked
             .retain(|(from, to), _| !gone.contains(from) && !gone.contains(to));
+        for id in gone {
+            self.candidates.remove(id);
+        }
         self.verify.forget(gone);
     }
 }

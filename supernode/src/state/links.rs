@@ -27,6 +27,54 @@ pub(super) const PROBE_REVISIT_MS: i64 = 3 * 60 * 60_000;
 /// asked for again after this long.
 pub(super) const PROBE_RETRY_MS: i64 = 30_000;
 
+/// A peer's probe candidates are chosen again among all online peers this
+/// long after they were chosen, so peers that joined since get their turn.
+/// Choosing them looks at every online peer; doing it at every renewal
+/// made a renewal cost O(peers) (issue 14).
+pub(super) const CANDIDATES_REFRESH_MS: i64 = 5 * 60_000;
+
+/// `peer`'s probe candidates (`clustering::neighbours` among the online
+/// peers), as chosen at most [`CANDIDATES_REFRESH_MS`] ago, or chosen
+/// again: when one of them is no longer online, or when they are fewer
+/// than the policy wants and peers came or went since (a small network
+/// growing).
+fn candidates(
+    live: &mut crate::Live,
+    peer: PeerId,
+    now: i64,
+    policy: clustering::ProbePolicy,
+) -> Vec<PeerId> {
+    let want = policy.candidates.max(policy.max_neigh);
+    let online = |live: &crate::Live, p: &PeerId| {
+        live.peers
+            .get(p)
+            .is_some_and(|lp| lease::is_valid(now, lp.expires_at))
+    };
+    if let Some(c) = live.candidates.get(&peer)
+        && now.saturating_sub(c.chosen_at) < CANDIDATES_REFRESH_MS
+        && (c.peers.len() >= want || c.known == live.peers.len())
+        && c.peers.iter().all(|p| online(live, p))
+    {
+        return c.peers.clone();
+    }
+    let all: Vec<PeerId> = live
+        .peers
+        .iter()
+        .filter(|(_, p)| lease::is_valid(now, p.expires_at))
+        .map(|(&id, _)| id)
+        .collect();
+    let peers = clustering::neighbours(peer, &all, want);
+    live.candidates.insert(
+        peer,
+        crate::Candidates {
+            peers: peers.clone(),
+            chosen_at: now,
+            known: live.peers.len(),
+        },
+    );
+    peers
+}
+
 /// Record the links `peer` measured (to online peers other than itself;
 /// the rest is ignored) and choose the peers it should measure next
 /// (`clustering::probe_targets`), with their tickets.
@@ -57,15 +105,11 @@ pub(super) fn record_links_and_choose_probes(
             );
         }
     }
-    let online: Vec<PeerId> = live
-        .peers
-        .iter()
-        .filter(|(_, p)| lease::is_valid(now, p.expires_at))
-        .map(|(&id, _)| id)
-        .collect();
+    let policy = clustering::ProbePolicy::default();
+    let candidates = candidates(live, peer, now, policy);
     let targets = clustering::probe_targets(
         peer,
-        &online,
+        &candidates,
         |other| {
             live.links
                 .get(&(peer, other))
@@ -88,7 +132,7 @@ pub(super) fn record_links_and_choose_probes(
             measured.max(asked)
         },
         now,
-        clustering::ProbePolicy::default(),
+        policy,
     );
     for &t in &targets {
         live.probes_asked.insert((peer, t), now);
@@ -106,4 +150,77 @@ pub(super) fn record_links_and_choose_probes(
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn online(live: &mut crate::Live, id: PeerId, expires_at: i64) {
+        live.peers.insert(
+            id,
+            crate::LivePeer {
+                lease_id: format!("lease-{id}"),
+                expires_at,
+                last_seq: 0,
+                queue: Default::default(),
+                acked: 0,
+                pruned: 0,
+                notify: Default::default(),
+                probed_at: None,
+                counters: None,
+                addr: format!("10.0.0.{id}:7000"),
+            },
+        );
+    }
+
+    /// A renewal reuses its peer's candidates instead of looking at every
+    /// online peer again, and chooses them again when one went offline,
+    /// when a small network grew, or after the refresh interval.
+    #[test]
+    fn candidates_are_kept_until_the_network_changes_them() {
+        let policy = clustering::ProbePolicy::default();
+        let want = policy.candidates.max(policy.max_neigh);
+        let until = 1_000_000;
+        let mut live = crate::Live::default();
+        for id in 1..=100 {
+            online(&mut live, id, until);
+        }
+        let all: Vec<PeerId> = (1..=100).collect();
+        let first = candidates(&mut live, 1, 0, policy);
+        assert_eq!(first, clustering::neighbours(1, &all, want));
+        assert_eq!(first.len(), want);
+
+        // A peer that joins later is not looked at until the refresh...
+        let newcomer = (101..10_000)
+            .find(|&p| {
+                let mut with: Vec<PeerId> = all.clone();
+                with.push(p);
+                clustering::neighbours(1, &with, want).contains(&p)
+            })
+            .expect("some id is close to peer 1");
+        online(&mut live, newcomer, until);
+        assert_eq!(candidates(&mut live, 1, 1_000, policy), first);
+        // ... and is then.
+        let later = candidates(&mut live, 1, CANDIDATES_REFRESH_MS, policy);
+        assert!(later.contains(&newcomer));
+
+        // A candidate whose lease ran out is replaced at once.
+        let gone = later[0];
+        live.peers.get_mut(&gone).expect("online").expires_at = 0;
+        let after = candidates(&mut live, 1, CANDIDATES_REFRESH_MS + 1, policy);
+        assert!(!after.contains(&gone));
+        assert_eq!(after.len(), want);
+
+        // In a network smaller than the policy wants, a peer that joins
+        // becomes a candidate at the next renewal.
+        let mut small = crate::Live::default();
+        online(&mut small, 1, until);
+        online(&mut small, 2, until);
+        assert_eq!(candidates(&mut small, 1, 0, policy), vec![2]);
+        online(&mut small, 3, until);
+        let grown = candidates(&mut small, 1, 1, policy);
+        assert_eq!(grown.len(), 2);
+        assert!(grown.contains(&3));
+    }
 }
