@@ -102,6 +102,21 @@ struct Measured {
     cpu_supernodes: f64,
     cpu_database: f64,
     cpu_load: f64,
+    /// Plain renewals and their batches, summed over the supernodes
+    /// (`/metrics`).
+    plain: f64,
+    batches: f64,
+}
+
+/// The value of counter `name` in the `/metrics` text of `url`.
+async fn counter(http: &reqwest::Client, url: &str, name: &str) -> f64 {
+    let text = match http.get(format!("{url}/metrics")).send().await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// CPU time (user + system) the processes `pids` have used so far, in
@@ -243,6 +258,11 @@ async fn measure(
         cpu_secs(&database) - cpu_before.1,
         cpu_secs(&me) - cpu_before.2,
     );
+    let (mut plain, mut batches) = (0.0, 0.0);
+    for url in &setup.urls {
+        plain += counter(&http, url, "bspweb_plain_renewals_total").await;
+        batches += counter(&http, url, "bspweb_renewal_batches_total").await;
+    }
     all.sort_unstable();
     let at = |q: f64| {
         all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
@@ -257,6 +277,8 @@ async fn measure(
         cpu_supernodes,
         cpu_database,
         cpu_load,
+        plain,
+        batches,
     }
 }
 
@@ -310,20 +332,34 @@ fn main() {
         "CPU per renewal (µs) and cores for {GOAL_PEERS:.0} peers ({goal:.0} renewals/s) at that cost:"
     );
     println!(
-        "{:<28} {:>12} {:>12} {:>12} {:>16} {:>16}",
-        "setup", "supernodes", "database", "load gen.", "supernode cores", "database cores"
+        "{:<28} {:>12} {:>12} {:>12} {:>16} {:>16} {:>12}",
+        "setup",
+        "supernodes",
+        "database",
+        "load gen.",
+        "supernode cores",
+        "database cores",
+        "batch size"
     );
     for (name, m) in &costs {
         let per = |cpu: f64| cpu / m.renewals.max(1) as f64 * 1e6;
         let (sn, db) = (per(m.cpu_supernodes), per(m.cpu_database));
+        // Plain renewals per batch (none with SQLite, which needs no
+        // batches).
+        let batch = if m.batches > 0.0 {
+            format!("{:.1}", m.plain / m.batches)
+        } else {
+            "-".into()
+        };
         println!(
-            "{:<28} {:>12.1} {:>12.1} {:>12.1} {:>16.2} {:>16.2}",
+            "{:<28} {:>12.1} {:>12.1} {:>12.1} {:>16.2} {:>16.2} {:>12}",
             name,
             sn,
             db,
             per(m.cpu_load),
             goal * sn / 1e6,
-            goal * db / 1e6
+            goal * db / 1e6,
+            batch
         );
     }
     println!(

@@ -71,9 +71,9 @@ pub struct Dhht {
     ring: Vec<Entry>,
     /// Peer id → (position, weight).
     by_id: BTreeMap<i64, (Position, f64)>,
-    /// Multiset of weights, keyed by their bits (for positive finite `f64`,
-    /// the bit order is the numeric order), for the maximum weight.
-    weights: BTreeMap<u64, usize>,
+    /// Every peer's weight, ascending (a multiset): the maximum, and the
+    /// median [`Dhht::median_weight_of_others`] asks for at every renewal.
+    weights: Vec<f64>,
 }
 
 impl Dhht {
@@ -113,9 +113,30 @@ impl Dhht {
 
     /// The largest weight, if the table is not empty.
     pub fn max_weight(&self) -> Option<f64> {
-        self.weights
-            .last_key_value()
-            .map(|(&bits, _)| f64::from_bits(bits))
+        self.weights.last().copied()
+    }
+
+    /// The median weight of the peers other than `id`: with their weights
+    /// sorted ascending, the one at index `len / 2`; `None` when there are
+    /// none. O(log n), as the supernode asks at every renewal.
+    pub fn median_weight_of_others(&self, id: i64) -> Option<f64> {
+        let own = self.by_id.get(&id).map(|&(_, w)| w);
+        let others = self.weights.len() - usize::from(own.is_some());
+        if others == 0 {
+            return None;
+        }
+        let m = others / 2;
+        let Some(own) = own else {
+            return Some(self.weights[m]);
+        };
+        // The others' list is `weights` without one copy of `own`; equal
+        // weights are interchangeable, so take out the first.
+        let removed = self.weights.partition_point(|&w| w < own);
+        Some(if m < removed {
+            self.weights[m]
+        } else {
+            self.weights[m + 1]
+        })
     }
 
     /// The sum of all weights (summed in id order, so it is reproducible).
@@ -147,7 +168,7 @@ impl Dhht {
     /// positive (remove the peer instead), [`PlacementError::UnknownPeer`] if
     /// the id is absent.
     ///
-    /// A change of weight alone (same position) is O(log n); a move is O(n).
+    /// O(n) (a change of weight alone moves part of the sorted weights).
     pub fn update(&mut self, peer: Peer) -> Result<Peer, PlacementError> {
         check_weight(peer)?;
         let Some(&(position, weight)) = self.by_id.get(&peer.id) else {
@@ -171,17 +192,19 @@ impl Dhht {
         }
         self.by_id.insert(peer.id, (position, peer.weight));
         self.forget_weight(weight);
-        *self.weights.entry(peer.weight.to_bits()).or_insert(0) += 1;
+        self.add_weight(peer.weight);
         Ok(old)
     }
 
+    fn add_weight(&mut self, weight: f64) {
+        let at = self.weights.partition_point(|&w| w < weight);
+        self.weights.insert(at, weight);
+    }
+
     fn forget_weight(&mut self, weight: f64) {
-        let key = weight.to_bits();
-        if let Some(count) = self.weights.get_mut(&key) {
-            *count -= 1;
-            if *count == 0 {
-                self.weights.remove(&key);
-            }
+        let at = self.weights.partition_point(|&w| w < weight);
+        if self.weights.get(at) == Some(&weight) {
+            self.weights.remove(at);
         }
     }
 
@@ -328,7 +351,7 @@ impl Dhht {
             },
         );
         self.by_id.insert(peer.id, (peer.position, peer.weight));
-        *self.weights.entry(peer.weight.to_bits()).or_insert(0) += 1;
+        self.add_weight(peer.weight);
     }
 }
 

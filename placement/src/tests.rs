@@ -436,6 +436,16 @@ proptest! {
             prop_assert_eq!(d.len(), model.len());
             let max = model.values().map(|p| p.weight).fold(None, |m: Option<f64>, w| Some(m.map_or(w, |m| m.max(w))));
             prop_assert_eq!(d.max_weight(), max);
+            // The median of the others: sort them, take index len / 2.
+            for id in model.keys().copied().chain([-1]) {
+                let mut others: Vec<f64> = model
+                    .values()
+                    .filter(|p| p.id != id)
+                    .map(|p| p.weight)
+                    .collect();
+                others.sort_by(f64::total_cmp);
+                prop_assert_eq!(d.median_weight_of_others(id), others.get(others.len() / 2).copied());
+            }
             let ring: Vec<(Position, i64)> = d.peers().map(|p| (p.position, p.id)).collect();
             prop_assert!(ring.windows(2).all(|w| w[0] < w[1]));
             for &x in &xs {
@@ -1399,4 +1409,30 @@ fn s4_2_4_dd_process_k_sits_on_peer_k() {
         .filter(|&pid| rd.add_process(k(pid)) == Some(13))
         .count();
     assert!(strong >= 3, "the strong peer got {strong} of 4");
+}
+
+/// The median of the others leaves out one copy of the peer's own weight,
+/// however many peers share it.
+#[test]
+fn median_weight_of_others_leaves_out_the_peer() {
+    let mut d = Dhht::new();
+    assert_eq!(d.median_weight_of_others(1), None);
+    for (id, w) in [(1, 1.0), (2, 2.0), (3, 2.0), (4, 2.0), (5, 9.0)] {
+        d.insert(peer(id, id as u64, w)).unwrap();
+    }
+    // Others of 5: [1, 2, 2, 2] → index 2.
+    assert_eq!(d.median_weight_of_others(5), Some(2.0));
+    // Others of 1: [2, 2, 2, 9] → index 2.
+    assert_eq!(d.median_weight_of_others(1), Some(2.0));
+    // Others of 2: [1, 2, 2, 9] → index 2.
+    assert_eq!(d.median_weight_of_others(2), Some(2.0));
+    // Not in the table: all five, index 2.
+    assert_eq!(d.median_weight_of_others(99), Some(2.0));
+    d.remove(2);
+    d.remove(3);
+    // Others of 4: [1, 9] → index 1.
+    assert_eq!(d.median_weight_of_others(4), Some(9.0));
+    d.remove(1);
+    d.remove(5);
+    assert_eq!(d.median_weight_of_others(4), None);
 }

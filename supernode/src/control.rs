@@ -70,13 +70,12 @@ pub(crate) async fn renew(
     // With a shared database, most renewals need not wait for the
     // exclusive lock (`state/plain_renewal.rs`).
     if sn.instance() != 0 {
-        let (plain, token_lease) = (renew.clone(), peer.lease.clone());
-        let lease = sn
-            .with_core_plain(move |core, inner, fx| {
-                core.renew_plain(inner, fx, peer.id, &token_lease, &plain)
-            })
-            .await?;
-        if let Some(lease) = lease {
+        let plain = state::Plain {
+            peer: peer.id,
+            token_lease: peer.lease.clone(),
+            renew: renew.clone(),
+        };
+        if let Some(lease) = crate::renew_batch::renew(&sn, plain).await? {
             return Ok(Json(lease));
         }
     }

@@ -41,6 +41,7 @@ pub mod lease;
 mod listen;
 mod metrics;
 mod openapi;
+mod renew_batch;
 mod rest;
 mod shared;
 mod sql;
@@ -174,6 +175,8 @@ pub(crate) struct Inner {
     /// Each peer's cluster as DiDiC found it on the measured links
     /// ([`clusters`]), for the peers whose cluster is ready.
     found_clusters: Mutex<Arc<BTreeMap<PeerId, String>>>,
+    /// Plain renewals waiting to go to a shared database together.
+    renewals: renew_batch::Batches,
 }
 
 /// In-memory state of the online peers: leases and command queues.
@@ -489,6 +492,7 @@ impl Supernode {
                 metrics: metrics::Metrics::default(),
                 accounts: Mutex::new(accounts),
                 found_clusters: Mutex::new(Arc::new(BTreeMap::new())),
+                renewals: Default::default(),
             }),
         })
     }

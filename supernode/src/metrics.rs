@@ -43,10 +43,14 @@ pub(crate) enum Counter {
     MessageBytes,
     /// Message bytes peers relayed for broadcasts.
     RelayedBytes,
+    /// Renewals that changed only the lease, in batches (shared database).
+    PlainRenewals,
+    /// Batches of plain renewals.
+    RenewalBatches,
 }
 
 impl Counter {
-    pub(crate) const ALL: [Counter; 17] = [
+    pub(crate) const ALL: [Counter; 19] = [
         Counter::Supersteps,
         Counter::RestoresFromCheckpoint,
         Counter::RestoresFromStart,
@@ -64,6 +68,8 @@ impl Counter {
         Counter::CheckpointBytes,
         Counter::MessageBytes,
         Counter::RelayedBytes,
+        Counter::PlainRenewals,
+        Counter::RenewalBatches,
     ];
 
     /// `(family, label, help)`; counters of one family are adjacent in
@@ -136,6 +142,16 @@ impl Counter {
                 "bspweb_relayed_bytes_total",
                 None,
                 "Payload bytes peers relayed for broadcasts.",
+            ),
+            PlainRenewals => (
+                "bspweb_plain_renewals_total",
+                None,
+                "Lease renewals that changed only the lease, written in batches (shared database).",
+            ),
+            RenewalBatches => (
+                "bspweb_renewal_batches_total",
+                None,
+                "Batches of plain renewals written to a shared database.",
             ),
         }
     }

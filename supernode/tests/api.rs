@@ -3445,3 +3445,98 @@ async fn leases_renewed_at_one_supernode_hold_at_all_and_a_silent_peer_is_lost_o
     assert_eq!(epoch, 1);
     keep.abort();
 }
+
+/// Issue 14: plain renewals at a supernode of a shared database go to the
+/// database in batches, and each renewal of a batch still gets its own
+/// answer: renewals of many peers at once all hold, a token of a lease
+/// the peer replaced since is refused, and a renewal that starts a drain
+/// is renewed the usual way (the drain starts).
+#[tokio::test]
+async fn batched_renewals_each_get_their_own_answer() {
+    let [a, b, _c] = three_on_one_database(|_| {}).await;
+    let alice = a.login("alice", "alice-password").await;
+    let mut peers = Vec::new();
+    for i in 0..24 {
+        peers.push(a.peer_login(login_body(&format!("p{i}"), 1, None)).await);
+    }
+    let replaced = a.peer_login(login_body("replaced", 1, None)).await;
+    let again = a.peer_login(login_body("again", 1, None)).await;
+    // As if `replaced` had logged in again elsewhere: its row names another
+    // lease than its token.
+    let url = throwaway_pg::database_of(a.dir.path()).unwrap();
+    let id = replaced.id;
+    std::thread::spawn(move || {
+        let mut db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        db.execute(
+            "UPDATE peers SET lease_id = 'elsewhere' WHERE id = $1",
+            &[&id],
+        )
+        .unwrap();
+    })
+    .join()
+    .unwrap();
+    let drainer = a.peer_login(login_body("drainer", 1, None)).await;
+
+    let renew_with = |peer: &FakePeer, draining: bool| {
+        let mut body = PeerRenew::idle(1.0);
+        body.draining = draining;
+        b.http
+            .post(b.url("/peer/renew"))
+            .bearer_auth(&peer.token)
+            .json(&body)
+            .send()
+    };
+    // All at once, so that they share batches.
+    let plain = futures_util::future::join_all(
+        peers
+            .iter()
+            .flat_map(|p| std::iter::repeat_n(p, 4))
+            .map(|p| renew_with(p, false)),
+    );
+    let (plain, stale, drain, fresh) = tokio::join!(
+        plain,
+        renew_with(&replaced, false),
+        renew_with(&drainer, true),
+        renew_with(&again, false)
+    );
+    for resp in plain {
+        assert_eq!(resp.unwrap().status(), StatusCode::OK);
+    }
+    let stale = stale.unwrap();
+    assert_eq!(stale.status(), StatusCode::UNAUTHORIZED);
+    let body: Value = stale.json().await.unwrap();
+    assert_eq!(api_error(&body).code, "lease_expired", "{body}");
+    assert_eq!(drain.unwrap().status(), StatusCode::OK);
+    assert_eq!(fresh.unwrap().status(), StatusCode::OK);
+
+    // Every supernode sees the drain, and the others online.
+    for h in [&a, &b] {
+        let list = h.peer_list(&alice).await;
+        let state = |id: i64| list.iter().find(|p| p.id == id).unwrap().state.clone();
+        assert_eq!(state(drainer.id), "draining", "{list:?}");
+        assert_eq!(state(again.id), "online");
+        assert!(peers.iter().all(|p| state(p.id) == "online"), "{list:?}");
+    }
+    // The renewals that only renewed went in batches.
+    let metrics = b
+        .http
+        .get(format!("{}/metrics", b.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let (renewed, batches) = (
+        count("bspweb_plain_renewals_total"),
+        count("bspweb_renewal_batches_total"),
+    );
+    assert!(renewed >= 96.0, "{metrics}");
+    assert!((1.0..=renewed).contains(&batches), "{metrics}");
+}

@@ -41,6 +41,7 @@ mod users;
 mod validate;
 
 pub(crate) use enroll::Caller;
+pub(crate) use plain_renewal::{Plain, PlainOutcome};
 use schedule::admit_memory;
 pub(crate) use users::Account;
 pub(crate) use validate::*;
@@ -93,16 +94,12 @@ fn allowed_weight(place: &Place, inner: &Inner, peer: PeerId, speed: f64, idle: 
     if claimed <= 0.0 {
         return claimed;
     }
-    let others: Vec<f64> = place
-        .dhht
-        .peers()
-        .filter(|p| p.id != peer)
-        .map(|p| p.weight)
-        .collect();
+    // O(log n): this runs at every renewal.
+    let median = place.dhht.median_weight_of_others(peer);
     inner
         .live()
         .verify
-        .allowed(peer, claimed, &others, crate::now_ms())
+        .allowed(peer, claimed, median, crate::now_ms())
 }
 
 /// Whether a peer's power moved from `old` to `new` by more than the
