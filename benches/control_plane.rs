@@ -13,7 +13,7 @@
 //! `--secs` seconds per setup, loopback only.
 //!
 //! Run: `cargo bench --bench control_plane` (about two minutes),
-//! `-- --peers N --workers N --secs N`.
+//! `-- --peers N --workers N --secs N --only sqlite|postgres`.
 
 #[path = "../tests/all/harness.rs"]
 #[allow(dead_code)]
@@ -302,9 +302,18 @@ fn main() {
         ("2 supernodes, PostgreSQL", 2, true),
         ("3 supernodes, PostgreSQL", 3, true),
     ];
+    // `--only sqlite` or `--only postgres`: those setups alone.
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str);
     let mut sqlite_rate = f64::NAN;
     let mut costs = Vec::new();
     for (name, n, pg) in setups {
+        if only.is_some_and(|o| (o == "postgres") != pg) {
+            continue;
+        }
         let server = pg.then(throwaway_pg::server);
         let setup = start(n, server.map(|s| s.create_database()));
         let m = rt.block_on(measure(&setup, server, peers, workers, secs));

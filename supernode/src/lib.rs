@@ -192,6 +192,8 @@ pub(crate) struct Live {
     pub(crate) verify: verify::Verifier,
     /// Each peer's probe candidates (`state/links.rs`).
     pub(crate) candidates: HashMap<PeerId, Candidates>,
+    /// `(second, online peers looked at in it)` choosing candidates.
+    pub(crate) candidate_work: (i64, u64),
 }
 
 /// A peer's probe candidates, as chosen at `chosen_at` (Unix ms) among the

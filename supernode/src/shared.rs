@@ -53,6 +53,11 @@ pub(crate) const CHANNEL: &str = "bspweb";
 /// How often a supernode reads what the others changed without being told.
 const CHECK_EVERY: Duration = Duration::from_secs(2);
 
+/// Notifications that arrive within this long of the last one acted on are
+/// acted on together: a burst of changes elsewhere (a mass login after a
+/// restart) costs one rebuild per interval, not one per change.
+const COALESCE: Duration = Duration::from_millis(50);
+
 /// Largest payload PostgreSQL takes (8000 bytes), with a margin.
 const MAX_PAYLOAD: usize = 7_900;
 
@@ -76,6 +81,22 @@ pub(crate) struct Wake {
 }
 
 impl Wake {
+    /// Adds what `other` wakes to `self`'s.
+    pub(crate) fn merge(&mut self, other: Wake) {
+        for job in other.jobs {
+            if !self.jobs.contains(&job) {
+                self.jobs.push(job);
+            }
+        }
+        for change in other.job_list {
+            if !self.job_list.contains(&change) {
+                self.job_list.push(change);
+            }
+        }
+        self.scheduler |= other.scheduler;
+        self.all |= other.all;
+    }
+
     /// What `fx` tells other supernodes.
     pub(crate) fn of(from: u64, fx: &Effects) -> Wake {
         Wake {
@@ -358,18 +379,39 @@ async fn listen_once(
                         sn.wake_from_elsewhere(Wake { all: true, scheduler: true, ..Wake::default() }).await;
                     }
                 }
-                message = rx.recv() => match message {
-                    Some(Ok(payload)) => match serde_json::from_str::<Wake>(&payload) {
-                        Ok(wake) if wake.from == sn.instance() => {}
-                        Ok(wake) => {
-                            tracing::debug!(?wake, "another supernode changed the shared state");
-                            sn.wake_from_elsewhere(wake).await
+                message = rx.recv() => {
+                    let mut wake: Option<Wake> = None;
+                    let mut next = message;
+                    loop {
+                        match next {
+                            Some(Ok(payload)) => match serde_json::from_str::<Wake>(&payload) {
+                                Ok(w) if w.from == sn.instance() => {}
+                                Ok(w) => match &mut wake {
+                                    Some(all) => all.merge(w),
+                                    None => wake = Some(w),
+                                },
+                                Err(e) => tracing::warn!(error = %e, "an unreadable notification on the shared channel"),
+                            },
+                            Some(Err(e)) => return Err(e),
+                            None => return Ok(()),
                         }
-                        Err(e) => tracing::warn!(error = %e, "an unreadable notification on the shared channel"),
-                    },
-                    Some(Err(e)) => return Err(e),
-                    None => return Ok(()),
-                },
+                        // Everything that arrived meanwhile, acted on at once.
+                        match rx.try_recv() {
+                            Ok(m) => next = Some(m),
+                            Err(_) => break,
+                        }
+                    }
+                    if let Some(wake) = wake {
+                        tracing::debug!(?wake, "another supernode changed the shared state");
+                        sn.wake_from_elsewhere(wake).await;
+                        // What comes next waits a little, to be acted on
+                        // with what follows it.
+                        tokio::select! {
+                            () = tokio::time::sleep(COALESCE) => {}
+                            () = stopped(&mut stop) => return Ok(()),
+                        }
+                    }
+                }
                 () = stopped(&mut stop) => return Ok(()),
             }
         }
@@ -387,6 +429,33 @@ async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Notifications acted on together wake what any of them would have,
+    /// each job once.
+    #[test]
+    fn merged_wakes_wake_everything_each_would() {
+        let mut w = Wake {
+            from: 7,
+            jobs: vec![1, 2],
+            job_list: vec![(10, 1)],
+            ..Wake::default()
+        };
+        w.merge(Wake {
+            from: 9,
+            jobs: vec![2, 3],
+            job_list: vec![(10, 1), (11, 3)],
+            scheduler: true,
+            all: false,
+        });
+        assert_eq!(w.jobs, vec![1, 2, 3]);
+        assert_eq!(w.job_list, vec![(10, 1), (11, 3)]);
+        assert!(w.scheduler && !w.all);
+        w.merge(Wake {
+            all: true,
+            ..Wake::default()
+        });
+        assert!(w.all);
+    }
 
     #[test]
     fn a_long_wake_becomes_wake_everything() {

@@ -33,11 +33,22 @@ pub(super) const PROBE_RETRY_MS: i64 = 30_000;
 /// made a renewal cost O(peers) (issue 14).
 pub(super) const CANDIDATES_REFRESH_MS: i64 = 5 * 60_000;
 
+/// Online peers looked at per second, at most, to choose probe candidates
+/// (about 1 % of a core). Choosing a peer's candidates looks at every
+/// online peer, so after a supernode starts, the first renewals of 10⁵
+/// peers would each cost O(10⁵) at once; with this budget each second
+/// chooses for as many peers as it allows (20 a second among 10⁵ peers,
+/// every peer within the second in networks of up to ~1 400), and the
+/// others probe their old candidates, or nothing, meanwhile. Measuring
+/// links is not urgent: a link is measured again after minutes to hours.
+pub(super) const CANDIDATE_WORK_PER_SEC: u64 = 2_000_000;
+
 /// `peer`'s probe candidates (`clustering::neighbours` among the online
 /// peers), as chosen at most [`CANDIDATES_REFRESH_MS`] ago, or chosen
 /// again: when one of them is no longer online, or when they are fewer
 /// than the policy wants and peers came or went since (a small network
-/// growing).
+/// growing) — within [`CANDIDATE_WORK_PER_SEC`]; over it, the old ones
+/// still online (none if it had none).
 fn candidates(
     live: &mut crate::Live,
     peer: PeerId,
@@ -57,6 +68,23 @@ fn candidates(
     {
         return c.peers.clone();
     }
+    let cost = live.peers.len() as u64;
+    let second = now.div_euclid(1000);
+    if live.candidate_work.0 != second {
+        live.candidate_work = (second, 0);
+    }
+    let used = live.candidate_work.1;
+    // At least one choice a second, however large the network.
+    if used > 0 && used.saturating_add(cost) > CANDIDATE_WORK_PER_SEC {
+        return live.candidates.get(&peer).map_or_else(Vec::new, |c| {
+            c.peers
+                .iter()
+                .copied()
+                .filter(|p| online(live, p))
+                .collect()
+        });
+    }
+    live.candidate_work.1 = used.saturating_add(cost);
     let all: Vec<PeerId> = live
         .peers
         .iter()
@@ -222,5 +250,40 @@ mod tests {
         let grown = candidates(&mut small, 1, 1, policy);
         assert_eq!(grown.len(), 2);
         assert!(grown.contains(&3));
+    }
+
+    /// Choosing candidates stays within its budget of work per second:
+    /// over it, a peer keeps its old candidates (those still online) or
+    /// gets none, and chooses in a later second.
+    #[test]
+    fn choosing_candidates_keeps_to_its_budget() {
+        let policy = clustering::ProbePolicy::default();
+        let until = 10_000_000;
+        let mut live = crate::Live::default();
+        let n = 100_000u64;
+        for id in 1..=n as PeerId {
+            online(&mut live, id, until);
+        }
+        let per_second = (CANDIDATE_WORK_PER_SEC / n).max(1) as PeerId;
+        // Within one second: that many peers choose, the next gets none.
+        for id in 1..=per_second {
+            assert_eq!(
+                candidates(&mut live, id, 5_000, policy).len(),
+                32,
+                "peer {id}"
+            );
+        }
+        assert!(candidates(&mut live, per_second + 1, 5_500, policy).is_empty());
+        assert_eq!(live.candidate_work, (5, per_second as u64 * n));
+        // The next second it chooses.
+        assert_eq!(
+            candidates(&mut live, per_second + 1, 6_000, policy).len(),
+            32
+        );
+        // A peer due to choose again keeps its old candidates meanwhile.
+        let old = live.candidates[&1].peers.clone();
+        live.candidate_work = (6 + CANDIDATES_REFRESH_MS / 1000, CANDIDATE_WORK_PER_SEC);
+        let later = 6_000 + CANDIDATES_REFRESH_MS;
+        assert_eq!(candidates(&mut live, 1, later, policy), old);
     }
 }

@@ -619,10 +619,14 @@ pub(super) fn expire_overdue(
     fx: &mut Effects,
     now: i64,
 ) -> Result<Vec<PeerId>, Error> {
+    // Only leases over as stored can be over (memory only extends them),
+    // and the database finds those: a login reads no row of every online
+    // peer (a mass login of n peers would be O(n²)).
     let mut table: Vec<lease::PeerLease> = {
-        let mut stmt =
-            tx.prepare_cached("SELECT id, lease_expires_at FROM peers WHERE state = 'online'")?;
-        stmt.query_map([], |r| {
+        let mut stmt = tx.prepare_cached(
+            "SELECT id, lease_expires_at FROM peers WHERE state = 'online' AND lease_expires_at < ?1",
+        )?;
+        stmt.query_map([now], |r| {
             Ok(lease::PeerLease {
                 id: r.get(0)?,
                 online: true,

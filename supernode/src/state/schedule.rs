@@ -13,6 +13,24 @@ impl Core {
     pub(crate) fn schedule(&mut self, inner: &Inner, fx: &mut Effects) -> Result<usize, Error> {
         let now = now_ms();
         let tx = self.conn.transaction()?;
+        // The waiting jobs first: with none (most wake-ups: every login
+        // wakes the scheduler) nothing reads every online peer.
+        let waiting: Vec<(JobId, Copies, i64)> = {
+            let mut stmt = tx.prepare(
+                "SELECT id, nprocs, redundancy, owner FROM jobs WHERE state = 'waiting' ORDER BY id",
+            )?;
+            stmt.query_map([], |r| {
+                let copies = Copies {
+                    nprocs: r.get(1)?,
+                    redundancy: r.get::<_, u32>(2)?.max(1),
+                };
+                Ok((r.get(0)?, copies, r.get(3)?))
+            })?
+            .collect::<crate::sql::Result<_>>()?
+        };
+        if waiting.is_empty() {
+            return Ok(0);
+        }
         let online: HashMap<PeerId, (String, u32)> = {
             let mut stmt = tx.prepare(
                 "SELECT id, addr, cores FROM peers \
@@ -50,22 +68,6 @@ impl Core {
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
-        let waiting: Vec<(JobId, Copies, i64)> = {
-            let mut stmt = tx.prepare(
-                "SELECT id, nprocs, redundancy, owner FROM jobs WHERE state = 'waiting' ORDER BY id",
-            )?;
-            stmt.query_map([], |r| {
-                let copies = Copies {
-                    nprocs: r.get(1)?,
-                    redundancy: r.get::<_, u32>(2)?.max(1),
-                };
-                Ok((r.get(0)?, copies, r.get(3)?))
-            })?
-            .collect::<crate::sql::Result<_>>()?
-        };
-        if waiting.is_empty() {
-            return Ok(0);
-        }
         // Two-level placement (Fig. 6.1): a job that fits a cluster goes
         // to one, chosen by DHHT over the clusters; flat without clusters.
         let table = crate::jobs::two_level(&tx, &self.place, inner)?;
