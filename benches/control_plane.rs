@@ -322,15 +322,20 @@ fn main() {
         if !pg {
             sqlite_rate = rate;
         }
+        // Beside SQLite's rate, when measured in this run.
+        let ratio = if sqlite_rate.is_nan() {
+            String::new()
+        } else {
+            format!("   ({:.2}× SQLite)", rate / sqlite_rate)
+        };
         println!(
-            "{:<28} {:>12.0} {:>10.1} {:>10.1} {:>8} {:>16.0}   ({:.2}× SQLite)",
+            "{:<28} {:>12.0} {:>10.1} {:>10.1} {:>8} {:>16.0}{ratio}",
             name,
             rate,
             m.p50_ms,
             m.p99_ms,
             m.errors,
             rate * DEFAULT_TTL_SECS / 3.0,
-            rate / sqlite_rate
         );
         costs.push((name, m));
     }

@@ -82,6 +82,36 @@ impl Dhht {
         Self::default()
     }
 
+    /// A table of `peers` built at once: O(n log n), where inserting them
+    /// one by one is O(n²) (a supernode rebuilds its table of every online
+    /// peer after another supernode changed it). Returns the peers it
+    /// rejected, as [`Dhht::insert`] would have: an invalid weight, or an
+    /// id listed before.
+    pub fn from_peers(
+        peers: impl IntoIterator<Item = Peer>,
+    ) -> (Self, Vec<(Peer, PlacementError)>) {
+        let mut d = Dhht::new();
+        let mut rejected = Vec::new();
+        for peer in peers {
+            if let Err(e) = check_weight(peer) {
+                rejected.push((peer, e));
+            } else if d.by_id.contains_key(&peer.id) {
+                rejected.push((peer, PlacementError::DuplicatePeer { peer: peer.id }));
+            } else {
+                d.by_id.insert(peer.id, (peer.position, peer.weight));
+                d.ring.push(Entry {
+                    position: peer.position,
+                    id: peer.id,
+                    weight: peer.weight,
+                });
+                d.weights.push(peer.weight);
+            }
+        }
+        d.ring.sort_unstable_by_key(|e| (e.position, e.id));
+        d.weights.sort_unstable_by(f64::total_cmp);
+        (d, rejected)
+    }
+
     /// The number of peers.
     pub fn len(&self) -> usize {
         self.ring.len()

@@ -436,6 +436,14 @@ proptest! {
             prop_assert_eq!(d.len(), model.len());
             let max = model.values().map(|p| p.weight).fold(None, |m: Option<f64>, w| Some(m.map_or(w, |m| m.max(w))));
             prop_assert_eq!(d.max_weight(), max);
+            // Built at once from the same peers: the same table.
+            let (bulk, rejected) = Dhht::from_peers(model.values().copied());
+            prop_assert!(rejected.is_empty());
+            prop_assert_eq!(bulk.peers().collect::<Vec<_>>(), d.peers().collect::<Vec<_>>());
+            prop_assert_eq!(bulk.max_weight(), d.max_weight());
+            for &x in &xs {
+                prop_assert_eq!(bulk.lookup(Position(x)), d.lookup(Position(x)));
+            }
             // The median of the others: sort them, take index len / 2.
             for id in model.keys().copied().chain([-1]) {
                 let mut others: Vec<f64> = model
@@ -1435,4 +1443,23 @@ fn median_weight_of_others_leaves_out_the_peer() {
     d.remove(1);
     d.remove(5);
     assert_eq!(d.median_weight_of_others(4), None);
+}
+
+/// A table built at once rejects what one-by-one inserts would.
+#[test]
+fn from_peers_rejects_what_insert_rejects() {
+    let (d, rejected) = Dhht::from_peers([
+        peer(1, 10, 1.0),
+        peer(2, 20, f64::NAN),
+        peer(1, 30, 2.0),
+        peer(3, 5, 0.0),
+    ]);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d.get(1), Some(peer(1, 10, 1.0)));
+    let ids: Vec<i64> = rejected.iter().map(|(p, _)| p.id).collect();
+    assert_eq!(ids, [2, 1, 3]);
+    assert!(matches!(
+        rejected[1].1,
+        PlacementError::DuplicatePeer { peer: 1 }
+    ));
 }

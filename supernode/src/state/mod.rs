@@ -405,6 +405,13 @@ impl Core {
     pub(crate) fn rebuild_placement(&mut self) -> Result<(), Error> {
         let mut place = Place::default();
         let mut unplaced = Vec::new();
+        // Built at once (O(n log n); one by one is O(n²)).
+        let mut in_dhht: Vec<placement::Peer> = Vec::new();
+        let entry = |id: PeerId, k: u64, weight: f64| placement::Peer {
+            id,
+            position: golden_position(k),
+            weight,
+        };
         {
             let mut stmt = self.conn.prepare(
                 "SELECT id, golden, \
@@ -425,7 +432,7 @@ impl Core {
                     .map(u64_from_sql)
                     .filter(|&k| place.peer_indices.restore(k));
                 match k {
-                    Some(k) if !draining => insert_peer(&mut place.dhht, id, k, power),
+                    Some(k) if !draining && power > 0.0 => in_dhht.push(entry(id, k, power)),
                     Some(_) => {}
                     None => unplaced.push((id, power, draining)),
                 }
@@ -437,10 +444,15 @@ impl Core {
                 "UPDATE peers SET golden = ?2 WHERE id = ?1",
                 params![id, u64_to_sql(k)],
             )?;
-            if !draining {
-                insert_peer(&mut place.dhht, id, k, power);
+            if !draining && power > 0.0 {
+                in_dhht.push(entry(id, k, power));
             }
         }
+        let (dhht, rejected) = Dhht::from_peers(in_dhht);
+        for (peer, e) in rejected {
+            tracing::error!(peer = peer.id, error = %e, "cannot add a peer to the placement table");
+        }
+        place.dhht = dhht;
         {
             let mut stmt = self.conn.prepare(
                 "SELECT p.position FROM placements p JOIN jobs j ON j.id = p.job WHERE j.state = 'active'",
