@@ -95,16 +95,21 @@ impl Dhht {
         for peer in peers {
             if let Err(e) = check_weight(peer) {
                 rejected.push((peer, e));
-            } else if d.by_id.contains_key(&peer.id) {
-                rejected.push((peer, PlacementError::DuplicatePeer { peer: peer.id }));
-            } else {
-                d.by_id.insert(peer.id, (peer.position, peer.weight));
-                d.ring.push(Entry {
-                    position: peer.position,
-                    id: peer.id,
-                    weight: peer.weight,
-                });
-                d.weights.push(peer.weight);
+                continue;
+            }
+            match d.by_id.entry(peer.id) {
+                std::collections::btree_map::Entry::Occupied(_) => {
+                    rejected.push((peer, PlacementError::DuplicatePeer { peer: peer.id }));
+                }
+                std::collections::btree_map::Entry::Vacant(slot) => {
+                    slot.insert((peer.position, peer.weight));
+                    d.ring.push(Entry {
+                        position: peer.position,
+                        id: peer.id,
+                        weight: peer.weight,
+                    });
+                    d.weights.push(peer.weight);
+                }
             }
         }
         d.ring.sort_unstable_by_key(|e| (e.position, e.id));
