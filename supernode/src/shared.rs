@@ -195,7 +195,9 @@ pub(crate) fn enter(core: &mut Core, inner: &Inner) -> Result<(), Error> {
     Ok(())
 }
 
-fn set_holds_lock(conn: &Connection, held: bool) {
+/// Tells the connection whether a transition holds the shared lock on it
+/// (then a lost connection fails the transition instead of reconnecting).
+pub(crate) fn set_holds_lock(conn: &Connection, held: bool) {
     if let Some(c) = conn.postgres_conn() {
         c.set_holds_lock(held);
     }

@@ -49,12 +49,6 @@ struct Stored {
     power: f64,
 }
 
-fn holds_lock(core: &Core, held: bool) {
-    if let Some(c) = core.conn.postgres_conn() {
-        c.set_holds_lock(held);
-    }
-}
-
 /// `ids` as the text `string_to_array` splits: one parameter, so one
 /// prepared statement whatever the batch's size. The statements join
 /// with `unnest` of it, evaluated once (as `id = ANY(…)` in a filter it
@@ -98,12 +92,12 @@ impl Core {
             return out;
         }
         // Not reconnected (without the lock) half way.
-        holds_lock(self, true);
+        crate::shared::set_holds_lock(&self.conn, true);
         // Released even if a renewal panics.
         let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.renew_plain_locked(inner, fx, batch, &simple)
         }));
-        holds_lock(self, false);
+        crate::shared::set_holds_lock(&self.conn, false);
         if let Err(e) =
             self.conn
                 .query_row("SELECT pg_advisory_unlock_shared(?1)", [WRITE_LOCK], |_| {
