@@ -1,82 +1,35 @@
-//! The job driver: runs this peer's share of a job superstep by superstep,
-//! checkpoints every process, and restores or hands over processes when the
-//! job's placement changes (DESIGN.md, Execution 2–7; docs/fault-tolerance.md).
-//!
-//! Per process and superstep: resume it (on blocking threads, at most
-//! `slots` at once) until it syncs or returns; route what it sent (local
-//! destinations straight into the [`Barrier`], remote ones in `Data` frames)
-//! and retain it; at a checkpointed superstep capture its state and send it
-//! to its replicas; once they all acknowledged (at once when the superstep is
-//! not checkpointed), tell every peer `Done(pid, s)`; when the barrier says
-//! the process has everything for `s`, give it its inbox and resume it.
-//!
-//! A new assignment (a higher epoch) changes the routing table; processes
-//! that moved here are restored from the newest snapshot any peer holds, and
-//! processes that moved away are handed over at their next sync. Everything
-//! another peer may need again — messages and `Done`s since the newest
-//! globally safe checkpoint — is retained and re-sent to a process's new
-//! host, and to any peer whose connection broke and came back.
+//! This peer's jobs: the job table ([`Jobs`]) and each job's driver, a thin
+//! tokio loop around the job's [`Machine`] (`job/machine.rs`, issue 17):
+//! it owns the sockets, the blocking threads and wasmtime (`job/io.rs`,
+//! [`io::TokioIo`]) and feeds the machine what happens — frames, processes'
+//! results, assignments, delivered output, timers — with the time.
 //!
 //! The driver knows nothing about HTTP: it takes the assignment and the
 //! compiled module, talks to other peers through [`crate::net`], and emits
 //! [`PeerEvent`]s into a [`Reporter`].
 //!
-//! This file holds the job table ([`Jobs`]), the driver's state and its
-//! event loop; `job/assignment` checks an assignment, `job/threads` is what
-//! runs on a process's thread; the handlers live by sub-protocol in `job/`: `program_fetch`
-//! (Robber or download, compile), `routing` (links, message routing, relayed
-//! multicasts), `supersteps` (resumes, captures, the barrier's `pump`),
-//! `replication` (checkpoints to replicas, handovers, retention), `restore`
-//! (from the newest snapshot the job's peers hold), `inbound` (frames, and
-//! the [`ProtocolError`]s that fail a job) and `epochs` (a new assignment).
+//! `job/assignment` checks an assignment, `job/hosts` says who runs each
+//! copy of a pid; the machine's handlers live by sub-protocol in
+//! `job/machine/`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use base64::Engine as _;
 use bsp_api::control::{JobAssignment, PeerEvent};
-use bsp_api::wire::{Frame, ProcDone, RelayHead, WireMessage, message_groups};
-use bsp_api::{JobId, PeerId, Pid};
+use bsp_api::{JobId, PeerId};
 use tokio::sync::mpsc;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use wasmtime::Module;
 
-use crate::barrier::Barrier;
-use crate::checkpoint::{self, Assembled, Assembler, PageTracker, ReplicaStore, Snapshot};
-use crate::net::{self, Dial, Inbound, Outgoing, Registry};
-use crate::program;
-use crate::relay::{self, BroadcastPolicy, DataStats, Inflight, RelayError, RelayKey, Site};
+use crate::net::{Inbound, Registry};
+use crate::relay::{BroadcastPolicy, DataStats};
 use crate::report::Reporter;
-use crate::runtime::{JobInfo, Message, Outcome, Process, Runtime};
-
-/// A frame another peer of the job sent that breaks the data-plane
-/// protocol: the job fails with it (a local failure is never one of these).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProtocolError {
-    #[error(transparent)]
-    Barrier(#[from] crate::barrier::BarrierError),
-    #[error(transparent)]
-    Relay(#[from] RelayError),
-    #[error("it asked for pid {0}, which does not exist")]
-    NoSuchPid(Pid),
-    #[error("a handshake frame is not allowed after the handshake")]
-    HandshakeFrame,
-    #[error("a link probe is not allowed on a job's connection")]
-    ProbeFrame,
-}
-
-/// Target size of one `Data` frame's payloads.
-const BATCH_BYTES: usize = 1 << 20;
-
-/// Most messages in one `Data` frame (however small, or shared, their
-/// payloads), well under what a receiver decodes
-/// (`message_groups::MAX_MESSAGES`).
-const BATCH_MESSAGES: usize = 1 << 16;
+use crate::runtime::Runtime;
 
 /// Job ids remembered after they ended, so a repeated `StartJob` is ignored.
 const REMEMBER_ENDED: usize = 4096;
@@ -84,26 +37,10 @@ const REMEMBER_ENDED: usize = 4096;
 /// A job's program (compiled, and its bytes to pass on to other peers) and
 /// its resources (`bsp_api::control::encode_resources` form; empty when the
 /// assignment carries them or there are none).
-pub struct Fetched {
-    pub module: Module,
-    pub bytes: bytes::Bytes,
-    pub resources: bytes::Bytes,
-}
-
-/// Decoded resources, to replace the job's (none when they came inline).
-type Resources = Option<Vec<(String, Vec<u8>)>>;
+pub type Fetched = machine::Downloaded<Module>;
 
 /// How the program is downloaded from the supernode when it must be.
 type Download = std::pin::Pin<Box<dyn Future<Output = Result<Fetched, FetchError>> + Send>>;
-
-/// What the tasks that get the program report.
-enum ProgramEvent {
-    /// The direct download (or the cache) answered.
-    Downloaded(Result<Fetched, FetchError>),
-    /// The bundle Robber assembled: the program compiled and the resources
-    /// decoded (or why not).
-    Assembled(Result<(Module, Resources), FetchError>),
-}
 
 /// What every job on this peer shares.
 #[derive(Debug, Clone)]
@@ -314,241 +251,6 @@ impl Jobs {
     }
 }
 
-/// A process and what its checkpoints need, moved together between the
-/// driver and blocking threads.
-struct Proc {
-    process: Process,
-    tracker: PageTracker,
-    /// The last snapshots `tracker` took (newest last, at most
-    /// [`checkpoint::RECYCLE_DEPTH`]): the next capture recycles the memory
-    /// buffer of one that nobody else holds any more (its replicas
-    /// acknowledged it).
-    recent: VecDeque<Arc<Snapshot>>,
-}
-
-enum State {
-    /// A resume, capture or restore is running on a blocking thread.
-    Busy,
-    /// At sync of its current superstep, waiting for its barrier.
-    AtSync(Box<Proc>),
-    /// Returned from `main`.
-    Exited,
-    /// Waiting for the snapshots other peers hold.
-    Fetching,
-}
-
-struct Local {
-    state: State,
-    /// The superstep it is in (or at the sync of).
-    superstep: u32,
-    /// Checkpoints not yet acknowledged by all their replicas (or whose
-    /// output is not yet delivered), oldest first. Replication overlaps
-    /// the next superstep, so there are at most two: `K_{s-1}` still in
-    /// flight and `K_s` just taken (`Done(s + 1)` waits for `K_{s-1}`, so
-    /// the barrier of `s + 1` cannot pass before it is safe).
-    pending: VecDeque<Pending>,
-    /// `Done`s not yet sent, ascending: `Done(s)` goes out once every
-    /// checkpoint before `s` is safe ([`may_announce`]).
-    held: Vec<(u32, ProcDone)>,
-    /// With redundancy: the `Done` of a superstep being captured, which
-    /// waits for the digest of the capture.
-    unsigned: Option<(u32, ProcDone)>,
-    /// An exit checkpoint is being taken at this superstep: its `Done`
-    /// waits for it (nothing later would).
-    capturing_exit: Option<u32>,
-    /// The reporter mark of the `ProcessExited` event, once emitted.
-    exit_mark: u64,
-    /// Replicas' answers since the last capture, for its page tracker:
-    /// (replica, superstep, ok).
-    acks: Vec<(PeerId, u32, bool)>,
-    /// Moves to another peer at its next sync.
-    leaving: bool,
-    /// A snapshot taken for the new host, while it has not asked yet.
-    handover: Option<Arc<Snapshot>>,
-}
-
-impl Local {
-    /// A process that just came to this peer, in `state`, before its first
-    /// superstep here.
-    fn new(state: State) -> Local {
-        Local {
-            state,
-            superstep: 0,
-            pending: VecDeque::new(),
-            held: Vec::new(),
-            unsigned: None,
-            capturing_exit: None,
-            exit_mark: 0,
-            acks: Vec::new(),
-            leaving: false,
-            handover: None,
-        }
-    }
-}
-
-struct Pending {
-    superstep: u32,
-    waiting: HashSet<PeerId>,
-    snapshot: Arc<Snapshot>,
-    /// The process's own `Done` of `superstep` waits for this checkpoint
-    /// too (an exit, after which nothing would wait for it, or a restored
-    /// snapshot, which must be on the new replicas before the restored
-    /// process repeats its `Done`s).
-    gates_own: bool,
-    /// The reporter mark of the process's last output record (and exit
-    /// event) up to the checkpoint: that output must have reached the
-    /// supernode before a replica holds the checkpoint, because a restore
-    /// from it does not re-execute (so does not re-emit) that output. Until
-    /// then the checkpoint is not sent (`unsent`), so a restore from
-    /// whatever snapshot a replica holds loses no output. Other events
-    /// (progress, status lines) are not waited for.
-    output_mark: u64,
-    /// Checkpoint frames per replica, waiting for the output to be
-    /// delivered (and, with redundancy, for the copies to agree).
-    unsent: Vec<(PeerId, Outgoing)>,
-    /// The digest of the process's state in it
-    /// ([`Snapshot::state_digest`]).
-    digest: [u8; 32],
-    /// A quorum of the process's copies agreed on `digest` (always, without
-    /// redundancy): only then may a replica hold it, so every restore
-    /// starts from a state the copies agreed on.
-    agreed: bool,
-}
-
-struct Fetch {
-    waiting: HashSet<PeerId>,
-    best: Option<Arc<Snapshot>>,
-}
-
-struct Link {
-    addr: String,
-    writer: mpsc::UnboundedSender<Outgoing>,
-    task: JoinHandle<()>,
-    batch: Vec<WireMessage>,
-    batch_bytes: usize,
-}
-
-impl Link {
-    fn send(&self, frame: impl Into<Outgoing>) {
-        // A closed writer reports its failure as `SendFailed`.
-        let _ = self.writer.send(frame.into());
-    }
-}
-
-/// A checkpoint's frames for each replica it was planned for, encoded by
-/// the capture task (once per distinct plan: replicas with the same base
-/// share the bytes).
-type Encoded = Vec<(PeerId, Vec<net::Segments>)>;
-
-/// What a process's thread says as soon as the guest reached a sync that
-/// is checkpointed (or returned), before it captures the process there: the
-/// messages it sent go out while the capture runs.
-struct Early {
-    pid: Pid,
-    exited: bool,
-    out: Vec<WireMessage>,
-}
-
-/// What a capture taken on the process's own thread right after its
-/// superstep needs from the driver, fixed when the superstep starts.
-struct CaptureInput {
-    /// The retained outbox so far (the superstep's messages are added).
-    outbox: Vec<WireMessage>,
-    /// Who gets the checkpoint.
-    targets: Vec<PeerId>,
-    early: mpsc::UnboundedSender<Early>,
-}
-
-/// What a blocking task hands back.
-enum Task {
-    Resumed(Pid, Result<(Proc, Outcome), HostError>),
-    Captured(Pid, Result<(Proc, Arc<Snapshot>, Encoded), HostError>),
-    /// `None`: the snapshot is of a process that had exited.
-    Restored(Pid, Arc<Snapshot>, Result<Option<Proc>, HostError>),
-}
-
-struct Driver {
-    env: JobEnv,
-    info: Arc<JobInfo>,
-    /// The compiled program, once it is here.
-    module: Option<Module>,
-    /// Processes to start (fresh, restored) once the program is here.
-    deferred: Option<(Vec<Pid>, Vec<Pid>)>,
-    /// The direct download, until it is started (`None` after).
-    download: Option<Download>,
-    /// Robber spreading the program among the job's first peers.
-    dist: Option<program::Distribution>,
-    /// When the last piece of the program arrived (or Robber started).
-    dist_progress: Instant,
-    dist_started: Instant,
-    program_tx: mpsc::UnboundedSender<ProgramEvent>,
-    program_hash: String,
-    /// The program's size, and the resources' hash (empty: none apart).
-    program_bytes: u64,
-    resources_hash: String,
-    /// The program's and resources' size together (what Robber moves).
-    dist_bytes: u64,
-    job: JobId,
-    me: PeerId,
-    token: String,
-    epoch: u64,
-    checkpoint_every: u32,
-    replicas: usize,
-    /// Who runs each pid (each copy, with redundancy).
-    hosts: Hosts,
-    /// The job's peers (this one included), in assignment order.
-    peers: Vec<PeerId>,
-    links: HashMap<PeerId, Link>,
-    barrier: Barrier,
-    local: BTreeMap<Pid, Local>,
-    /// Messages local processes sent in supersteps ≥ `safe`, per source.
-    retained: BTreeMap<Pid, Vec<WireMessage>>,
-    /// Bytes of `retained` ([`checkpoint::outbox_bytes`]).
-    retained_bytes: u64,
-    /// What this job adds to `env.stats.held` now.
-    held: u64,
-    /// `Done`s of local processes already sent, per (pid, superstep).
-    dones: BTreeMap<(Pid, u32), ProcDone>,
-    /// The newest superstep whose barrier is complete here.
-    complete: Option<u32>,
-    /// How the job's other peers keep up ([`crate::observe`]), with times
-    /// in milliseconds since `observed_from`.
-    observer: crate::observe::Observer,
-    observed_from: Instant,
-    /// The newest checkpointed superstep before `complete`: every process
-    /// has a safe checkpoint at or after it, so nobody is ever restored from
-    /// before it.
-    safe: Option<u32>,
-    store: ReplicaStore,
-    assemblers: HashMap<PeerId, Assembler>,
-    fetches: BTreeMap<Pid, Fetch>,
-    /// Peers that asked for a snapshot of a local process (a handover).
-    handovers: BTreeMap<Pid, BTreeSet<PeerId>>,
-    tasks: JoinSet<Task>,
-    /// [`Early`] reports of processes' threads.
-    early_tx: mpsc::UnboundedSender<Early>,
-    early_rx: mpsc::UnboundedReceiver<Early>,
-    failed: bool,
-    events_tx: mpsc::Sender<Inbound>,
-    /// Where each peer of the job runs, for the broadcast rule.
-    sites: HashMap<PeerId, Site>,
-    /// Multicasts this peer sends or relays, in supersteps ≥ `safe` (a key
-    /// may have several heads: a restored sender re-sends with another).
-    relays: BTreeMap<RelayKey, Vec<Inflight>>,
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        // The job's memory goes with it.
-        self.env.stats.held.fetch_sub(self.held, Ordering::Relaxed);
-        self.env.runtime.budget().set_held(self.job, 0);
-    }
-}
-
-/// Most heads one multicast may arrive with (each restore of its sender
-/// can add one).
-const MAX_HEADS: usize = 8;
-
 #[allow(clippy::too_many_arguments)]
 async fn run_job(
     env: JobEnv,
@@ -556,8 +258,8 @@ async fn run_job(
     a: JobAssignment,
     download: Download,
     events_tx: mpsc::Sender<Inbound>,
-    events: mpsc::Receiver<Inbound>,
-    updates: mpsc::UnboundedReceiver<JobAssignment>,
+    mut events: mpsc::Receiver<Inbound>,
+    mut updates: mpsc::UnboundedReceiver<JobAssignment>,
     cancel: CancellationToken,
 ) {
     let job = a.job;
@@ -578,200 +280,79 @@ async fn run_job(
             return;
         }
     };
-    let limit = info.outbox_limit;
-    let nprocs = a.nprocs;
-    let (program_tx, program_rx) = mpsc::unbounded_channel();
-    let now = Instant::now();
-    let (early_tx, early_rx) = mpsc::unbounded_channel();
-    let mut d = Driver {
-        env,
-        info: Arc::new(info),
-        module: None,
-        deferred: None,
-        download: Some(download),
-        dist: None,
-        dist_progress: now,
-        dist_started: now,
-        program_tx,
-        program_hash: a.program_hash.clone(),
-        program_bytes: a.program_bytes,
-        resources_hash: a.resources_hash.clone(),
-        dist_bytes: a.program_bytes.saturating_add(a.resources_bytes),
-        job,
+    let setup = Setup {
         me,
-        token: a.job_token.clone(),
-        epoch: a.epoch,
-        checkpoint_every: a.limits.checkpoint_every.max(1),
-        replicas: a.limits.replicas as usize,
-        barrier: Barrier::with_quorum(nprocs, limit, hosts.copies()),
-        hosts,
-        peers: a.peers.iter().map(|p| p.id).collect(),
-        links: HashMap::new(),
-        local: BTreeMap::new(),
-        retained: BTreeMap::new(),
-        retained_bytes: 0,
-        held: 0,
-        dones: BTreeMap::new(),
-        complete: None,
-        observer: crate::observe::Observer::new(0),
-        observed_from: Instant::now(),
-        safe: None,
-        store: ReplicaStore::new(),
-        assemblers: HashMap::new(),
-        fetches: BTreeMap::new(),
-        handovers: BTreeMap::new(),
-        tasks: JoinSet::new(),
-        early_tx,
-        early_rx,
-        failed: false,
-        events_tx,
-        sites: sites_of(&a),
-        relays: BTreeMap::new(),
+        limits: Limits {
+            nprocs: info.nprocs,
+            memory_limit: info.memory_limit,
+            outbox_limit: info.outbox_limit,
+        },
+        broadcast: env.broadcast,
     };
-    d.elect();
-    for p in &a.peers {
-        if p.id != me {
-            d.open_link(p.id, p.addr.clone());
-        }
-    }
-    let restore: HashSet<Pid> = a.restore.iter().copied().collect();
-    let mine: Vec<Pid> = d.hosts.pids_on(me);
-    let (fresh, restored): (Vec<Pid>, Vec<Pid>) =
-        mine.into_iter().partition(|p| !restore.contains(p));
-    d.deferred = Some((fresh, restored));
-    d.get_program(&a);
-    d.run(events, updates, program_rx, cancel).await;
-    d.env.stats.observed.forget(d.job);
-    // Stop whatever still runs, close our connections.
-    kill.store(true, Ordering::Relaxed);
-    d.tasks.abort_all();
-    for (_, l) in d.links.drain() {
-        l.task.abort();
-    }
-}
-
-impl Driver {
-    async fn run(
-        &mut self,
-        mut events: mpsc::Receiver<Inbound>,
-        mut updates: mpsc::UnboundedReceiver<JobAssignment>,
-        mut program: mpsc::UnboundedReceiver<ProgramEvent>,
-        cancel: CancellationToken,
-    ) {
-        let mut delivered = self.env.reporter.watch_delivered();
-        let mut observe = tokio::time::interval(Duration::from_secs(1));
-        observe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            self.pump();
-            let waiting_for_robber =
-                self.module.is_none() && self.dist.as_ref().is_some_and(|d| !d.is_root());
-            let stall_at = self.dist_progress + self.stall_allowance();
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                Some(p) = program.recv() => self.on_program(p),
-                _ = tokio::time::sleep_until(stall_at), if waiting_for_robber => {
-                    let secs = self.stall_allowance().as_secs();
-                    self.fall_back(format!("no piece of the program arrived for {secs} s"));
-                }
-                Ok(()) = delivered.changed() => self.on_output_delivered(),
-                _ = observe.tick() => self.publish_observations(),
-                Some(joined) = self.tasks.join_next(), if !self.tasks.is_empty() => {
-                    match joined {
-                        Ok(task) => self.on_task(task),
-                        Err(e) if e.is_cancelled() => {}
-                        Err(e) => self.fail(None, format!("a process's host thread failed: {e}")),
+    let (program_tx, mut program) = mpsc::unbounded_channel();
+    let (early_tx, mut early) = mpsc::unbounded_channel();
+    let mut delivered = env.reporter.watch_delivered();
+    let origin = Instant::now();
+    let io = TokioIo::new(
+        env,
+        &a,
+        me,
+        Arc::new(info),
+        download,
+        io::Channels {
+            events: events_tx,
+            program: program_tx,
+            early: early_tx,
+        },
+    );
+    let mut m = Machine::new(io, setup, &a, hosts);
+    let ms = |t: Instant| u64::try_from(t.duration_since(origin).as_millis()).unwrap_or(u64::MAX);
+    loop {
+        let timeout = origin + Duration::from_millis(m.poll_timeout());
+        let input = tokio::select! {
+            _ = cancel.cancelled() => break,
+            Some(p) = program.recv() => Input::Program(p),
+            _ = tokio::time::sleep_until(timeout) => Input::Timer,
+            Ok(()) = delivered.changed() => Input::OutputDelivered,
+            Some(joined) = m.io_mut().join_next() => match joined {
+                Ok(task) => {
+                    // A capture's `Early` report was sent before it
+                    // finished: the machine takes it first, whichever of the
+                    // two this loop saw first.
+                    while let Ok(e) = early.try_recv() {
+                        m.handle(Input::Early(e), ms(Instant::now()));
                     }
+                    Input::Task(task)
                 }
-                Some(early) = self.early_rx.recv() => self.on_early(early),
-                Some(event) = events.recv() => self.on_inbound(event),
-                Some(a) = updates.recv() => {
-                    if !self.reassign(a) {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-
-    fn emit(&self, e: PeerEvent) {
-        self.env.reporter.emit(e);
-    }
-
-    fn observed_ms(&self) -> u64 {
-        u64::try_from(self.observed_from.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-
-    /// Hand what this peer saw of the job's other peers to the next
-    /// renewal, and the processes the barrier waits for once it waits long.
-    fn publish_observations(&mut self) {
-        let since = self.observed_from + Duration::from_millis(self.observer.waiting_since());
-        let waiting_for = if since.elapsed() >= crate::observe::REPORT_WAIT_AFTER
-            && self
-                .local
-                .values()
-                .any(|l| !matches!(l.state, State::Exited))
-        {
-            self.barrier.missing_done(self.observer.next())
-        } else {
-            Vec::new()
+                Err(e) if e.is_cancelled() => continue,
+                Err(e) => Input::ThreadFailed(e.into()),
+            },
+            Some(e) = early.recv() => Input::Early(e),
+            Some(event) = events.recv() => Input::Inbound(event),
+            Some(a) = updates.recv() => Input::Assignment(Box::new(a)),
         };
-        let hosts = &self.hosts;
-        let hosted = |peer: PeerId| hosts.count_on(peer);
-        self.env.stats.observed.publish(
-            self.job,
-            self.observer.take(),
-            hosted,
-            since.into_std(),
-            waiting_for,
-        );
-    }
-
-    fn status(&self, text: String) {
-        self.emit(PeerEvent::Status {
-            job: self.job,
-            pid: None,
-            text,
-        });
-    }
-
-    /// End the job on this peer with an error and wait for `KillJob`.
-    fn fail(&mut self, pid: Option<Pid>, reason: String) {
-        if self.failed {
-            return;
+        if m.handle(input, ms(Instant::now())) == Flow::Leave {
+            break;
         }
-        let superstep = pid
-            .and_then(|p| self.local.get(&p))
-            .map_or(0, |l| l.superstep);
-        tracing::warn!(job = self.job, ?pid, "job failed on this peer: {reason}");
-        self.emit(PeerEvent::ProcessFailed {
-            job: self.job,
-            pid,
-            superstep,
-            reason,
-        });
-        self.failed = true;
-        self.info.kill.store(true, Ordering::Relaxed);
-        self.local.clear();
     }
+    // Stop whatever still runs, close our connections.
+    m.io_mut().shut_down();
 }
 
 mod assignment;
-mod epochs;
 mod errors;
 mod hosts;
-mod inbound;
-mod program_fetch;
-mod replication;
-mod restore;
-mod routing;
-mod supersteps;
-mod threads;
+mod io;
+mod machine;
 
 use assignment::*;
 pub use errors::{FetchError, HostError, Source};
-use hosts::Hosts;
-pub(crate) use program_fetch::fetch_inputs;
-use threads::*;
+pub(crate) use io::fetch_inputs;
+use io::TokioIo;
+pub use machine::ProtocolError;
+use machine::{Flow, Input, Limits, Machine, Setup};
+#[cfg(test)]
+use machine::{checkpointed, newest_checkpointed_before};
 
 #[cfg(test)]
 mod tests;

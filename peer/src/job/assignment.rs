@@ -2,11 +2,25 @@
 //! process, the sites of its peers, and the resources that come with the
 //! program.
 
-use super::*;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use base64::Engine as _;
+use bsp_api::control::JobAssignment;
+use bsp_api::{JobId, PeerId, Pid};
+
+use super::JobEnv;
+use super::errors::{FetchError, Source};
+use super::hosts::Hosts;
+use super::machine::Resources;
+use crate::relay::Site;
+use crate::runtime::JobInfo;
 
 /// The shortest job secret a peer accepts: the data plane's key is derived
 /// from it, so it must hold at least 128 bits of hex.
-pub(super) const MIN_JOB_TOKEN: usize = 32;
+pub(crate) const MIN_JOB_TOKEN: usize = 32;
 
 /// What is wrong with an assignment from the supernode: the job fails on
 /// this peer with it ("invalid job assignment: …").
@@ -45,10 +59,10 @@ pub enum AssignmentError {
 }
 
 /// Most copies of a process (redundancy) a peer takes part in.
-pub(super) const MAX_COPIES: u32 = 3;
+pub(crate) const MAX_COPIES: u32 = 3;
 
 /// Check an assignment and return who hosts each pid.
-pub(super) fn check_assignment(me: PeerId, a: &JobAssignment) -> Result<Hosts, AssignmentError> {
+pub(crate) fn check_assignment(me: PeerId, a: &JobAssignment) -> Result<Hosts, AssignmentError> {
     if a.nprocs == 0 {
         return Err(AssignmentError::NoProcesses);
     }
@@ -101,7 +115,7 @@ pub(super) fn check_assignment(me: PeerId, a: &JobAssignment) -> Result<Hosts, A
     Ok(hosts)
 }
 
-pub(super) fn job_info(
+pub(crate) fn job_info(
     env: &JobEnv,
     a: &JobAssignment,
     kill: Arc<AtomicBool>,
@@ -154,7 +168,7 @@ pub fn replicas_of(
 }
 
 /// A fixed 64-bit mix (SplitMix64 finalizer over the three keys).
-pub(super) fn mix(a: u64, b: u64, c: u64) -> u64 {
+pub(crate) fn mix(a: u64, b: u64, c: u64) -> u64 {
     let mut z = a
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
         .wrapping_add(b.rotate_left(21))
@@ -167,7 +181,7 @@ pub(super) fn mix(a: u64, b: u64, c: u64) -> u64 {
 /// The job's resources in `encode_resources` form (from the supernode or
 /// from other peers, `whence`), checked against `hash` and decoded; none
 /// when `hash` is empty (the job has none apart from its assignment).
-pub(super) fn unpack_resources(
+pub(crate) fn unpack_resources(
     hash: &str,
     bytes: &[u8],
     whence: Source,
@@ -187,7 +201,7 @@ pub(super) fn unpack_resources(
 /// "; the job's 5 peers are in clusters a (2), b (3)": the clusters of
 /// the job's peers (the sites broadcasts and Robber use), for status lines;
 /// empty when no peer has one.
-pub(super) fn clusters_phrase<'a>(sites: impl Iterator<Item = &'a Site>) -> String {
+pub(crate) fn clusters_phrase<'a>(sites: impl Iterator<Item = &'a Site>) -> String {
     let mut count: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
     let (mut unnamed, mut all) = (0, 0);
     for s in sites {
@@ -209,7 +223,7 @@ pub(super) fn clusters_phrase<'a>(sites: impl Iterator<Item = &'a Site>) -> Stri
     format!("; the job's {all} {are} in cluster{s} {}", parts.join(", "))
 }
 
-pub(super) fn sites_of(a: &JobAssignment) -> HashMap<PeerId, Site> {
+pub(crate) fn sites_of(a: &JobAssignment) -> BTreeMap<PeerId, Site> {
     a.peers
         .iter()
         .map(|p| (p.id, Site::new(p.id, &p.addr, p.cluster.clone())))

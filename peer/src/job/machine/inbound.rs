@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl Driver {
+impl<I: JobIo> Machine<I> {
     pub(super) fn on_inbound(&mut self, event: Inbound) {
         match event {
             Inbound::Connected { .. } => {}
@@ -40,9 +40,7 @@ impl Driver {
                         peer: to,
                     });
                 }
-                if let Some(l) = self.links.remove(&to) {
-                    l.task.abort();
-                    let addr = l.addr;
+                if let Some(addr) = self.close_link(to) {
                     self.open_link(to, addr);
                     self.resync(to, None);
                     self.resend_relayed(to);
@@ -53,9 +51,7 @@ impl Driver {
                 // newer assignment says who runs what. Re-sending would be
                 // for nobody; a reassignment that still lists it reconnects.
                 tracing::debug!(job = self.job, to, "the job ended on peer #{to}");
-                if let Some(l) = self.links.remove(&to) {
-                    l.task.abort();
-                }
+                self.close_link(to);
             }
             Inbound::Frame { from, frame } => {
                 if !self.peers.contains(&from) {
@@ -85,8 +81,7 @@ impl Driver {
             }
             Frame::Done { superstep, procs } => {
                 if from != self.me {
-                    let now = self.observed_ms();
-                    self.observer.on_done(from, superstep, now);
+                    self.observer.on_done(from, superstep, self.now);
                 }
                 for d in procs {
                     self.barrier.on_done_from(superstep, d, from)?;
@@ -208,7 +203,7 @@ impl Driver {
     /// Re-send to `peer` what it may have missed: messages to its pids (only
     /// to `only` if given) and every `Done` of ours; a pending checkpoint if
     /// it is a replica; pending snapshot requests.
-    pub(super) fn resync(&mut self, peer: PeerId, only: Option<&HashSet<Pid>>) {
+    pub(super) fn resync(&mut self, peer: PeerId, only: Option<&BTreeSet<Pid>>) {
         let wanted = |dst: Pid| match only {
             Some(set) => set.contains(&dst),
             None => true,

@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl Driver {
+impl<I: JobIo> Machine<I> {
     /// Tell every peer (and the local barrier) that `pid` is through `s`.
     pub(super) fn announce(&mut self, s: u32, d: ProcDone) {
         timeline(d.pid, s, "Done sent");
@@ -28,7 +28,7 @@ impl Driver {
     }
 
     pub(super) fn start_fresh(&mut self, pids: Vec<Pid>) {
-        if self.module.is_none() {
+        if !self.has_program {
             let (fresh, _) = self.deferred.get_or_insert_default();
             for pid in pids {
                 if !fresh.contains(&pid) {
@@ -37,43 +37,14 @@ impl Driver {
             }
             return;
         }
+        let redundant = self.hosts.copies() > 1;
         for pid in pids {
             self.local.insert(pid, Local::new(State::Busy));
-            let runtime = self.env.runtime.clone();
-            let Some(module) = self.module.clone() else {
-                unreachable!("start_fresh defers until the program is here")
-            };
-            let info = self.info.clone();
-            let slots = self.env.slots.clone();
-            let job = self.job;
-            let redundant = self.hosts.copies() > 1;
-            let every = self.checkpoint_every;
-            self.tasks.spawn(async move {
-                let slot = slots.acquire(job).await.map_err(HostError::from);
-                let joined = tokio::task::spawn_blocking(move || {
-                    let slot = slot?;
-                    timeline(pid, 0, "instantiating");
-                    let mut p = Proc {
-                        process: runtime.instantiate(&module, info, pid)?,
-                        tracker: if redundant {
-                            PageTracker::new().with_state_digests(every)
-                        } else {
-                            PageTracker::new()
-                        },
-                        recent: VecDeque::new(),
-                    };
-                    timeline(pid, 0, "resumed");
-                    let outcome = p.process.resume_in(slot);
-                    timeline(pid, 0, "synced");
-                    Ok((p, outcome))
-                })
-                .await;
-                Task::Resumed(pid, joined.unwrap_or_else(|e| Err(e.into())))
-            });
+            self.io.start(pid, redundant, self.checkpoint_every);
         }
     }
 
-    pub(super) fn spawn_resume(&mut self, pid: Pid, mut p: Proc) {
+    pub(super) fn spawn_resume(&mut self, pid: Pid, mut p: Proc<I::Guest>) {
         if let Some(l) = self.local.get_mut(&pid) {
             l.state = State::Busy;
             // Replicas' answers so far, for the page tracker (later ones
@@ -82,41 +53,18 @@ impl Driver {
                 p.tracker.acked(r, superstep, ok);
             }
         }
-        let slots = self.env.slots.clone();
-        let job = self.job;
-        // A checkpointed superstep is captured by the process's own thread.
+        // A checkpointed superstep is captured right after it, where it ran.
         let s = self.local.get(&pid).map_or(0, |l| l.superstep);
         let capture_input = checkpointed(s, self.checkpoint_every).then(|| CaptureInput {
             outbox: self.retained.get(&pid).cloned().unwrap_or_default(),
             targets: self.replica_targets(pid),
-            early: self.early_tx.clone(),
         });
-        // A free slot: straight to a blocking thread (one thread hop less
-        // per superstep than queueing for it).
-        if let Some(slot) = slots.try_acquire(job) {
-            self.tasks
-                .spawn_blocking(move || resume_and_capture(pid, s, p, slot, capture_input));
-            return;
-        }
-        self.tasks.spawn(async move {
-            let slot = match slots.acquire(job).await {
-                Ok(slot) => slot,
-                Err(e) => return Task::Resumed(pid, Err(e.into())),
-            };
-            tokio::task::spawn_blocking(move || resume_and_capture(pid, s, p, slot, capture_input))
-                .await
-                .unwrap_or_else(|e| Task::Resumed(pid, Err(e.into())))
-        });
+        self.io.resume(pid, s, p, capture_input);
     }
 
-    pub(super) fn on_task(&mut self, task: Task) {
+    pub(super) fn on_task(&mut self, task: Task<I::Guest>) {
         if self.failed {
             return;
-        }
-        // A capture's `Early` report was sent before it finished: take it
-        // first, whichever of the two the driver's loop saw first.
-        while let Ok(early) = self.early_rx.try_recv() {
-            self.on_early(early);
         }
         match task {
             Task::Resumed(pid, r) => self.on_resumed(pid, r),
@@ -125,12 +73,16 @@ impl Driver {
         }
     }
 
-    pub(super) fn on_resumed(&mut self, pid: Pid, resumed: Result<(Proc, Outcome), HostError>) {
+    pub(super) fn on_resumed(
+        &mut self,
+        pid: Pid,
+        resumed: Result<(Proc<I::Guest>, Outcome, Vec<WireMessage>), HostError>,
+    ) {
         let Some(l) = self.local.get(&pid) else {
             return;
         };
         let s = l.superstep;
-        let (mut p, outcome) = match resumed {
+        let (p, outcome, out) = match resumed {
             Ok(x) => x,
             Err(e) => {
                 return self.fail(Some(pid), format!("the process could not run: {e}"));
@@ -149,18 +101,12 @@ impl Driver {
                     reason,
                 });
                 self.failed = true;
-                self.info.kill.store(true, Ordering::Relaxed);
+                self.io.kill();
                 self.local.clear();
                 return;
             }
             Outcome::Failed(reason) => return self.fail(Some(pid), reason),
         };
-        #[cfg(feature = "fault-injection")]
-        crate::fault::on_sync(s, &mut p.process);
-        #[allow(unused_mut)]
-        let mut out = wire_messages(pid, s, p.process.take_outbox());
-        #[cfg(feature = "fault-injection")]
-        crate::fault::on_messages(s, &mut out);
         self.on_synced(pid, exited, out);
         if exited || checkpointed(s, self.checkpoint_every) {
             self.spawn_capture(pid, p, exited);
@@ -191,7 +137,7 @@ impl Driver {
         self.retained_bytes += checkpoint::outbox_bytes(&out);
         self.retained.entry(pid).or_default().extend(out);
         if exited {
-            let mark = self.env.reporter.emit_marked(PeerEvent::ProcessExited {
+            let mark = self.io.emit(PeerEvent::ProcessExited {
                 job: self.job,
                 pid,
                 superstep: s,
@@ -215,7 +161,7 @@ impl Driver {
         self.release_if_acked(pid);
     }
 
-    pub(super) fn spawn_capture(&mut self, pid: Pid, mut p: Proc, exited: bool) {
+    pub(super) fn spawn_capture(&mut self, pid: Pid, p: Proc<I::Guest>, exited: bool) {
         if let Some(l) = self.local.get_mut(&pid) {
             l.state = State::Busy;
         }
@@ -228,16 +174,22 @@ impl Driver {
             .map(|l| std::mem::take(&mut l.acks))
             .unwrap_or_default();
         let targets = self.replica_targets(pid);
-        self.tasks.spawn_blocking(move || {
-            let captured = capture(&mut p, outbox, exited, acks, &targets);
-            Task::Captured(pid, captured.map(|(s, e)| (p, s, e)))
-        });
+        self.io.capture(
+            pid,
+            p,
+            CaptureRequest {
+                outbox,
+                exited,
+                acks,
+                targets,
+            },
+        );
     }
 
     pub(super) fn on_captured(
         &mut self,
         pid: Pid,
-        r: Result<(Proc, Arc<Snapshot>, Encoded), HostError>,
+        r: Result<(Proc<I::Guest>, Arc<Snapshot>, Encoded), HostError>,
     ) {
         timeline(
             pid,
@@ -289,11 +241,7 @@ impl Driver {
             }
             p.tracker.sent(r, snapshot.superstep);
         }
-        self.env.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
-        self.env
-            .stats
-            .checkpoint_bytes
-            .fetch_add(bytes as u64, Ordering::Relaxed);
+        self.io.count_checkpoint(bytes as u64);
         let redundant = self.hosts.copies() > 1;
         let digest = p.tracker.last_state_digest();
         if redundant {
@@ -354,11 +302,9 @@ impl Driver {
         self.release_agreed();
         // Over the peer's memory budget: the job holding the most here
         // fails, rather than the peer (issue 20, finding 1).
-        let budget = self.env.runtime.budget();
-        if budget.exceeded() && budget.largest_holder() == Some(self.job) {
+        if let Some(state) = self.io.over_budget() {
             let why = format!(
-                "{}; this job holds {} MiB of messages and checkpoints on it, the most of its jobs; use fewer processes per peer or send less per superstep",
-                budget.state(),
+                "{state}; this job holds {} MiB of messages and checkpoints on it, the most of its jobs; use fewer processes per peer or send less per superstep",
                 self.held >> 20
             );
             return self.fail(None, why);
@@ -417,13 +363,9 @@ impl Driver {
     /// Bring this job's share of the peer's held bytes up to date.
     pub(super) fn report_held(&mut self) {
         let now = self.retained_bytes + self.store.total_bytes();
-        let held = &self.env.stats.held;
-        if now > self.held {
-            held.fetch_add(now - self.held, Ordering::Relaxed);
-        } else {
-            held.fetch_sub(self.held - now, Ordering::Relaxed);
+        if now != self.held {
+            self.held = now;
+            self.io.set_held(now);
         }
-        self.held = now;
-        self.env.runtime.budget().set_held(self.job, now);
     }
 }

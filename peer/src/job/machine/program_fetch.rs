@@ -4,16 +4,15 @@
 
 use super::*;
 
-impl Driver {
+impl<I: JobIo> Machine<I> {
     /// Get the program: from the cache, by Robber from the job's other
     /// peers, or downloaded from the supernode (`crate::program`).
     pub(super) fn get_program(&mut self, a: &JobAssignment) {
         // A cached program is the whole bundle only for a job without
         // resources apart.
         let cached = self
-            .env
-            .runtime
-            .cached_program(&a.program_hash)
+            .io
+            .cached_program()
             .filter(|_| a.resources_hash.is_empty());
         if program::Distribution::applies(a) {
             match program::Distribution::new(a, self.me) {
@@ -27,7 +26,7 @@ impl Driver {
                         Ok(out) => {
                             let root = dist.is_root();
                             self.dist = Some(dist);
-                            self.dist_started = Instant::now();
+                            self.dist_started = self.now;
                             self.dist_progress = self.dist_started;
                             self.send_program_frames(out);
                             if root {
@@ -69,20 +68,17 @@ impl Driver {
 
     /// Start the direct download (once).
     pub(super) fn start_download(&mut self) {
-        if let Some(download) = self.download.take() {
-            let tx = self.program_tx.clone();
-            tokio::spawn(async move {
-                let _ = tx.send(ProgramEvent::Downloaded(download.await));
-            });
+        if std::mem::take(&mut self.download_pending) {
+            self.io.start_download();
         }
     }
 
     /// Robber failed here: download the program unless it is here already.
     pub(super) fn fall_back(&mut self, why: String) {
-        if self.module.is_some() {
+        if self.has_program {
             return;
         }
-        if self.download.is_some() {
+        if self.download_pending {
             tracing::info!(job = self.job, "downloading the program directly: {why}");
             self.status(format!(
                 "peer #{} downloads the program directly: {why}",
@@ -94,7 +90,7 @@ impl Driver {
         self.start_download();
     }
 
-    pub(super) fn on_program(&mut self, event: ProgramEvent) {
+    pub(super) fn on_program(&mut self, event: ProgramEvent<I::Program>) {
         match event {
             ProgramEvent::Downloaded(Ok(f)) => {
                 let resources =
@@ -127,13 +123,13 @@ impl Driver {
                 self.program_ready(f.module, resources);
             }
             ProgramEvent::Downloaded(Err(reason)) => {
-                if self.module.is_none() {
+                if !self.has_program {
                     self.fail(None, reason.to_string());
                 }
             }
             ProgramEvent::Assembled(Ok((module, resources))) => {
                 if let Some(dist) = &self.dist {
-                    let ms = self.dist_started.elapsed().as_millis();
+                    let ms = self.now.saturating_sub(self.dist_started);
                     let sources = dist.sources.len();
                     self.status(format!(
                         "peer #{} got the program by Robber in {ms} ms: {} pieces from {sources} peer{}",
@@ -166,31 +162,14 @@ impl Driver {
         match dist.on_msg(from, msg) {
             Ok(out) => {
                 if dist.received > received {
-                    self.dist_progress = Instant::now();
+                    self.dist_progress = self.now;
                 }
-                let complete = !had && dist.has_all() && self.module.is_none();
+                let complete = !had && dist.has_all() && !self.has_program;
                 let data = if complete { dist.data() } else { None };
                 self.send_program_frames(out);
                 if let Some(bundle) = data {
-                    let runtime = self.env.runtime.clone();
-                    let hash = self.program_hash.clone();
                     let split = (self.program_bytes as usize).min(bundle.len());
-                    let resources_hash = self.resources_hash.clone();
-                    let tx = self.program_tx.clone();
-                    tokio::spawn(async move {
-                        let unpacked = tokio::task::spawn_blocking(move || {
-                            let (program, resources) = bundle.split_at(split);
-                            let resources =
-                                unpack_resources(&resources_hash, resources, Source::OtherPeers)?;
-                            let module = runtime
-                                .compile(&hash, program)
-                                .map_err(FetchError::Assembled)?;
-                            Ok((module, resources))
-                        })
-                        .await
-                        .unwrap_or_else(|e| Err(e.into()));
-                        let _ = tx.send(ProgramEvent::Assembled(unpacked));
-                    });
+                    self.io.assemble(bundle, split);
                 }
             }
             Err(e) => {
@@ -202,27 +181,12 @@ impl Driver {
 
     /// The program (and the resources, when they came apart) is here:
     /// start the processes that waited for it.
-    pub(super) fn program_ready(&mut self, module: Module, resources: Resources) {
-        if self.module.is_some() {
+    pub(super) fn program_ready(&mut self, module: I::Program, resources: Resources) {
+        if self.has_program {
             return;
         }
-        if let Some(resources) = resources {
-            let old = &self.info;
-            self.info = Arc::new(JobInfo {
-                job: old.job,
-                nprocs: old.nprocs,
-                seed: old.seed,
-                args: old.args.clone(),
-                resources: resources.into_iter().collect(),
-                memory_limit: old.memory_limit,
-                superstep_budget: old.superstep_budget,
-                output_limit: old.output_limit,
-                outbox_limit: old.outbox_limit,
-                kill: old.kill.clone(),
-                reporter: old.reporter.clone(),
-            });
-        }
-        self.module = Some(module);
+        self.io.program_ready(module, resources);
+        self.has_program = true;
         if let Some((fresh, restored)) = self.deferred.take() {
             // Only what this peer still hosts (the placement may have
             // changed while the program was on its way).
@@ -238,62 +202,4 @@ impl Driver {
             self.start_fresh(fresh);
         }
     }
-}
-
-/// What a job needs from the supernode: its program, compiled (from the
-/// cache, or downloaded and compiled), and its resources.
-pub(crate) fn fetch_inputs(
-    client: Arc<crate::control::Client>,
-    runtime: Arc<Runtime>,
-    a: &bsp_api::control::JobAssignment,
-) -> impl std::future::Future<Output = Result<Fetched, FetchError>> + Send + 'static {
-    let (job, hash) = (a.job, a.program_hash.clone());
-    let (apart, resources_bytes) = (!a.resources_hash.is_empty(), a.resources_bytes);
-    async move {
-        // Checked against their hash where the job driver decodes them.
-        let resources = if apart {
-            let bytes = client
-                .job_resources(job, resources_bytes)
-                .await
-                .map_err(FetchError::ResourcesDownload)?;
-            bytes::Bytes::from(bytes)
-        } else {
-            bytes::Bytes::new()
-        };
-        let (module, bytes) = fetch_module(client, runtime, hash).await?;
-        Ok(Fetched {
-            module,
-            bytes,
-            resources,
-        })
-    }
-}
-
-/// The program `hash`, compiled, and its bytes: from the cache, or
-/// downloaded and compiled.
-async fn fetch_module(
-    client: Arc<crate::control::Client>,
-    runtime: Arc<Runtime>,
-    hash: String,
-) -> Result<(wasmtime::Module, bytes::Bytes), FetchError> {
-    if let Some(found) = runtime.cached_program(&hash) {
-        return Ok(found);
-    }
-    let mut backoff = Duration::from_millis(200);
-    let bytes = loop {
-        match client.module(&hash).await {
-            Ok(b) => break b,
-            Err(e) if e.is_transient() && backoff < Duration::from_secs(10) => {
-                tracing::warn!("cannot download program {hash}, retrying: {e}");
-                tokio::time::sleep(backoff).await;
-                backoff *= 2;
-            }
-            Err(error) => return Err(FetchError::Download { hash, error }),
-        }
-    };
-    tracing::info!(program = %hash, bytes = bytes.len(), "downloaded the program from the supernode");
-    let bytes = bytes::Bytes::from(bytes);
-    let b = bytes.clone();
-    let module = tokio::task::spawn_blocking(move || runtime.compile(&hash, &b)).await??;
-    Ok((module, bytes))
 }

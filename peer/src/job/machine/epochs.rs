@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Driver {
+impl<I: JobIo> Machine<I> {
     /// Switch to a newer assignment. Returns false if this peer is no longer
     /// part of the job.
     pub(super) fn reassign(&mut self, a: JobAssignment) -> bool {
@@ -16,8 +16,7 @@ impl Driver {
         }
         // Hosts change: supersteps around the change (restores, handovers)
         // say nothing about anyone's speed.
-        let now = self.observed_ms();
-        self.observer.interrupt(now);
+        self.observer.interrupt(self.now);
         let hosts = match check_assignment(self.me, &a) {
             Ok(h) => h,
             Err(e) => {
@@ -27,15 +26,13 @@ impl Driver {
         };
         self.epoch = a.epoch;
         self.sites = sites_of(&a);
-        let old_peers: HashSet<PeerId> = self.peers.iter().copied().collect();
+        let old_peers: BTreeSet<PeerId> = self.peers.iter().copied().collect();
         self.peers = a.peers.iter().map(|p| p.id).collect();
         self.hosts = hosts;
         self.elect();
-        self.env
-            .registry
-            .update_peers(self.job, self.me, self.peers.iter().copied());
+        self.io.update_peers(&self.peers);
         // Links: close removed peers, open new ones.
-        let now: HashSet<PeerId> = self.peers.iter().copied().collect();
+        let now: BTreeSet<PeerId> = self.peers.iter().copied().collect();
         // (From the old peer list, not the links: a peer whose job ended
         // has no link but may still be waited for.)
         let gone: Vec<PeerId> = old_peers
@@ -44,9 +41,7 @@ impl Driver {
             .copied()
             .collect();
         for p in &gone {
-            if let Some(l) = self.links.remove(p) {
-                l.task.abort();
-            }
+            self.close_link(*p);
             self.assemblers.remove(p);
         }
         // A peer of the job whose job had ended here and is listed again
@@ -61,12 +56,13 @@ impl Driver {
             }
         }
         // Replicas that are gone will not answer.
-        let delivered = self.env.reporter.delivered_count();
+        let delivered = self.io.delivered();
         for pid in self.local.keys().copied().collect::<Vec<_>>() {
             let targets = self.replica_targets(pid);
             let Some(l) = self.local.get_mut(&pid) else {
                 continue;
             };
+            let mut now_due = Vec::new();
             for p in l.pending.iter_mut() {
                 for g in &gone {
                     p.waiting.remove(g);
@@ -88,11 +84,14 @@ impl Driver {
                     for f in whole(&snap) {
                         if held {
                             p.unsent.push((t, f.into()));
-                        } else if let Some(l) = self.links.get(&t) {
-                            l.send(f);
+                        } else {
+                            now_due.push((t, f));
                         }
                     }
                 }
+            }
+            for (t, f) in now_due {
+                self.send_to(t, f);
             }
             self.release_if_acked(pid);
         }
@@ -103,7 +102,7 @@ impl Driver {
         for pid in fetching {
             self.finish_fetch(pid);
         }
-        let restore: HashSet<Pid> = a.restore.iter().copied().collect();
+        let restore: BTreeSet<Pid> = a.restore.iter().copied().collect();
         for &pid in &a.restore {
             if self.hosts.runs(pid, self.me) {
                 if !self.local.contains_key(&pid) {
@@ -166,7 +165,7 @@ impl Driver {
             }
         }
         // Re-send what the new hosts need.
-        let mut by_host: HashMap<PeerId, HashSet<Pid>> = HashMap::new();
+        let mut by_host: BTreeMap<PeerId, BTreeSet<Pid>> = BTreeMap::new();
         for &pid in &restore {
             for &host in self.hosts.of(pid) {
                 if host != self.me {
@@ -194,7 +193,7 @@ impl Driver {
             .copied()
             .collect();
         for p in newcomers {
-            self.resync(p, Some(&HashSet::new()));
+            self.resync(p, Some(&BTreeSet::new()));
         }
         for p in relinked {
             self.resync(p, None);
@@ -202,7 +201,7 @@ impl Driver {
         }
         if !gone.is_empty() {
             self.relay_around(&gone);
-            if self.module.is_none()
+            if !self.has_program
                 && self
                     .dist
                     .as_ref()

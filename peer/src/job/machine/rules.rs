@@ -1,12 +1,11 @@
-//! What runs on a process's blocking thread: its superstep, and right after
-//! a checkpointed sync its capture and the checkpoint's frames for each
-//! replica; and the small rules of when a superstep is checkpointed and
-//! when its `Done` may go.
+//! A capture and the checkpoint's frames for each replica (run wherever the
+//! process runs: on its blocking thread in the peer), and the small rules of
+//! when a superstep is checkpointed and when its `Done` may go.
 
 use super::*;
 
 /// The messages a process sent in superstep `s`, as they travel.
-pub(super) fn wire_messages(
+pub(crate) fn wire_messages(
     pid: Pid,
     s: u32,
     out: Vec<crate::runtime::Outgoing>,
@@ -25,8 +24,8 @@ pub(super) fn wire_messages(
 
 /// Capture `p` with `outbox` and encode the checkpoint for `targets` (the
 /// body of every capture task).
-pub(super) fn capture(
-    p: &mut Proc,
+pub(crate) fn capture<G: Guest>(
+    p: &mut Proc<G>,
     outbox: Vec<WireMessage>,
     exited: bool,
     acks: Vec<(PeerId, u32, bool)>,
@@ -38,19 +37,14 @@ pub(super) fn capture(
         .find(|&i| Arc::strong_count(&p.recent[i]) == 1)
         .and_then(|i| p.recent.remove(i))
         .and_then(|a| Arc::try_unwrap(a).ok());
-    let snapshot = match free {
-        Some(previous) => p
-            .process
-            .checkpoint_reusing(&mut p.tracker, outbox, exited, previous),
-        None => {
-            tracing::trace!(
-                target: "bspweb::timeline",
-                held = p.recent.len(),
-                "no free buffer to recycle: the capture copies the whole memory"
-            );
-            p.process.checkpoint(&mut p.tracker, outbox, exited)
-        }
-    };
+    if free.is_none() {
+        tracing::trace!(
+            target: "bspweb::timeline",
+            held = p.recent.len(),
+            "no free buffer to recycle: the capture copies the whole memory"
+        );
+    }
+    let snapshot = p.process.checkpoint(&mut p.tracker, outbox, exited, free);
     for (r, superstep, ok) in acks {
         p.tracker.acked(r, superstep, ok);
     }
@@ -60,52 +54,11 @@ pub(super) fn capture(
     Ok((snapshot, encoded))
 }
 
-/// Run `p`'s superstep `s`; with `capture` (a checkpointed superstep), a
-/// sync or exit is captured right here, on the same thread, after the
-/// messages were handed to the driver ([`Early`]): no trip through the
-/// driver between the superstep and its checkpoint.
-pub(super) fn resume_and_capture(
-    pid: Pid,
-    s: u32,
-    mut p: Proc,
-    slot: crate::slots::Slot,
-    capture_input: Option<CaptureInput>,
-) -> Task {
-    timeline(pid, s, "resumed");
-    let outcome = p.process.resume_in(slot);
-    timeline(pid, s, "synced");
-    let exited = match outcome {
-        Outcome::Sync => false,
-        Outcome::Done => true,
-        _ => return Task::Resumed(pid, Ok((p, outcome))),
-    };
-    let Some(c) = capture_input else {
-        return Task::Resumed(pid, Ok((p, outcome)));
-    };
-    #[cfg(feature = "fault-injection")]
-    crate::fault::on_sync(s, &mut p.process);
-    // A fault in the process's computation (test builds): what it sent is
-    // wrong everywhere, on the wire, in its outbox and in its checkpoint.
-    #[allow(unused_mut)]
-    let mut out = wire_messages(pid, s, p.process.take_outbox());
-    #[cfg(feature = "fault-injection")]
-    crate::fault::on_messages(s, &mut out);
-    let mut outbox = c.outbox;
-    outbox.extend(out.iter().cloned());
-    if c.early.send(Early { pid, exited, out }).is_err() {
-        // The job's driver is gone: nobody reads the capture.
-        return Task::Resumed(pid, Err(HostError::JobEnded));
-    }
-    let captured = capture(&mut p, outbox, exited, Vec::new(), &c.targets);
-    timeline(pid, s, "captured");
-    Task::Captured(pid, captured.map(|(s, e)| (p, s, e)))
-}
-
 /// A point of a superstep's life on this peer, for
 /// `BSPWEB_LOG=bspweb::timeline=trace` (docs/benchmarks.md, "The superstep
 /// timeline"): the log's microsecond timestamps show where a superstep's
 /// time goes between threads and peers. Free when the target is off.
-pub(super) fn timeline(pid: Pid, superstep: u32, what: &str) {
+pub(crate) fn timeline(pid: Pid, superstep: u32, what: &str) {
     tracing::trace!(target: "bspweb::timeline", pid, superstep, "{what}");
 }
 
@@ -114,7 +67,7 @@ pub(super) fn timeline(pid: Pid, superstep: u32, what: &str) {
 /// one, sent before this one is acknowledged: frames to a replica arrive in
 /// order, so it will hold this one as its base (if not, it refuses the
 /// delta and gets the next checkpoint whole).
-pub(super) fn encode_for(
+pub(crate) fn encode_for(
     tracker: &mut PageTracker,
     snapshot: &Arc<Snapshot>,
     targets: &[PeerId],
@@ -141,20 +94,20 @@ pub(super) fn encode_for(
 }
 
 /// The frames that carry `s` whole to a replica.
-pub(super) fn whole(s: &Snapshot) -> Vec<Frame> {
+pub(crate) fn whole(s: &Snapshot) -> Vec<Frame> {
     checkpoint::to_frames(s, &s.nonzero_pages(), None)
 }
 
 /// The newest superstep before `c` that [`checkpointed`] says is
 /// checkpointed with interval `every` (in O(1): with checkpoints off,
 /// `every` is huge and there may be none).
-pub(super) fn newest_checkpointed_before(c: u32, every: u32) -> Option<u32> {
+pub(crate) fn newest_checkpointed_before(c: u32, every: u32) -> Option<u32> {
     let every = every.max(1);
     (c / every).checked_mul(every)?.checked_sub(1)
 }
 
 /// Whether superstep `s` is checkpointed with interval `every`.
-pub(super) fn checkpointed(s: u32, every: u32) -> bool {
+pub(crate) fn checkpointed(s: u32, every: u32) -> bool {
     every <= 1 || (s + 1).is_multiple_of(every)
 }
 
@@ -162,7 +115,7 @@ pub(super) fn checkpointed(s: u32, every: u32) -> bool {
 /// pending (docs/fault-tolerance.md, "`Done` after replication"): every
 /// checkpoint before `s` must be safe, and one of `s` itself when it gates
 /// its own `Done` (an exit or a restored snapshot).
-pub(super) fn may_announce(
+pub(crate) fn may_announce(
     pending: &VecDeque<Pending>,
     capturing_exit: Option<u32>,
     s: u32,
@@ -174,7 +127,7 @@ pub(super) fn may_announce(
 }
 
 /// The `Done` of `pid` for superstep `s`, counted from its messages.
-pub(super) fn done_of(pid: Pid, exited: bool, messages: &[WireMessage], s: u32) -> ProcDone {
+pub(crate) fn done_of(pid: Pid, exited: bool, messages: &[WireMessage], s: u32) -> ProcDone {
     let mut counts: BTreeMap<Pid, u32> = BTreeMap::new();
     for m in messages.iter().filter(|m| m.superstep == s) {
         *counts.entry(m.dst).or_default() += 1;

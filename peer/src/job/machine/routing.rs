@@ -4,48 +4,45 @@
 
 use super::*;
 
-impl Driver {
+impl<I: JobIo> Machine<I> {
     pub(super) fn open_link(&mut self, peer: PeerId, addr: String) {
-        let (wtx, wrx) = mpsc::unbounded_channel();
-        let dial = Dial {
-            addr: addr.clone(),
-            job: self.job,
-            from: self.me,
-            to: peer,
-            token: self.token.clone(),
-            epoch: self.epoch,
-            deadline: Instant::now() + self.env.connect_timeout,
-        };
-        let task = net::spawn_writer(dial, wrx, self.events_tx.clone());
+        self.io.open_link(peer, &addr, self.epoch);
         self.links.insert(
             peer,
             Link {
                 addr,
-                writer: wtx,
-                task,
                 batch: Vec::new(),
                 batch_bytes: 0,
             },
         );
     }
 
+    /// Close the connection to `peer` (what is batched for it is dropped).
+    pub(super) fn close_link(&mut self, peer: PeerId) -> Option<String> {
+        let l = self.links.remove(&peer)?;
+        self.io.close_link(peer);
+        Some(l.addr)
+    }
+
     pub(super) fn send_to(&mut self, peer: PeerId, frame: Frame) {
+        self.send_out(peer, frame.into());
+    }
+
+    /// Queue `frame` for `peer` after what is batched for it.
+    pub(super) fn send_out(&mut self, peer: PeerId, frame: Outgoing) {
         if let Some(l) = self.links.get_mut(&peer) {
-            Self::flush_link(l, &self.env.stats);
-            self.env.stats.count(&frame);
-            l.send(frame);
+            Self::flush_link(&mut self.io, peer, l);
+            self.io.send(peer, frame);
         }
     }
 
-    pub(super) fn flush_link(l: &mut Link, stats: &DataStats) {
+    pub(super) fn flush_link(io: &mut I, peer: PeerId, l: &mut Link) {
         if l.batch.is_empty() {
             return;
         }
         let messages = std::mem::take(&mut l.batch);
         l.batch_bytes = 0;
-        let frame = Frame::Data { messages };
-        stats.count(&frame);
-        l.send(frame);
+        io.send(peer, Frame::Data { messages }.into());
     }
 
     /// Send a message to its destination's hosts (the local one, if any,
@@ -80,7 +77,7 @@ impl Driver {
             let full = l.batch.len() >= BATCH_MESSAGES
                 || (!shared && !l.batch.is_empty() && l.batch_bytes + size > BATCH_BYTES);
             if full {
-                Self::flush_link(l, &self.env.stats);
+                Self::flush_link(&mut self.io, host, l);
             }
             l.batch_bytes += size;
             l.batch.push(m);
@@ -127,7 +124,7 @@ impl Driver {
             return false;
         }
         let Some((algorithm, peers)) =
-            relay::choose(&self.env.broadcast, payload.len(), me, &dests)
+            relay::choose(&self.broadcast, payload.len(), me, &dests)
         else {
             return false;
         };
@@ -315,8 +312,8 @@ impl Driver {
     }
 
     pub(super) fn flush_all(&mut self) {
-        for l in self.links.values_mut() {
-            Self::flush_link(l, &self.env.stats);
+        for (&peer, l) in self.links.iter_mut() {
+            Self::flush_link(&mut self.io, peer, l);
         }
     }
 }

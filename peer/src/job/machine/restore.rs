@@ -3,16 +3,16 @@
 
 use super::*;
 
-impl Driver {
+impl<I: JobIo> Machine<I> {
     pub(super) fn begin_fetch(&mut self, pid: Pid) {
-        if self.module.is_none() {
+        if !self.has_program {
             let (_, restored) = self.deferred.get_or_insert_default();
             if !restored.contains(&pid) {
                 restored.push(pid);
             }
             return;
         }
-        let waiting: HashSet<PeerId> = self.links.keys().copied().collect();
+        let waiting: BTreeSet<PeerId> = self.links.keys().copied().collect();
         let best = self.store.newest(pid).cloned().map(Arc::new);
         self.local.insert(pid, Local::new(State::Fetching));
         for &p in &waiting {
@@ -64,39 +64,11 @@ impl Driver {
                 self.start_fresh(vec![pid]);
             }
             Some(snapshot) => {
-                let runtime = self.env.runtime.clone();
-                let Some(module) = self.module.clone() else {
-                    unreachable!("begin_fetch defers until the program is here")
-                };
-                let info = self.info.clone();
                 let digests = (self.hosts.copies() > 1).then_some(self.checkpoint_every);
                 if let Some(l) = self.local.get_mut(&pid) {
                     l.state = State::Busy;
                 }
-                self.tasks.spawn(async move {
-                    let snap = snapshot.clone();
-                    let joined = tokio::task::spawn_blocking(move || {
-                        if snap.exited {
-                            // It had returned: nothing runs any more.
-                            return Ok(None);
-                        }
-                        let process = runtime.restore(&module, info, &snap)?;
-                        // Replicas that get this snapshot can take deltas against it.
-                        let tracker = PageTracker::seeded(&snap, digests);
-                        Ok::<_, HostError>(Some((process, tracker)))
-                    })
-                    .await;
-                    let r = match joined {
-                        Ok(Ok(p)) => Ok(p.map(|(process, tracker)| Proc {
-                            process,
-                            tracker,
-                            recent: VecDeque::new(),
-                        })),
-                        Ok(Err(e)) => Err(e),
-                        Err(e) => Err(e.into()),
-                    };
-                    Task::Restored(pid, snapshot, r)
-                });
+                self.io.restore(pid, snapshot, digests);
             }
         }
     }
@@ -105,7 +77,7 @@ impl Driver {
         &mut self,
         pid: Pid,
         snapshot: Arc<Snapshot>,
-        r: Result<Option<Proc>, HostError>,
+        r: Result<Option<Proc<I::Guest>>, HostError>,
     ) {
         let c = snapshot.superstep;
         let p = match r {

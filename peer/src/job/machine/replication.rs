@@ -5,7 +5,7 @@
 
 use super::*;
 
-impl Driver {
+impl<I: JobIo> Machine<I> {
     /// Who gets `pid`'s checkpoints from this peer: its replicas when this
     /// peer runs copy 0 of it, nobody for another copy (the copies' states
     /// are the same; copy 0's travel once they agreed).
@@ -77,7 +77,7 @@ impl Driver {
     /// Send `pid`'s checkpoint to its replicas once its output up to the
     /// checkpoint reached the supernode.
     pub(super) fn send_checkpoint(&mut self, pid: Pid) {
-        let delivered = self.env.reporter.delivered_count();
+        let delivered = self.io.delivered();
         let Some(l) = self.local.get_mut(&pid) else {
             return;
         };
@@ -90,15 +90,7 @@ impl Driver {
             frames.append(&mut p.unsent);
         }
         for (r, f) in frames {
-            match f {
-                Outgoing::Frame(f) => self.send_to(r, f),
-                Outgoing::Encoded(b) => {
-                    if let Some(l) = self.links.get_mut(&r) {
-                        Self::flush_link(l, &self.env.stats);
-                        l.send(Outgoing::Encoded(b));
-                    }
-                }
-            }
+            self.send_out(r, f);
         }
     }
 
@@ -108,7 +100,7 @@ impl Driver {
         let Some(l) = self.local.get_mut(&pid) else {
             return;
         };
-        let delivered = self.env.reporter.delivered_count();
+        let delivered = self.io.delivered();
         l.pending
             .retain(|p| !p.waiting.is_empty() || delivered < p.output_mark);
         // With redundancy a copy's `Done(s)` also waits until its output up
@@ -193,7 +185,7 @@ impl Driver {
             return;
         };
         // The new host will not re-emit the output up to the snapshot.
-        let delivered = self.env.reporter.delivered_count();
+        let delivered = self.io.delivered();
         if l.pending.iter().any(|p| delivered < p.output_mark) {
             return;
         }
@@ -250,8 +242,7 @@ impl Driver {
         let horizon = self.local.values().map(|l| l.superstep).max().unwrap_or(0) + 1;
         while s <= horizon && self.barrier.complete(s) {
             self.complete = Some(s);
-            let now = self.observed_ms();
-            self.observer.on_complete(s, now);
+            self.observer.on_complete(s, self.now);
             s += 1;
         }
         // The newest checkpointed superstep before it.
