@@ -9,6 +9,11 @@ use bsp_api::rest::JobLimits;
 use tokio::net::TcpListener;
 
 use super::*;
+use base64::Engine as _;
+use bsp_api::Pid;
+use bsp_api::wire::{Frame, WireMessage};
+use crate::net;
+use crate::relay::Site;
 use crate::relay::BroadcastPolicy;
 use crate::runtime::module_hash;
 
