@@ -355,4 +355,6 @@ use machine::{Flow, Input, Limits, Machine, Setup};
 use machine::{checkpointed, newest_checkpointed_before};
 
 #[cfg(test)]
+mod sim;
+#[cfg(test)]
 mod tests;

@@ -665,6 +665,104 @@ impl<I: JobIo> Machine<I> {
     }
 }
 
+#[cfg(test)]
+impl<I: JobIo> Machine<I> {
+    /// The invariants that keep the machine's memory bounded, checked by
+    /// the simulator after every input: nothing retained from before the
+    /// safe point, at most `checkpoint_every + 2` supersteps retained past
+    /// it, at most three checkpoints pending per process, and the bytes
+    /// held as counted.
+    pub(crate) fn audit(&self) -> Result<(), String> {
+        if self.failed {
+            return Ok(());
+        }
+        if let (Some(g), Some(c)) = (self.safe, self.complete)
+            && g > c
+        {
+            return Err(format!("the safe point {g} is past the complete barrier {c}"));
+        }
+        if let Some(g) = self.safe {
+            if let Some(m) = self.retained.values().flatten().find(|m| m.superstep < g) {
+                return Err(format!(
+                    "pid {} still retains a message of superstep {} behind the safe point {g}",
+                    m.src, m.superstep
+                ));
+            }
+            let newest = self.retained.values().flatten().map(|m| m.superstep).max();
+            if let Some(n) = newest
+                && n - g > self.checkpoint_every + 2
+            {
+                return Err(format!(
+                    "messages of supersteps {g}..={n} are retained, more than checkpoint_every + 2 = {}",
+                    self.checkpoint_every + 2
+                ));
+            }
+            if let Some(&(_, s, _)) = self.relays.keys().find(|&&(_, s, _)| s < g) {
+                return Err(format!("a multicast of superstep {s} is kept behind the safe point {g}"));
+            }
+        }
+        let bytes: u64 = self
+            .retained
+            .values()
+            .map(|m| checkpoint::outbox_bytes(m))
+            .sum();
+        if bytes != self.retained_bytes {
+            return Err(format!(
+                "retained messages take {bytes} bytes, counted as {}",
+                self.retained_bytes
+            ));
+        }
+        if self.held != self.retained_bytes + self.store.total_bytes() {
+            return Err("the bytes held are not what was reported".into());
+        }
+        for (pid, l) in &self.local {
+            if l.pending.len() > 3 {
+                return Err(format!("pid {pid} has {} checkpoints pending", l.pending.len()));
+            }
+        }
+        Ok(())
+    }
+
+    /// `peer` is one of the job's peers in this machine's epoch.
+    pub(crate) fn has_peer(&self, peer: PeerId) -> bool {
+        self.peers.contains(&peer)
+    }
+
+    /// Where each local process stands, for a failed simulation.
+    pub(crate) fn describe(&self) -> String {
+        let mut s = format!(
+            "epoch {}, peers {:?}, complete {:?}, safe {:?}, links {:?}, fetching {:?}",
+            self.epoch,
+            self.peers,
+            self.complete,
+            self.safe,
+            self.links.keys().collect::<Vec<_>>(),
+            self.fetches.keys().collect::<Vec<_>>()
+        );
+        for (pid, l) in &self.local {
+            let state = match l.state {
+                State::Busy => "busy",
+                State::AtSync(_) => "at sync",
+                State::Exited => "exited",
+                State::Fetching => "fetching",
+            };
+            s.push_str(&format!(
+                "; pid {pid} {state} in {} (pending {:?} waiting for {:?}, held Dones {:?}{})",
+                l.superstep,
+                l.pending.iter().map(|p| p.superstep).collect::<Vec<_>>(),
+                l.pending.iter().map(|p| &p.waiting).collect::<Vec<_>>(),
+                l.held.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+                if matches!(l.state, State::AtSync(_)) {
+                    format!(", barrier waits for {}", self.barrier.missing(*pid, l.superstep))
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        s
+    }
+}
+
 mod epochs;
 mod inbound;
 mod program_fetch;

@@ -105,8 +105,17 @@ impl<I: JobIo> Machine<I> {
         let restore: BTreeSet<Pid> = a.restore.iter().copied().collect();
         for &pid in &a.restore {
             if self.hosts.runs(pid, self.me) {
-                if !self.local.contains_key(&pid) {
-                    self.begin_fetch(pid);
+                match self.local.get_mut(&pid) {
+                    None => self.begin_fetch(pid),
+                    // It was to move away and stays after all (its new host
+                    // was lost before it asked): it goes on here (found by
+                    // the simulator, seed 670: it waited for a handover
+                    // forever).
+                    Some(l) => {
+                        l.leaving = false;
+                        l.handover = None;
+                        self.handovers.remove(&pid);
+                    }
                 }
             } else if let Some(l) = self.local.get_mut(&pid) {
                 l.leaving = true;

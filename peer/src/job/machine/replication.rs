@@ -200,11 +200,18 @@ impl<I: JobIo> Machine<I> {
                 self.send_to(a, f);
             }
         }
+        // Until the new host's own checkpoints are on its replicas, this is
+        // the only copy of the process's state: kept as a replica would, so
+        // that a restore finds it if the new host dies first (found by the
+        // simulator, seed 211: the process restarted from superstep 0,
+        // whose messages nobody retained any more, and the job hung).
+        let superstep = snapshot.superstep;
+        self.store.insert((*snapshot).clone());
         self.local.remove(&pid);
         self.emit(PeerEvent::ProcessHandedOver {
             job: self.job,
             pid,
-            superstep: snapshot.superstep,
+            superstep,
             epoch: self.epoch,
         });
     }

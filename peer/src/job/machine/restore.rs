@@ -108,7 +108,16 @@ impl<I: JobIo> Machine<I> {
             self.deliver(m);
         }
         self.flush_all();
-        self.retained.insert(pid, snapshot.outbox.clone());
+        // What it sent before the safe point nobody can need (every
+        // process has a safe checkpoint after it): it is not retained again.
+        let safe = self.safe;
+        let kept = snapshot
+            .outbox
+            .iter()
+            .filter(|m| safe.is_none_or(|g| m.superstep >= g))
+            .cloned()
+            .collect();
+        self.retained.insert(pid, kept);
         self.retained_bytes = self
             .retained
             .values()
