@@ -347,8 +347,8 @@ mod machine;
 
 use assignment::*;
 pub use errors::{FetchError, HostError, Source};
-pub(crate) use io::fetch_inputs;
 use io::TokioIo;
+pub(crate) use io::fetch_inputs;
 pub use machine::ProtocolError;
 use machine::{Flow, Input, Limits, Machine, Setup};
 #[cfg(test)]

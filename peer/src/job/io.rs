@@ -5,8 +5,8 @@
 //! its memory budget.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bsp_api::control::{JobAssignment, PeerEvent};
@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use wasmtime::Module;
 
 use super::machine::{
-    CaptureInput, CaptureRequest, Early, Guest, JobIo, ProgramEvent, Proc, Resources, Task,
+    CaptureInput, CaptureRequest, Early, Guest, JobIo, Proc, ProgramEvent, Resources, Task,
     capture, timeline, wire_messages,
 };
 use super::{Download, FetchError, Fetched, HostError, JobEnv, Source, unpack_resources};

@@ -595,7 +595,8 @@ impl<I: JobIo> Machine<I> {
 
     /// When a peer waiting for the program by Robber gives up on it.
     fn stall_at(&self) -> Option<u64> {
-        let waiting_for_robber = !self.has_program && self.dist.as_ref().is_some_and(|d| !d.is_root());
+        let waiting_for_robber =
+            !self.has_program && self.dist.as_ref().is_some_and(|d| !d.is_root());
         let allowance = u64::try_from(self.stall_allowance().as_millis()).unwrap_or(u64::MAX);
         waiting_for_robber.then(|| self.dist_progress.saturating_add(allowance))
     }
@@ -619,7 +620,8 @@ impl<I: JobIo> Machine<I> {
     /// renewal, and the processes the barrier waits for once it waits long.
     fn publish_observations(&mut self) {
         let since = self.observer.waiting_since();
-        let report_after = u64::try_from(crate::observe::REPORT_WAIT_AFTER.as_millis()).unwrap_or(u64::MAX);
+        let report_after =
+            u64::try_from(crate::observe::REPORT_WAIT_AFTER.as_millis()).unwrap_or(u64::MAX);
         let waiting_for = if self.now.saturating_sub(since) >= report_after
             && self
                 .local
@@ -679,7 +681,9 @@ impl<I: JobIo> Machine<I> {
         if let (Some(g), Some(c)) = (self.safe, self.complete)
             && g > c
         {
-            return Err(format!("the safe point {g} is past the complete barrier {c}"));
+            return Err(format!(
+                "the safe point {g} is past the complete barrier {c}"
+            ));
         }
         if let Some(g) = self.safe {
             if let Some(m) = self.retained.values().flatten().find(|m| m.superstep < g) {
@@ -698,7 +702,9 @@ impl<I: JobIo> Machine<I> {
                 ));
             }
             if let Some(&(_, s, _)) = self.relays.keys().find(|&&(_, s, _)| s < g) {
-                return Err(format!("a multicast of superstep {s} is kept behind the safe point {g}"));
+                return Err(format!(
+                    "a multicast of superstep {s} is kept behind the safe point {g}"
+                ));
             }
         }
         let bytes: u64 = self
@@ -717,7 +723,10 @@ impl<I: JobIo> Machine<I> {
         }
         for (pid, l) in &self.local {
             if l.pending.len() > 3 {
-                return Err(format!("pid {pid} has {} checkpoints pending", l.pending.len()));
+                return Err(format!(
+                    "pid {pid} has {} checkpoints pending",
+                    l.pending.len()
+                ));
             }
         }
         Ok(())
@@ -753,7 +762,10 @@ impl<I: JobIo> Machine<I> {
                 l.pending.iter().map(|p| &p.waiting).collect::<Vec<_>>(),
                 l.held.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
                 if matches!(l.state, State::AtSync(_)) {
-                    format!(", barrier waits for {}", self.barrier.missing(*pid, l.superstep))
+                    format!(
+                        ", barrier waits for {}",
+                        self.barrier.missing(*pid, l.superstep)
+                    )
                 } else {
                     String::new()
                 }

@@ -27,7 +27,7 @@ use super::assignment::check_assignment;
 use super::errors::{FetchError, Source};
 use super::machine::{
     CaptureInput, CaptureRequest, Downloaded, Early, Flow, Guest, Input, JobIo, Limits, Machine,
-    ProgramEvent, Proc, Resources, Setup, Task, capture, wire_messages,
+    Proc, ProgramEvent, Resources, Setup, Task, capture, wire_messages,
 };
 use crate::checkpoint::{PAGE_SIZE, PageTracker, Snapshot};
 use crate::net::{self, Inbound, Outgoing};
@@ -156,7 +156,11 @@ impl FakeGuest {
                 ));
             }
         }
-        self.acc = fold(self.acc, s, self.inbox.iter().map(|m| (m.src, &m.payload[..])));
+        self.acc = fold(
+            self.acc,
+            s,
+            self.inbox.iter().map(|m| (m.src, &m.payload[..])),
+        );
         let line = format!("{} {s} {:016x}\n", self.pid, self.acc);
         let exited = s >= self.last;
         let out = if exited {
@@ -387,12 +391,13 @@ impl JobIo for SimIo {
 
 /// Something due at a time.
 enum Event {
-    /// A frame arrives over the connection `from → to` opened as `conn`.
+    /// A frame arrives over the connection `from → to` opened as `conn`
+    /// (`None`: the connection is established).
     Frame {
         from: PeerId,
         to: PeerId,
         conn: u64,
-        frame: Frame,
+        frame: Option<Frame>,
     },
     /// A data-plane event for `peer` (a connection broke).
     Inbound(PeerId, Inbound),
@@ -416,8 +421,13 @@ enum Event {
 impl Event {
     fn summary(&self) -> String {
         match self {
-            Event::Frame { from, to, frame, .. } => {
-                let f = format!("{frame:?}");
+            Event::Frame {
+                from, to, frame, ..
+            } => {
+                let f = match frame {
+                    Some(f) => format!("{f:?}"),
+                    None => "connected".into(),
+                };
                 let f: String = f.chars().take(120).collect();
                 format!("frame {from} -> {to}: {f}")
             }
@@ -474,8 +484,9 @@ struct SimPeer {
     alive: bool,
     /// Incarnation: events of a killed peer are dropped.
     life: u32,
-    /// Frames that arrived before its machine started.
-    early_frames: Vec<(PeerId, Frame)>,
+    /// Frames that arrived before its machine started (or knew their
+    /// sender).
+    early_frames: Vec<(PeerId, Inbound)>,
     upload_due: bool,
     timer_at: Option<u64>,
 }
@@ -502,7 +513,11 @@ impl Plan {
         let peers = r.range(2, 4) as u32;
         let nprocs = r.range(2, 5) as u32;
         let last = r.range(3, 8) as u32;
-        let checkpoint_every = if r.chance(3, 4) { 1 } else { r.range(2, 3) as u32 };
+        let checkpoint_every = if r.chance(3, 4) {
+            1
+        } else {
+            r.range(2, 3) as u32
+        };
         let horizon = 40 * u64::from(last);
         let kill = (peers >= 2 && r.chance(1, 2))
             .then(|| (r.range(1, horizon), r.range(1, u64::from(peers)) as PeerId));
@@ -514,9 +529,12 @@ impl Plan {
             })
             .filter(|(_, a, b)| a != b)
             .collect();
-        let migrate = r
-            .chance(1, 4)
-            .then(|| (r.range(1, horizon), r.range(0, u64::from(nprocs) - 1) as Pid));
+        let migrate = r.chance(1, 4).then(|| {
+            (
+                r.range(1, horizon),
+                r.range(0, u64::from(nprocs) - 1) as Pid,
+            )
+        });
         Plan {
             peers,
             spares: 1,
@@ -547,6 +565,8 @@ pub(crate) struct World {
     assignment: JobAssignment,
     /// Peers it knows are gone.
     gone: BTreeSet<PeerId>,
+    /// When each peer gets its last command.
+    assign_at: BTreeMap<PeerId, u64>,
     /// Output lines it got, per pid and sequence number.
     output: BTreeMap<Pid, BTreeMap<u64, String>>,
     exited: BTreeSet<Pid>,
@@ -571,7 +591,9 @@ impl World {
     pub(crate) fn new(seed: u64) -> World {
         let plan = Plan::from_seed(seed);
         let mut rng = Rng::new(seed);
-        let program: Vec<u8> = (0..20_000u32).map(|i| (mix(seed, u64::from(i)) & 0xff) as u8).collect();
+        let program: Vec<u8> = (0..20_000u32)
+            .map(|i| (mix(seed, u64::from(i)) & 0xff) as u8)
+            .collect();
         let ids: Vec<PeerId> = (1..=PeerId::from(plan.peers)).collect();
         let placement: Vec<u32> = (0..plan.nprocs).map(|p| p % plan.peers).collect();
         let assignment = JobAssignment {
@@ -625,6 +647,7 @@ impl World {
             program,
             assignment,
             gone: BTreeSet::new(),
+            assign_at: BTreeMap::new(),
             output: BTreeMap::new(),
             exited: BTreeSet::new(),
             violation: None,
@@ -692,7 +715,10 @@ impl World {
             return Err(v);
         }
         if self.exited.len() != self.plan.nprocs as usize {
-            return Err(format!("the job stopped with only {:?} exited", self.exited));
+            return Err(format!(
+                "the job stopped with only {:?} exited",
+                self.exited
+            ));
         }
         let expected = reference(self.plan.nprocs, self.plan.last);
         for pid in 0..self.plan.nprocs {
@@ -744,11 +770,15 @@ impl World {
                 let p = self.peers.get_mut(&to).expect("a peer of the world");
                 // Its listener admits a connection only from the job's
                 // peers it knows of: the dialler retries until it does.
+                let event = match frame {
+                    Some(frame) => Inbound::Frame { from, frame },
+                    None => Inbound::Connected { from },
+                };
                 if p.m.as_ref().is_none_or(|m| !m.has_peer(from)) {
-                    p.early_frames.push((from, frame));
+                    p.early_frames.push((from, event));
                     return;
                 }
-                self.handle(to, Input::Inbound(Inbound::Frame { from, frame }));
+                self.handle(to, Input::Inbound(event));
             }
             Event::Inbound(to, i) => {
                 if self.alive(to) && self.peers[&to].m.is_some() {
@@ -827,8 +857,8 @@ impl World {
             .into_iter()
             .partition(|(from, _)| m.has_peer(*from));
         p.early_frames = later;
-        for (from, frame) in now {
-            self.handle(peer, Input::Inbound(Inbound::Frame { from, frame }));
+        for (_, event) in now {
+            self.handle(peer, Input::Inbound(event));
         }
     }
 
@@ -894,6 +924,9 @@ impl World {
                 let c = self.conns.entry((me, to)).or_default();
                 c.id += 1;
                 c.up = up;
+                if up {
+                    self.transmit(me, to, None);
+                }
             }
             Effect::Close(to) => {
                 let c = self.conns.entry((me, to)).or_default();
@@ -908,24 +941,7 @@ impl World {
                         Err(e) => return self.violate(format!("a frame does not decode: {e}")),
                     },
                 };
-                let delay = self.rng.range(0, self.plan.jitter);
-                let now = self.now;
-                let c = self.conns.entry((me, to)).or_default();
-                if !c.up {
-                    return;
-                }
-                let at = (now + delay).max(c.last_at);
-                c.last_at = at;
-                let conn = c.id;
-                self.at(
-                    at - now,
-                    Event::Frame {
-                        from: me,
-                        to,
-                        conn,
-                        frame,
-                    },
-                );
+                self.transmit(me, to, Some(frame));
             }
             Effect::Start(pid, redundant, every) => {
                 let p = Proc::new(
@@ -943,7 +959,10 @@ impl World {
             Effect::Capture(pid, mut p, c) => {
                 let r = capture(&mut p, c.outbox, c.exited, c.acks, &c.targets);
                 let d = self.rng.range(0, 5);
-                self.at(d, Event::Task(me, Task::Captured(pid, r.map(|(s, e)| (p, s, e)))));
+                self.at(
+                    d,
+                    Event::Task(me, Task::Captured(pid, r.map(|(s, e)| (p, s, e)))),
+                );
             }
             Effect::Restore(pid, snapshot, digests) => {
                 let r = (!snapshot.exited).then(|| Proc {
@@ -984,6 +1003,29 @@ impl World {
                 self.at(d, Event::Program(me, ProgramEvent::Assembled(r)));
             }
         }
+    }
+
+    /// Put `frame` on the connection `me → to` (`None`: its opening),
+    /// after what is on it already.
+    fn transmit(&mut self, me: PeerId, to: PeerId, frame: Option<Frame>) {
+        let delay = self.rng.range(0, self.plan.jitter);
+        let now = self.now;
+        let c = self.conns.entry((me, to)).or_default();
+        if !c.up {
+            return;
+        }
+        let at = (now + delay).max(c.last_at);
+        c.last_at = at;
+        let conn = c.id;
+        self.at(
+            at - now,
+            Event::Frame {
+                from: me,
+                to,
+                conn,
+                frame,
+            },
+        );
     }
 
     /// A process's superstep ran: it wrote its output line; with a capture
@@ -1087,7 +1129,9 @@ impl World {
                 self.exited.insert(pid);
             }
             PeerEvent::ProcessFailed { reason, pid, .. } => {
-                self.violate(format!("peer {peer} failed the job (pid {pid:?}): {reason}"));
+                self.violate(format!(
+                    "peer {peer} failed the job (pid {pid:?}): {reason}"
+                ));
             }
             PeerEvent::ProcessAborted { reason, pid, .. } => {
                 self.violate(format!("pid {pid} aborted on peer {peer}: {reason}"));
@@ -1254,9 +1298,17 @@ impl World {
         next.epoch = self.assignment.epoch + 1;
         self.note(10 ^ next.epoch << 8);
         self.assignment = next.clone();
+        // Each peer's commands come in order (the supernode's queue).
         for p in &next.peers {
             let d = self.rng.range(1, 30);
-            self.at(d, Event::Assign(p.id, Box::new(next.clone())));
+            let at = self
+                .assign_at
+                .get(&p.id)
+                .copied()
+                .unwrap_or(0)
+                .max(self.now + d);
+            self.assign_at.insert(p.id, at);
+            self.at(at - self.now, Event::Assign(p.id, Box::new(next.clone())));
         }
     }
 }
@@ -1305,7 +1357,10 @@ fn seeded_fault_schedules_keep_every_guarantee() {
             ),
         }
         if i > 0 && i % 100_000 == 0 {
-            eprintln!("{i} schedules, {restores} restores, {:?}", started.elapsed());
+            eprintln!(
+                "{i} schedules, {restores} restores, {:?}",
+                started.elapsed()
+            );
         }
     }
     eprintln!(
@@ -1330,6 +1385,8 @@ fn a_seed_replays_exactly() {
 /// processes.
 #[test]
 fn schedules_restore_processes() {
-    let restored: u32 = (0..200).map(|s| run_schedule(s).map_or(0, |o| o.restores)).sum();
+    let restored: u32 = (0..200)
+        .map(|s| run_schedule(s).map_or(0, |o| o.restores))
+        .sum();
     assert!(restored > 20, "only {restored} restores in 200 schedules");
 }

@@ -9,13 +9,13 @@ use bsp_api::rest::JobLimits;
 use tokio::net::TcpListener;
 
 use super::*;
+use crate::net;
+use crate::relay::BroadcastPolicy;
+use crate::relay::Site;
+use crate::runtime::module_hash;
 use base64::Engine as _;
 use bsp_api::Pid;
 use bsp_api::wire::{Frame, WireMessage};
-use crate::net;
-use crate::relay::Site;
-use crate::relay::BroadcastPolicy;
-use crate::runtime::module_hash;
 
 fn runtime() -> Arc<Runtime> {
     // `RUST_LOG=bspweb_peer=trace` shows the drivers' decisions.

@@ -95,8 +95,24 @@ impl<I: JobIo> Machine<I> {
             }
             self.release_if_acked(pid);
         }
-        for f in self.fetches.values_mut() {
-            f.waiting.retain(|p| now.contains(p));
+        // A fetch that waited for a peer that left: that peer may have gone
+        // on checkpointing the process to the others after they answered
+        // (it was its host, handing it over), so every peer is asked again
+        // and the newest answer wins (found by the simulator, seed 67245:
+        // the process was restored from a checkpoint older than the safe
+        // point, whose messages nobody retained any more).
+        let linked: BTreeSet<PeerId> = self.links.keys().copied().collect();
+        let mut ask_again = Vec::new();
+        for (&pid, f) in self.fetches.iter_mut() {
+            if f.waiting.iter().any(|p| !now.contains(p)) {
+                f.waiting = linked.clone();
+                ask_again.push(pid);
+            }
+        }
+        for pid in ask_again {
+            for &p in &linked {
+                self.send_to(p, Frame::FetchCheckpoint { pid });
+            }
         }
         let fetching: Vec<Pid> = self.fetches.keys().copied().collect();
         for pid in fetching {

@@ -7,7 +7,22 @@ use super::*;
 impl<I: JobIo> Machine<I> {
     pub(super) fn on_inbound(&mut self, event: Inbound) {
         match event {
-            Inbound::Connected { .. } => {}
+            Inbound::Connected { from } => {
+                // A peer (re)connected: what it answered on a connection
+                // that broke may be lost (its writer noticed, we may not
+                // have), so ask again what we wait for from it (found by the
+                // simulator, seed 6362: a snapshot sent on a broken
+                // connection left a restore waiting forever).
+                let asked: Vec<Pid> = self
+                    .fetches
+                    .iter()
+                    .filter(|(_, f)| f.waiting.contains(&from))
+                    .map(|(pid, _)| *pid)
+                    .collect();
+                for pid in asked {
+                    self.send_to(from, Frame::FetchCheckpoint { pid });
+                }
+            }
             Inbound::Closed { from, error } => {
                 // Its writer reconnects; partial checkpoint parts are void,
                 // and so is a snapshot it was sending us: ask again.
@@ -134,6 +149,9 @@ impl<I: JobIo> Machine<I> {
                 if pid >= self.info.nprocs {
                     return Err(ProtocolError::NoSuchPid(pid));
                 }
+                if self.hosts.copies() == 1 {
+                    self.never_start(pid);
+                }
                 if self.local.contains_key(&pid) && self.hosts.copies() == 1 {
                     // We host it: hand it over at its next sync (once our own
                     // assignment says it moves, if the asker is ahead of us).
@@ -198,6 +216,29 @@ impl<I: JobIo> Machine<I> {
             }
         }
         Ok(())
+    }
+
+    /// A peer asks for `pid`'s state, so a newer assignment than ours moved
+    /// it there. If it waits here for the program, it never ran here and
+    /// must not start now: the asker learns that no snapshot exists and
+    /// starts it itself (found by the simulator, seed 22188: the program
+    /// arrived between the answer and our own new assignment, and the
+    /// process ran on both peers).
+    fn never_start(&mut self, pid: Pid) {
+        let Some((fresh, restored)) = &mut self.deferred else {
+            return;
+        };
+        let had = fresh.contains(&pid) || restored.contains(&pid);
+        fresh.retain(|&p| p != pid);
+        restored.retain(|&p| p != pid);
+        if had {
+            self.emit(PeerEvent::ProcessHandedOver {
+                job: self.job,
+                pid,
+                superstep: 0,
+                epoch: self.epoch,
+            });
+        }
     }
 
     /// Re-send to `peer` what it may have missed: messages to its pids (only

@@ -123,8 +123,7 @@ impl<I: JobIo> Machine<I> {
         {
             return false;
         }
-        let Some((algorithm, peers)) =
-            relay::choose(&self.broadcast, payload.len(), me, &dests)
+        let Some((algorithm, peers)) = relay::choose(&self.broadcast, payload.len(), me, &dests)
         else {
             return false;
         };
