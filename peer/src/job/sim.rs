@@ -1347,25 +1347,52 @@ fn seeded_fault_schedules_keep_every_guarantee() {
         }
     };
     let started = std::time::Instant::now();
-    let mut restores = 0u64;
-    for (i, &seed) in seeds.iter().enumerate() {
-        match run_schedule(seed) {
-            Ok(o) => restores += u64::from(o.restores),
-            Err(e) => panic!(
-                "schedule failed: {e}\n{:?}\nreplay it with BSPWEB_SIM_SEED={seed}",
-                Plan::from_seed(seed)
-            ),
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let restores = std::sync::atomic::AtomicU64::new(0);
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let failures: std::sync::Mutex<Vec<(u64, String)>> = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let (seeds, restores, done, failures) = (&seeds, &restores, &done, &failures);
+            scope.spawn(move || {
+                use std::sync::atomic::Ordering::Relaxed;
+                for &seed in seeds.iter().skip(t).step_by(threads) {
+                    if !failures.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+                        return;
+                    }
+                    match run_schedule(seed) {
+                        Ok(o) => {
+                            restores.fetch_add(u64::from(o.restores), Relaxed);
+                        }
+                        Err(e) => failures
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((seed, e)),
+                    }
+                    let n = done.fetch_add(1, Relaxed) + 1;
+                    if n % 100_000 == 0 {
+                        eprintln!(
+                            "{n} schedules, {} restores, {:.0} s",
+                            restores.load(Relaxed),
+                            started.elapsed().as_secs_f64()
+                        );
+                    }
+                }
+            });
         }
-        if i > 0 && i % 100_000 == 0 {
-            eprintln!(
-                "{i} schedules, {restores} restores, {:?}",
-                started.elapsed()
-            );
-        }
+    });
+    let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+    failures.sort();
+    if let Some((seed, e)) = failures.first() {
+        panic!(
+            "schedule failed: {e}\n{:?}\nreplay it with BSPWEB_SIM_SEED={seed} (and BSPWEB_SIM_TRACE=1 for every event)",
+            Plan::from_seed(*seed)
+        );
     }
     eprintln!(
-        "{} schedules passed ({restores} restores) in {:.1} s",
+        "{} schedules passed ({} restores) in {:.1} s",
         seeds.len(),
+        restores.into_inner(),
         started.elapsed().as_secs_f64()
     );
 }
