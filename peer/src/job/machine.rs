@@ -568,7 +568,7 @@ impl<I: JobIo> Machine<I> {
             }
             Input::Timer => self.on_timer(),
             Input::ThreadFailed(e) => {
-                self.fail(None, format!("a process's host thread failed: {e}"));
+                self.fail(None, format!("a process could not run: {e}"));
             }
         }
         self.pump();
@@ -581,11 +581,6 @@ impl<I: JobIo> Machine<I> {
             Some(stall) => stall.min(self.next_observe),
             None => self.next_observe,
         }
-    }
-
-    /// What the machine drives.
-    pub(crate) fn io(&self) -> &I {
-        &self.io
     }
 
     /// The same, to change.
@@ -730,6 +725,11 @@ impl<I: JobIo> Machine<I> {
             }
         }
         Ok(())
+    }
+
+    /// What the machine drives.
+    pub(crate) fn io(&self) -> &I {
+        &self.io
     }
 
     /// `peer` is one of the job's peers in this machine's epoch.
