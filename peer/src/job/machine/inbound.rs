@@ -302,8 +302,15 @@ impl<I: JobIo> Machine<I> {
             // with the connection; acknowledge the newest again (it answers
             // the owner's older pending checkpoints too; an owner ignores an
             // ack of a superstep it has no pending checkpoint of).
-            let acks: Vec<Frame> = (0..self.info.nprocs)
-                .filter(|&pid| self.hosts.is_primary(pid, peer))
+            // Every pid held, not only those `peer` hosts in our epoch: it
+            // may host one already in a newer epoch we have not seen yet
+            // (found by the simulator, seed 221173: the acknowledgement of
+            // a migrated process's first checkpoint was lost, and its Dones
+            // waited forever). An owner ignores acks it does not wait for.
+            let acks: Vec<Frame> = self
+                .store
+                .pids()
+                .into_iter()
                 .filter_map(|pid| {
                     self.store.newest(pid).map(|s| Frame::CheckpointAck {
                         pid,

@@ -46,7 +46,17 @@ impl<I: JobIo> Machine<I> {
             return;
         }
         let f = self.fetches.remove(&pid).expect("checked above");
-        match f.best {
+        // This peer may have become a replica of the process while it
+        // waited (found by the simulator, seed 171475: checkpoints that
+        // arrived after the fetch began were not looked at, and the
+        // process restarted from superstep 0).
+        let own = self
+            .store
+            .newest(pid)
+            .filter(|s| f.best.as_ref().is_none_or(|b| s.superstep > b.superstep))
+            .cloned()
+            .map(Arc::new);
+        match own.or(f.best) {
             None => {
                 tracing::warn!(
                     job = self.job,
