@@ -207,6 +207,9 @@ pub(crate) trait JobIo {
 }
 
 /// One thing that happened to the job, for [`Machine::handle`].
+// An input is moved into `handle` at once, never stored in bulk: boxing
+// the large variant would cost an allocation per superstep for nothing.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Input<I: JobIo> {
     /// From the data plane.
     Inbound(Inbound),
@@ -396,12 +399,17 @@ pub(crate) struct CaptureRequest {
     pub(crate) targets: Vec<PeerId>,
 }
 
+/// A process after a superstep: how it ended, and the messages it sent
+/// when it synced or returned (none otherwise).
+pub(crate) type Resumed<G> = Result<(Proc<G>, Outcome, Vec<WireMessage>), HostError>;
+
+/// A process after a capture: the snapshot, encoded for its replicas.
+pub(crate) type Captured<G> = Result<(Proc<G>, Arc<Snapshot>, Encoded), HostError>;
+
 /// What a resume, capture or restore hands back.
 pub(crate) enum Task<G> {
-    /// With the messages it sent when it synced or returned (none
-    /// otherwise).
-    Resumed(Pid, Result<(Proc<G>, Outcome, Vec<WireMessage>), HostError>),
-    Captured(Pid, Result<(Proc<G>, Arc<Snapshot>, Encoded), HostError>),
+    Resumed(Pid, Resumed<G>),
+    Captured(Pid, Captured<G>),
     /// `None`: the snapshot is of a process that had exited.
     Restored(Pid, Arc<Snapshot>, Result<Option<Proc<G>>, HostError>),
 }

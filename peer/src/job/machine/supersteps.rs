@@ -73,11 +73,7 @@ impl<I: JobIo> Machine<I> {
         }
     }
 
-    pub(super) fn on_resumed(
-        &mut self,
-        pid: Pid,
-        resumed: Result<(Proc<I::Guest>, Outcome, Vec<WireMessage>), HostError>,
-    ) {
+    pub(super) fn on_resumed(&mut self, pid: Pid, resumed: Resumed<I::Guest>) {
         let Some(l) = self.local.get(&pid) else {
             return;
         };
@@ -186,11 +182,7 @@ impl<I: JobIo> Machine<I> {
         );
     }
 
-    pub(super) fn on_captured(
-        &mut self,
-        pid: Pid,
-        r: Result<(Proc<I::Guest>, Arc<Snapshot>, Encoded), HostError>,
-    ) {
+    pub(super) fn on_captured(&mut self, pid: Pid, r: Captured<I::Guest>) {
         timeline(
             pid,
             self.local.get(&pid).map_or(0, |l| l.superstep),

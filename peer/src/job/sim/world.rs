@@ -133,6 +133,8 @@ impl JobIo for SimIo {
 }
 
 /// Something due at a time.
+// Events are moved out of the queue once; a test's queue is small.
+#[allow(clippy::large_enum_variant)]
 enum Event {
     /// A frame arrives over the connection `from → to` opened as `conn`
     /// (`None`: the connection is established).
