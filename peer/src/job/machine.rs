@@ -354,19 +354,6 @@ pub(crate) struct Pending {
     agreed: bool,
 }
 
-struct Fetch {
-    waiting: BTreeSet<PeerId>,
-    best: Option<Arc<Snapshot>>,
-}
-
-/// A connection to another peer of the job, as the machine keeps it: the
-/// messages batched for its next `Data` frame.
-struct Link {
-    addr: String,
-    batch: Vec<WireMessage>,
-    batch_bytes: usize,
-}
-
 /// A checkpoint's frames for each replica it was planned for, encoded by
 /// the capture (once per distinct plan: replicas with the same base
 /// share the bytes).
@@ -434,27 +421,10 @@ pub(crate) struct Setup {
 pub(crate) struct Machine<I: JobIo> {
     io: I,
     info: Limits,
-    broadcast: BroadcastPolicy,
     /// The time of the input being handled, ms since the machine started.
     now: u64,
     /// When the observations go to the next renewal again.
     next_observe: u64,
-    /// The program is here.
-    has_program: bool,
-    /// Processes to start (fresh, restored) once the program is here.
-    deferred: Option<(Vec<Pid>, Vec<Pid>)>,
-    /// The direct download is not started yet.
-    download_pending: bool,
-    /// Robber spreading the program among the job's first peers.
-    dist: Option<program::Distribution>,
-    /// When the last piece of the program arrived (or Robber started), ms.
-    dist_progress: u64,
-    dist_started: u64,
-    /// The program's size, and the resources' hash (empty: none apart).
-    program_bytes: u64,
-    resources_hash: String,
-    /// The program's and resources' size together (what Robber moves).
-    dist_bytes: u64,
     job: JobId,
     me: PeerId,
     epoch: u64,
@@ -464,7 +434,6 @@ pub(crate) struct Machine<I: JobIo> {
     hosts: Hosts,
     /// The job's peers (this one included), in assignment order.
     peers: Vec<PeerId>,
-    links: BTreeMap<PeerId, Link>,
     barrier: Barrier,
     local: BTreeMap<Pid, Local<I::Guest>>,
     /// Messages local processes sent in supersteps ≥ `safe`, per source.
@@ -486,15 +455,13 @@ pub(crate) struct Machine<I: JobIo> {
     safe: Option<u32>,
     store: ReplicaStore,
     assemblers: BTreeMap<PeerId, Assembler>,
-    fetches: BTreeMap<Pid, Fetch>,
-    /// Peers that asked for a snapshot of a local process (a handover).
-    handovers: BTreeMap<Pid, BTreeSet<PeerId>>,
     failed: bool,
-    /// Where each peer of the job runs, for the broadcast rule.
-    sites: BTreeMap<PeerId, Site>,
-    /// Multicasts this peer sends or relays, in supersteps ≥ `safe` (a key
-    /// may have several heads: a restored sender re-sends with another).
-    relays: BTreeMap<RelayKey, Vec<Inflight>>,
+    /// Getting the program (`machine/program_fetch.rs`).
+    program: ProgramFetch,
+    /// Connections, routes and multicasts (`machine/routing.rs`).
+    routing: Routing,
+    /// Processes being restored or handed over (`machine/restore.rs`).
+    restores: Restores,
 }
 
 impl<I: JobIo> Machine<I> {
@@ -506,18 +473,8 @@ impl<I: JobIo> Machine<I> {
         let mut m = Machine {
             io,
             info: setup.limits,
-            broadcast: setup.broadcast,
             now: 0,
             next_observe: OBSERVE_EVERY_MS,
-            has_program: false,
-            deferred: None,
-            download_pending: true,
-            dist: None,
-            dist_progress: 0,
-            dist_started: 0,
-            program_bytes: a.program_bytes,
-            resources_hash: a.resources_hash.clone(),
-            dist_bytes: a.program_bytes.saturating_add(a.resources_bytes),
             job: a.job,
             me,
             epoch: a.epoch,
@@ -526,7 +483,6 @@ impl<I: JobIo> Machine<I> {
             barrier: Barrier::with_quorum(a.nprocs, setup.limits.outbox_limit, hosts.copies()),
             hosts,
             peers: a.peers.iter().map(|p| p.id).collect(),
-            links: BTreeMap::new(),
             local: BTreeMap::new(),
             retained: BTreeMap::new(),
             retained_bytes: 0,
@@ -537,11 +493,15 @@ impl<I: JobIo> Machine<I> {
             safe: None,
             store: ReplicaStore::new(),
             assemblers: BTreeMap::new(),
-            fetches: BTreeMap::new(),
-            handovers: BTreeMap::new(),
             failed: false,
-            sites: sites_of(a),
-            relays: BTreeMap::new(),
+            program: ProgramFetch::new(a),
+            routing: Routing {
+                broadcast: setup.broadcast,
+                links: BTreeMap::new(),
+                sites: sites_of(a),
+                relays: BTreeMap::new(),
+            },
+            restores: Restores::default(),
         };
         m.elect();
         for p in &a.peers {
@@ -553,7 +513,7 @@ impl<I: JobIo> Machine<I> {
         let mine: Vec<Pid> = m.hosts.pids_on(me);
         let (fresh, restored): (Vec<Pid>, Vec<Pid>) =
             mine.into_iter().partition(|p| !restore.contains(p));
-        m.deferred = Some((fresh, restored));
+        m.program.deferred = Some((fresh, restored));
         m.get_program(a);
         m.pump();
         m
@@ -599,9 +559,9 @@ impl<I: JobIo> Machine<I> {
     /// When a peer waiting for the program by Robber gives up on it.
     fn stall_at(&self) -> Option<u64> {
         let waiting_for_robber =
-            !self.has_program && self.dist.as_ref().is_some_and(|d| !d.is_root());
+            !self.program.has_program && self.program.dist.as_ref().is_some_and(|d| !d.is_root());
         let allowance = u64::try_from(self.stall_allowance().as_millis()).unwrap_or(u64::MAX);
-        waiting_for_robber.then(|| self.dist_progress.saturating_add(allowance))
+        waiting_for_robber.then(|| self.program.dist_progress.saturating_add(allowance))
     }
 
     fn on_timer(&mut self) {
@@ -704,7 +664,7 @@ impl<I: JobIo> Machine<I> {
                     self.checkpoint_every + 2
                 ));
             }
-            if let Some(&(_, s, _)) = self.relays.keys().find(|&&(_, s, _)| s < g) {
+            if let Some(&(_, s, _)) = self.routing.relays.keys().find(|&&(_, s, _)| s < g) {
                 return Err(format!(
                     "a multicast of superstep {s} is kept behind the safe point {g}"
                 ));
@@ -753,8 +713,8 @@ impl<I: JobIo> Machine<I> {
             self.peers,
             self.complete,
             self.safe,
-            self.links.keys().collect::<Vec<_>>(),
-            self.fetches.keys().collect::<Vec<_>>()
+            self.routing.links.keys().collect::<Vec<_>>(),
+            self.restores.fetches.keys().collect::<Vec<_>>()
         );
         for (pid, l) in &self.local {
             let state = match l.state {
@@ -791,3 +751,7 @@ mod restore;
 mod routing;
 mod rules;
 mod supersteps;
+
+use program_fetch::ProgramFetch;
+use restore::Restores;
+use routing::Routing;

@@ -25,7 +25,7 @@ impl<I: JobIo> Machine<I> {
             }
         };
         self.epoch = a.epoch;
-        self.sites = sites_of(&a);
+        self.routing.sites = sites_of(&a);
         let old_peers: BTreeSet<PeerId> = self.peers.iter().copied().collect();
         self.peers = a.peers.iter().map(|p| p.id).collect();
         self.hosts = hosts;
@@ -48,7 +48,7 @@ impl<I: JobIo> Machine<I> {
         // gets everything again, like a newcomer.
         let mut relinked = Vec::new();
         for p in &a.peers {
-            if p.id != self.me && !self.links.contains_key(&p.id) {
+            if p.id != self.me && !self.routing.links.contains_key(&p.id) {
                 self.open_link(p.id, p.addr.clone());
                 if old_peers.contains(&p.id) {
                     relinked.push(p.id);
@@ -101,9 +101,9 @@ impl<I: JobIo> Machine<I> {
         // and the newest answer wins (found by the simulator, seed 67245:
         // the process was restored from a checkpoint older than the safe
         // point, whose messages nobody retained any more).
-        let linked: BTreeSet<PeerId> = self.links.keys().copied().collect();
+        let linked: BTreeSet<PeerId> = self.routing.links.keys().copied().collect();
         let mut ask_again = Vec::new();
-        for (&pid, f) in self.fetches.iter_mut() {
+        for (&pid, f) in self.restores.fetches.iter_mut() {
             if f.waiting.iter().any(|p| !now.contains(p)) {
                 f.waiting = linked.clone();
                 ask_again.push(pid);
@@ -114,7 +114,7 @@ impl<I: JobIo> Machine<I> {
                 self.send_to(p, Frame::FetchCheckpoint { pid });
             }
         }
-        let fetching: Vec<Pid> = self.fetches.keys().copied().collect();
+        let fetching: Vec<Pid> = self.restores.fetches.keys().copied().collect();
         for pid in fetching {
             self.finish_fetch(pid);
         }
@@ -130,7 +130,7 @@ impl<I: JobIo> Machine<I> {
                     Some(l) => {
                         l.leaving = false;
                         l.handover = None;
-                        self.handovers.remove(&pid);
+                        self.restores.handovers.remove(&pid);
                     }
                 }
             } else if let Some(l) = self.local.get_mut(&pid) {
@@ -140,7 +140,7 @@ impl<I: JobIo> Machine<I> {
         // Processes waiting for the program that no longer live here never
         // start; one restored here is fetched, not started fresh.
         let mut never_started = Vec::new();
-        if let Some((fresh, restored)) = &mut self.deferred {
+        if let Some((fresh, restored)) = &mut self.program.deferred {
             let me = self.me;
             let hosts = &self.hosts;
             for p in fresh.iter().chain(restored.iter()) {
@@ -226,8 +226,9 @@ impl<I: JobIo> Machine<I> {
         }
         if !gone.is_empty() {
             self.relay_around(&gone);
-            if !self.has_program
+            if !self.program.has_program
                 && self
+                    .program
                     .dist
                     .as_ref()
                     .is_some_and(|d| gone.iter().any(|g| d.involves(*g)))

@@ -14,6 +14,7 @@ impl<I: JobIo> Machine<I> {
                 // simulator, seed 6362: a snapshot sent on a broken
                 // connection left a restore waiting forever).
                 let asked: Vec<Pid> = self
+                    .restores
                     .fetches
                     .iter()
                     .filter(|(_, f)| f.waiting.contains(&from))
@@ -31,6 +32,7 @@ impl<I: JobIo> Machine<I> {
                     tracing::debug!(job = self.job, from, "connection from peer closed: {e}");
                 }
                 let asked: Vec<Pid> = self
+                    .restores
                     .fetches
                     .iter()
                     .filter(|(_, f)| f.waiting.contains(&from))
@@ -155,7 +157,7 @@ impl<I: JobIo> Machine<I> {
                 if self.local.contains_key(&pid) && self.hosts.copies() == 1 {
                     // We host it: hand it over at its next sync (once our own
                     // assignment says it moves, if the asker is ahead of us).
-                    self.handovers.entry(pid).or_default().insert(from);
+                    self.restores.handovers.entry(pid).or_default().insert(from);
                     self.hand_over(pid);
                 } else {
                     // With redundancy a copy is never handed over: a new
@@ -225,7 +227,7 @@ impl<I: JobIo> Machine<I> {
     /// arrived between the answer and our own new assignment, and the
     /// process ran on both peers).
     fn never_start(&mut self, pid: Pid) {
-        let Some((fresh, restored)) = &mut self.deferred else {
+        let Some((fresh, restored)) = &mut self.program.deferred else {
             return;
         };
         let had = fresh.contains(&pid) || restored.contains(&pid);
@@ -290,6 +292,7 @@ impl<I: JobIo> Machine<I> {
                 }
             }
             let fetching: Vec<Pid> = self
+                .restores
                 .fetches
                 .iter()
                 .filter(|(_, f)| f.waiting.contains(&peer))

@@ -4,6 +4,43 @@
 
 use super::*;
 
+/// What getting the program takes: the download, Robber, and the
+/// processes waiting for it.
+pub(super) struct ProgramFetch {
+    /// The program is here.
+    pub(super) has_program: bool,
+    /// Processes to start (fresh, restored) once the program is here.
+    pub(super) deferred: Option<(Vec<Pid>, Vec<Pid>)>,
+    /// The direct download is not started yet.
+    pub(super) download_pending: bool,
+    /// Robber spreading the program among the job's first peers.
+    pub(super) dist: Option<program::Distribution>,
+    /// When the last piece of the program arrived (or Robber started), ms.
+    pub(super) dist_progress: u64,
+    pub(super) dist_started: u64,
+    /// The program's size, and the resources' hash (empty: none apart).
+    pub(super) program_bytes: u64,
+    pub(super) resources_hash: String,
+    /// The program's and resources' size together (what Robber moves).
+    pub(super) dist_bytes: u64,
+}
+
+impl ProgramFetch {
+    pub(super) fn new(a: &JobAssignment) -> ProgramFetch {
+        ProgramFetch {
+            has_program: false,
+            deferred: None,
+            download_pending: true,
+            dist: None,
+            dist_progress: 0,
+            dist_started: 0,
+            program_bytes: a.program_bytes,
+            resources_hash: a.resources_hash.clone(),
+            dist_bytes: a.program_bytes.saturating_add(a.resources_bytes),
+        }
+    }
+}
+
 impl<I: JobIo> Machine<I> {
     /// Get the program: from the cache, by Robber from the job's other
     /// peers, or downloaded from the supernode (`crate::program`).
@@ -25,9 +62,9 @@ impl<I: JobIo> Machine<I> {
                     match out {
                         Ok(out) => {
                             let root = dist.is_root();
-                            self.dist = Some(dist);
-                            self.dist_started = self.now;
-                            self.dist_progress = self.dist_started;
+                            self.program.dist = Some(dist);
+                            self.program.dist_started = self.now;
+                            self.program.dist_progress = self.program.dist_started;
                             self.send_program_frames(out);
                             if root {
                                 // From the cache or the supernode.
@@ -42,7 +79,7 @@ impl<I: JobIo> Machine<I> {
         }
         match cached {
             Some((module, _)) => self.program_ready(module, None),
-            None if self.dist.is_none() => self.start_download(),
+            None if self.program.dist.is_none() => self.start_download(),
             None => {}
         }
     }
@@ -57,9 +94,9 @@ impl<I: JobIo> Machine<I> {
     /// limit, plus (before the first piece) the time the first peer's own
     /// download takes at 1 MiB/s.
     pub(super) fn stall_allowance(&self) -> Duration {
-        let first = self.dist.as_ref().is_some_and(|d| d.received == 0);
+        let first = self.program.dist.as_ref().is_some_and(|d| d.received == 0);
         let download = if first {
-            Duration::from_secs_f64(self.dist_bytes as f64 / f64::from(1u32 << 20))
+            Duration::from_secs_f64(self.program.dist_bytes as f64 / f64::from(1u32 << 20))
         } else {
             Duration::ZERO
         };
@@ -68,17 +105,17 @@ impl<I: JobIo> Machine<I> {
 
     /// Start the direct download (once).
     pub(super) fn start_download(&mut self) {
-        if std::mem::take(&mut self.download_pending) {
+        if std::mem::take(&mut self.program.download_pending) {
             self.io.start_download();
         }
     }
 
     /// Robber failed here: download the program unless it is here already.
     pub(super) fn fall_back(&mut self, why: String) {
-        if self.has_program {
+        if self.program.has_program {
             return;
         }
-        if self.download_pending {
+        if self.program.download_pending {
             tracing::info!(job = self.job, "downloading the program directly: {why}");
             self.status(format!(
                 "peer #{} downloads the program directly: {why}",
@@ -86,19 +123,22 @@ impl<I: JobIo> Machine<I> {
             ));
         }
         // A void distribution stops answering; the others fall back too.
-        self.dist = None;
+        self.program.dist = None;
         self.start_download();
     }
 
     pub(super) fn on_program(&mut self, event: ProgramEvent<I::Program>) {
         match event {
             ProgramEvent::Downloaded(Ok(f)) => {
-                let resources =
-                    match unpack_resources(&self.resources_hash, &f.resources, Source::Supernode) {
-                        Ok(r) => r,
-                        Err(e) => return self.fail(None, e.to_string()),
-                    };
-                if let Some(dist) = &mut self.dist {
+                let resources = match unpack_resources(
+                    &self.program.resources_hash,
+                    &f.resources,
+                    Source::Supernode,
+                ) {
+                    Ok(r) => r,
+                    Err(e) => return self.fail(None, e.to_string()),
+                };
+                if let Some(dist) = &mut self.program.dist {
                     let bundle = [&f.bytes[..], &f.resources[..]].concat();
                     match dist.seed(&bundle) {
                         Ok(out) => {
@@ -109,27 +149,27 @@ impl<I: JobIo> Machine<I> {
                                     self.me,
                                     f.bytes.len() >> 10,
                                     if n == 1 { "" } else { "s" },
-                                    clusters_phrase(self.sites.values())
+                                    clusters_phrase(self.routing.sites.values())
                                 ));
                             }
                             self.send_program_frames(out);
                         }
                         Err(e) => {
                             tracing::info!(job = self.job, "the program's distribution ends: {e}");
-                            self.dist = None;
+                            self.program.dist = None;
                         }
                     }
                 }
                 self.program_ready(f.module, resources);
             }
             ProgramEvent::Downloaded(Err(reason)) => {
-                if !self.has_program {
+                if !self.program.has_program {
                     self.fail(None, reason.to_string());
                 }
             }
             ProgramEvent::Assembled(Ok((module, resources))) => {
-                if let Some(dist) = &self.dist {
-                    let ms = self.now.saturating_sub(self.dist_started);
+                if let Some(dist) = &self.program.dist {
+                    let ms = self.now.saturating_sub(self.program.dist_started);
                     let sources = dist.sources.len();
                     self.status(format!(
                         "peer #{} got the program by Robber in {ms} ms: {} pieces from {sources} peer{}",
@@ -151,7 +191,7 @@ impl<I: JobIo> Machine<I> {
         epoch: u64,
         msg: bsp_api::wire::ProgramMsg,
     ) {
-        let Some(dist) = &mut self.dist else {
+        let Some(dist) = &mut self.program.dist else {
             return;
         };
         if epoch != dist.epoch {
@@ -162,13 +202,13 @@ impl<I: JobIo> Machine<I> {
         match dist.on_msg(from, msg) {
             Ok(out) => {
                 if dist.received > received {
-                    self.dist_progress = self.now;
+                    self.program.dist_progress = self.now;
                 }
-                let complete = !had && dist.has_all() && !self.has_program;
+                let complete = !had && dist.has_all() && !self.program.has_program;
                 let data = if complete { dist.data() } else { None };
                 self.send_program_frames(out);
                 if let Some(bundle) = data {
-                    let split = (self.program_bytes as usize).min(bundle.len());
+                    let split = (self.program.program_bytes as usize).min(bundle.len());
                     self.io.assemble(bundle, split);
                 }
             }
@@ -182,12 +222,12 @@ impl<I: JobIo> Machine<I> {
     /// The program (and the resources, when they came apart) is here:
     /// start the processes that waited for it.
     pub(super) fn program_ready(&mut self, module: I::Program, resources: Resources) {
-        if self.has_program {
+        if self.program.has_program {
             return;
         }
         self.io.program_ready(module, resources);
-        self.has_program = true;
-        if let Some((fresh, restored)) = self.deferred.take() {
+        self.program.has_program = true;
+        if let Some((fresh, restored)) = self.program.deferred.take() {
             // Only what this peer still hosts (the placement may have
             // changed while the program was on its way).
             let here = |p: &Pid| self.hosts.runs(*p, self.me);

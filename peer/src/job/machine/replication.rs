@@ -192,7 +192,7 @@ impl<I: JobIo> Machine<I> {
         let Some(snapshot) = l.handover.clone() else {
             return;
         };
-        let Some(askers) = self.handovers.remove(&pid) else {
+        let Some(askers) = self.restores.handovers.remove(&pid) else {
             return;
         };
         for a in askers {
@@ -270,7 +270,7 @@ impl<I: JobIo> Machine<I> {
             .values()
             .map(|m| checkpoint::outbox_bytes(m))
             .sum();
-        self.relays.retain(|&(_, s, _), _| s >= g);
+        self.routing.relays.retain(|&(_, s, _), _| s >= g);
         self.dones.retain(|&(_, s), d| s >= g || d.exited);
         let forget = lowest_waiting.map_or(g, |w| w.min(g));
         self.barrier.forget_before(forget);

@@ -3,22 +3,38 @@
 
 use super::*;
 
+/// Processes coming to this peer from the snapshots others hold, and
+/// processes leaving it.
+#[derive(Default)]
+pub(super) struct Restores {
+    /// Restores waiting for the job's peers' answers.
+    pub(super) fetches: BTreeMap<Pid, Fetch>,
+    /// Peers that asked for a snapshot of a local process (a handover).
+    pub(super) handovers: BTreeMap<Pid, BTreeSet<PeerId>>,
+}
+
+/// A restore asking the job's peers for their newest snapshot.
+pub(super) struct Fetch {
+    pub(super) waiting: BTreeSet<PeerId>,
+    pub(super) best: Option<Arc<Snapshot>>,
+}
+
 impl<I: JobIo> Machine<I> {
     pub(super) fn begin_fetch(&mut self, pid: Pid) {
-        if !self.has_program {
-            let (_, restored) = self.deferred.get_or_insert_default();
+        if !self.program.has_program {
+            let (_, restored) = self.program.deferred.get_or_insert_default();
             if !restored.contains(&pid) {
                 restored.push(pid);
             }
             return;
         }
-        let waiting: BTreeSet<PeerId> = self.links.keys().copied().collect();
+        let waiting: BTreeSet<PeerId> = self.routing.links.keys().copied().collect();
         let best = self.store.newest(pid).cloned().map(Arc::new);
         self.local.insert(pid, Local::new(State::Fetching));
         for &p in &waiting {
             self.send_to(p, Frame::FetchCheckpoint { pid });
         }
-        self.fetches.insert(pid, Fetch { waiting, best });
+        self.restores.fetches.insert(pid, Fetch { waiting, best });
         self.finish_fetch(pid);
     }
 
@@ -26,7 +42,7 @@ impl<I: JobIo> Machine<I> {
         if snap.as_ref().is_some_and(|s| s.pid != pid) {
             return;
         }
-        let Some(f) = self.fetches.get_mut(&pid) else {
+        let Some(f) = self.restores.fetches.get_mut(&pid) else {
             return;
         };
         f.waiting.remove(&from);
@@ -39,13 +55,13 @@ impl<I: JobIo> Machine<I> {
     }
 
     pub(super) fn finish_fetch(&mut self, pid: Pid) {
-        let Some(f) = self.fetches.get(&pid) else {
+        let Some(f) = self.restores.fetches.get(&pid) else {
             return;
         };
         if !f.waiting.is_empty() {
             return;
         }
-        let f = self.fetches.remove(&pid).expect("checked above");
+        let f = self.restores.fetches.remove(&pid).expect("checked above");
         // This peer may have become a replica of the process while it
         // waited (found by the simulator, seed 171475: checkpoints that
         // arrived after the fetch began were not looked at, and the

@@ -4,10 +4,31 @@
 
 use super::*;
 
+/// Where messages go: the connections to the job's other peers, where the
+/// peers are, and the multicasts in flight.
+pub(super) struct Routing {
+    /// How `send_range` and `send_list` with large payloads travel.
+    pub(super) broadcast: BroadcastPolicy,
+    pub(super) links: BTreeMap<PeerId, Link>,
+    /// Where each peer of the job runs, for the broadcast rule.
+    pub(super) sites: BTreeMap<PeerId, Site>,
+    /// Multicasts this peer sends or relays, in supersteps ≥ `safe` (a key
+    /// may have several heads: a restored sender re-sends with another).
+    pub(super) relays: BTreeMap<RelayKey, Vec<Inflight>>,
+}
+
+/// A connection to another peer of the job, as the machine keeps it: the
+/// messages batched for its next `Data` frame.
+pub(super) struct Link {
+    pub(super) addr: String,
+    pub(super) batch: Vec<WireMessage>,
+    pub(super) batch_bytes: usize,
+}
+
 impl<I: JobIo> Machine<I> {
     pub(super) fn open_link(&mut self, peer: PeerId, addr: String) {
         self.io.open_link(peer, &addr, self.epoch);
-        self.links.insert(
+        self.routing.links.insert(
             peer,
             Link {
                 addr,
@@ -19,7 +40,7 @@ impl<I: JobIo> Machine<I> {
 
     /// Close the connection to `peer` (what is batched for it is dropped).
     pub(super) fn close_link(&mut self, peer: PeerId) -> Option<String> {
-        let l = self.links.remove(&peer)?;
+        let l = self.routing.links.remove(&peer)?;
         self.io.close_link(peer);
         Some(l.addr)
     }
@@ -30,7 +51,7 @@ impl<I: JobIo> Machine<I> {
 
     /// Queue `frame` for `peer` after what is batched for it.
     pub(super) fn send_out(&mut self, peer: PeerId, frame: Outgoing) {
-        if let Some(l) = self.links.get_mut(&peer) {
+        if let Some(l) = self.routing.links.get_mut(&peer) {
             Self::flush_link(&mut self.io, peer, l);
             self.io.send(peer, frame);
         }
@@ -66,7 +87,7 @@ impl<I: JobIo> Machine<I> {
             }
             return;
         }
-        if let Some(l) = self.links.get_mut(&host) {
+        if let Some(l) = self.routing.links.get_mut(&host) {
             // A payload the previous message shares travels once (one group).
             let shared = l.batch.last().is_some_and(|p| {
                 p.src == m.src
@@ -112,18 +133,22 @@ impl<I: JobIo> Machine<I> {
             .map(|m| self.hosts.of(m.dst)[0])
             .filter(|&p| p != self.me)
             .collect();
-        let Some(me) = self.sites.get(&self.me) else {
+        let Some(me) = self.routing.sites.get(&self.me) else {
             return false;
         };
         let dests: Vec<Site> = dest_peers
             .iter()
-            .filter_map(|p| self.sites.get(p).cloned())
+            .filter_map(|p| self.routing.sites.get(p).cloned())
             .collect();
-        if dests.len() != dest_peers.len() || dest_peers.iter().any(|p| !self.links.contains_key(p))
+        if dests.len() != dest_peers.len()
+            || dest_peers
+                .iter()
+                .any(|p| !self.routing.links.contains_key(p))
         {
             return false;
         }
-        let Some((algorithm, peers)) = relay::choose(&self.broadcast, payload.len(), me, &dests)
+        let Some((algorithm, peers)) =
+            relay::choose(&self.routing.broadcast, payload.len(), me, &dests)
         else {
             return false;
         };
@@ -158,7 +183,8 @@ impl<I: JobIo> Machine<I> {
         }
         let frames: Vec<(PeerId, Vec<Frame>)> =
             start.iter().filter_map(|t| inflight.frames(t)).collect();
-        self.relays
+        self.routing
+            .relays
             .entry(relay::key_of(&inflight.head))
             .or_default()
             .push(inflight);
@@ -202,13 +228,14 @@ impl<I: JobIo> Machine<I> {
         // inboxes). Every process may send its outbox limit per superstep,
         // and a peer can be a superstep ahead.
         let held: u64 = self
+            .routing
             .relays
             .values()
             .flatten()
             .filter(|f| f.payload().is_none())
             .map(|f| u64::from(f.head.len))
             .sum();
-        let heads = self.relays.entry(key).or_default();
+        let heads = self.routing.relays.entry(key).or_default();
         let i = match heads.iter().position(|f| *f.head == head) {
             Some(i) => i,
             None => {
@@ -242,7 +269,7 @@ impl<I: JobIo> Machine<I> {
     /// The payload of `relays[key][i]` is whole: deliver its messages to
     /// the local pids, and to the peers that must get it directly.
     pub(super) fn relay_complete(&mut self, key: RelayKey, i: usize) {
-        let Some(f) = self.relays.get_mut(&key).and_then(|v| v.get_mut(i)) else {
+        let Some(f) = self.routing.relays.get_mut(&key).and_then(|v| v.get_mut(i)) else {
             return;
         };
         let Some(payload) = f.payload().cloned() else {
@@ -275,6 +302,7 @@ impl<I: JobIo> Machine<I> {
     /// (its own pids also get the sender's messages by `resync`).
     pub(super) fn resend_relayed(&mut self, peer: PeerId) {
         let frames: Vec<Frame> = self
+            .routing
             .relays
             .values()
             .flatten()
@@ -289,7 +317,7 @@ impl<I: JobIo> Machine<I> {
     /// every other peer of its schedule directly (receivers drop repeats).
     pub(super) fn relay_around(&mut self, gone: &[PeerId]) {
         let mut due = Vec::new();
-        for (key, heads) in self.relays.iter_mut() {
+        for (key, heads) in self.routing.relays.iter_mut() {
             for (i, f) in heads.iter_mut().enumerate() {
                 if f.node != 0 || !f.head.peers.iter().any(|p| gone.contains(p)) {
                     continue;
@@ -311,7 +339,7 @@ impl<I: JobIo> Machine<I> {
     }
 
     pub(super) fn flush_all(&mut self) {
-        for (&peer, l) in self.links.iter_mut() {
+        for (&peer, l) in self.routing.links.iter_mut() {
             Self::flush_link(&mut self.io, peer, l);
         }
     }

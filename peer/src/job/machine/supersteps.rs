@@ -9,7 +9,7 @@ impl<I: JobIo> Machine<I> {
     pub(super) fn announce(&mut self, s: u32, d: ProcDone) {
         timeline(d.pid, s, "Done sent");
         self.dones.insert((d.pid, s), d.clone());
-        let peers: Vec<PeerId> = self.links.keys().copied().collect();
+        let peers: Vec<PeerId> = self.routing.links.keys().copied().collect();
         for p in peers {
             self.send_to(
                 p,
@@ -28,8 +28,8 @@ impl<I: JobIo> Machine<I> {
     }
 
     pub(super) fn start_fresh(&mut self, pids: Vec<Pid>) {
-        if !self.has_program {
-            let (fresh, _) = self.deferred.get_or_insert_default();
+        if !self.program.has_program {
+            let (fresh, _) = self.program.deferred.get_or_insert_default();
             for pid in pids {
                 if !fresh.contains(&pid) {
                     fresh.push(pid);
