@@ -500,6 +500,8 @@ impl<I: JobIo> Machine<I> {
                 links: BTreeMap::new(),
                 sites: sites_of(a),
                 relays: BTreeMap::new(),
+                waiting: VecDeque::new(),
+                waiting_bytes: 0,
             },
             restores: Restores::default(),
         };

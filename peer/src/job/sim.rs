@@ -32,7 +32,7 @@ use super::machine::{
 use crate::checkpoint::{PAGE_SIZE, PageTracker, Snapshot};
 use crate::net::{self, Inbound, Outgoing};
 use crate::observe::Acc;
-use crate::relay::BroadcastPolicy;
+use crate::relay::{BroadcastAlgorithm, BroadcastPolicy};
 use crate::runtime::{Message, Outcome};
 
 /// Schedules one `cargo test` runs.
@@ -60,6 +60,9 @@ pub(crate) struct Plan {
     pub(crate) migrate: Option<(u64, Pid)>,
     /// Largest network delay, ms.
     pub(crate) jitter: u64,
+    /// Every superstep's messages are one multicast, relayed by this
+    /// schedule.
+    pub(crate) broadcast: Option<BroadcastAlgorithm>,
 }
 
 impl Plan {
@@ -101,6 +104,12 @@ impl Plan {
             cuts,
             migrate,
             jitter: r.range(1, 20),
+            broadcast: match r.range(0, 5) {
+                0 => Some(BroadcastAlgorithm::Symmetric),
+                1 => Some(BroadcastAlgorithm::Binomial),
+                2 => Some(BroadcastAlgorithm::Chain),
+                _ => None,
+            },
         }
     }
 }

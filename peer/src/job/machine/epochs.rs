@@ -212,6 +212,33 @@ impl<I: JobIo> Machine<I> {
         for m in to_me {
             self.deliver_to(self.me, m);
         }
+        // Multicasts this peer relayed before the assignment reached it:
+        // their messages to pids now restored here went to no local process
+        // then (found by the simulator, seed 328: the messages of a chain
+        // broadcast to a migrating process were lost at its new host).
+        let relayed: Vec<WireMessage> = self
+            .routing
+            .relays
+            .values()
+            .flatten()
+            .filter_map(|f| f.payload().map(|p| (&f.head, p)))
+            .flat_map(|(head, payload)| {
+                head.dsts
+                    .iter()
+                    .filter(|(dst, _)| restore.contains(dst) && self.hosts.runs(*dst, self.me))
+                    .map(|&(dst, seq)| WireMessage {
+                        src: head.src,
+                        dst,
+                        superstep: head.superstep,
+                        seq,
+                        tag: head.tag,
+                        payload: payload.clone(),
+                    })
+            })
+            .collect();
+        for m in relayed {
+            self.deliver_to(self.me, m);
+        }
         let newcomers: Vec<PeerId> = now
             .iter()
             .filter(|p| !old_peers.contains(p) && **p != self.me)
@@ -224,6 +251,7 @@ impl<I: JobIo> Machine<I> {
             self.resync(p, None);
             self.resend_relayed(p);
         }
+        self.relays_after_reassign();
         if !gone.is_empty() {
             self.relay_around(&gone);
             if !self.program.has_program

@@ -15,7 +15,16 @@ pub(super) struct Routing {
     /// Multicasts this peer sends or relays, in supersteps ≥ `safe` (a key
     /// may have several heads: a restored sender re-sends with another).
     pub(super) relays: BTreeMap<RelayKey, Vec<Inflight>>,
+    /// Relayed frames that name peers outside this epoch, until the next
+    /// assignment says whether they are stale or from a newer epoch, with
+    /// their bytes.
+    pub(super) waiting: VecDeque<(PeerId, RelayHead, u32, bytes::Bytes)>,
+    pub(super) waiting_bytes: usize,
 }
+
+/// Most relayed frames kept for the next assignment, and their bytes.
+const MAX_WAITING_RELAYS: usize = 1024;
+const MAX_WAITING_RELAY_BYTES: usize = 64 << 20;
 
 /// A connection to another peer of the job, as the machine keeps it: the
 /// messages batched for its next `Data` frame.
@@ -213,11 +222,20 @@ impl<I: JobIo> Machine<I> {
             return Ok(());
         }
         if !relay::current(&head, &self.peers) {
-            tracing::debug!(
-                job = self.job,
-                from,
-                "dropping a relayed frame of an older epoch"
-            );
+            // It names a peer that left the job (an older epoch: stale), or
+            // one we do not know yet (a newer epoch whose assignment has not
+            // reached us: found by the simulator, seed 6842, where the
+            // broadcast stopped here and never reached the peers after us).
+            // It waits for our next assignment, within a bound.
+            let r = &mut self.routing;
+            r.waiting_bytes += bytes.len();
+            r.waiting.push_back((from, head, offset, bytes));
+            while r.waiting.len() > MAX_WAITING_RELAYS || r.waiting_bytes > MAX_WAITING_RELAY_BYTES
+            {
+                if let Some((.., b)) = r.waiting.pop_front() {
+                    r.waiting_bytes -= b.len();
+                }
+            }
             return Ok(());
         }
         if self.safe.is_some_and(|g| head.superstep < g) {
@@ -294,6 +312,29 @@ impl<I: JobIo> Machine<I> {
             }
         }
         self.flush_all();
+    }
+
+    /// Relayed frames that waited for this assignment: those it makes
+    /// current go on, the others are stale.
+    pub(super) fn relays_after_reassign(&mut self) {
+        let waiting = std::mem::take(&mut self.routing.waiting);
+        self.routing.waiting_bytes = 0;
+        for (from, head, offset, bytes) in waiting {
+            if !relay::current(&head, &self.peers) {
+                tracing::debug!(
+                    job = self.job,
+                    from,
+                    "dropping a relayed frame of an older epoch"
+                );
+                continue;
+            }
+            if let Err(e) = self.on_relay(from, head, offset, bytes) {
+                return self.fail(
+                    None,
+                    format!("peer #{from} broke the data-plane protocol: {e}"),
+                );
+            }
+        }
     }
 
     /// Our connection to `peer` broke, so relayed bytes on it may be lost:

@@ -51,6 +51,9 @@ pub(crate) struct FakeGuest {
     pub(super) output_seq: u64,
     pub(super) output_mark: u64,
     pub(super) inbox: Vec<Message>,
+    /// Every superstep's messages share one payload (a `send_range`, which
+    /// may be relayed).
+    pub(super) shared: bool,
 }
 
 /// What a superstep of the model gives: whether it returned, the output
@@ -64,7 +67,7 @@ pub(super) struct Step {
 }
 
 impl FakeGuest {
-    pub(super) fn new(pid: Pid, nprocs: u32, last: u32) -> FakeGuest {
+    pub(super) fn new(pid: Pid, nprocs: u32, last: u32, shared: bool) -> FakeGuest {
         FakeGuest {
             pid,
             nprocs,
@@ -74,11 +77,12 @@ impl FakeGuest {
             output_seq: 0,
             output_mark: 0,
             inbox: Vec::new(),
+            shared,
         }
     }
 
     /// Back from a snapshot it took.
-    pub(super) fn restored(s: &Snapshot, nprocs: u32, last: u32) -> FakeGuest {
+    pub(super) fn restored(s: &Snapshot, nprocs: u32, last: u32, shared: bool) -> FakeGuest {
         let word = |i: usize| u64::from_le_bytes(s.memory[i * 8..i * 8 + 8].try_into().unwrap());
         FakeGuest {
             pid: s.pid,
@@ -89,6 +93,7 @@ impl FakeGuest {
             output_seq: s.output_seq,
             output_mark: 0,
             inbox: Vec::new(),
+            shared,
         }
     }
 
@@ -127,6 +132,7 @@ impl FakeGuest {
         );
         let line = format!("{} {s} {:016x}\n", self.pid, self.acc);
         let exited = s >= self.last;
+        let one = Bytes::from(payload(self.acc, Pid::MAX));
         let out = if exited {
             Vec::new()
         } else {
@@ -137,7 +143,11 @@ impl FakeGuest {
                     dst,
                     seq: i as u32,
                     tag: 0,
-                    payload: Bytes::from(payload(self.acc, dst)),
+                    payload: if self.shared {
+                        one.clone()
+                    } else {
+                        Bytes::from(payload(self.acc, dst))
+                    },
                 })
                 .collect()
         };
@@ -169,7 +179,7 @@ pub(super) fn payload(acc: u64, dst: Pid) -> Vec<u8> {
 }
 
 /// The failure-free output of `nprocs` model processes: each one's lines.
-pub(super) fn reference(nprocs: u32, last: u32) -> Vec<Vec<String>> {
+pub(super) fn reference(nprocs: u32, last: u32, shared: bool) -> Vec<Vec<String>> {
     let mut acc: Vec<u64> = (0..nprocs).map(|p| mix(u64::from(p), 7)).collect();
     let mut lines = vec![Vec::new(); nprocs as usize];
     let mut inbox: Vec<Vec<(Pid, Vec<u8>)>> = vec![Vec::new(); nprocs as usize];
@@ -181,7 +191,8 @@ pub(super) fn reference(nprocs: u32, last: u32) -> Vec<Vec<String>> {
             lines[i].push(format!("{p} {s} {:016x}\n", acc[i]));
             if s < last {
                 for d in (0..nprocs).filter(|&d| d != p) {
-                    next[d as usize].push((p, payload(acc[i], d)));
+                    let to = if shared { Pid::MAX } else { d };
+                    next[d as usize].push((p, payload(acc[i], to)));
                 }
             }
         }

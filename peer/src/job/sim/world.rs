@@ -406,7 +406,11 @@ impl World {
                 self.exited
             ));
         }
-        let expected = reference(self.plan.nprocs, self.plan.last);
+        let expected = reference(
+            self.plan.nprocs,
+            self.plan.last,
+            self.plan.broadcast.is_some(),
+        );
         for pid in 0..self.plan.nprocs {
             let got: Vec<String> = self
                 .output
@@ -522,7 +526,14 @@ impl World {
                 memory_limit: 16 << 20,
                 outbox_limit: 32 << 20,
             },
-            broadcast: BroadcastPolicy::default(),
+            broadcast: match self.plan.broadcast {
+                Some(algorithm) => BroadcastPolicy {
+                    algorithm,
+                    min_bytes: 0,
+                    chunk: 0,
+                },
+                None => BroadcastPolicy::default(),
+            },
         };
         let m = Machine::new(SimIo::new(), setup, &a, hosts);
         let p = self.peers.get_mut(&peer).expect("a peer of the world");
@@ -631,7 +642,12 @@ impl World {
             }
             Effect::Start(pid, redundant, every) => {
                 let p = Proc::new(
-                    FakeGuest::new(pid, self.plan.nprocs, self.plan.last),
+                    FakeGuest::new(
+                        pid,
+                        self.plan.nprocs,
+                        self.plan.last,
+                        self.plan.broadcast.is_some(),
+                    ),
                     redundant,
                     every,
                 );
@@ -652,7 +668,12 @@ impl World {
             }
             Effect::Restore(pid, snapshot, digests) => {
                 let r = (!snapshot.exited).then(|| Proc {
-                    process: FakeGuest::restored(&snapshot, self.plan.nprocs, self.plan.last),
+                    process: FakeGuest::restored(
+                        &snapshot,
+                        self.plan.nprocs,
+                        self.plan.last,
+                        self.plan.broadcast.is_some(),
+                    ),
                     tracker: PageTracker::seeded(&snapshot, digests),
                     recent: Default::default(),
                 });
