@@ -31,6 +31,7 @@ use crate::{Effects, Error, Inner, Live, LivePeer, Supernode, epoch, lease, now_
 mod enroll;
 mod job_ops;
 mod links;
+mod peer_views;
 mod peers;
 mod plain_renewal;
 mod progress;
