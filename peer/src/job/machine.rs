@@ -603,6 +603,16 @@ impl<I: JobIo> Machine<I> {
             .publish_observations(self.observer.take(), &hosted, since, waiting_for);
     }
 
+    /// Tell the supernode this peer let go of `pid` at `superstep`.
+    fn handed_over(&mut self, pid: Pid, superstep: u32) {
+        self.emit(PeerEvent::ProcessHandedOver {
+            job: self.job,
+            pid,
+            superstep,
+            epoch: self.epoch,
+        });
+    }
+
     fn status(&mut self, text: String) {
         self.emit(PeerEvent::Status {
             job: self.job,

@@ -156,12 +156,7 @@ impl<I: JobIo> Machine<I> {
         // peer then leaves the job).
         never_started.sort_unstable();
         for pid in never_started {
-            self.emit(PeerEvent::ProcessHandedOver {
-                job: self.job,
-                pid,
-                superstep: 0,
-                epoch: self.epoch,
-            });
+            self.handed_over(pid, 0);
         }
         // Processes here whose host moved without being listed (should not
         // happen) are handed over too.
@@ -181,12 +176,7 @@ impl<I: JobIo> Machine<I> {
                 .collect();
             for (pid, superstep) in leaving {
                 self.local.remove(&pid);
-                self.emit(PeerEvent::ProcessHandedOver {
-                    job: self.job,
-                    pid,
-                    superstep,
-                    epoch: self.epoch,
-                });
+                self.handed_over(pid, superstep);
             }
         }
         // Re-send what the new hosts need.
@@ -226,14 +216,7 @@ impl<I: JobIo> Machine<I> {
                 head.dsts
                     .iter()
                     .filter(|(dst, _)| restore.contains(dst) && self.hosts.runs(*dst, self.me))
-                    .map(|&(dst, seq)| WireMessage {
-                        src: head.src,
-                        dst,
-                        superstep: head.superstep,
-                        seq,
-                        tag: head.tag,
-                        payload: payload.clone(),
-                    })
+                    .map(|&(dst, seq)| routing::relayed_message(head, dst, seq, payload))
             })
             .collect();
         for m in relayed {

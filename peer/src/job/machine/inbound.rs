@@ -13,16 +13,7 @@ impl<I: JobIo> Machine<I> {
                 // have), so ask again what we wait for from it (found by the
                 // simulator, seed 6362: a snapshot sent on a broken
                 // connection left a restore waiting forever).
-                let asked: Vec<Pid> = self
-                    .restores
-                    .fetches
-                    .iter()
-                    .filter(|(_, f)| f.waiting.contains(&from))
-                    .map(|(pid, _)| *pid)
-                    .collect();
-                for pid in asked {
-                    self.send_to(from, Frame::FetchCheckpoint { pid });
-                }
+                self.ask_again(from);
             }
             Inbound::Closed { from, error } => {
                 // Its writer reconnects; partial checkpoint parts are void,
@@ -31,16 +22,7 @@ impl<I: JobIo> Machine<I> {
                 if let Some(e) = error {
                     tracing::debug!(job = self.job, from, "connection from peer closed: {e}");
                 }
-                let asked: Vec<Pid> = self
-                    .restores
-                    .fetches
-                    .iter()
-                    .filter(|(_, f)| f.waiting.contains(&from))
-                    .map(|(pid, _)| *pid)
-                    .collect();
-                for pid in asked {
-                    self.send_to(from, Frame::FetchCheckpoint { pid });
-                }
+                self.ask_again(from);
             }
             Inbound::SendFailed { to, error } => {
                 tracing::info!(
@@ -220,6 +202,20 @@ impl<I: JobIo> Machine<I> {
         Ok(())
     }
 
+    /// Ask `peer` again for the snapshots we wait for from it.
+    fn ask_again(&mut self, peer: PeerId) {
+        let asked: Vec<Pid> = self
+            .restores
+            .fetches
+            .iter()
+            .filter(|(_, f)| f.waiting.contains(&peer))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in asked {
+            self.send_to(peer, Frame::FetchCheckpoint { pid });
+        }
+    }
+
     /// A peer asks for `pid`'s state, so a newer assignment than ours moved
     /// it there. If it waits here for the program, it never ran here and
     /// must not start now: the asker learns that no snapshot exists and
@@ -234,12 +230,7 @@ impl<I: JobIo> Machine<I> {
         fresh.retain(|&p| p != pid);
         restored.retain(|&p| p != pid);
         if had {
-            self.emit(PeerEvent::ProcessHandedOver {
-                job: self.job,
-                pid,
-                superstep: 0,
-                epoch: self.epoch,
-            });
+            self.handed_over(pid, 0);
         }
     }
 

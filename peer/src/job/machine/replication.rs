@@ -208,12 +208,7 @@ impl<I: JobIo> Machine<I> {
         let superstep = snapshot.superstep;
         self.store.insert((*snapshot).clone());
         self.local.remove(&pid);
-        self.emit(PeerEvent::ProcessHandedOver {
-            job: self.job,
-            pid,
-            superstep,
-            epoch: self.epoch,
-        });
+        self.handed_over(pid, superstep);
     }
 
     /// A leaving process at a sync: take a whole snapshot for its new host.

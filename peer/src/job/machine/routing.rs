@@ -298,17 +298,7 @@ impl<I: JobIo> Machine<I> {
         for &(dst, seq) in &head.dsts {
             let host = self.hosts.of(dst)[0];
             if host == self.me || direct.contains(&host) {
-                self.deliver_to(
-                    host,
-                    WireMessage {
-                        src: head.src,
-                        dst,
-                        superstep: head.superstep,
-                        seq,
-                        tag: head.tag,
-                        payload: payload.clone(),
-                    },
-                );
+                self.deliver_to(host, relayed_message(&head, dst, seq, &payload));
             }
         }
         self.flush_all();
@@ -383,5 +373,23 @@ impl<I: JobIo> Machine<I> {
         for (&peer, l) in self.routing.links.iter_mut() {
             Self::flush_link(&mut self.io, peer, l);
         }
+    }
+}
+
+/// The message to `dst` (its `seq`-th of the superstep) of the multicast
+/// `head` whose payload is whole.
+pub(super) fn relayed_message(
+    head: &RelayHead,
+    dst: Pid,
+    seq: u32,
+    payload: &bytes::Bytes,
+) -> WireMessage {
+    WireMessage {
+        src: head.src,
+        dst,
+        superstep: head.superstep,
+        seq,
+        tag: head.tag,
+        payload: payload.clone(),
     }
 }
