@@ -282,16 +282,7 @@ impl<I: JobIo> Machine<I> {
                     self.send_to(peer, f);
                 }
             }
-            let fetching: Vec<Pid> = self
-                .restores
-                .fetches
-                .iter()
-                .filter(|(_, f)| f.waiting.contains(&peer))
-                .map(|(pid, _)| *pid)
-                .collect();
-            for pid in fetching {
-                self.send_to(peer, Frame::FetchCheckpoint { pid });
-            }
+            self.ask_again(peer);
             // Acknowledgements of its checkpoints we hold may have been lost
             // with the connection; acknowledge the newest again (it answers
             // the owner's older pending checkpoints too; an owner ignores an
