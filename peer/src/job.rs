@@ -304,6 +304,7 @@ async fn run_job(
             program: program_tx,
             early: early_tx,
         },
+        origin,
     );
     let mut m = Machine::new(io, setup, &a, hosts);
     let ms = |t: Instant| u64::try_from(t.duration_since(origin).as_millis()).unwrap_or(u64::MAX);

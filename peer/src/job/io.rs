@@ -86,6 +86,7 @@ impl TokioIo {
         info: Arc<JobInfo>,
         download: Download,
         channels: Channels,
+        origin: Instant,
     ) -> TokioIo {
         TokioIo {
             env,
@@ -101,7 +102,7 @@ impl TokioIo {
             channels,
             download: Some(download),
             held: 0,
-            origin: Instant::now(),
+            origin,
         }
     }
 
