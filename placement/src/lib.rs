@@ -92,6 +92,7 @@
 #![warn(missing_docs)]
 
 mod dhht;
+pub mod epochs;
 mod error;
 mod index;
 mod position;

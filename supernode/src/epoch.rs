@@ -24,69 +24,8 @@ use crate::jobs::{Ending, Place, finish_job, queue};
 use crate::twins::{self, Copies, Volunteers};
 use crate::{Effects, Error, Inner};
 
-/// Why a process left its host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MoveKind {
-    /// The host was lost; the process is restored from its newest replicated
-    /// checkpoint (the consumer sees *process rolled back*).
-    Lost,
-    /// The host is alive and hands the process over at its next sync (the
-    /// consumer sees *process migrated*).
-    Migrate,
-}
-
-impl MoveKind {
-    fn as_str(self) -> &'static str {
-        match self {
-            MoveKind::Lost => "lost",
-            MoveKind::Migrate => "migrate",
-        }
-    }
-
-    fn parse(s: &str) -> Option<MoveKind> {
-        match s {
-            "lost" => Some(MoveKind::Lost),
-            "migrate" => Some(MoveKind::Migrate),
-            _ => None,
-        }
-    }
-}
-
-/// One process of a job, as `placements` records it: one copy of a pid
-/// with redundancy ([`crate::twins`]).
-#[derive(Debug, Clone)]
-pub(crate) struct Placed {
-    /// The slot, `copy * nprocs + pid` (the pid itself without
-    /// redundancy).
-    pub(crate) pid: Pid,
-    /// The current host.
-    pub(crate) peer: PeerId,
-    /// Golden index of the process's DHHT position.
-    pub(crate) position: u64,
-    /// The epoch of its last move, if it moved.
-    pub(crate) moved_epoch: Option<u64>,
-    pub(crate) moved_from: Option<PeerId>,
-    pub(crate) moved_kind: Option<MoveKind>,
-    pub(crate) handed_over: bool,
-}
-
-impl Placed {
-    /// The old host that still runs this migrating process until it reports
-    /// the handover.
-    pub(crate) fn handing_over_from(&self) -> Option<PeerId> {
-        if self.moved_kind == Some(MoveKind::Migrate) && !self.handed_over {
-            self.moved_from
-        } else {
-            None
-        }
-    }
-
-    /// Whether `peer` may report about this process: its host, or the old
-    /// host of a migration that is not handed over yet.
-    pub(crate) fn is_run_by(&self, peer: PeerId) -> bool {
-        self.peer == peer || self.handing_over_from() == Some(peer)
-    }
-}
+pub(crate) use placement::epochs::{Change, MoveKind, Placed};
+use placement::epochs::{peer_of_slot, row_index, runners};
 
 /// The processes of `job` in slot order (copy 0 of every pid first).
 pub(crate) fn placements(tx: &Connection, job: JobId) -> Result<Vec<Placed>, Error> {
@@ -109,33 +48,6 @@ pub(crate) fn placements(tx: &Connection, job: JobId) -> Result<Vec<Placed>, Err
         })
     })?;
     Ok(rows.collect::<crate::sql::Result<_>>()?)
-}
-
-/// The peer of pid `q` among `rows` (ordered by pid, as [`placements`]
-/// returns them).
-fn peer_of_pid(rows: &[Placed], q: Pid) -> Option<PeerId> {
-    rows.binary_search_by_key(&q, |r| r.pid)
-        .ok()
-        .map(|i| rows[i].peer)
-}
-
-/// The index in `rows` (ordered by slot) of `slot`'s row.
-fn row_index(rows: &[Placed], slot: Pid) -> Option<usize> {
-    rows.binary_search_by_key(&slot, |r| r.pid).ok()
-}
-
-/// For each row of `rows`, the peers that run its slot now: its host and,
-/// until the handover, a migration's old host; `gone` peers run nothing.
-fn runners(rows: &[Placed], gone: &[PeerId]) -> Vec<Vec<PeerId>> {
-    rows.iter()
-        .map(|r| {
-            [Some(r.peer), r.handing_over_from()]
-                .into_iter()
-                .flatten()
-                .filter(|p| !gone.contains(p))
-                .collect()
-        })
-        .collect()
 }
 
 /// The peers that run the other copies of `slot`'s pid, by `running`
@@ -218,17 +130,9 @@ pub(crate) fn top_up_replicas(
     replicas: u32,
     candidates: &BTreeSet<PeerId>,
 ) {
-    let want = replicas as usize + 1;
-    if peers.len() >= want {
-        return;
-    }
-    let mut extra: Vec<PeerId> = candidates
-        .iter()
-        .copied()
-        .filter(|p| !peers.contains(p))
-        .collect();
-    extra.sort_by_key(|&p| replica_rank(job, p));
-    peers.extend(extra.into_iter().take(want - peers.len()));
+    let mut ranked: Vec<PeerId> = candidates.iter().copied().collect();
+    ranked.sort_by_key(|&p| replica_rank(job, p));
+    placement::epochs::top_up(peers, replicas, ranked);
 }
 
 /// The assignment of `job` as recorded, with `restore` and `migrate`.
@@ -300,39 +204,15 @@ pub(crate) fn assignment(
         })?
         .collect::<crate::sql::Result<_>>()?
     };
-    let index: BTreeMap<PeerId, u32> = peers
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (p.id, i as u32))
-        .collect();
     // One entry per slot, `placement[c * nprocs + pid]` for copy `c`.
     let copies = Copies {
         nprocs,
         redundancy: redundancy.max(1),
     };
-    let mut placement = Vec::with_capacity(copies.slots() as usize);
-    for (i, row) in placements(tx, job)?.into_iter().enumerate() {
-        if row.pid as usize != i {
-            return Err(Error::Internal(format!(
-                "job {job}: slot {i} has no placement (found slot {} there)",
-                row.pid
-            )));
-        }
-        let i = index.get(&row.peer).copied().ok_or_else(|| {
-            Error::Internal(format!(
-                "job {job}: pid {} is placed on peer #{} which is not among the job's peers",
-                row.pid, row.peer
-            ))
-        })?;
-        placement.push(i);
-    }
-    if placement.len() != copies.slots() as usize {
-        return Err(Error::Internal(format!(
-            "job {job}: {} placements for {nprocs} processes of {} copies",
-            placement.len(),
-            copies.redundancy
-        )));
-    }
+    let ids: Vec<PeerId> = peers.iter().map(|p| p.id).collect();
+    let placement =
+        placement::epochs::placement_indices(&placements(tx, job)?, &ids, copies.slots())
+            .map_err(|e| Error::Internal(format!("job {job}: {e}")))?;
     // Resources travel apart from the assignment (they can be large): the
     // peers fetch them, or get them with the program by Robber.
     let resources: Vec<(String, Vec<u8>)> = {
@@ -411,21 +291,6 @@ pub(crate) fn send_assignment(
     Ok(a)
 }
 
-/// A change of a job's assignment.
-#[derive(Debug, Default)]
-pub(crate) struct Change {
-    /// Processes that move: `(slot, new host)` (the slot is the pid
-    /// without redundancy; [`crate::twins`]).
-    pub(crate) moves: Vec<(Pid, PeerId)>,
-    /// Whether the moves migrate (old host alive) or restore lost processes.
-    pub(crate) migrate: bool,
-    /// Processes (slots) restored where they are: their migration's old
-    /// host was lost before it handed them over.
-    pub(crate) restore_in_place: Vec<Pid>,
-    /// Peers that leave the job (lost ones; live ones are told `KillJob`).
-    pub(crate) leave: Vec<PeerId>,
-}
-
 /// Starts the next epoch of `job`: applies `change`, lets draining peers
 /// that host nothing leave, adds replica-only peers up to `replicas + 1`,
 /// and sends the new assignment to every live peer of the job. Returns the
@@ -443,77 +308,47 @@ pub(crate) fn new_epoch(
         [job],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )?;
-    // Moves name slots; `restore` and `migrate` name pids (every copy of a
-    // pid runs as that pid, and peers act on pids).
-    let pid_of = |slot: Pid| slot % nprocs.max(1);
     let epoch = u64_from_sql(epoch);
-    let kind = if change.migrate {
-        MoveKind::Migrate
-    } else {
-        MoveKind::Lost
-    };
+    let mut rows = placements(tx, job)?;
+    placement::epochs::apply(&mut rows, &change, epoch);
     {
         let mut stmt = tx.prepare_cached(
-            "UPDATE placements SET moved_from = peer_id, peer_id = ?3, moved_epoch = ?4, \
-                 moved_kind = ?5, handed_over = 0 WHERE job = ?1 AND pid = ?2",
+            "UPDATE placements SET peer_id = ?3, moved_from = ?4, moved_epoch = ?5, \
+                 moved_kind = ?6, handed_over = ?7 WHERE job = ?1 AND pid = ?2",
         )?;
-        for &(pid, to) in &change.moves {
-            stmt.execute(params![job, pid, to, u64_to_sql(epoch), kind.as_str()])?;
-        }
-        let mut stmt = tx.prepare_cached(
-            "UPDATE placements SET moved_epoch = ?3, moved_kind = 'lost', handed_over = 0 \
-             WHERE job = ?1 AND pid = ?2",
-        )?;
-        for &pid in &change.restore_in_place {
-            stmt.execute(params![job, pid, u64_to_sql(epoch)])?;
+        let changed = change
+            .moves
+            .iter()
+            .map(|&(slot, _)| slot)
+            .chain(change.restore_in_place.iter().copied());
+        for slot in changed {
+            let Some(r) = row_index(&rows, slot).map(|i| &rows[i]) else {
+                continue;
+            };
+            stmt.execute(params![
+                job,
+                r.pid,
+                r.peer,
+                r.moved_from,
+                r.moved_epoch.map(u64_to_sql),
+                r.moved_kind.map(MoveKind::as_str),
+                r.handed_over
+            ])?;
         }
     }
-    let rows = placements(tx, job)?;
-    let mut peers: Vec<PeerId> = job_peers(tx, job)?
-        .into_iter()
-        .filter(|p| !change.leave.contains(p))
-        .collect();
-    for row in &rows {
-        if !peers.contains(&row.peer) {
-            peers.push(row.peer);
-        }
-    }
-    // Draining peers leave once they host nothing and hand nothing over.
     let draining = draining_peers(tx)?;
-    let drained: Vec<PeerId> = peers
-        .iter()
-        .copied()
-        .filter(|p| {
-            draining.contains(p)
-                && !rows
-                    .iter()
-                    .any(|r| r.peer == *p || r.handing_over_from() == Some(*p))
-        })
-        .collect();
-    peers.retain(|p| !drained.contains(p));
-    let mut candidates = usable_peers(tx, now)?;
-    for p in change.leave.iter().chain(&drained) {
-        candidates.remove(p);
-    }
-    top_up_replicas(job, &mut peers, replicas, &candidates);
+    let mut ranked: Vec<PeerId> = usable_peers(tx, now)?.into_iter().collect();
+    ranked.sort_by_key(|&p| replica_rank(job, p));
+    let placement::epochs::Peers { peers, drained } = placement::epochs::next_peers(
+        &job_peers(tx, job)?,
+        &rows,
+        &change,
+        &draining,
+        &ranked,
+        replicas,
+    );
     set_job_peers(tx, job, &peers)?;
-
-    let mut restore: Vec<Pid> = change
-        .moves
-        .iter()
-        .map(|&(slot, _)| slot)
-        .chain(change.restore_in_place.iter().copied())
-        .map(pid_of)
-        .collect();
-    restore.sort_unstable();
-    restore.dedup();
-    let mut migrate: Vec<Pid> = if change.migrate {
-        change.moves.iter().map(|&(slot, _)| pid_of(slot)).collect()
-    } else {
-        Vec::new()
-    };
-    migrate.sort_unstable();
-    migrate.dedup();
+    let (restore, migrate) = placement::epochs::restore_and_migrate(&change, nprocs);
     send_assignment(tx, inner, fx, job, restore, migrate, now)?;
     let live = live_peers(tx, now)?;
     for &p in change.leave.iter().chain(&drained) {

@@ -143,10 +143,12 @@ fn seeded_fault_schedules_keep_every_guarantee() {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let restores = std::sync::atomic::AtomicU64::new(0);
     let done = std::sync::atomic::AtomicU64::new(0);
+    let tally = std::sync::Mutex::new(Tally::default());
     let failures: std::sync::Mutex<Vec<(u64, String)>> = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for t in 0..threads {
-            let (seeds, restores, done, failures) = (&seeds, &restores, &done, &failures);
+            let (seeds, restores, done, failures, tally) =
+                (&seeds, &restores, &done, &failures, &tally);
             scope.spawn(move || {
                 use std::sync::atomic::Ordering::Relaxed;
                 for &seed in seeds.iter().skip(t).step_by(threads) {
@@ -160,6 +162,7 @@ fn seeded_fault_schedules_keep_every_guarantee() {
                     match run_schedule(seed) {
                         Ok(o) => {
                             restores.fetch_add(u64::from(o.restores), Relaxed);
+                            tally.lock().unwrap_or_else(|p| p.into_inner()).add(o.tally);
                         }
                         Err(e) => failures
                             .lock()
@@ -186,10 +189,15 @@ fn seeded_fault_schedules_keep_every_guarantee() {
             Plan::from_seed(*seed)
         );
     }
+    let tally = tally.into_inner().unwrap_or_else(|p| p.into_inner());
     eprintln!(
-        "{} schedules passed ({} restores) in {:.1} s",
+        "{} schedules passed ({} restores; the supernode migrated in {} epochs, restored {} \
+         processes in place, added {} peers to jobs) in {:.1} s",
         seeds.len(),
         restores.into_inner(),
+        tally.migrations,
+        tally.in_place,
+        tally.joined,
         started.elapsed().as_secs_f64()
     );
 }
@@ -206,11 +214,20 @@ fn a_seed_replays_exactly() {
 }
 
 /// The schedules do what they are for: some kill peers and restore
-/// processes.
+/// processes, and the supernode's decisions migrate processes, restore
+/// some in place and bring new peers into jobs.
 #[test]
 fn schedules_restore_processes() {
-    let restored: u32 = (0..200)
-        .map(|s| run_schedule(s).map_or(0, |o| o.restores))
-        .sum();
-    assert!(restored > 20, "only {restored} restores in 200 schedules");
+    let mut restored = 0;
+    let mut tally = Tally::default();
+    for s in 0..400 {
+        if let Ok(o) = run_schedule(s) {
+            restored += o.restores;
+            tally.add(o.tally);
+        }
+    }
+    assert!(restored > 40, "only {restored} restores in 400 schedules");
+    assert!(tally.migrations > 40, "{tally:?} in 400 schedules");
+    assert!(tally.joined > 10, "{tally:?} in 400 schedules");
+    assert!(tally.in_place > 0, "{tally:?} in 400 schedules");
 }

@@ -51,50 +51,33 @@ pub(crate) fn rebalance(
         } else {
             Volunteers::default()
         };
-        let mut running = runners(&rows, &[]);
-        let mut moves = Vec::new();
-        let mut load_moves = Vec::new();
-        let mut forced = false;
         let nprocs = rows.last().map_or(0, |r| r.pid + 1);
-        let peer_of = |q: Pid| peer_of_pid(&rows, q);
-        for row in &rows {
-            let dhht = two_level_target(&table, job, row.pid, nprocs, row.position, peer_of)
-                .filter(|p| usable.contains(p));
-            let target = if twin {
-                let others = twin_hosts(copies, &rows, &running, row.pid);
-                let keep = Some(row.peer).filter(|p| usable.contains(p));
-                twins::settle(job, row.pid, dhht, keep, &usable_cands, &vol, &others)
-            } else {
-                dhht
-            };
-            let Some(target) = target.filter(|p| *p != row.peer) else {
-                continue;
-            };
-            if row.handing_over_from().is_some() {
-                pending = true;
-                continue;
-            }
-            if draining.contains(&row.peer) {
-                forced = true;
-            } else if place.moves.allows(job, row.pid, target, now, interval) {
-                load_moves.push((row.pid, row.peer));
-            } else {
-                pending = true;
-                continue;
-            }
-            moves.push((row.pid, target));
-            if let Some(i) = row_index(&rows, row.pid) {
-                // The old host runs it until the handover.
-                running[i].push(target);
-            }
-        }
-        if moves.is_empty() {
+        let peer_of = |q: Pid| peer_of_slot(&rows, q);
+        let plan = placement::epochs::plan_rebalance(
+            &rows,
+            &draining,
+            |row, running| {
+                let dhht = two_level_target(&table, job, row.pid, nprocs, row.position, peer_of)
+                    .filter(|p| usable.contains(p));
+                if twin {
+                    let others = twin_hosts(copies, &rows, running, row.pid);
+                    let keep = Some(row.peer).filter(|p| usable.contains(p));
+                    twins::settle(job, row.pid, dhht, keep, &usable_cands, &vol, &others)
+                } else {
+                    dhht
+                }
+            },
+            |pid, to| place.moves.allows(job, pid, to, now, interval),
+        );
+        pending |= plan.pending;
+        if plan.moves.is_empty() {
             continue;
         }
-        if !forced && migrated_at.is_some_and(|t| now.saturating_sub(t) < interval) {
+        if !plan.forced && migrated_at.is_some_and(|t| now.saturating_sub(t) < interval) {
             pending = true;
             continue;
         }
+        let moves = plan.moves;
         let pids: Vec<Pid> = moves.iter().map(|&(pid, _)| pid).collect();
         let targets = distinct(moves.iter().map(|&(_, t)| t));
         let sources = distinct(
@@ -118,10 +101,14 @@ pub(crate) fn rebalance(
             "UPDATE jobs SET migrated_at = ?2 WHERE id = ?1",
             params![job, now],
         )?;
-        for (pid, from) in load_moves {
+        for (pid, from) in plan.load_moves {
             place.moves.record(job, pid, from, now, interval);
         }
-        let why = if forced { "draining" } else { "load change" };
+        let why = if plan.forced {
+            "draining"
+        } else {
+            "load change"
+        };
         let text = format!(
             "migrating {} from {} to {} ({why}, epoch {epoch})",
             copies.slot_list(&pids),
@@ -157,12 +144,8 @@ pub(crate) fn settle_drains(
     let draining = draining_peers(tx)?;
     for job in jobs {
         let rows = placements(tx, job)?;
-        let idle_drainer = job_peers(tx, job)?.into_iter().any(|p| {
-            draining.contains(&p)
-                && !rows
-                    .iter()
-                    .any(|r| r.peer == p || r.handing_over_from() == Some(p))
-        });
+        let idle_drainer =
+            placement::epochs::has_idle_drainer(&job_peers(tx, job)?, &rows, &draining);
         if idle_drainer {
             new_epoch(tx, inner, fx, job, Change::default(), now)?;
         }

@@ -99,45 +99,25 @@ pub(crate) fn restore_lost(
         } else {
             Volunteers::default()
         };
-        let mut running = runners(&rows, &gone);
         let job_live: Vec<PeerId> = job_peers(tx, job)?
             .into_iter()
             .filter(|p| live.contains(p))
             .collect();
-        let lost_pids: Vec<&Placed> = rows.iter().filter(|r| gone.contains(&r.peer)).collect();
-        let in_place: Vec<Pid> = rows
-            .iter()
-            .filter(|r| {
-                !gone.contains(&r.peer) && r.handing_over_from().is_some_and(|p| gone.contains(&p))
-            })
-            .map(|r| r.pid)
-            .collect();
-        let mut moves = Vec::with_capacity(lost_pids.len());
-        let mut homeless = Vec::new();
         let nprocs = rows.last().map_or(0, |r| r.pid + 1);
-        let peer_of = |q: Pid| peer_of_pid(&rows, q).filter(|p| !gone.contains(p));
-        for row in &lost_pids {
+        let peer_of = |q: Pid| peer_of_slot(&rows, q).filter(|p| !gone.contains(p));
+        let plan = placement::epochs::plan_restore(&rows, &gone, |row, running| {
             let dhht = two_level_target(&table, job, row.pid, nprocs, row.position, peer_of)
                 .filter(|p| usable.contains(p));
-            let target = if twin {
-                let others = twin_hosts(copies, &rows, &running, row.pid);
+            if twin {
+                let others = twin_hosts(copies, &rows, running, row.pid);
                 twins::settle(job, row.pid, dhht, None, &usable_cands, &vol, &others)
                     .or_else(|| twins::pick(job, row.pid, &live_cands, &vol, &others))
             } else {
-                dhht.or_else(|| job_live.first().copied())
-                    .or_else(|| usable.first().copied())
-                    .or_else(|| live.first().copied())
-            };
-            match target {
-                Some(t) => {
-                    moves.push((row.pid, t));
-                    if let Some(i) = row_index(&rows, row.pid) {
-                        running[i] = vec![t];
-                    }
-                }
-                None => homeless.push(row.pid),
+                placement::epochs::fallback_host(dhht, &job_live, &usable, &live)
             }
-        }
+        });
+        let homeless = plan.homeless;
+        let change = plan.change;
         let who = if gone.len() == 1 {
             format!("peer {} (#{})", lost[&gone[0]], gone[0])
         } else {
@@ -166,21 +146,10 @@ pub(crate) fn restore_lost(
             finish_job(tx, place, inner, fx, job, ending, now)?;
             continue;
         }
-        let restored: Vec<Pid> = moves.iter().map(|&(pid, _)| pid).collect();
-        let targets = distinct(moves.iter().map(|&(_, t)| t));
-        let epoch = new_epoch(
-            tx,
-            inner,
-            fx,
-            job,
-            Change {
-                moves,
-                migrate: false,
-                restore_in_place: in_place.clone(),
-                leave: gone.clone(),
-            },
-            now,
-        )?;
+        let restored: Vec<Pid> = change.moves.iter().map(|&(pid, _)| pid).collect();
+        let targets = distinct(change.moves.iter().map(|&(_, t)| t));
+        let in_place = change.restore_in_place.clone();
+        let epoch = new_epoch(tx, inner, fx, job, change, now)?;
         let lost_text = format!(
             "{} lost: {} {}",
             peer_list(&gone),

@@ -433,13 +433,9 @@ impl Core {
                     }
                 }
                 PeerEvent::ProcessHandedOver { pid, epoch: at, .. } => {
-                    let slot = ctx
-                        .slot_where(pid, |p| p.handing_over_from() == Some(peer))
-                        .unwrap_or(pid);
-                    let Some(p) = ctx.placement.get_mut(slot as usize) else {
-                        continue;
-                    };
-                    if p.handing_over_from() != Some(peer) || p.moved_epoch.is_none_or(|m| at < m) {
+                    let Some(slot) =
+                        placement::epochs::handover_slot(&ctx.placement, ctx.nprocs, peer, pid, at)
+                    else {
                         tracing::info!(
                             peer,
                             job,
@@ -448,7 +444,10 @@ impl Core {
                             "ignoring a handover report of a stale epoch or host"
                         );
                         continue;
-                    }
+                    };
+                    let Some(p) = ctx.placement.get_mut(slot as usize) else {
+                        continue;
+                    };
                     tx.execute(
                         "UPDATE placements SET handed_over = 1 WHERE job = ?1 AND pid = ?2",
                         params![job, slot],

@@ -251,6 +251,10 @@ pub(crate) struct World {
     assignment: JobAssignment,
     /// Peers it knows are gone.
     gone: BTreeSet<PeerId>,
+    /// Its placements of the job, by slot, and the job's peers: what its
+    /// decisions ([`placement::epochs`]) start from.
+    rows: Vec<placement::epochs::Placed>,
+    job_peers: Vec<PeerId>,
     /// When each peer gets its last command.
     assign_at: BTreeMap<PeerId, u64>,
     /// Output lines it got, per pid and sequence number.
@@ -261,6 +265,7 @@ pub(crate) struct World {
     /// Everything that happened, hashed: equal for equal seeds.
     pub(crate) trace: u64,
     pub(crate) restores: u32,
+    pub(crate) tally: Tally,
     /// Print every event (`BSPWEB_SIM_TRACE=1`).
     verbose: bool,
 }
@@ -270,7 +275,28 @@ pub(crate) struct World {
 pub(crate) struct Finished {
     pub(crate) trace: u64,
     pub(crate) restores: u32,
+    pub(crate) tally: Tally,
     pub(crate) finished_at: u64,
+}
+
+/// What the supernode's decisions did in a schedule.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Tally {
+    /// Epochs that migrate processes.
+    pub(crate) migrations: u32,
+    /// Processes restored where they were migrating to (the old host was
+    /// lost before the handover).
+    pub(crate) in_place: u32,
+    /// Peers that joined the job in a later epoch.
+    pub(crate) joined: u32,
+}
+
+impl Tally {
+    pub(crate) fn add(&mut self, o: Tally) {
+        self.migrations += o.migrations;
+        self.in_place += o.in_place;
+        self.joined += o.joined;
+    }
 }
 
 impl World {
@@ -307,6 +333,17 @@ impl World {
             resources_hash: String::new(),
             resources_bytes: 0,
         };
+        let rows = (0..plan.nprocs)
+            .map(|pid| placement::epochs::Placed {
+                pid,
+                peer: ids[(pid % plan.peers) as usize],
+                position: u64::from(pid),
+                moved_epoch: None,
+                moved_from: None,
+                moved_kind: None,
+                handed_over: false,
+            })
+            .collect();
         let mut peers = BTreeMap::new();
         for id in 1..=PeerId::from(plan.peers + plan.spares) {
             peers.insert(
@@ -333,12 +370,15 @@ impl World {
             program,
             assignment,
             gone: BTreeSet::new(),
+            rows,
+            job_peers: ids.clone(),
             assign_at: BTreeMap::new(),
             output: BTreeMap::new(),
             exited: BTreeSet::new(),
             violation: None,
             trace: seed,
             restores: 0,
+            tally: Tally::default(),
             verbose: std::env::var_os("BSPWEB_SIM_TRACE").is_some(),
         };
         for &id in &ids {
@@ -433,6 +473,7 @@ impl World {
         Ok(Finished {
             trace: self.trace,
             restores: self.restores,
+            tally: self.tally,
             finished_at: self.now,
         })
     }

@@ -3,6 +3,7 @@
 //! migrated, lost peers noticed and their processes placed again.
 
 use super::*;
+use placement::epochs;
 
 impl World {
     /// What the supernode makes of an event `peer` uploaded.
@@ -21,6 +22,13 @@ impl World {
                     None => {
                         o.insert(seq, data);
                     }
+                }
+            }
+            PeerEvent::ProcessHandedOver { pid, epoch, .. } => {
+                if let Some(slot) =
+                    epochs::handover_slot(&self.rows, self.plan.nprocs, peer, pid, epoch)
+                {
+                    self.rows[slot as usize].handed_over = true;
                 }
             }
             PeerEvent::ProcessExited { pid, .. } => {
@@ -133,63 +141,119 @@ impl World {
         );
     }
 
-    /// The supernode moves `pid` to another live peer of the job.
+    /// The DHHT host of `pid` changes to another peer of the job that the
+    /// supernode thinks alive (it may have died unnoticed): the real
+    /// rebalance decides ([`placement::epochs::plan_rebalance`]). A process
+    /// still being handed over does not move yet; the supernode tries again
+    /// later, as its rebalance loop does.
     pub(super) fn migrate(&mut self, pid: Pid) {
-        let a = &self.assignment;
-        let from = a.placement[pid as usize] as usize;
-        let to = (0..a.peers.len())
-            .filter(|&i| i != from && self.alive(a.peers[i].id))
-            .min_by_key(|&i| (mix(self.seed, i as u64), i));
+        let from = self.rows[pid as usize].peer;
+        let to = self
+            .job_peers
+            .iter()
+            .copied()
+            .filter(|&p| p != from && !self.gone.contains(&p))
+            .min_by_key(|&p| (mix(self.seed, p as u64), p));
         let Some(to) = to else {
             return;
         };
-        let mut next = self.assignment.clone();
-        next.placement[pid as usize] = to as u32;
-        next.restore = vec![pid];
-        next.migrate = vec![pid];
-        self.publish(next);
+        let plan = epochs::plan_rebalance(
+            &self.rows,
+            &BTreeSet::new(),
+            |r, _| Some(if r.pid == pid { to } else { r.peer }),
+            |_, _| true,
+        );
+        if plan.moves.is_empty() {
+            if plan.pending {
+                self.at(100, Event::Migrate(pid));
+            }
+            return;
+        }
+        self.new_epoch(epochs::Change {
+            moves: plan.moves,
+            migrate: true,
+            ..epochs::Change::default()
+        });
     }
 
-    /// The supernode declares `peer` gone and restores its processes on a
-    /// spare peer or another peer of the job.
+    /// The supernode declares `peer` gone and restores its processes, as
+    /// [`placement::epochs::plan_restore`] decides: on the DHHT host (here
+    /// a spare peer or another peer of the job, by the seed) or the
+    /// fallbacks.
     pub(super) fn detect(&mut self, peer: PeerId) {
-        if !self.gone.insert(peer) {
+        if !self.gone.insert(peer) || !self.job_peers.contains(&peer) {
             return;
         }
-        let a = &self.assignment;
-        let Some(gone) = a.peers.iter().position(|p| p.id == peer) else {
-            return;
-        };
-        let mut peers: Vec<JobPeer> = a.peers.clone();
-        peers.remove(gone);
-        let mut placement: Vec<u32> = a.placement.clone();
-        let lost: Vec<Pid> = (0..a.nprocs)
-            .filter(|&p| placement[p as usize] as usize == gone)
+        let live: BTreeSet<PeerId> = self
+            .peers
+            .keys()
+            .copied()
+            .filter(|p| !self.gone.contains(p))
             .collect();
-        for i in placement.iter_mut() {
-            if *i as usize > gone {
-                *i -= 1;
-            }
-        }
-        let spare = (1..=PeerId::from(self.plan.peers + self.plan.spares)).find(|id| {
-            self.alive(*id) && !peers.iter().any(|p| p.id == *id) && !self.gone.contains(id)
-        });
-        let target = match spare {
-            Some(s) if self.rng.chance(1, 2) => {
-                peers.push(peer_entry(s));
-                peers.len() - 1
-            }
-            _ => self.rng.range(0, peers.len() as u64 - 1) as usize,
+        let job_live: Vec<PeerId> = self
+            .job_peers
+            .iter()
+            .copied()
+            .filter(|p| live.contains(p))
+            .collect();
+        let spare = live.iter().copied().find(|p| !self.job_peers.contains(p));
+        let dhht = match spare {
+            Some(s) if self.rng.chance(1, 2) => Some(s),
+            _ if job_live.is_empty() => None,
+            _ => Some(job_live[self.rng.range(0, job_live.len() as u64 - 1) as usize]),
         };
-        for &pid in &lost {
-            placement[pid as usize] = target as u32;
+        let plan = epochs::plan_restore(&self.rows, &[peer], |_, _| {
+            epochs::fallback_host(dhht, &job_live, &live, &live)
+        });
+        if !plan.homeless.is_empty() {
+            return self.violate(format!(
+                "the supernode found no peer for pids {:?}",
+                plan.homeless
+            ));
         }
-        let mut next = self.assignment.clone();
-        next.peers = peers;
-        next.placement = placement;
-        next.restore = lost;
-        next.migrate = vec![];
-        self.publish(next);
+        self.new_epoch(plan.change);
+    }
+
+    /// The supernode's next epoch: `change` applied to its placements, the
+    /// peers and the assignment as the real supernode makes them.
+    fn new_epoch(&mut self, change: epochs::Change) {
+        let epoch = self.assignment.epoch + 1;
+        epochs::apply(&mut self.rows, &change, epoch);
+        let mut ranked: Vec<PeerId> = self
+            .peers
+            .keys()
+            .copied()
+            .filter(|p| !self.gone.contains(p))
+            .collect();
+        ranked.sort_by_key(|&p| (mix(self.seed ^ 0x5eed, p as u64), p));
+        let next = epochs::next_peers(
+            &self.job_peers,
+            &self.rows,
+            &change,
+            &BTreeSet::new(),
+            &ranked,
+            self.assignment.limits.replicas,
+        );
+        let placement =
+            match epochs::placement_indices(&self.rows, &next.peers, self.assignment.nprocs) {
+                Ok(p) => p,
+                Err(e) => return self.violate(format!("the supernode's epoch {epoch}: {e}")),
+            };
+        let (restore, migrate) = epochs::restore_and_migrate(&change, self.assignment.nprocs);
+        self.tally.migrations += u32::from(change.migrate);
+        self.tally.in_place += change.restore_in_place.len() as u32;
+        self.tally.joined += next
+            .peers
+            .iter()
+            .filter(|p| !self.job_peers.contains(p))
+            .count() as u32;
+        self.job_peers = next.peers;
+        let mut a = self.assignment.clone();
+        a.peers = self.job_peers.iter().map(|&id| peer_entry(id)).collect();
+        a.placement = placement;
+        a.restore = restore;
+        a.migrate = migrate;
+        self.publish(a);
     }
 
     pub(super) fn publish(&mut self, mut next: JobAssignment) {
