@@ -133,6 +133,12 @@ impl<I: JobIo> Machine<I> {
                         self.restores.handovers.remove(&pid);
                     }
                 }
+            } else if self
+                .local
+                .get(&pid)
+                .is_some_and(|l| matches!(l.state, State::Fetching))
+            {
+                self.abandon_fetch(pid);
             } else if let Some(l) = self.local.get_mut(&pid) {
                 l.leaving = true;
             }

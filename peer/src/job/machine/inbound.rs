@@ -147,21 +147,7 @@ impl<I: JobIo> Machine<I> {
                     // agreed on (what replicas hold), and so computes on
                     // its own (a third run must not inherit a state that
                     // may be the wrong one).
-                    match self.store.newest(pid) {
-                        Some(s) => {
-                            let s = s.clone();
-                            for f in checkpoint::to_snapshot_frames(&s) {
-                                self.send_to(from, f);
-                            }
-                        }
-                        None => self.send_to(
-                            from,
-                            Frame::Snapshot {
-                                pid,
-                                snapshot: None,
-                            },
-                        ),
-                    }
+                    self.answer_fetch(from, pid);
                 }
             }
             f @ Frame::Snapshot { .. } => {

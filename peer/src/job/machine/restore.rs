@@ -99,6 +99,49 @@ impl<I: JobIo> Machine<I> {
         }
     }
 
+    /// `pid` moves on before it was restored here: nothing of it runs
+    /// here to hand over at a sync, so its new host (whoever asked, or
+    /// asks later) gets the newest snapshot this peer knows, as from any
+    /// replica, and the supernode learns that this peer let go of it.
+    /// Found by the simulator, seed 86 (with drains): a process migrated
+    /// on while its restore here still waited for a lost peer's answer;
+    /// its new host and this peer each waited for the other's handover, and
+    /// the job hung.
+    pub(super) fn abandon_fetch(&mut self, pid: Pid) {
+        let fetched = self.restores.fetches.remove(&pid).and_then(|f| f.best);
+        self.local.remove(&pid);
+        let own = self.store.newest(pid).map(|s| s.superstep);
+        if let Some(best) = fetched.filter(|b| own.is_none_or(|o| b.superstep > o)) {
+            self.store.insert((*best).clone());
+        }
+        let askers = self.restores.handovers.remove(&pid).unwrap_or_default();
+        for a in askers {
+            self.answer_fetch(a, pid);
+        }
+        let superstep = self.store.newest(pid).map_or(0, |s| s.superstep);
+        self.handed_over(pid, superstep);
+    }
+
+    /// Answers `to`'s `FetchCheckpoint` for `pid` with the newest snapshot
+    /// this peer holds as a replica, if any.
+    pub(super) fn answer_fetch(&mut self, to: PeerId, pid: Pid) {
+        match self.store.newest(pid) {
+            Some(s) => {
+                let s = s.clone();
+                for f in checkpoint::to_snapshot_frames(&s) {
+                    self.send_to(to, f);
+                }
+            }
+            None => self.send_to(
+                to,
+                Frame::Snapshot {
+                    pid,
+                    snapshot: None,
+                },
+            ),
+        }
+    }
+
     pub(super) fn on_restored(
         &mut self,
         pid: Pid,

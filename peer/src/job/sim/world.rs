@@ -159,8 +159,14 @@ enum Event {
     Kill(PeerId),
     Cut(PeerId, PeerId),
     Migrate(Pid),
+    /// A peer's volunteer drains it.
+    Drain(PeerId),
     /// The supernode notices that `peer` is gone.
     Detect(PeerId),
+    /// The supernode's rebalance loop runs again.
+    Rebalance,
+    /// The supernode tells a peer to leave the job.
+    KillJob(PeerId),
 }
 
 impl Event {
@@ -206,6 +212,9 @@ impl Event {
             Event::Cut(a, b) => format!("CUT {a} -> {b}"),
             Event::Migrate(pid) => format!("MIGRATE pid {pid}"),
             Event::Detect(p) => format!("supernode: peer {p} is gone"),
+            Event::Drain(p) => format!("DRAIN peer {p}"),
+            Event::Rebalance => "supernode: rebalance".into(),
+            Event::KillJob(p) => format!("peer {p}: KillJob"),
         }
     }
 }
@@ -255,6 +264,12 @@ pub(crate) struct World {
     /// decisions ([`placement::epochs`]) start from.
     rows: Vec<placement::epochs::Placed>,
     job_peers: Vec<PeerId>,
+    /// Processes whose DHHT host changed, and to which peer.
+    dhht: BTreeMap<Pid, PeerId>,
+    /// Peers being drained.
+    draining: BTreeSet<PeerId>,
+    /// Whether a rebalance is scheduled.
+    rebalance_due: bool,
     /// When each peer gets its last command.
     assign_at: BTreeMap<PeerId, u64>,
     /// Output lines it got, per pid and sequence number.
@@ -289,6 +304,8 @@ pub(crate) struct Tally {
     pub(crate) in_place: u32,
     /// Peers that joined the job in a later epoch.
     pub(crate) joined: u32,
+    /// Drained peers that left the job.
+    pub(crate) drained: u32,
 }
 
 impl Tally {
@@ -296,8 +313,12 @@ impl Tally {
         self.migrations += o.migrations;
         self.in_place += o.in_place;
         self.joined += o.joined;
+        self.drained += o.drained;
     }
 }
+
+/// The job's `replicas`: each checkpoint is kept on three peers.
+const REPLICAS: u32 = 2;
 
 impl World {
     pub(crate) fn new(seed: u64) -> World {
@@ -306,7 +327,14 @@ impl World {
         let program: Vec<u8> = (0..20_000u32)
             .map(|i| (mix(seed, u64::from(i)) & 0xff) as u8)
             .collect();
-        let ids: Vec<PeerId> = (1..=PeerId::from(plan.peers)).collect();
+        // The hosts, then replica-only peers up to `replicas + 1`, as the
+        // supernode places a job.
+        let mut ids: Vec<PeerId> = (1..=PeerId::from(plan.peers)).collect();
+        placement::epochs::top_up(
+            &mut ids,
+            REPLICAS,
+            PeerId::from(plan.peers) + 1..=PeerId::from(plan.peers + plan.spares),
+        );
         let placement: Vec<u32> = (0..plan.nprocs).map(|p| p % plan.peers).collect();
         let assignment = JobAssignment {
             job: JOB,
@@ -319,7 +347,7 @@ impl World {
                 memory_mib: 16,
                 output_mib: 16,
                 checkpoint_every: plan.checkpoint_every,
-                replicas: 2,
+                replicas: REPLICAS,
                 redundancy: 1,
             },
             job_token: "0".repeat(64),
@@ -372,6 +400,9 @@ impl World {
             gone: BTreeSet::new(),
             rows,
             job_peers: ids.clone(),
+            dhht: BTreeMap::new(),
+            draining: BTreeSet::new(),
+            rebalance_due: false,
             assign_at: BTreeMap::new(),
             output: BTreeMap::new(),
             exited: BTreeSet::new(),
@@ -386,7 +417,7 @@ impl World {
             let a = w.assignment.clone();
             w.at(d, Event::Assign(id, Box::new(a)));
         }
-        if let Some((t, p)) = plan.kill {
+        for &(t, p) in &plan.kills {
             w.at(t, Event::Kill(p));
         }
         for &(t, a, b) in &plan.cuts {
@@ -394,6 +425,9 @@ impl World {
         }
         if let Some((t, pid)) = plan.migrate {
             w.at(t, Event::Migrate(pid));
+        }
+        if let Some((t, peer)) = plan.drain {
+            w.at(t, Event::Drain(peer));
         }
         w
     }
@@ -542,6 +576,12 @@ impl World {
             Event::Cut(a, b) => self.cut(a, b),
             Event::Migrate(pid) => self.migrate(pid),
             Event::Detect(peer) => self.detect(peer),
+            Event::Drain(peer) => self.drain(peer),
+            Event::Rebalance => {
+                self.rebalance_due = false;
+                self.rebalance();
+            }
+            Event::KillJob(peer) => self.kill_job(peer),
         }
     }
 

@@ -29,6 +29,10 @@ impl World {
                     epochs::handover_slot(&self.rows, self.plan.nprocs, peer, pid, epoch)
                 {
                     self.rows[slot as usize].handed_over = true;
+                    if !self.draining.is_empty() && !self.rebalance_due {
+                        self.rebalance_due = true;
+                        self.at(10, Event::Rebalance);
+                    }
                 }
             }
             PeerEvent::ProcessExited { pid, .. } => {
@@ -56,12 +60,34 @@ impl World {
             return;
         }
         p.alive = false;
+        self.note(8);
+        self.drop_machine(peer);
+        // The supernode notices when its lease runs out (or sooner).
+        let d = self.rng.range(200, 3000);
+        self.at(d, Event::Detect(peer));
+    }
+
+    /// The supernode told `peer` to leave the job (`KillJob`): the peer
+    /// uploads what it emitted, stops the job and its links close.
+    pub(super) fn kill_job(&mut self, peer: PeerId) {
+        if !self.alive(peer) || self.peers[&peer].m.is_none() {
+            return;
+        }
+        self.note(11);
+        self.upload(peer);
+        self.drop_machine(peer);
+    }
+
+    /// `peer`'s machine is gone: its connections break, and what it had in
+    /// flight is lost.
+    fn drop_machine(&mut self, peer: PeerId) {
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
         p.m = None;
         p.life += 1;
-        self.note(8);
         let others: Vec<PeerId> = self.peers.keys().copied().filter(|&o| o != peer).collect();
         for o in others {
-            // What it had in flight is lost with it.
             if let Some(c) = self.conns.get_mut(&(peer, o)) {
                 c.broken = c.id;
                 if c.up {
@@ -97,9 +123,6 @@ impl World {
                 );
             }
         }
-        // The supernode notices when its lease runs out (or sooner).
-        let d = self.rng.range(200, 3000);
-        self.at(d, Event::Detect(peer));
     }
 
     /// The connection `a → b` breaks: what was in flight is lost; `a`'s
@@ -142,38 +165,73 @@ impl World {
     }
 
     /// The DHHT host of `pid` changes to another peer of the job that the
-    /// supernode thinks alive (it may have died unnoticed): the real
-    /// rebalance decides ([`placement::epochs::plan_rebalance`]). A process
-    /// still being handed over does not move yet; the supernode tries again
-    /// later, as its rebalance loop does.
+    /// supernode thinks can take work (it may have died unnoticed).
     pub(super) fn migrate(&mut self, pid: Pid) {
         let from = self.rows[pid as usize].peer;
         let to = self
             .job_peers
             .iter()
             .copied()
-            .filter(|&p| p != from && !self.gone.contains(&p))
+            .filter(|&p| p != from && self.usable(p))
             .min_by_key(|&p| (mix(self.seed, p as u64), p));
-        let Some(to) = to else {
-            return;
-        };
-        let plan = epochs::plan_rebalance(
-            &self.rows,
-            &BTreeSet::new(),
-            |r, _| Some(if r.pid == pid { to } else { r.peer }),
-            |_, _| true,
-        );
-        if plan.moves.is_empty() {
-            if plan.pending {
-                self.at(100, Event::Migrate(pid));
-            }
+        if let Some(to) = to {
+            self.dhht.insert(pid, to);
+            self.rebalance();
+        }
+    }
+
+    /// `peer`'s volunteer drains it: its processes move away, and once it
+    /// hosts and hands over nothing it leaves the job.
+    pub(super) fn drain(&mut self, peer: PeerId) {
+        if self.gone.contains(&peer) || !self.draining.insert(peer) {
             return;
         }
-        self.new_epoch(epochs::Change {
-            moves: plan.moves,
-            migrate: true,
-            ..epochs::Change::default()
-        });
+        self.note(12);
+        self.rebalance();
+    }
+
+    /// Whether the supernode would give `peer` work: not known gone, not
+    /// draining.
+    fn usable(&self, peer: PeerId) -> bool {
+        !self.gone.contains(&peer) && !self.draining.contains(&peer)
+    }
+
+    /// The supernode's rebalance and drain loop, with the real decisions
+    /// ([`placement::epochs::plan_rebalance`], `has_idle_drainer`): a
+    /// process goes to its DHHT host (`self.dhht`, else where it is; off a
+    /// draining peer, the first usable peer of the job or a spare). A
+    /// process still being handed over does not move yet: the loop runs
+    /// again later, as the supernode's does.
+    pub(super) fn rebalance(&mut self) {
+        let usable: Vec<PeerId> = self
+            .job_peers
+            .iter()
+            .copied()
+            .chain(self.peers.keys().copied())
+            .filter(|&p| self.usable(p))
+            .collect();
+        let dhht = |r: &epochs::Placed| {
+            let moved = self.dhht.get(&r.pid).copied().filter(|&p| self.usable(p));
+            if self.draining.contains(&r.peer) {
+                moved.or_else(|| usable.first().copied())
+            } else {
+                moved.or(Some(r.peer))
+            }
+        };
+        let plan = epochs::plan_rebalance(&self.rows, &self.draining, |r, _| dhht(r), |_, _| true);
+        if !plan.moves.is_empty() {
+            self.new_epoch(epochs::Change {
+                moves: plan.moves,
+                migrate: true,
+                ..epochs::Change::default()
+            });
+        } else if epochs::has_idle_drainer(&self.job_peers, &self.rows, &self.draining) {
+            self.new_epoch(epochs::Change::default());
+        }
+        if plan.pending && !self.rebalance_due {
+            self.rebalance_due = true;
+            self.at(100, Event::Rebalance);
+        }
     }
 
     /// The supernode declares `peer` gone and restores its processes, as
@@ -196,14 +254,24 @@ impl World {
             .copied()
             .filter(|p| live.contains(p))
             .collect();
-        let spare = live.iter().copied().find(|p| !self.job_peers.contains(p));
+        let usable: BTreeSet<PeerId> = live
+            .iter()
+            .copied()
+            .filter(|p| !self.draining.contains(p))
+            .collect();
+        let spare = usable.iter().copied().find(|p| !self.job_peers.contains(p));
         let dhht = match spare {
             Some(s) if self.rng.chance(1, 2) => Some(s),
             _ if job_live.is_empty() => None,
             _ => Some(job_live[self.rng.range(0, job_live.len() as u64 - 1) as usize]),
         };
         let plan = epochs::plan_restore(&self.rows, &[peer], |_, _| {
-            epochs::fallback_host(dhht, &job_live, &live, &live)
+            epochs::fallback_host(
+                dhht.filter(|p| usable.contains(p)),
+                &job_live,
+                &usable,
+                &live,
+            )
         });
         if !plan.homeless.is_empty() {
             return self.violate(format!(
@@ -223,14 +291,14 @@ impl World {
             .peers
             .keys()
             .copied()
-            .filter(|p| !self.gone.contains(p))
+            .filter(|&p| self.usable(p))
             .collect();
         ranked.sort_by_key(|&p| (mix(self.seed ^ 0x5eed, p as u64), p));
         let next = epochs::next_peers(
             &self.job_peers,
             &self.rows,
             &change,
-            &BTreeSet::new(),
+            &self.draining,
             &ranked,
             self.assignment.limits.replicas,
         );
@@ -247,7 +315,13 @@ impl World {
             .iter()
             .filter(|p| !self.job_peers.contains(p))
             .count() as u32;
+        self.tally.drained += next.drained.len() as u32;
         self.job_peers = next.peers;
+        for &p in change.leave.iter().chain(&next.drained) {
+            if !self.gone.contains(&p) {
+                self.command(p, Event::KillJob(p));
+            }
+        }
         let mut a = self.assignment.clone();
         a.peers = self.job_peers.iter().map(|&id| peer_entry(id)).collect();
         a.placement = placement;
@@ -262,15 +336,21 @@ impl World {
         self.assignment = next.clone();
         // Each peer's commands come in order (the supernode's queue).
         for p in &next.peers {
-            let d = self.rng.range(1, 30);
-            let at = self
-                .assign_at
-                .get(&p.id)
-                .copied()
-                .unwrap_or(0)
-                .max(self.now + d);
-            self.assign_at.insert(p.id, at);
-            self.at(at - self.now, Event::Assign(p.id, Box::new(next.clone())));
+            self.command(p.id, Event::Assign(p.id, Box::new(next.clone())));
         }
+    }
+
+    /// Sends `peer` a command (`e`): each peer's commands come in order,
+    /// as from the supernode's queue.
+    fn command(&mut self, peer: PeerId, e: Event) {
+        let d = self.rng.range(1, 30);
+        let at = self
+            .assign_at
+            .get(&peer)
+            .copied()
+            .unwrap_or(0)
+            .max(self.now + d);
+        self.assign_at.insert(peer, at);
+        self.at(at - self.now, e);
     }
 }
