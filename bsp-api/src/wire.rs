@@ -117,8 +117,9 @@ pub enum Frame {
     /// A replica's answer to [`Frame::Checkpoint`]. `ok = false`: the replica
     /// lacks the base or the result did not match the hash; send it whole.
     CheckpointAck { pid: Pid, superstep: u32, ok: bool },
-    /// The sender now hosts `pid`: send it your newest whole snapshot.
-    FetchCheckpoint { pid: Pid },
+    /// The sender now hosts `pid` in its `epoch`: send it your newest
+    /// whole snapshot.
+    FetchCheckpoint { pid: Pid, epoch: u64 },
     /// Answer to [`Frame::FetchCheckpoint`]; `None` if the sender holds none.
     Snapshot {
         pid: Pid,

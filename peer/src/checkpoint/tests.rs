@@ -414,7 +414,7 @@ fn any_frame() -> impl Strategy<Value = Frame> {
             snapshot: c.map(Box::new)
         }),
         Just(Frame::Welcome),
-        (0u32..3).prop_map(|pid| Frame::FetchCheckpoint { pid }),
+        (0u32..3, 0u64..3).prop_map(|(pid, epoch)| Frame::FetchCheckpoint { pid, epoch }),
     ]
 }
 

@@ -111,7 +111,13 @@ impl<I: JobIo> Machine<I> {
         }
         for pid in ask_again {
             for &p in &linked {
-                self.send_to(p, Frame::FetchCheckpoint { pid });
+                self.send_to(
+                    p,
+                    Frame::FetchCheckpoint {
+                        pid,
+                        epoch: self.epoch,
+                    },
+                );
             }
         }
         let fetching: Vec<Pid> = self.restores.fetches.keys().copied().collect();
@@ -126,11 +132,14 @@ impl<I: JobIo> Machine<I> {
                     // It was to move away and stays after all (its new host
                     // was lost before it asked): it goes on here (found by
                     // the simulator, seed 670: it waited for a handover
-                    // forever).
+                    // forever). Requests for it are kept: one may come from
+                    // a peer a newer epoch moves it to, which we have not
+                    // seen yet (seed 11002: cleared here, the request went
+                    // unanswered when that epoch came, and the job hung);
+                    // a process is handed over only when it leaves.
                     Some(l) => {
                         l.leaving = false;
                         l.handover = None;
-                        self.restores.handovers.remove(&pid);
                     }
                 }
             } else if self

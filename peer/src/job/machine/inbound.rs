@@ -129,11 +129,16 @@ impl<I: JobIo> Machine<I> {
                 }
             }
             Frame::CheckpointAck { pid, superstep, ok } => self.on_ack(from, pid, superstep, ok),
-            Frame::FetchCheckpoint { pid } => {
+            Frame::FetchCheckpoint { pid, epoch } => {
                 if pid >= self.info.nprocs {
                     return Err(ProtocolError::NoSuchPid(pid));
                 }
-                if self.hosts.copies() == 1 {
+                // Only a newer epoch takes a process that waits here for
+                // the program: an older one's request, still on its way,
+                // says nothing about where it runs now (found by the
+                // simulator, seed 25894: such a request made the process's
+                // new host give it up, and the job hung).
+                if self.hosts.copies() == 1 && epoch > self.epoch {
                     self.never_start(pid);
                 }
                 if self.local.contains_key(&pid) && self.hosts.copies() == 1 {
@@ -198,7 +203,13 @@ impl<I: JobIo> Machine<I> {
             .map(|(pid, _)| *pid)
             .collect();
         for pid in asked {
-            self.send_to(peer, Frame::FetchCheckpoint { pid });
+            self.send_to(
+                peer,
+                Frame::FetchCheckpoint {
+                    pid,
+                    epoch: self.epoch,
+                },
+            );
         }
     }
 

@@ -32,7 +32,13 @@ impl<I: JobIo> Machine<I> {
         let best = self.store.newest(pid).cloned().map(Arc::new);
         self.local.insert(pid, Local::new(State::Fetching));
         for &p in &waiting {
-            self.send_to(p, Frame::FetchCheckpoint { pid });
+            self.send_to(
+                p,
+                Frame::FetchCheckpoint {
+                    pid,
+                    epoch: self.epoch,
+                },
+            );
         }
         self.restores.fetches.insert(pid, Fetch { waiting, best });
         self.finish_fetch(pid);
