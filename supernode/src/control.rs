@@ -38,7 +38,7 @@ pub(crate) async fn login(
 ) -> Result<Json<Lease>, Error> {
     state::validate_login(&login)?;
     Ok(Json(
-        sn.with_core(move |core, inner, fx| core.peer_login(inner, fx, &login))
+        sn.with_core(move |core, inner, fx| core.peer_login(inner, fx, &login, crate::now_ms()))
             .await?,
     ))
 }
@@ -81,7 +81,7 @@ pub(crate) async fn renew(
     }
     Ok(Json(
         sn.with_core(move |core, inner, fx| {
-            core.peer_renew(inner, fx, peer.id, &peer.lease, &renew)
+            core.peer_renew(inner, fx, peer.id, &peer.lease, &renew, crate::now_ms())
         })
         .await?,
     ))
@@ -196,7 +196,9 @@ pub(crate) async fn report(
         return Ok(no_content());
     }
     let suspects = sn
-        .with_core(move |core, inner, fx| core.report(inner, fx, peer.id, report.events))
+        .with_core(move |core, inner, fx| {
+            core.report(inner, fx, peer.id, report.events, crate::now_ms())
+        })
         .await?;
     suspect::check(&sn, suspects);
     Ok(no_content())
@@ -218,7 +220,7 @@ pub(crate) async fn report(
     )
 )]
 pub(crate) async fn drain(State(sn): State<Supernode>, peer: AuthPeer) -> Result<Response, Error> {
-    sn.with_core(move |core, inner, fx| core.drain(inner, fx, peer.id))
+    sn.with_core(move |core, inner, fx| core.drain(inner, fx, peer.id, crate::now_ms()))
         .await?;
     Ok(no_content())
 }
@@ -239,7 +241,7 @@ pub(crate) async fn drain(State(sn): State<Supernode>, peer: AuthPeer) -> Result
     )
 )]
 pub(crate) async fn resume(State(sn): State<Supernode>, peer: AuthPeer) -> Result<Response, Error> {
-    sn.with_core(move |core, inner, fx| core.resume(inner, fx, peer.id))
+    sn.with_core(move |core, inner, fx| core.resume(inner, fx, peer.id, crate::now_ms()))
         .await?;
     Ok(no_content())
 }

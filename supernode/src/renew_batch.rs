@@ -87,7 +87,9 @@ async fn run(sn: Supernode) {
             batch.into_iter().map(|w| (w.plain, w.reply)).unzip();
         let n = plains.len();
         let outcomes = sn
-            .with_core_plain(move |core, inner, fx| Ok(core.renew_plain(inner, fx, &plains)))
+            .with_core_plain(move |core, inner, fx| {
+                Ok(core.renew_plain(inner, fx, &plains, crate::now_ms()))
+            })
             .await
             .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "a batch of plain renewals failed");

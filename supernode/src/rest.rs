@@ -389,7 +389,7 @@ pub(crate) async fn submit(
     let job = tokio::task::spawn_blocking(move || state::validate_submit(job)).await??;
     let owner = auth.id;
     Ok(Json(
-        sn.with_core(move |core, inner, fx| core.submit(inner, owner, job, fx))
+        sn.with_core(move |core, inner, fx| core.submit(inner, owner, job, fx, crate::now_ms()))
             .await?,
     ))
 }
@@ -487,7 +487,7 @@ pub(crate) async fn kill(
 ) -> Result<Json<JobInfo>, Error> {
     let owner = auth.id;
     let info = sn
-        .with_core(move |core, inner, fx| core.kill(inner, fx, owner, id))
+        .with_core(move |core, inner, fx| core.kill(inner, fx, owner, id, crate::now_ms()))
         .await?;
     tracing::info!(job = id, user = %auth.name, "job killed");
     Ok(Json(info))

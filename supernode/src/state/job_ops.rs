@@ -62,8 +62,8 @@ impl Core {
         owner: i64,
         job: NewJob,
         fx: &mut Effects,
+        now: i64,
     ) -> Result<JobInfo, Error> {
-        let now = now_ms();
         let tx = self.conn.transaction()?;
         let quota = users::quotas_of(&tx, &inner.config, owner)?.max_processes;
         // Every copy of a process runs, takes memory and counts.
@@ -156,8 +156,8 @@ impl Core {
         fx: &mut Effects,
         owner: i64,
         id: JobId,
+        now: i64,
     ) -> Result<JobInfo, Error> {
-        let now = now_ms();
         let tx = self.conn.transaction()?;
         let state: Option<(String, Option<String>)> = tx
             .query_row(

@@ -498,7 +498,7 @@ fn insert_peer(dhht: &mut Dhht, id: PeerId, k: u64, power: f64) {
 pub(crate) async fn scheduler_task(sn: Supernode) {
     loop {
         match sn
-            .with_core(|core, inner, fx| core.schedule(inner, fx))
+            .with_core(|core, inner, fx| core.schedule(inner, fx, now_ms()))
             .await
         {
             Ok(0) => {}

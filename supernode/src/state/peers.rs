@@ -15,8 +15,8 @@ impl Core {
         inner: &Inner,
         fx: &mut Effects,
         login: &PeerLogin,
+        now: i64,
     ) -> Result<Lease, Error> {
-        let now = now_ms();
         let ttl = inner.config.lease_ttl;
         let tx = self.conn.transaction()?;
         // The token first, before anything changes: a refused login changes
@@ -127,8 +127,8 @@ impl Core {
         peer: PeerId,
         token_lease: &str,
         renew: &PeerRenew,
+        now: i64,
     ) -> Result<Lease, Error> {
-        let now = now_ms();
         let ttl = inner.config.lease_ttl;
         // Only the lease the token names is renewed (not one the peer got
         // since, at another supernode of a shared database).
@@ -395,8 +395,8 @@ impl Core {
         inner: &Inner,
         fx: &mut Effects,
         peer: PeerId,
+        now: i64,
     ) -> Result<(), Error> {
-        let now = now_ms();
         let tx = self.conn.transaction()?;
         let draining: Option<bool> = tx
             .query_row(
@@ -419,8 +419,8 @@ impl Core {
         inner: &Inner,
         fx: &mut Effects,
         peer: PeerId,
+        now: i64,
     ) -> Result<(), Error> {
-        let now = now_ms();
         let tx = self.conn.transaction()?;
         let row: Option<(bool, f64, f64, Option<i64>)> = tx
             .query_row(

@@ -27,7 +27,7 @@ use super::peers::{finish_renewal, lease_expired};
 use super::{Core, MIN_AVAILABILITY, allowed_weight, power_moved};
 use crate::metrics::Counter;
 use crate::sql::{WRITE_LOCK, params};
-use crate::{Effects, Error, Inner, lease, now_ms};
+use crate::{Effects, Error, Inner, lease};
 
 /// A renewal that may be plain, waiting for its batch.
 pub(crate) struct Plain {
@@ -68,6 +68,7 @@ impl Core {
         inner: &Inner,
         fx: &mut Effects,
         batch: &[Plain],
+        now: i64,
     ) -> Vec<PlainOutcome> {
         let mut out: Vec<PlainOutcome> = batch.iter().map(|_| Ok(None)).collect();
         if self.shared.is_none()
@@ -95,7 +96,7 @@ impl Core {
         crate::shared::set_holds_lock(&self.conn, true);
         // Released even if a renewal panics.
         let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.renew_plain_locked(inner, fx, batch, &simple)
+            self.renew_plain_locked(inner, fx, batch, &simple, now)
         }));
         crate::shared::set_holds_lock(&self.conn, false);
         if let Err(e) =
@@ -125,8 +126,8 @@ impl Core {
         fx: &mut Effects,
         batch: &[Plain],
         simple: &[usize],
+        now: i64,
     ) -> Result<Vec<(usize, PlainOutcome)>, Error> {
-        let now = now_ms();
         let peers = id_list(simple.iter().map(|&i| batch[i].peer));
         let mut stored: HashMap<PeerId, Stored> = HashMap::new();
         {

@@ -10,8 +10,12 @@ impl Core {
 
     /// Places waiting jobs, oldest first, while the overload limit allows
     /// (§4.4). Returns how many were placed.
-    pub(crate) fn schedule(&mut self, inner: &Inner, fx: &mut Effects) -> Result<usize, Error> {
-        let now = now_ms();
+    pub(crate) fn schedule(
+        &mut self,
+        inner: &Inner,
+        fx: &mut Effects,
+        now: i64,
+    ) -> Result<usize, Error> {
         let tx = self.conn.transaction()?;
         // The waiting jobs first: with none (most wake-ups: every login
         // wakes the scheduler) nothing reads every online peer.

@@ -88,7 +88,7 @@ impl World {
     }
 
     fn placed(&self) -> World2<'_> {
-        let (n, _) = self.run(|c, i, fx| c.schedule(i, fx).unwrap());
+        let (n, _) = self.run(|c, i, fx| c.schedule(i, fx, crate::now_ms()).unwrap());
         assert_eq!(n, 1, "the job is placed");
         World2 { w: self }
     }
@@ -99,7 +99,7 @@ impl World {
     }
 
     fn report(&self, peer: PeerId, events: Vec<PeerEvent>) -> Effects {
-        let (r, fx) = self.run(|c, i, fx| c.report(i, fx, peer, events));
+        let (r, fx) = self.run(|c, i, fx| c.report(i, fx, peer, events, crate::now_ms()));
         r.unwrap();
         fx
     }
@@ -211,7 +211,7 @@ fn copies_are_placed_on_peers_of_different_volunteers() {
 fn a_job_waits_for_peers_of_two_volunteers_and_says_so_once() {
     let w = world(&[1, 1, 1], 2);
     for _ in 0..3 {
-        let (n, _) = w.run(|c, i, fx| c.schedule(i, fx).unwrap());
+        let (n, _) = w.run(|c, i, fx| c.schedule(i, fx, crate::now_ms()).unwrap());
         assert_eq!(n, 0);
     }
     let waits: Vec<String> = w
@@ -625,7 +625,7 @@ fn drained_and_resumed_peers_keep_twins_apart() {
     let w = world(&[1, 1, 2, 2, 3], 8);
     let _ = w.placed();
     for peer in [1, 3, 5] {
-        let (r, fx) = w.run(|c, i, fx| c.drain(i, fx, peer));
+        let (r, fx) = w.run(|c, i, fx| c.drain(i, fx, peer, crate::now_ms()));
         r.unwrap();
         assert!(!started(&fx).is_empty() || peer == 5);
         assert_twins_apart(&w);
@@ -642,7 +642,7 @@ fn drained_and_resumed_peers_keep_twins_apart() {
         });
     }
     for peer in [1, 3, 5] {
-        let (r, _) = w.run(|c, i, fx| c.resume(i, fx, peer));
+        let (r, _) = w.run(|c, i, fx| c.resume(i, fx, peer, crate::now_ms()));
         r.unwrap();
         assert_twins_apart(&w);
         w.run(|c, _, _| {
