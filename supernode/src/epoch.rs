@@ -285,7 +285,7 @@ pub(crate) fn send_assignment(
     let live = live_peers(tx, now)?;
     for peer in &a.peers {
         if live.contains(&peer.id) {
-            queue(tx, inner, fx, peer.id, Command::StartJob(a.clone()))?;
+            queue(tx, inner, fx, peer.id, Command::StartJob(a.clone()), now)?;
         }
     }
     Ok(a)
@@ -364,6 +364,7 @@ pub(crate) fn new_epoch(
                         "this peer left job {job} in epoch {epoch}; its processes run elsewhere"
                     ),
                 },
+                now,
             )?;
         }
     }

@@ -11,7 +11,7 @@ use placement::{Dhht, IndexAllocator};
 
 use crate::db::{self, u64_from_sql, u64_to_sql};
 use crate::metrics::Counter;
-use crate::{Effects, Error, Inner, lease, now_ms};
+use crate::{Effects, Error, Inner, lease};
 
 /// The in-memory DHHT of the online peers that take work (not draining) and
 /// the golden-index allocators (dissertation §4.2.2, §4.2.4), mirrors of
@@ -135,6 +135,7 @@ pub(crate) fn queue(
     fx: &mut Effects,
     peer: PeerId,
     command: Command,
+    now: i64,
 ) -> Result<(), Error> {
     // The sequence number comes from the database: with several
     // supernodes sharing it, another may have queued the last command.
@@ -157,7 +158,7 @@ pub(crate) fn queue(
         let expiry = held
             .as_ref()
             .map_or(stored_expiry, |p| p.expires_at.max(stored_expiry));
-        if !lease::is_valid(now_ms(), expiry) {
+        if !lease::is_valid(now, expiry) {
             return Ok(());
         }
         if let Some(p) = held {
@@ -251,6 +252,7 @@ pub(crate) fn finish_job(
                         job,
                         reason: reason.clone(),
                     },
+                    now,
                 )?;
             }
         }

@@ -90,17 +90,21 @@ fn weight(speed: f64, idle: f64) -> f64 {
 
 /// The power placement gives `peer`, which claims `speed` and `idle`: its
 /// claim as far as it has been shown ([`crate::verify`]).
-fn allowed_weight(place: &Place, inner: &Inner, peer: PeerId, speed: f64, idle: f64) -> f64 {
+fn allowed_weight(
+    place: &Place,
+    inner: &Inner,
+    peer: PeerId,
+    speed: f64,
+    idle: f64,
+    now: i64,
+) -> f64 {
     let claimed = weight(speed, idle);
     if claimed <= 0.0 {
         return claimed;
     }
     // O(log n): this runs at every renewal.
     let median = place.dhht.median_weight_of_others(peer);
-    inner
-        .live()
-        .verify
-        .allowed(peer, claimed, median, crate::now_ms())
+    inner.live().verify.allowed(peer, claimed, median, now)
 }
 
 /// Whether a peer's power moved from `old` to `new` by more than the

@@ -56,6 +56,7 @@ impl Core {
             reuse.unwrap_or(-1),
             login.speed,
             login.idle,
+            now,
         );
         let id = match reuse {
             Some(id) => {
@@ -305,12 +306,13 @@ impl Core {
                     job,
                     reason: "the job is not running on this peer any more".into(),
                 },
+                now,
             )?;
         }
         if renew.draining && !draining {
             drain_in(&tx, &mut self.place, inner, fx, peer, now)?;
         } else if !draining {
-            let w = allowed_weight(&self.place, inner, peer, renew.speed, renew.idle);
+            let w = allowed_weight(&self.place, inner, peer, renew.speed, renew.idle, now);
             // Out of the DHHT (and not draining): busy, power 0.
             let old = self.place.dhht.get(peer).map_or(0.0, |p| p.weight);
             if power_moved(old, w, inner.config.power_hysteresis) {
@@ -432,7 +434,7 @@ impl Core {
         let Some((true, speed, idle, golden)) = row else {
             return Ok(());
         };
-        let w = allowed_weight(&self.place, inner, peer, speed, idle);
+        let w = allowed_weight(&self.place, inner, peer, speed, idle, now);
         tx.execute(
             "UPDATE peers SET draining = 0, power = ?2 WHERE id = ?1",
             params![peer, w],

@@ -206,7 +206,7 @@ impl Core {
                 }
                 let drain_starts = renew.draining && !row.draining;
                 let power_changes = !row.draining && {
-                    let w = allowed_weight(&self.place, inner, *peer, renew.speed, renew.idle);
+                    let w = allowed_weight(&self.place, inner, *peer, renew.speed, renew.idle, now);
                     power_moved(row.power, w, inner.config.power_hysteresis)
                 };
                 // It runs a job it should not: told so the usual way.
