@@ -59,8 +59,8 @@ use crate::{JobId, PeerId, Pid};
 /// checkpoints carry every mutable global in index order (was: the
 /// exported ones in export order). 7: the Noise handshake and encrypted
 /// records (was: a clear `Hello` showing the job token). 8: `ProcDone`'s
-/// state digest (redundancy).
-pub const WIRE_VERSION: u32 = 8;
+/// state digest (redundancy). 9: `FetchCheckpoint` names the asker's epoch.
+pub const WIRE_VERSION: u32 = 9;
 
 /// Largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
