@@ -25,6 +25,15 @@ pub(super) struct Reporting<'a> {
 }
 
 impl Reporting<'_> {
+    /// Ends `job` as `ending` says; its later events are ignored.
+    fn end(&mut self, ctx: &mut ReportJob, job: JobId, ending: Ending) -> Result<(), Error> {
+        finish_job(
+            self.tx, self.place, self.inner, self.fx, job, ending, self.now,
+        )?;
+        ctx.active = false;
+        Ok(())
+    }
+
     /// Applies `event` about `job` (described by `ctx`, active).
     pub(super) fn apply(
         &mut self,
@@ -201,8 +210,7 @@ impl Reporting<'_> {
                 kill: Some("the job's owner is out of storage".into()),
                 skip_peer: None,
             };
-            finish_job(tx, self.place, inner, self.fx, job, ending, now)?;
-            ctx.active = false;
+            self.end(ctx, job, ending)?;
             return Ok(());
         }
         if db::insert_event(tx, job, Some(pid), Some(seq), &kind, now)?.is_some() {
@@ -424,7 +432,7 @@ impl Reporting<'_> {
         pid: Pid,
         superstep: u32,
     ) -> Result<(), Error> {
-        let (tx, peer, now, inner) = (self.tx, self.peer, self.now, self.inner);
+        let (tx, peer, now) = (self.tx, self.peer, self.now);
         let Some(slot) = ctx.slot_run_by(pid, peer) else {
             tracing::warn!(
                 peer,
@@ -520,8 +528,7 @@ impl Reporting<'_> {
                     }
                 }
             };
-            finish_job(tx, self.place, inner, self.fx, job, ending, now)?;
-            ctx.active = false;
+            self.end(ctx, job, ending)?;
         }
         Ok(())
     }
@@ -567,7 +574,7 @@ impl Reporting<'_> {
         superstep: u32,
         reason: String,
     ) -> Result<(), Error> {
-        let (tx, peer, now, inner) = (self.tx, self.peer, self.now, self.inner);
+        let peer = self.peer;
         if ctx.slot_run_by(pid, peer).is_none() {
             tracing::warn!(
                 peer,
@@ -589,8 +596,7 @@ impl Reporting<'_> {
             kill: Some("another process of the job aborted".into()),
             skip_peer: None,
         };
-        finish_job(tx, self.place, inner, self.fx, job, ending, now)?;
-        ctx.active = false;
+        self.end(ctx, job, ending)?;
         Ok(())
     }
 
@@ -603,7 +609,7 @@ impl Reporting<'_> {
         superstep: u32,
         reason: String,
     ) -> Result<(), Error> {
-        let (tx, peer, now, inner) = (self.tx, self.peer, self.now, self.inner);
+        let peer = self.peer;
         if pid.is_some_and(|p| ctx.slot_run_by(p, peer).is_none()) {
             tracing::warn!(
                 peer,
@@ -628,8 +634,7 @@ impl Reporting<'_> {
             kill: Some("another process of the job failed".into()),
             skip_peer: None,
         };
-        finish_job(tx, self.place, inner, self.fx, job, ending, now)?;
-        ctx.active = false;
+        self.end(ctx, job, ending)?;
         Ok(())
     }
 }
