@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bsp_api::control::{Command, JobAssignment, JobPeer};
-use bsp_api::rest::{JobEventKind, JobLimits, JobOutcome};
+use bsp_api::rest::{JobEventKind, JobLimits};
 use bsp_api::{JobId, PeerId, Pid};
 
 use crate::jobs::two_level_target;

@@ -199,6 +199,33 @@ pub(crate) struct Ending {
     pub(crate) skip_peer: Option<PeerId>,
 }
 
+impl Ending {
+    /// The job failed for `reason` (of process `pid`, if one); its peers
+    /// are told `kill`.
+    pub(crate) fn failed(reason: String, pid: Option<Pid>, kill: &str) -> Ending {
+        Ending {
+            outcome: JobOutcome::Failed,
+            error: Some(reason.clone()),
+            error_pid: pid,
+            event: JobEventKind::JobFailed { reason },
+            kill: Some(kill.into()),
+            skip_peer: None,
+        }
+    }
+
+    /// A process of the job aborted (`reason`); its peers are told `kill`.
+    pub(crate) fn aborted(reason: String, pid: Option<Pid>, kill: &str) -> Ending {
+        Ending {
+            outcome: JobOutcome::Aborted,
+            error: Some(reason.clone()),
+            error_pid: pid,
+            event: JobEventKind::JobAborted { reason },
+            kill: Some(kill.into()),
+            skip_peer: None,
+        }
+    }
+}
+
 /// Ends an unfinished job: state, terminal event, golden indices, commands.
 /// Returns false (changing nothing) if the job was finished already.
 pub(crate) fn finish_job(

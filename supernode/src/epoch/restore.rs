@@ -135,14 +135,7 @@ pub(crate) fn restore_lost(
                 cause.says(gone.len() > 1),
                 copies.slot_list(&homeless)
             );
-            let ending = Ending {
-                outcome: JobOutcome::Failed,
-                error: Some(reason.clone()),
-                error_pid: None,
-                event: JobEventKind::JobFailed { reason },
-                kill: Some("every other peer of the job is gone".into()),
-                skip_peer: None,
-            };
+            let ending = Ending::failed(reason, None, "every other peer of the job is gone");
             finish_job(tx, place, inner, fx, job, ending, now)?;
             continue;
         }

@@ -331,14 +331,7 @@ pub(super) fn judge(
                 "copies of pid {pid} disagree at superstep {superstep} ({what}) and no peer of a \
                  third volunteer is online to decide"
             );
-            let ending = Ending {
-                outcome: JobOutcome::Failed,
-                error: Some(reason.clone()),
-                error_pid: Some(pid),
-                event: JobEventKind::JobFailed { reason },
-                kill: Some("its results could not be validated".into()),
-                skip_peer: None,
-            };
+            let ending = Ending::failed(reason, Some(pid), "its results could not be validated");
             finish_job(tx, place, inner, fx, job, ending, now)?;
         }
     }

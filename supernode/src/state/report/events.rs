@@ -202,14 +202,7 @@ impl Reporting<'_> {
                 stored as f64 / f64::from(1 << 20),
                 quota >> 20
             );
-            let ending = Ending {
-                outcome: JobOutcome::Failed,
-                error: Some(reason.clone()),
-                error_pid: None,
-                event: JobEventKind::JobFailed { reason },
-                kill: Some("the job's owner is out of storage".into()),
-                skip_peer: None,
-            };
+            let ending = Ending::failed(reason, None, "the job's owner is out of storage");
             self.end(ctx, job, ending)?;
             return Ok(());
         }
@@ -518,14 +511,7 @@ impl Reporting<'_> {
                         "the copies of pid {pid} never agreed on its output record {seq}, so it \
                          was not published and the output is incomplete; run the job again"
                     );
-                    Ending {
-                        outcome: JobOutcome::Failed,
-                        error: Some(reason.clone()),
-                        error_pid: Some(pid),
-                        event: JobEventKind::JobFailed { reason },
-                        kill: Some("the job failed".into()),
-                        skip_peer: None,
-                    }
+                    Ending::failed(reason, Some(pid), "the job failed")
                 }
             };
             self.end(ctx, job, ending)?;
@@ -588,14 +574,7 @@ impl Reporting<'_> {
             "process {pid} aborted in superstep {superstep}: {}",
             truncate(&reason, MAX_REASON_CHARS)
         );
-        let ending = Ending {
-            outcome: JobOutcome::Aborted,
-            error: Some(reason.clone()),
-            error_pid: Some(pid),
-            event: JobEventKind::JobAborted { reason },
-            kill: Some("another process of the job aborted".into()),
-            skip_peer: None,
-        };
+        let ending = Ending::aborted(reason, Some(pid), "another process of the job aborted");
         self.end(ctx, job, ending)?;
         Ok(())
     }
@@ -626,14 +605,7 @@ impl Reporting<'_> {
             }
             None => format!("peer #{peer} failed the job in superstep {superstep}: {reason}"),
         };
-        let ending = Ending {
-            outcome: JobOutcome::Failed,
-            error: Some(reason.clone()),
-            error_pid: pid,
-            event: JobEventKind::JobFailed { reason },
-            kill: Some("another process of the job failed".into()),
-            skip_peer: None,
-        };
+        let ending = Ending::failed(reason, pid, "another process of the job failed");
         self.end(ctx, job, ending)?;
         Ok(())
     }
