@@ -203,23 +203,32 @@ impl Ending {
     /// The job failed for `reason` (of process `pid`, if one); its peers
     /// are told `kill`.
     pub(crate) fn failed(reason: String, pid: Option<Pid>, kill: &str) -> Ending {
-        Ending {
-            outcome: JobOutcome::Failed,
-            error: Some(reason.clone()),
-            error_pid: pid,
-            event: JobEventKind::JobFailed { reason },
-            kill: Some(kill.into()),
-            skip_peer: None,
-        }
+        let event = JobEventKind::JobFailed {
+            reason: reason.clone(),
+        };
+        Ending::erred(JobOutcome::Failed, event, reason, pid, kill)
     }
 
     /// A process of the job aborted (`reason`); its peers are told `kill`.
     pub(crate) fn aborted(reason: String, pid: Option<Pid>, kill: &str) -> Ending {
+        let event = JobEventKind::JobAborted {
+            reason: reason.clone(),
+        };
+        Ending::erred(JobOutcome::Aborted, event, reason, pid, kill)
+    }
+
+    fn erred(
+        outcome: JobOutcome,
+        event: JobEventKind,
+        reason: String,
+        pid: Option<Pid>,
+        kill: &str,
+    ) -> Ending {
         Ending {
-            outcome: JobOutcome::Aborted,
-            error: Some(reason.clone()),
+            outcome,
+            error: Some(reason),
             error_pid: pid,
-            event: JobEventKind::JobAborted { reason },
+            event,
             kill: Some(kill.into()),
             skip_peer: None,
         }

@@ -111,13 +111,7 @@ impl<I: JobIo> Machine<I> {
         }
         for pid in ask_again {
             for &p in &linked {
-                self.send_to(
-                    p,
-                    Frame::FetchCheckpoint {
-                        pid,
-                        epoch: self.epoch,
-                    },
-                );
+                self.ask_for(p, pid);
             }
         }
         let fetching: Vec<Pid> = self.restores.fetches.keys().copied().collect();

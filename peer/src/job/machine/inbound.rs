@@ -203,13 +203,7 @@ impl<I: JobIo> Machine<I> {
             .map(|(pid, _)| *pid)
             .collect();
         for pid in asked {
-            self.send_to(
-                peer,
-                Frame::FetchCheckpoint {
-                    pid,
-                    epoch: self.epoch,
-                },
-            );
+            self.ask_for(peer, pid);
         }
     }
 

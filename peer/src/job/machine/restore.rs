@@ -32,13 +32,7 @@ impl<I: JobIo> Machine<I> {
         let best = self.store.newest(pid).cloned().map(Arc::new);
         self.local.insert(pid, Local::new(State::Fetching));
         for &p in &waiting {
-            self.send_to(
-                p,
-                Frame::FetchCheckpoint {
-                    pid,
-                    epoch: self.epoch,
-                },
-            );
+            self.ask_for(p, pid);
         }
         self.restores.fetches.insert(pid, Fetch { waiting, best });
         self.finish_fetch(pid);
@@ -126,6 +120,12 @@ impl<I: JobIo> Machine<I> {
         }
         let superstep = self.store.newest(pid).map_or(0, |s| s.superstep);
         self.handed_over(pid, superstep);
+    }
+
+    /// Asks `to` for its newest snapshot of `pid`, naming our epoch.
+    pub(super) fn ask_for(&mut self, to: PeerId, pid: Pid) {
+        let epoch = self.epoch;
+        self.send_to(to, Frame::FetchCheckpoint { pid, epoch });
     }
 
     /// Answers `to`'s `FetchCheckpoint` for `pid` with the newest snapshot
