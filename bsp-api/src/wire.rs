@@ -60,7 +60,8 @@ use crate::{JobId, PeerId, Pid};
 /// exported ones in export order). 7: the Noise handshake and encrypted
 /// records (was: a clear `Hello` showing the job token). 8: `ProcDone`'s
 /// state digest (redundancy). 9: `FetchCheckpoint` names the asker's epoch.
-pub const WIRE_VERSION: u32 = 9;
+/// 10: checkpoint deltas carry page patches ([`PAGE_PATCH`]).
+pub const WIRE_VERSION: u32 = 10;
 
 /// Largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
@@ -251,11 +252,20 @@ pub struct ProcDone {
     pub digest: Option<[u8; 32]>,
 }
 
+/// A page entry of a checkpoint whose index has this bit set is a *patch* of
+/// page `index & !PAGE_PATCH` of the delta's base, not the page: runs of
+/// 8-byte words, each a 4-byte header (first word and number of words, two
+/// little-endian `u16`s; at least one word, inside the page's 8 192) and the
+/// words, in ascending order without overlap (`peer/src/checkpoint/patch.rs`).
+/// Only a delta carries patches.
+pub const PAGE_PATCH: u32 = 1 << 31;
+
 /// A process's state at the end of a superstep (docs/fault-tolerance.md).
 ///
 /// Whole (`base == None`): `pages` holds every page of linear memory that is
 /// not all zeros. Delta (`base == Some(b)`): `pages` holds the pages that
-/// differ from the snapshot of superstep `b` the replica holds. Either way
+/// differ from the snapshot of superstep `b` the replica holds, each whole
+/// or as a patch of the base's page ([`PAGE_PATCH`]). Either way
 /// `hash` is the SHA-256 of the whole state's canonical encoding, so the
 /// receiver can check what it rebuilt.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

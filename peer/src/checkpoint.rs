@@ -361,6 +361,7 @@ fn canonical_hash_cached(
 
 mod assembler;
 mod frames;
+pub mod patch;
 mod store;
 mod tracker;
 

@@ -44,6 +44,23 @@ pub enum CheckpointError {
         len: usize,
     },
     #[error(
+        "checkpoint of pid {pid} at superstep {superstep}: the patch of page {index} is malformed: {why}"
+    )]
+    BadPatch {
+        pid: Pid,
+        superstep: u32,
+        index: u32,
+        why: patch::PatchError,
+    },
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep} patches page {index} but is not a delta; a whole checkpoint carries whole pages"
+    )]
+    PatchWithoutBase {
+        pid: Pid,
+        superstep: u32,
+        index: u32,
+    },
+    #[error(
         "checkpoint of pid {pid} at superstep {superstep}: page {index} comes after page {previous}; pages must be sent in ascending order, each once"
     )]
     PageOrder {
@@ -92,6 +109,8 @@ impl CheckpointError {
             | TooLarge { pid, superstep, .. }
             | PageIndex { pid, superstep, .. }
             | PageSize { pid, superstep, .. }
+            | BadPatch { pid, superstep, .. }
+            | PatchWithoutBase { pid, superstep, .. }
             | PageOrder { pid, superstep, .. }
             | Interleaved { pid, superstep, .. }
             | MissingBase { pid, superstep, .. }
@@ -294,34 +313,50 @@ impl Assembler {
         }
         let npages = memory_len / PAGE_SIZE as u64;
         let mut previous: Option<u32> = None;
-        for (index, bytes) in &all_pages {
-            if u64::from(*index) >= npages {
+        for (entry, bytes) in &all_pages {
+            let (index, patched) = (entry & !patch::PAGE_PATCH, entry & patch::PAGE_PATCH != 0);
+            if u64::from(index) >= npages {
                 fail!(CheckpointError::PageIndex {
                     pid,
                     superstep,
-                    index: *index,
+                    index,
                     pages: npages,
                 });
             }
-            if bytes.len() != PAGE_SIZE {
+            if patched && base_step.is_none() {
+                fail!(CheckpointError::PatchWithoutBase {
+                    pid,
+                    superstep,
+                    index,
+                });
+            }
+            if patched && let Err(why) = patch::check(bytes) {
+                fail!(CheckpointError::BadPatch {
+                    pid,
+                    superstep,
+                    index,
+                    why,
+                });
+            }
+            if !patched && bytes.len() != PAGE_SIZE {
                 fail!(CheckpointError::PageSize {
                     pid,
                     superstep,
-                    index: *index,
+                    index,
                     len: bytes.len(),
                 });
             }
             if let Some(prev) = previous
-                && *index <= prev
+                && index <= prev
             {
                 fail!(CheckpointError::PageOrder {
                     pid,
                     superstep,
-                    index: *index,
+                    index,
                     previous: prev,
                 });
             }
-            previous = Some(*index);
+            previous = Some(index);
         }
         // Whether the base is the one the delta needs (a whole snapshot needs none).
         if let Some(b) = base_step {
@@ -387,8 +422,32 @@ impl Assembler {
                 };
             }
         }
-        for (index, bytes) in &all_pages {
-            hashes[*index as usize] = page_hash(bytes);
+        // A patched page is hashed as the base's page with the patch applied
+        // (in a scratch page: the base stays untouched until the hash holds).
+        let mut scratch: Vec<u8> = Vec::new();
+        for (entry, bytes) in &all_pages {
+            let index = (entry & !patch::PAGE_PATCH) as usize;
+            hashes[index] = if entry & patch::PAGE_PATCH == 0 {
+                page_hash(bytes)
+            } else {
+                scratch.clear();
+                scratch.resize(PAGE_SIZE, 0);
+                if let Some(b) = base.as_ref().map(BaseSnap::get) {
+                    let old = b.memory.get(index * PAGE_SIZE..).unwrap_or(&[]);
+                    let n = old.len().min(PAGE_SIZE);
+                    scratch[..n].copy_from_slice(&old[..n]);
+                }
+                if let Err(why) = patch::apply(&mut scratch, bytes) {
+                    let error = CheckpointError::BadPatch {
+                        pid,
+                        superstep,
+                        index: index as u32,
+                        why,
+                    };
+                    return Err((error, base.or(unused).and_then(BaseSnap::into_owned)));
+                }
+                page_hash(&scratch)
+            };
         }
         let mut snapshot = Snapshot {
             pid,
@@ -424,9 +483,16 @@ impl Assembler {
             None => crate::sysinfo::zeroed_buffer(len),
         };
         let mut memory = resized(memory, len);
-        for (index, bytes) in &all_pages {
-            let i = *index as usize;
-            memory[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(bytes);
+        for (entry, bytes) in &all_pages {
+            let i = (entry & !patch::PAGE_PATCH) as usize;
+            let page = &mut memory[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+            if entry & patch::PAGE_PATCH == 0 {
+                page.copy_from_slice(bytes);
+            } else {
+                // Checked, and hashed to the right page above.
+                let applied = patch::apply(page, bytes);
+                debug_assert!(applied.is_ok());
+            }
         }
         snapshot.memory = memory;
         self.page_hashes.insert(pid, (hash, hashes));

@@ -10,19 +10,33 @@ use super::*;
 /// skipped.
 pub fn to_frames(snapshot: &Snapshot, pages: &[u32], base: Option<u32>) -> Vec<Frame> {
     let (mut frames, last) = split(snapshot, pages, base, |i| {
-        Bytes::copy_from_slice(snapshot.page(i))
+        (i, Bytes::copy_from_slice(snapshot.page(i as usize)))
     });
     frames.push(Frame::Checkpoint(Box::new(last)));
     frames
 }
 
 /// [`to_frames`] whose pages are slices of `snapshot`'s memory, not copies
-/// (they keep the snapshot alive until the frames are written).
-pub fn to_frames_shared(snapshot: &Arc<Snapshot>, pages: &[u32], base: Option<u32>) -> Vec<Frame> {
+/// (they keep the snapshot alive until the frames are written). With
+/// `base_memory`, the memory of the delta's base (the snapshot of superstep
+/// `base` as the replica holds it), a page that differs from the base's in
+/// few words travels as a [`patch`](super::patch) of it.
+pub fn to_frames_shared(
+    snapshot: &Arc<Snapshot>,
+    pages: &[u32],
+    base: Option<u32>,
+    base_memory: Option<&[u8]>,
+) -> Vec<Frame> {
     let memory = Bytes::from_owner(SharedMemory(snapshot.clone()));
+    let base_memory = base_memory.filter(|_| base.is_some());
     let (mut frames, last) = split(snapshot, pages, base, |i| {
-        let start = (i * PAGE_SIZE).min(memory.len());
-        memory.slice(start..(start + PAGE_SIZE).min(memory.len()))
+        let start = (i as usize * PAGE_SIZE).min(memory.len());
+        let page = memory.slice(start..(start + PAGE_SIZE).min(memory.len()));
+        let old = base_memory.and_then(|b| b.get(start..start + PAGE_SIZE));
+        match old.filter(|_| page.len() == PAGE_SIZE).and_then(|old| patch::diff(old, &page)) {
+            Some(p) => (i | patch::PAGE_PATCH, Bytes::from(p)),
+            None => (i, page),
+        }
     });
     frames.push(Frame::Checkpoint(Box::new(last)));
     frames
@@ -42,7 +56,7 @@ impl AsRef<[u8]> for SharedMemory {
 /// checkpoint (the pages that are not all zeros).
 pub fn to_snapshot_frames(snapshot: &Snapshot) -> Vec<Frame> {
     let (mut frames, last) = split(snapshot, &snapshot.nonzero_pages(), None, |i| {
-        Bytes::copy_from_slice(snapshot.page(i))
+        (i, Bytes::copy_from_slice(snapshot.page(i as usize)))
     });
     frames.push(Frame::Snapshot {
         pid: snapshot.pid,
@@ -56,7 +70,7 @@ pub(super) fn split(
     snapshot: &Snapshot,
     pages: &[u32],
     base: Option<u32>,
-    page: impl Fn(usize) -> Bytes,
+    mut page: impl FnMut(u32) -> (u32, Bytes),
 ) -> (Vec<Frame>, Checkpoint) {
     let mut frames = Vec::new();
     let mut cur_pages: Vec<(u32, Bytes)> = Vec::new();
@@ -79,13 +93,13 @@ pub(super) fn split(
     sorted.sort_unstable();
     sorted.dedup();
     for i in sorted {
-        let bytes = page(i as usize);
+        let (entry, bytes) = page(i);
         let cost = bytes.len() + PAGE_OVERHEAD;
         if cur > 0 && cur + cost > PART_TARGET_BYTES {
             flush(&mut cur_pages, &mut cur_outbox);
             cur = 0;
         }
-        cur_pages.push((i, bytes));
+        cur_pages.push((entry, bytes));
         cur += cost;
     }
     // A delta carries the messages sent after its base; the replica has

@@ -254,7 +254,13 @@ proptest! {
                     ReplicaEvent::Normal => {}
                 }
                 let plan = tracker.plan(peer, &snap);
-                let got = match deliver(asm, store, to_frames(&snap, &plan.pages, plan.base)) {
+                // Patches against the base where the owner still holds it.
+                let base = previous
+                    .iter()
+                    .find(|b| Some(b.superstep) == plan.base)
+                    .map(|b| b.memory.as_slice());
+                let frames = to_frames_shared(&Arc::new(snap.clone()), &plan.pages, plan.base, base);
+                let got = match deliver(asm, store, frames) {
                     Ok(got) => got,
                     Err(e) => {
                         // Only a replica that lost its base may refuse; then
@@ -556,6 +562,70 @@ fn a_rejected_delta_leaves_the_base_in_the_store_unchanged() {
     // `deliver` stores what it assembled, as a replica does: only s1 is left.
     assert_eq!(store.newest(1), Some(&s1));
     assert_eq!(store.pids(), vec![1]);
+}
+
+/// A page that changed in a few words travels as a patch of the base's
+/// page; a corrupted or malformed patch is refused and leaves the base in
+/// the store as it was.
+#[test]
+fn sparse_changes_travel_as_patches_and_bad_patches_are_refused() {
+    let m0: Vec<u8> = [1u8, 2, 3].iter().flat_map(|&s| page_of(s)).collect();
+    let mut m1 = m0.clone();
+    m1[P + 8..P + 24].copy_from_slice(&[0xab; 16]);
+    m1[2 * P + 800] ^= 1;
+    // A densely changed page goes whole.
+    m1[..P].copy_from_slice(&page_of(7));
+    let mut t = PageTracker::new();
+    let s0 = Arc::new(t.capture(head(1, 0, vec![]), &m0));
+    let s1 = Arc::new(t.capture(head(1, 1, vec![]), &m1));
+    t.acked(5, 0, true);
+    let plan = t.plan(5, &s1);
+    assert_eq!(plan.pages, vec![0, 1, 2]);
+    let frames = || to_frames_shared(&s1, &plan.pages, plan.base, Some(&s0.memory));
+    let Some(Frame::Checkpoint(c)) = frames().pop() else {
+        panic!("the last frame is the checkpoint")
+    };
+    let entries: Vec<(u32, usize)> = c.pages.iter().map(|(i, b)| (*i, b.len())).collect();
+    assert_eq!(
+        entries,
+        vec![(0, P), (1 | patch::PAGE_PATCH, 4 + 16), (2 | patch::PAGE_PATCH, 4 + 8)]
+    );
+
+    let mut asm = Assembler::new(1 << 30);
+    let mut store = ReplicaStore::new();
+    deliver(&mut asm, &mut store, to_frames(&s0, &s0.nonzero_pages(), None)).unwrap();
+    let tamper = |f: &dyn Fn(&mut Vec<u8>)| {
+        let mut bad = frames();
+        let Some(Frame::Checkpoint(c)) = bad.last_mut() else {
+            panic!("the last frame is the checkpoint")
+        };
+        let mut p = c.pages[1].1.to_vec();
+        f(&mut p);
+        c.pages[1].1 = Bytes::from(p);
+        bad
+    };
+    // A patch word changed in transit: the rebuilt state does not hash right.
+    let err = deliver(&mut asm, &mut store, tamper(&|p| p[6] ^= 1)).unwrap_err();
+    assert!(matches!(err, CheckpointError::HashMismatch { .. }), "{err}");
+    assert_eq!(store.newest(1), Some(&*s0));
+    // A run that leaves the page.
+    let err = deliver(&mut asm, &mut store, tamper(&|p| p[1] = 0x20)).unwrap_err();
+    assert!(
+        err.to_string().contains("the patch of page 1 is malformed"),
+        "{err}"
+    );
+    assert_eq!(store.newest(1), Some(&*s0));
+    // A patch in a whole checkpoint.
+    let mut whole = to_frames(&s1, &s1.nonzero_pages(), None);
+    let Some(Frame::Checkpoint(c)) = whole.last_mut() else {
+        panic!("the last frame is the checkpoint")
+    };
+    c.pages[1] = (1 | patch::PAGE_PATCH, Bytes::from_static(&[0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]));
+    let err = deliver(&mut asm, &mut ReplicaStore::new(), whole).unwrap_err();
+    assert!(matches!(err, CheckpointError::PatchWithoutBase { index: 1, .. }), "{err}");
+
+    let got = deliver(&mut asm, &mut store, frames()).unwrap();
+    assert_eq!(got, *s1);
 }
 
 #[test]

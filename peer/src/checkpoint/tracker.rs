@@ -140,6 +140,12 @@ impl PageTracker {
         self.last
     }
 
+    /// Whether the capture of `superstep` with `hash` is one of the last
+    /// few this tracker took since it last started over.
+    pub fn is_recent_capture(&self, superstep: u32, hash: [u8; 32]) -> bool {
+        self.recent.iter().any(|&(s, h, _)| (s, h) == (superstep, hash))
+    }
+
     /// Whether page `i` changed at the last capture.
     pub fn changed_at_last_capture(&self, i: usize) -> bool {
         match (self.last, self.changed.get(i)) {

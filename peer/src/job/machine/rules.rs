@@ -31,9 +31,14 @@ pub(crate) fn capture<G: Guest>(
     acks: Vec<(PeerId, u32, bool)>,
     targets: &[PeerId],
 ) -> Result<(Arc<Snapshot>, Encoded), HostError> {
-    // The newest buffer only this process still holds.
+    // The newest buffer only this process still holds, but not the last
+    // capture's while another is free: the replicas' base is usually the
+    // last capture, and its pages are what the patches are made against.
+    let newest = p.recent.len().checked_sub(1);
     let free = (0..p.recent.len())
         .rev()
+        .filter(|&i| Some(i) != newest)
+        .chain(newest)
         .find(|&i| Arc::strong_count(&p.recent[i]) == 1)
         .and_then(|i| p.recent.remove(i))
         .and_then(|a| Arc::try_unwrap(a).ok());
@@ -50,7 +55,7 @@ pub(crate) fn capture<G: Guest>(
     }
     // Shared: the frames' pages are slices of its memory.
     let snapshot = Arc::new(snapshot);
-    let encoded = encode_for(&mut p.tracker, &snapshot, targets)?;
+    let encoded = encode_for(&mut p.tracker, &snapshot, targets, &p.recent)?;
     Ok((snapshot, encoded))
 }
 
@@ -66,11 +71,14 @@ pub(crate) fn timeline(pid: Pid, superstep: u32, what: &str) {
 /// distinct plan. The next checkpoint is planned as a delta against this
 /// one, sent before this one is acknowledged: frames to a replica arrive in
 /// order, so it will hold this one as its base (if not, it refuses the
-/// delta and gets the next checkpoint whole).
+/// delta and gets the next checkpoint whole). A delta's pages that changed
+/// in few words go as patches when `recent` (the process's last captures)
+/// still holds its base.
 pub(crate) fn encode_for(
     tracker: &mut PageTracker,
     snapshot: &Arc<Snapshot>,
     targets: &[PeerId],
+    recent: &VecDeque<Arc<Snapshot>>,
 ) -> Result<Encoded, HostError> {
     let mut done: Vec<(checkpoint::Plan, Vec<net::Segments>)> = Vec::new();
     let mut out = Vec::with_capacity(targets.len());
@@ -79,7 +87,8 @@ pub(crate) fn encode_for(
         let frames = match done.iter().find(|(p, _)| *p == plan) {
             Some((_, frames)) => frames.clone(),
             None => {
-                let frames = checkpoint::to_frames_shared(snapshot, &plan.pages, plan.base)
+                let base = base_memory(tracker, recent, plan.base);
+                let frames = checkpoint::to_frames_shared(snapshot, &plan.pages, plan.base, base)
                     .iter()
                     .map(net::encode_segments)
                     .collect::<Result<Vec<_>, _>>()?;
@@ -91,6 +100,21 @@ pub(crate) fn encode_for(
         out.push((r, frames));
     }
     Ok(out)
+}
+
+/// The memory of the capture of superstep `base` among `recent`, if it is
+/// one the tracker took since it last started over (so the replica holding
+/// `base` holds exactly it).
+pub(crate) fn base_memory<'a>(
+    tracker: &PageTracker,
+    recent: &'a VecDeque<Arc<Snapshot>>,
+    base: Option<u32>,
+) -> Option<&'a [u8]> {
+    let b = base?;
+    recent
+        .iter()
+        .find(|s| s.superstep == b && tracker.is_recent_capture(s.superstep, s.hash))
+        .map(|s| s.memory.as_slice())
 }
 
 /// The frames that carry `s` whole to a replica.

@@ -228,7 +228,8 @@ impl<I: JobIo> Machine<I> {
         for r in late {
             let plan = p.tracker.plan(r, &snapshot);
             bytes += plan.pages.len() * checkpoint::PAGE_SIZE;
-            for f in checkpoint::to_frames_shared(&snapshot, &plan.pages, plan.base) {
+            let base = rules::base_memory(&p.tracker, &p.recent, plan.base);
+            for f in checkpoint::to_frames_shared(&snapshot, &plan.pages, plan.base, base) {
                 unsent.push((r, f.into()));
             }
             p.tracker.sent(r, snapshot.superstep);
