@@ -33,7 +33,10 @@ pub fn to_frames_shared(
         let start = (i as usize * PAGE_SIZE).min(memory.len());
         let page = memory.slice(start..(start + PAGE_SIZE).min(memory.len()));
         let old = base_memory.and_then(|b| b.get(start..start + PAGE_SIZE));
-        match old.filter(|_| page.len() == PAGE_SIZE).and_then(|old| patch::diff(old, &page)) {
+        match old
+            .filter(|_| page.len() == PAGE_SIZE)
+            .and_then(|old| patch::diff(old, &page))
+        {
             Some(p) => (i | patch::PAGE_PATCH, Bytes::from(p)),
             None => (i, page),
         }

@@ -46,7 +46,9 @@ pub enum PatchError {
     OutOfPage { start: usize, words: usize },
     #[error("a run of 0 words at word {start}")]
     EmptyRun { start: usize },
-    #[error("the run at word {start} overlaps or precedes the previous one, which ends at word {end}")]
+    #[error(
+        "the run at word {start} overlaps or precedes the previous one, which ends at word {end}"
+    )]
     Order { start: usize, end: usize },
 }
 
@@ -61,7 +63,11 @@ pub fn diff(base: &[u8], new: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::new();
     // The run being built: (index in `out` of its header, first word, words).
     let mut run: Option<(usize, usize, usize)> = None;
-    for (b, (old, cur)) in base.chunks_exact(BLOCK).zip(new.chunks_exact(BLOCK)).enumerate() {
+    for (b, (old, cur)) in base
+        .chunks_exact(BLOCK)
+        .zip(new.chunks_exact(BLOCK))
+        .enumerate()
+    {
         let at = b * BLOCK;
         if old != cur {
             for (w, (o, c)) in old.chunks_exact(8).zip(cur.chunks_exact(8)).enumerate() {
@@ -86,8 +92,7 @@ pub fn diff(base: &[u8], new: &[u8]) -> Option<Vec<u8>> {
             }
         }
         let scanned = at + BLOCK;
-        if out.len() > MAX_PATCH
-            || (scanned.is_multiple_of(CHECK_EVERY) && out.len() > scanned / 2)
+        if out.len() > MAX_PATCH || (scanned.is_multiple_of(CHECK_EVERY) && out.len() > scanned / 2)
         {
             return None;
         }
@@ -160,7 +165,9 @@ mod tests {
     use proptest::prelude::*;
 
     fn page_with(changes: &[(usize, u64)], seed: u8) -> (Vec<u8>, Vec<u8>) {
-        let base: Vec<u8> = (0..PAGE_SIZE).map(|i| (i as u8).wrapping_mul(seed | 1)).collect();
+        let base: Vec<u8> = (0..PAGE_SIZE)
+            .map(|i| (i as u8).wrapping_mul(seed | 1))
+            .collect();
         let mut new = base.clone();
         for &(word, v) in changes {
             let w = word % WORDS;
@@ -176,7 +183,9 @@ mod tests {
             .zip(new.chunks_exact(8))
             .map(|(a, b)| a != b)
             .collect();
-        let starts = (0..WORDS).filter(|&w| differ[w] && (w == 0 || !differ[w - 1])).count();
+        let starts = (0..WORDS)
+            .filter(|&w| differ[w] && (w == 0 || !differ[w - 1]))
+            .count();
         starts * HEADER + differ.iter().filter(|&&d| d).count() * 8
     }
 
@@ -254,13 +263,19 @@ mod tests {
         assert_eq!(check(&[1, 0, 0, 0]), Err(PatchError::EmptyRun { start: 1 }));
         assert_eq!(
             check(&[0xff, 0x1f, 2, 0]),
-            Err(PatchError::OutOfPage { start: 8191, words: 2 })
+            Err(PatchError::OutOfPage {
+                start: 8191,
+                words: 2
+            })
         );
         let mut two = vec![5, 0, 1, 0];
         two.extend([0; 8]);
         two.extend([4, 0, 1, 0]);
         two.extend([0; 8]);
         assert_eq!(check(&two), Err(PatchError::Order { start: 4, end: 6 }));
-        assert_eq!(check(&[0, 0, 1, 0, 9]), Err(PatchError::Truncated { at: 0 }));
+        assert_eq!(
+            check(&[0, 0, 1, 0, 9]),
+            Err(PatchError::Truncated { at: 0 })
+        );
     }
 }

@@ -588,12 +588,21 @@ fn sparse_changes_travel_as_patches_and_bad_patches_are_refused() {
     let entries: Vec<(u32, usize)> = c.pages.iter().map(|(i, b)| (*i, b.len())).collect();
     assert_eq!(
         entries,
-        vec![(0, P), (1 | patch::PAGE_PATCH, 4 + 16), (2 | patch::PAGE_PATCH, 4 + 8)]
+        vec![
+            (0, P),
+            (1 | patch::PAGE_PATCH, 4 + 16),
+            (2 | patch::PAGE_PATCH, 4 + 8)
+        ]
     );
 
     let mut asm = Assembler::new(1 << 30);
     let mut store = ReplicaStore::new();
-    deliver(&mut asm, &mut store, to_frames(&s0, &s0.nonzero_pages(), None)).unwrap();
+    deliver(
+        &mut asm,
+        &mut store,
+        to_frames(&s0, &s0.nonzero_pages(), None),
+    )
+    .unwrap();
     let tamper = |f: &dyn Fn(&mut Vec<u8>)| {
         let mut bad = frames();
         let Some(Frame::Checkpoint(c)) = bad.last_mut() else {
@@ -620,9 +629,15 @@ fn sparse_changes_travel_as_patches_and_bad_patches_are_refused() {
     let Some(Frame::Checkpoint(c)) = whole.last_mut() else {
         panic!("the last frame is the checkpoint")
     };
-    c.pages[1] = (1 | patch::PAGE_PATCH, Bytes::from_static(&[0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]));
+    c.pages[1] = (
+        1 | patch::PAGE_PATCH,
+        Bytes::from_static(&[0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+    );
     let err = deliver(&mut asm, &mut ReplicaStore::new(), whole).unwrap_err();
-    assert!(matches!(err, CheckpointError::PatchWithoutBase { index: 1, .. }), "{err}");
+    assert!(
+        matches!(err, CheckpointError::PatchWithoutBase { index: 1, .. }),
+        "{err}"
+    );
 
     let got = deliver(&mut asm, &mut store, frames()).unwrap();
     assert_eq!(got, *s1);

@@ -143,7 +143,9 @@ impl PageTracker {
     /// Whether the capture of `superstep` with `hash` is one of the last
     /// few this tracker took since it last started over.
     pub fn is_recent_capture(&self, superstep: u32, hash: [u8; 32]) -> bool {
-        self.recent.iter().any(|&(s, h, _)| (s, h) == (superstep, hash))
+        self.recent
+            .iter()
+            .any(|&(s, h, _)| (s, h) == (superstep, hash))
     }
 
     /// Whether page `i` changed at the last capture.
