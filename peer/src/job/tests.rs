@@ -1360,6 +1360,63 @@ fn newest_checkpointed_before_matches_a_scan() {
     }
 }
 
+/// A replica whose base the owner still holds gets the pages that changed
+/// in a few words as patches; one whose base the owner no longer holds
+/// gets them whole. Either way it rebuilds the snapshot.
+#[test]
+fn checkpoints_patch_sparse_pages_against_a_base_the_owner_holds() {
+    use crate::checkpoint::{Assembler, PAGE_SIZE, PageTracker, ReplicaStore, Snapshot, patch};
+    let head = |superstep| Snapshot {
+        pid: 3,
+        superstep,
+        memory: Vec::new(),
+        globals: vec![],
+        output_seq: 0,
+        output_bytes: 0,
+        exited: false,
+        outbox: vec![],
+        hash: [0; 32],
+    };
+    let m0: Vec<u8> = (0..3 * PAGE_SIZE).map(|i| (i % 251) as u8).collect();
+    let mut m1 = m0.clone();
+    for w in [5, 700, 8000] {
+        m1[PAGE_SIZE + 8 * w] ^= 0xff;
+    }
+    let mut t = PageTracker::new();
+    let s0 = Arc::new(t.capture(head(0), &m0));
+    let s1 = Arc::new(t.capture(head(1), &m1));
+    t.sent(7, 0);
+    t.sent(8, 0);
+    let entries = |segments: &[net::Segments]| -> Vec<(u32, Frame)> {
+        segments
+            .iter()
+            .map(|s| net::decode(s.to_bytes()).expect("decodes"))
+            .map(|f| match &f {
+                Frame::Checkpoint(c) => (c.pages.iter().map(|(i, _)| *i).sum(), f),
+                _ => (0, f),
+            })
+            .collect()
+    };
+    let held: std::collections::VecDeque<_> = [s0.clone()].into();
+    let encoded = encode_for(&mut t, &s1, &[7], &held).unwrap();
+    let frames = entries(&encoded[0].1);
+    assert_eq!(frames.last().unwrap().0, 1 | patch::PAGE_PATCH);
+    let encoded = encode_for(&mut t, &s1, &[8], &Default::default()).unwrap();
+    assert_eq!(entries(&encoded[0].1).last().unwrap().0, 1);
+
+    for (_, frame) in frames.into_iter().chain(entries(&encoded[0].1)) {
+        let mut asm = Assembler::new(1 << 30);
+        let mut store = ReplicaStore::new();
+        store.insert((*s0).clone());
+        let Some(crate::checkpoint::Assembled::Checkpoint(got)) =
+            asm.push(frame, &mut store).unwrap()
+        else {
+            panic!("a checkpoint")
+        };
+        assert_eq!(got, *s1);
+    }
+}
+
 /// Status lines name the clusters the job's peers are in, as the
 /// assignment's sites have them (issue 15).
 #[test]
