@@ -60,7 +60,8 @@ use crate::{JobId, PeerId, Pid};
 /// exported ones in export order). 7: the Noise handshake and encrypted
 /// records (was: a clear `Hello` showing the job token). 8: `ProcDone`'s
 /// state digest (redundancy). 9: `FetchCheckpoint` names the asker's epoch.
-/// 10: checkpoint deltas carry page patches ([`PAGE_PATCH`]).
+/// 10: checkpoint deltas carry page and payload patches ([`PAGE_PATCH`],
+/// [`Checkpoint::patched`]).
 pub const WIRE_VERSION: u32 = 10;
 
 /// Largest frame either side accepts.
@@ -111,6 +112,9 @@ pub enum Frame {
         pages: Vec<(u32, Bytes)>,
         #[serde(with = "message_groups")]
         outbox: Vec<WireMessage>,
+        /// Indices into this frame's `outbox` of the messages whose payload
+        /// is a patch, as in [`Checkpoint::patched`].
+        patched: Vec<u32>,
     },
     /// A process's checkpoint, from its host to one of its replicas (the
     /// last frame of it; earlier parts come as [`Frame::CheckpointPart`]).
@@ -298,6 +302,15 @@ pub struct Checkpoint {
     /// supersteps `outbox_from..=base` (older ones left the retention
     /// window) and appends `outbox`. 0 in a whole checkpoint.
     pub outbox_from: u32,
+    /// In a delta: indices into this frame's `outbox`, ascending, of the
+    /// messages whose payload is a *patch* of their reference's payload
+    /// (`peer/src/checkpoint/patch.rs`, `diff_payload`). The reference of a
+    /// message is the message the replica keeps (of supersteps
+    /// `outbox_from..=base`) with the same destination and sequence number,
+    /// of the newest such superstep: the same send in an earlier superstep.
+    /// The patched payload has the reference's length. Empty in a whole
+    /// checkpoint.
+    pub patched: Vec<u32>,
     pub hash: [u8; 32],
 }
 
@@ -784,6 +797,7 @@ mod tests {
                 .map(|(i, p)| (*i, Bytes::from(p.clone())))
                 .collect(),
             outbox: vec![],
+            patched: vec![],
         };
         let bytes = postcard::to_allocvec(&frame).unwrap();
         assert_eq!(postcard::from_bytes::<Frame>(&bytes).unwrap(), frame);

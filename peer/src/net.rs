@@ -214,6 +214,7 @@ mod tests {
             exited: false,
             outbox: outbox.clone(),
             outbox_from: 2,
+            patched: vec![1],
             hash: [7; 32],
         };
         vec![
@@ -225,6 +226,7 @@ mod tests {
                 superstep: 4,
                 pages,
                 outbox: outbox.clone(),
+                patched: vec![0, 3],
             },
             Frame::Checkpoint(Box::new(checkpoint.clone())),
             Frame::Snapshot {

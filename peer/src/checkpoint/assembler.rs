@@ -53,6 +53,23 @@ pub enum CheckpointError {
         why: patch::PatchError,
     },
     #[error(
+        "checkpoint of pid {pid} at superstep {superstep}: the payload of outbox message {index} is a bad patch: {why}"
+    )]
+    MessagePatch {
+        pid: Pid,
+        superstep: u32,
+        index: u32,
+        why: patch::PatchError,
+    },
+    #[error(
+        "checkpoint of pid {pid} at superstep {superstep} names outbox message {index} as patched, but its frame has no such message (indices ascend within a frame)"
+    )]
+    PatchedIndex {
+        pid: Pid,
+        superstep: u32,
+        index: u32,
+    },
+    #[error(
         "checkpoint of pid {pid} at superstep {superstep} patches page {index} but is not a delta; a whole checkpoint carries whole pages"
     )]
     PatchWithoutBase {
@@ -110,6 +127,8 @@ impl CheckpointError {
             | PageIndex { pid, superstep, .. }
             | PageSize { pid, superstep, .. }
             | BadPatch { pid, superstep, .. }
+            | MessagePatch { pid, superstep, .. }
+            | PatchedIndex { pid, superstep, .. }
             | PatchWithoutBase { pid, superstep, .. }
             | PageOrder { pid, superstep, .. }
             | Interleaved { pid, superstep, .. }
@@ -140,7 +159,31 @@ pub(super) struct Pending {
     superstep: u32,
     pages: Vec<(u32, Bytes)>,
     outbox: Vec<WireMessage>,
+    /// Indices into `outbox` of the messages whose payload is a patch.
+    patched: Vec<usize>,
     bytes: u64,
+}
+
+/// `patched` (indices into a frame's `outbox` of `len` messages) checked:
+/// ascending and in range.
+fn patched_indices(
+    pid: Pid,
+    superstep: u32,
+    patched: &[u32],
+    len: usize,
+) -> Result<(), CheckpointError> {
+    let mut next = 0usize;
+    for &i in patched {
+        if (i as usize) < next || i as usize >= len {
+            return Err(CheckpointError::PatchedIndex {
+                pid,
+                superstep,
+                index: i,
+            });
+        }
+        next = i as usize + 1;
+    }
+    Ok(())
 }
 
 /// Rebuilds checkpoints from the frames of one connection: collects
@@ -191,6 +234,7 @@ impl Assembler {
         superstep: u32,
         pages: Vec<(u32, Bytes)>,
         outbox: Vec<WireMessage>,
+        patched: Vec<u32>,
     ) -> Result<(), CheckpointError> {
         let mut result = Ok(());
         if let Some(p) = self.pending.get(&pid)
@@ -203,10 +247,15 @@ impl Assembler {
             });
             self.pending.remove(&pid);
         }
+        if let Err(e) = patched_indices(pid, superstep, &patched, outbox.len()) {
+            self.pending.remove(&pid);
+            return Err(e);
+        }
         let p = self.pending.entry(pid).or_insert_with(|| Pending {
             superstep,
             pages: Vec::new(),
             outbox: Vec::new(),
+            patched: Vec::new(),
             bytes: 0,
         });
         let add = pages
@@ -226,6 +275,9 @@ impl Assembler {
         }
         p.bytes = bytes;
         p.pages.extend(pages);
+        let offset = p.outbox.len();
+        p.patched
+            .extend(patched.iter().map(|&i| offset + i as usize));
         p.outbox.extend(outbox);
         result
     }
@@ -277,10 +329,11 @@ impl Assembler {
             exited,
             outbox,
             outbox_from,
+            patched,
             hash,
         } = checkpoint;
         let pending = self.pending.remove(&pid);
-        let (mut all_pages, mut all_outbox, held) = match pending {
+        let (mut all_pages, mut all_outbox, mut all_patched, held) = match pending {
             Some(p) if p.superstep != superstep => {
                 fail!(CheckpointError::Interleaved {
                     pid,
@@ -288,10 +341,15 @@ impl Assembler {
                     next: superstep,
                 });
             }
-            Some(p) => (p.pages, p.outbox, p.bytes),
-            None => (Vec::new(), Vec::new(), 0),
+            Some(p) => (p.pages, p.outbox, p.patched, p.bytes),
+            None => (Vec::new(), Vec::new(), Vec::new(), 0),
         };
+        if let Err(e) = patched_indices(pid, superstep, &patched, outbox.len()) {
+            fail!(e);
+        }
         all_pages.extend(pages);
+        let offset = all_outbox.len();
+        all_patched.extend(patched.iter().map(|&i| offset + i as usize));
         all_outbox.extend(outbox);
         if !memory_len.is_multiple_of(PAGE_SIZE as u64) {
             fail!(CheckpointError::MemoryLen {
@@ -374,7 +432,18 @@ impl Assembler {
                 });
             }
         }
-        // A delta's outbox: the base's messages still retained, then the new ones.
+        if base_step.is_none()
+            && let Some(&i) = all_patched.first()
+        {
+            fail!(CheckpointError::MessagePatch {
+                pid,
+                superstep,
+                index: i as u32,
+                why: patch::PatchError::NoReference,
+            });
+        }
+        // A delta's outbox: the base's messages still retained, then the new
+        // ones, a patched payload rebuilt from its reference among the former.
         if let (Some(b), Some(held)) = (base_step, base.as_ref().map(BaseSnap::get)) {
             let mut outbox: Vec<WireMessage> = held
                 .outbox
@@ -382,6 +451,23 @@ impl Assembler {
                 .filter(|m| (outbox_from..=b).contains(&m.superstep))
                 .cloned()
                 .collect();
+            let references = super::frames::references(&outbox);
+            for &i in &all_patched {
+                let m = &mut all_outbox[i];
+                let rebuilt = match references.get(&(m.dst, m.seq)) {
+                    Some(r) => patch::apply_payload(r, &m.payload),
+                    None => Err(patch::PatchError::NoReference),
+                };
+                match rebuilt {
+                    Ok(p) => m.payload = Bytes::from(p),
+                    Err(why) => fail!(CheckpointError::MessagePatch {
+                        pid,
+                        superstep,
+                        index: i as u32,
+                        why,
+                    }),
+                }
+            }
             outbox.append(&mut all_outbox);
             all_outbox = outbox;
             let total = memory_len.saturating_add(outbox_bytes(&all_outbox));
@@ -516,7 +602,10 @@ impl Assembler {
                 superstep,
                 pages,
                 outbox,
-            } => self.part(pid, superstep, pages, outbox).map(|()| None),
+                patched,
+            } => self
+                .part(pid, superstep, pages, outbox, patched)
+                .map(|()| None),
             Frame::Checkpoint(c) => {
                 // The base is consumed (patched in place); the caller stores
                 // the result, which replaces it anyway. On error it goes back.

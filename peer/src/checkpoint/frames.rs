@@ -78,14 +78,16 @@ pub(super) fn split(
     let mut frames = Vec::new();
     let mut cur_pages: Vec<(u32, Bytes)> = Vec::new();
     let mut cur_outbox: Vec<WireMessage> = Vec::new();
+    let mut cur_patched: Vec<u32> = Vec::new();
     let mut cur = 0usize;
     let (pid, superstep) = (snapshot.pid, snapshot.superstep);
-    let mut flush = |p: &mut Vec<(u32, Bytes)>, o: &mut Vec<WireMessage>| {
+    let mut flush = |p: &mut Vec<(u32, Bytes)>, o: &mut Vec<WireMessage>, x: &mut Vec<u32>| {
         frames.push(Frame::CheckpointPart {
             pid,
             superstep,
             pages: std::mem::take(p),
             outbox: std::mem::take(o),
+            patched: std::mem::take(x),
         });
     };
     let mut sorted: Vec<u32> = pages
@@ -99,7 +101,7 @@ pub(super) fn split(
         let (entry, bytes) = page(i);
         let cost = bytes.len() + PAGE_OVERHEAD;
         if cur > 0 && cur + cost > PART_TARGET_BYTES {
-            flush(&mut cur_pages, &mut cur_outbox);
+            flush(&mut cur_pages, &mut cur_outbox, &mut cur_patched);
             cur = 0;
         }
         cur_pages.push((entry, bytes));
@@ -107,28 +109,45 @@ pub(super) fn split(
     }
     // A delta carries the messages sent after its base; the replica has
     // the older ones still retained (from `outbox_from` on).
-    let (outbox_from, outbox) = match base {
+    let (outbox_from, kept, outbox) = match base {
         Some(b) => {
             let new = snapshot.outbox.partition_point(|m| m.superstep <= b);
             let from = snapshot
                 .outbox
                 .first()
                 .map_or(b + 1, |m| m.superstep.min(b + 1));
-            (from, &snapshot.outbox[new..])
+            (from, &snapshot.outbox[..new], &snapshot.outbox[new..])
         }
-        None => (0, &snapshot.outbox[..]),
+        None => (0, &[][..], &snapshot.outbox[..]),
     };
+    // What the replica keeps is what a new message's payload may be a
+    // patch of: the same send in an earlier superstep.
+    let references = references(kept);
     for m in outbox {
+        let patch = (m.payload.len() >= PATCH_MIN_PAYLOAD)
+            .then(|| references.get(&(m.dst, m.seq)))
+            .flatten()
+            .and_then(|r| patch::diff_payload(r, &m.payload));
         // A payload the previous message of this part shares costs nothing more.
-        let shared = cur_outbox
-            .last()
-            .is_some_and(|p: &WireMessage| message_groups::same_buffer(&p.payload, &m.payload));
-        let cost = if shared { 32 } else { m.payload.len() + 32 };
+        let shared = patch.is_none()
+            && cur_outbox
+                .last()
+                .is_some_and(|p: &WireMessage| message_groups::same_buffer(&p.payload, &m.payload));
+        let cost = match &patch {
+            Some(p) => p.len() + 32,
+            None if shared => 32,
+            None => m.payload.len() + 32,
+        };
         if cur > 0 && cur + cost > PART_TARGET_BYTES {
-            flush(&mut cur_pages, &mut cur_outbox);
+            flush(&mut cur_pages, &mut cur_outbox, &mut cur_patched);
             cur = 0;
         }
-        cur_outbox.push(m.clone());
+        let mut m = m.clone();
+        if let Some(p) = patch {
+            cur_patched.push(cur_outbox.len() as u32);
+            m.payload = Bytes::from(p);
+        }
+        cur_outbox.push(m);
         cur += cost;
     }
     let last = Checkpoint {
@@ -143,7 +162,18 @@ pub(super) fn split(
         exited: snapshot.exited,
         outbox: cur_outbox,
         outbox_from,
+        patched: cur_patched,
         hash: snapshot.hash,
     };
     (frames, last)
+}
+
+/// Payloads shorter than this travel whole: a patch would save little.
+const PATCH_MIN_PAYLOAD: usize = 4 << 10;
+
+/// The reference payloads among `kept` (a replica's kept outbox, by
+/// superstep and send order): per destination and sequence number, the
+/// payload of the newest superstep.
+pub(super) fn references(kept: &[WireMessage]) -> HashMap<(Pid, u32), &Bytes> {
+    kept.iter().map(|m| ((m.dst, m.seq), &m.payload)).collect()
 }

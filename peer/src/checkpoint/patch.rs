@@ -17,6 +17,12 @@
 //! endian, below 8 192) and the number of words (`u16`, at least 1), then
 //! the words. Runs are in ascending order, do not overlap and stay inside
 //! the page. A page with no difference has an empty patch.
+//!
+//! A retained message's payload in a checkpoint's outbox can be a patch of
+//! the same send's payload in an earlier superstep, which the replica
+//! keeps ([`diff_payload`]): the patches of its 64 KiB chunks, each after
+//! its length. Once PageRank has converged its contributions repeat byte
+//! for byte.
 
 use super::PAGE_SIZE;
 pub use bsp_api::wire::PAGE_PATCH;
@@ -50,24 +56,25 @@ pub enum PatchError {
         "the run at word {start} overlaps or precedes the previous one, which ends at word {end}"
     )]
     Order { start: usize, end: usize },
+    #[error("{bytes} bytes follow the last chunk's patch")]
+    Trailing { bytes: usize },
+    #[error("the payload patched has {len} bytes, not whole 8-byte words")]
+    Length { len: usize },
+    #[error("no message the replica keeps has this message's destination and sequence number")]
+    NoReference,
 }
 
 /// The patch that turns `base` into `new` (two whole pages), or `None` if
 /// it would be larger than [`MAX_PATCH`] or than half of the part of the
 /// page scanned so far (see [`CHECK_EVERY`]): then send the page whole.
 pub fn diff(base: &[u8], new: &[u8]) -> Option<Vec<u8>> {
-    debug_assert!(base.len() == PAGE_SIZE && new.len() == PAGE_SIZE);
-    if base.len() != PAGE_SIZE || new.len() != PAGE_SIZE {
+    if base.len() != new.len() || base.len() > PAGE_SIZE || !base.len().is_multiple_of(8) {
         return None;
     }
     let mut out = Vec::new();
     // The run being built: (index in `out` of its header, first word, words).
     let mut run: Option<(usize, usize, usize)> = None;
-    for (b, (old, cur)) in base
-        .chunks_exact(BLOCK)
-        .zip(new.chunks_exact(BLOCK))
-        .enumerate()
-    {
+    for (b, (old, cur)) in base.chunks(BLOCK).zip(new.chunks(BLOCK)).enumerate() {
         let at = b * BLOCK;
         if old != cur {
             for (w, (o, c)) in old.chunks_exact(8).zip(cur.chunks_exact(8)).enumerate() {
@@ -91,8 +98,10 @@ pub fn diff(base: &[u8], new: &[u8]) -> Option<Vec<u8>> {
                 out.extend_from_slice(c);
             }
         }
-        let scanned = at + BLOCK;
-        if out.len() > MAX_PATCH || (scanned.is_multiple_of(CHECK_EVERY) && out.len() > scanned / 2)
+        let scanned = at + old.len();
+        if out.len() > MAX_PATCH
+            || out.len() > base.len() / 2
+            || (scanned.is_multiple_of(CHECK_EVERY) && out.len() > scanned / 2)
         {
             return None;
         }
@@ -102,19 +111,76 @@ pub fn diff(base: &[u8], new: &[u8]) -> Option<Vec<u8>> {
 
 /// Checks `patch` against the wire form; `Ok` means [`apply`] cannot fail.
 pub fn check(patch: &[u8]) -> Result<(), PatchError> {
-    runs(patch).try_for_each(|r| r.map(|_| ()))
+    check_within(patch, WORDS)
 }
 
-/// Writes `patch` into `page` (a whole page). A malformed patch is an
-/// error and leaves the page as it was.
-pub fn apply(page: &mut [u8], patch: &[u8]) -> Result<(), PatchError> {
-    if page.len() != PAGE_SIZE {
-        return Err(PatchError::OutOfPage {
-            start: 0,
-            words: page.len() / 8,
+/// Checks `patch` for a page or chunk of `words` words.
+fn check_within(patch: &[u8], words: usize) -> Result<(), PatchError> {
+    runs(patch).try_for_each(|r| {
+        let (start, bytes) = r?;
+        let n = bytes.len() / 8;
+        if start + n > words {
+            return Err(PatchError::OutOfPage { start, words: n });
+        }
+        Ok(())
+    })
+}
+
+/// A message payload that differs from the payload of its reference (the
+/// same send one superstep before, see [`Checkpoint::patched`]) in few
+/// words: for each 64 KiB chunk of the payload in order, the chunk's
+/// patch's length (`u32`, little endian) and the patch. `None` when the
+/// payloads differ in length, are not whole words, or differ in more than
+/// a quarter of their bytes: then the payload travels whole.
+///
+/// [`Checkpoint::patched`]: bsp_api::wire::Checkpoint::patched
+pub fn diff_payload(reference: &[u8], new: &[u8]) -> Option<Vec<u8>> {
+    if reference.len() != new.len() || !new.len().is_multiple_of(8) {
+        return None;
+    }
+    let mut out = Vec::new();
+    for (a, b) in reference.chunks(PAGE_SIZE).zip(new.chunks(PAGE_SIZE)) {
+        let p = diff(a, b)?;
+        out.extend_from_slice(&(p.len() as u32).to_le_bytes());
+        out.extend_from_slice(&p);
+        if out.len() > new.len() / 4 {
+            return None;
+        }
+    }
+    Some(out)
+}
+
+/// The payload [`diff_payload`] described: `reference` with `patch` applied.
+pub fn apply_payload(reference: &[u8], patch: &[u8]) -> Result<Vec<u8>, PatchError> {
+    if !reference.len().is_multiple_of(8) {
+        return Err(PatchError::Length {
+            len: reference.len(),
         });
     }
-    check(patch)?;
+    let mut out = reference.to_vec();
+    let mut rest = patch;
+    for chunk in out.chunks_mut(PAGE_SIZE) {
+        let at = patch.len() - rest.len();
+        let Some((len, tail)) = rest.split_first_chunk::<4>() else {
+            return Err(PatchError::Truncated { at });
+        };
+        let len = u32::from_le_bytes(*len) as usize;
+        let Some((p, tail)) = tail.split_at_checked(len) else {
+            return Err(PatchError::Truncated { at });
+        };
+        apply(chunk, p)?;
+        rest = tail;
+    }
+    if !rest.is_empty() {
+        return Err(PatchError::Trailing { bytes: rest.len() });
+    }
+    Ok(out)
+}
+
+/// Writes `patch` into `page` (a whole page, or a chunk of a payload). A
+/// malformed patch is an error and leaves the page as it was.
+pub fn apply(page: &mut [u8], patch: &[u8]) -> Result<(), PatchError> {
+    check_within(patch, page.len() / 8)?;
     for r in runs(patch) {
         let (start, words) = r?;
         page[start * 8..start * 8 + words.len()].copy_from_slice(words);
@@ -233,6 +299,57 @@ mod tests {
                 }
             }
         }
+    }
+
+    proptest! {
+        /// A payload patch rebuilds the payload, whatever its length (one
+        /// chunk or several, the last one short).
+        #[test]
+        fn payload_patches_rebuild_the_payload(
+            words in 1usize..30_000,
+            changes in proptest::collection::vec((any::<usize>(), any::<u64>()), 0..40),
+        ) {
+            let reference: Vec<u8> = (0..words * 8).map(|i| (i % 253) as u8).collect();
+            let mut new = reference.clone();
+            for (w, v) in changes {
+                let w = w % words;
+                new[w * 8..w * 8 + 8].copy_from_slice(&v.to_le_bytes());
+            }
+            if let Some(p) = diff_payload(&reference, &new) {
+                prop_assert!(p.len() <= new.len() / 4);
+                prop_assert_eq!(apply_payload(&reference, &p).unwrap(), new);
+            }
+        }
+
+        /// Any bytes as a payload patch: an error or a payload of the
+        /// reference's length; never a panic.
+        #[test]
+        fn hostile_payload_patches_fail_cleanly(patch in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let reference = vec![9u8; 70_000 / 8 * 8];
+            if let Ok(p) = apply_payload(&reference, &patch) {
+                prop_assert_eq!(p.len(), reference.len());
+            }
+        }
+    }
+
+    #[test]
+    fn identical_payloads_patch_to_a_length_per_chunk() {
+        let payload: Vec<u8> = (0..800_000).map(|i| (i % 7) as u8).collect();
+        let p = diff_payload(&payload, &payload).unwrap();
+        // 13 chunks of 64 KiB (the last one short), each an empty patch.
+        assert_eq!(p, vec![0; 4 * 13]);
+        assert_eq!(apply_payload(&payload, &p).unwrap(), payload);
+        assert_eq!(diff_payload(&payload[..7], &payload[..7]), None);
+        assert_eq!(
+            apply_payload(&payload, &p[..8]),
+            Err(PatchError::Truncated { at: 8 })
+        );
+        let mut long = p.clone();
+        long.push(0);
+        assert_eq!(
+            apply_payload(&payload, &long),
+            Err(PatchError::Trailing { bytes: 1 })
+        );
     }
 
     #[test]

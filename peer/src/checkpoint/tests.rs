@@ -386,9 +386,10 @@ fn any_frame() -> impl Strategy<Value = Frame> {
         outbox.clone(),
         any::<bool>(),
         any::<[u8; 32]>(),
+        proptest::collection::vec(0u32..4, 0..3),
     )
         .prop_map(
-            |(pid, superstep, base, memory_len, pages, outbox, exited, hash)| Checkpoint {
+            |(pid, superstep, base, memory_len, pages, outbox, exited, hash, patched)| Checkpoint {
                 pid,
                 superstep,
                 base,
@@ -400,18 +401,27 @@ fn any_frame() -> impl Strategy<Value = Frame> {
                 exited,
                 outbox,
                 outbox_from: superstep.saturating_sub(1),
+                patched,
                 hash,
             },
         );
     prop_oneof![
-        (0u32..3, 0u32..3, pages, outbox).prop_map(|(pid, superstep, pages, outbox)| {
-            Frame::CheckpointPart {
-                pid,
-                superstep,
-                pages,
-                outbox,
-            }
-        }),
+        (
+            0u32..3,
+            0u32..3,
+            pages,
+            outbox,
+            proptest::collection::vec(0u32..4, 0..3)
+        )
+            .prop_map(|(pid, superstep, pages, outbox, patched)| {
+                Frame::CheckpointPart {
+                    pid,
+                    superstep,
+                    pages,
+                    outbox,
+                    patched,
+                }
+            }),
         checkpoint
             .clone()
             .prop_map(|c| Frame::Checkpoint(Box::new(c))),
@@ -643,6 +653,98 @@ fn sparse_changes_travel_as_patches_and_bad_patches_are_refused() {
     assert_eq!(got, *s1);
 }
 
+/// A retained message that repeats the same send of the superstep before
+/// with a few words changed travels as a patch of it; a bad patch, a patch
+/// without a reference and a patched index out of range are refused with
+/// the base left in the store.
+#[test]
+fn repeated_sends_travel_as_payload_patches() {
+    let send = |superstep, fill: u8, word: u64| {
+        let mut payload = vec![fill; 100_000];
+        payload[800..808].copy_from_slice(&word.to_le_bytes());
+        WireMessage {
+            src: 1,
+            dst: 0,
+            superstep,
+            seq: 0,
+            tag: 0,
+            payload: payload.into(),
+        }
+    };
+    let m: Vec<u8> = page_of(1);
+    let mut t = PageTracker::new();
+    let s0 = t.capture(head_retaining(1, 0, vec![send(0, 5, 1)]), &m);
+    let s1 = t.capture(head_retaining(1, 1, vec![send(0, 5, 1), send(1, 5, 2)]), &m);
+    t.acked(5, 0, true);
+    let plan = t.plan(5, &s1);
+    let frames = || to_frames(&s1, &plan.pages, plan.base);
+    let Some(Frame::Checkpoint(c)) = frames().pop() else {
+        panic!("the last frame is the checkpoint")
+    };
+    assert_eq!(c.patched, vec![0]);
+    // Two chunks (64 KiB and the rest): one word changed in the first.
+    assert_eq!(c.outbox[0].payload.len(), 4 + (4 + 8) + 4);
+
+    let mut asm = Assembler::new(1 << 30);
+    let mut store = ReplicaStore::new();
+    deliver(
+        &mut asm,
+        &mut store,
+        to_frames(&s0, &s0.nonzero_pages(), None),
+    )
+    .unwrap();
+    let tamper = |f: &dyn Fn(&mut Checkpoint)| {
+        let mut bad = frames();
+        let Some(Frame::Checkpoint(c)) = bad.last_mut() else {
+            panic!("the last frame is the checkpoint")
+        };
+        f(c);
+        bad
+    };
+    let err = deliver(
+        &mut asm,
+        &mut store,
+        tamper(&|c| {
+            let mut p = c.outbox[0].payload.to_vec();
+            p[12] ^= 1;
+            c.outbox[0].payload = p.into();
+        }),
+    )
+    .unwrap_err();
+    assert!(matches!(err, CheckpointError::HashMismatch { .. }), "{err}");
+    assert_eq!(store.newest(1), Some(&s0));
+    let err = deliver(&mut asm, &mut store, tamper(&|c| c.outbox[0].seq = 9)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CheckpointError::MessagePatch {
+                why: patch::PatchError::NoReference,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(store.newest(1), Some(&s0));
+    let err = deliver(&mut asm, &mut store, tamper(&|c| c.patched = vec![1])).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::PatchedIndex { index: 1, .. }),
+        "{err}"
+    );
+    assert_eq!(store.newest(1), Some(&s0));
+    let err = deliver(
+        &mut asm,
+        &mut store,
+        tamper(&|c| {
+            c.outbox[0].payload = Bytes::from_static(&[1, 2, 3]);
+        }),
+    )
+    .unwrap_err();
+    assert!(matches!(err, CheckpointError::MessagePatch { .. }), "{err}");
+    assert_eq!(store.newest(1), Some(&s0));
+
+    assert_eq!(deliver(&mut asm, &mut store, frames()).unwrap(), s1);
+}
+
 #[test]
 fn deltas_against_an_older_base_include_every_page_changed_since() {
     let mut m: Vec<u8> = [1u8, 2, 3, 4].iter().flat_map(|&s| page_of(s)).collect();
@@ -803,14 +905,14 @@ fn the_assembler_refuses_hostile_checkpoints_with_readable_errors() {
 
     // Parts beyond the cap are dropped.
     let pages: Vec<(u32, Bytes)> = (0..5).map(|i| (i, vec![0; P].into())).collect();
-    let e = asm.part(0, 0, pages, vec![]).unwrap_err();
+    let e = asm.part(0, 0, pages, vec![], vec![]).unwrap_err();
     assert!(e.to_string().contains("limit"), "{e}");
     assert_eq!(asm.pending_bytes(), 0);
 
     // A part of another superstep abandons the unfinished checkpoint.
-    asm.part(0, 0, vec![(0, vec![0; P].into())], vec![])
+    asm.part(0, 0, vec![(0, vec![0; P].into())], vec![], vec![])
         .unwrap();
-    let e = asm.part(0, 1, vec![], vec![]).unwrap_err();
+    let e = asm.part(0, 1, vec![], vec![], vec![]).unwrap_err();
     assert!(matches!(
         e,
         CheckpointError::Interleaved {

@@ -172,9 +172,13 @@ pub(super) fn fold<'a>(acc: u64, s: u32, inbox: impl Iterator<Item = (Pid, &'a [
     acc
 }
 
+/// A message's payload: a word that depends on the state and the
+/// destination, then filler to 4 KiB, so that a checkpoint's retained
+/// messages are patches of the same sends a superstep before (what
+/// `checkpoint::patch` does for PageRank's contributions).
 pub(super) fn payload(acc: u64, dst: Pid) -> Vec<u8> {
     let mut v = mix(acc, u64::from(dst) + 1).to_le_bytes().to_vec();
-    v.extend_from_slice(&[dst as u8; 8]);
+    v.resize(4 << 10, dst as u8);
     v
 }
 
