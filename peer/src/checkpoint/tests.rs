@@ -78,6 +78,22 @@ fn deliver(
     }
 }
 
+/// A replica (assembler and store) that holds `s`, received whole.
+fn replica_holding(s: &Snapshot) -> (Assembler, ReplicaStore) {
+    let mut asm = Assembler::new(1 << 30);
+    let mut store = ReplicaStore::new();
+    deliver(&mut asm, &mut store, to_frames(s, &s.nonzero_pages(), None)).unwrap();
+    (asm, store)
+}
+
+/// The final [`Frame::Checkpoint`] of a checkpoint's frames.
+fn last_checkpoint(frames: &mut [Frame]) -> &mut Checkpoint {
+    match frames.last_mut() {
+        Some(Frame::Checkpoint(c)) => c,
+        _ => panic!("the last frame is the checkpoint"),
+    }
+}
+
 fn frame_len(f: &Frame) -> usize {
     postcard::to_stdvec(f).expect("frame encodes").len()
 }
@@ -548,19 +564,9 @@ fn a_rejected_delta_leaves_the_base_in_the_store_unchanged() {
     assert_eq!(plan.base, Some(0));
     assert_eq!(plan.pages, vec![1, 3]);
 
-    let mut asm = Assembler::new(1 << 30);
-    let mut store = ReplicaStore::new();
-    deliver(
-        &mut asm,
-        &mut store,
-        to_frames(&s0, &s0.nonzero_pages(), None),
-    )
-    .unwrap();
+    let (mut asm, mut store) = replica_holding(&s0);
     let mut bad = to_frames(&s1, &plan.pages, plan.base);
-    let Some(Frame::Checkpoint(c)) = bad.last_mut() else {
-        panic!("the last frame is the checkpoint")
-    };
-    flip(&mut c.pages[0].1, 3);
+    flip(&mut last_checkpoint(&mut bad).pages[0].1, 3);
     let err = deliver(&mut asm, &mut store, bad).unwrap_err();
     assert!(matches!(err, CheckpointError::HashMismatch { .. }), "{err}");
     let kept = store.newest(1).expect("the base is back");
@@ -605,19 +611,10 @@ fn sparse_changes_travel_as_patches_and_bad_patches_are_refused() {
         ]
     );
 
-    let mut asm = Assembler::new(1 << 30);
-    let mut store = ReplicaStore::new();
-    deliver(
-        &mut asm,
-        &mut store,
-        to_frames(&s0, &s0.nonzero_pages(), None),
-    )
-    .unwrap();
+    let (mut asm, mut store) = replica_holding(&s0);
     let tamper = |f: &dyn Fn(&mut Vec<u8>)| {
         let mut bad = frames();
-        let Some(Frame::Checkpoint(c)) = bad.last_mut() else {
-            panic!("the last frame is the checkpoint")
-        };
+        let c = last_checkpoint(&mut bad);
         let mut p = c.pages[1].1.to_vec();
         f(&mut p);
         c.pages[1].1 = Bytes::from(p);
@@ -636,10 +633,7 @@ fn sparse_changes_travel_as_patches_and_bad_patches_are_refused() {
     assert_eq!(store.newest(1), Some(&*s0));
     // A patch in a whole checkpoint.
     let mut whole = to_frames(&s1, &s1.nonzero_pages(), None);
-    let Some(Frame::Checkpoint(c)) = whole.last_mut() else {
-        panic!("the last frame is the checkpoint")
-    };
-    c.pages[1] = (
+    last_checkpoint(&mut whole).pages[1] = (
         1 | patch::PAGE_PATCH,
         Bytes::from_static(&[0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
     );
@@ -685,20 +679,10 @@ fn repeated_sends_travel_as_payload_patches() {
     // Two chunks (64 KiB and the rest): one word changed in the first.
     assert_eq!(c.outbox[0].payload.len(), 4 + (4 + 8) + 4);
 
-    let mut asm = Assembler::new(1 << 30);
-    let mut store = ReplicaStore::new();
-    deliver(
-        &mut asm,
-        &mut store,
-        to_frames(&s0, &s0.nonzero_pages(), None),
-    )
-    .unwrap();
+    let (mut asm, mut store) = replica_holding(&s0);
     let tamper = |f: &dyn Fn(&mut Checkpoint)| {
         let mut bad = frames();
-        let Some(Frame::Checkpoint(c)) = bad.last_mut() else {
-            panic!("the last frame is the checkpoint")
-        };
-        f(c);
+        f(last_checkpoint(&mut bad));
         bad
     };
     let err = deliver(
