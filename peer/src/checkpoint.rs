@@ -194,12 +194,15 @@ impl Snapshot {
 /// each other, and a guest that crafted colliding pages would only spoil
 /// the restore of its own job. XXH3 hashes a page about ten times faster
 /// than BLAKE3, and every changed page is hashed by the owner and by each
-/// replica at every checkpoint.
+/// replica at every checkpoint. `twox-hash` picks its AVX2 code at run time
+/// where the CPU has it (1.45 µs per page here, against 2.8 µs for the SSE2
+/// code a crate chooses at compile time for baseline x86-64); the result is
+/// the same on every CPU (the XXH3 specification's).
 pub type PageHash = [u8; 16];
 
 /// The [`PageHash`] of one page.
 pub fn page_hash(page: &[u8]) -> PageHash {
-    xxhash_rust::xxh3::xxh3_128(page).to_le_bytes()
+    twox_hash::XxHash3_128::oneshot(page).to_le_bytes()
 }
 
 fn zero_page_hash() -> PageHash {

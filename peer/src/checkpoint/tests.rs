@@ -1154,3 +1154,16 @@ fn the_state_digest_covers_the_state_and_the_messages_since_the_last_checkpoint(
         assert_ne!(other.state_digest(every), snap.state_digest(every));
     }
 }
+
+/// Page hashes are part of every content hash that peers compare, so they
+/// must not depend on the CPU, the build or the hashing crate: they are
+/// XXH3-128 (reference values from the `xxhash-rust` crate, which this
+/// peer used before; an AVX2 and an SSE2 CPU must agree with them).
+#[test]
+fn page_hashes_are_xxh3_128_on_every_cpu() {
+    let hex = |h: PageHash| format!("{:032x}", u128::from_le_bytes(h));
+    let pattern: Vec<u8> = (0..PAGE_SIZE).map(|i| (i % 251) as u8).collect();
+    assert_eq!(hex(page_hash(&[])), "99aa06d3014798d86001c324468d497f");
+    assert_eq!(hex(page_hash(&[0; PAGE_SIZE])), "fd5ee061c8433a0f33b202d302b65caa");
+    assert_eq!(hex(page_hash(&pattern)), "f5e7bc5d3d8675bfaaae63800707a868");
+}
