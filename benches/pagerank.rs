@@ -20,7 +20,11 @@
 //! start-up (placement, program download and compilation, connections,
 //! output upload); the start-up is shown on its own as the time of a
 //! 1-iteration job, and the per-iteration cost as
-//! `(T(iters) − T(1)) / (iters − 1)` on both sides.
+//! `(T(iters) − T(1)) / (iters − 1)` on both sides. Beside it, the CPU
+//! time the whole cluster (supernode and peers, every thread) used per
+//! iteration, the same way, and the cores that kept busy: on a machine
+//! with `c` cores no configuration can take less than CPU/iter ÷ `c` per
+//! iteration, which bounds what overlap and scheduling can ever win.
 //!
 //! Run: `cargo bench --bench pagerank` (100 iterations, 3 runs each; a few
 //! minutes), `-- --quick` (20 iterations, 1 run), or choose with
@@ -127,6 +131,9 @@ struct Row {
     label: String,
     total: Duration,
     one_iteration: Duration,
+    /// CPU time per iteration of every process of the cluster (supernode
+    /// and peers, all threads), in seconds; native: its wall time.
+    cpu_per_iter: f64,
 }
 
 /// The native reference: its time and output.
@@ -225,6 +232,7 @@ fn main() {
         label: "native, 1 thread".into(),
         total: native_total,
         one_iteration: native_one,
+        cpu_per_iter: (secs(native_total) - secs(native_one)) / f64::from(iters - 1),
     }];
 
     // Two peers of the administrator's and two of a second volunteer's:
@@ -248,11 +256,18 @@ fn main() {
             // Warm up this configuration (connections, allocator).
             bspweb(&client, c, 1).await;
             let (mut total, mut one_iteration) = (Duration::MAX, Duration::MAX);
+            // CPU of the cluster during the runs of each length (the least
+            // of each: background work only adds).
+            let (mut cpu_one, mut cpu_all) = (f64::MAX, f64::MAX);
             for _ in 0..runs {
+                let before = cluster.cpu_seconds();
                 let (t, out) = bspweb(&client, c, 1).await;
+                let between = cluster.cpu_seconds();
                 check(c.label, &out, &expected_one);
                 one_iteration = one_iteration.min(t);
                 let (t, out) = bspweb(&client, c, iters).await;
+                cpu_one = cpu_one.min(between - before);
+                cpu_all = cpu_all.min(cluster.cpu_seconds() - between);
                 check(c.label, &out, &expected);
                 total = total.min(t);
             }
@@ -261,28 +276,40 @@ fn main() {
                 label: c.label.into(),
                 total,
                 one_iteration,
+                cpu_per_iter: (cpu_all - cpu_one).max(0.0) / f64::from(iters - 1),
             });
         }
     });
 
     println!();
     println!(
-        "{:<38} {:>9} {:>9} {:>9} {:>13} {:>14}",
-        "run", "time (s)", "× native", "speed-up", "1 iter (s)", "per iter (ms)"
+        "{:<38} {:>9} {:>9} {:>9} {:>11} {:>14} {:>12} {:>6}",
+        "run",
+        "time (s)",
+        "× native",
+        "speed-up",
+        "1 iter (s)",
+        "per iter (ms)",
+        "CPU/iter ms",
+        "cores"
     );
     for r in &rows {
         let per_iter = (secs(r.total) - secs(r.one_iteration)) / f64::from(iters - 1);
         println!(
-            "{:<38} {:>9.3} {:>9.2} {:>9.2} {:>13.3} {:>14.2}",
+            "{:<38} {:>9.3} {:>9.2} {:>9.2} {:>11.3} {:>14.2} {:>12.2} {:>6.2}",
             r.label,
             secs(r.total),
             secs(r.total) / secs(native_total),
             secs(native_total) / secs(r.total),
             secs(r.one_iteration),
-            per_iter * 1e3
+            per_iter * 1e3,
+            r.cpu_per_iter * 1e3,
+            r.cpu_per_iter / per_iter
         );
     }
-    println!("(× native = time / native time; speed-up = native time / time)");
+    println!("(× native = time / native time; speed-up = native time / time;");
+    println!(" CPU/iter: CPU time of the whole cluster per iteration, all processes and threads,");
+    println!(" in clock ticks of 10 ms; cores: CPU/iter over per iter, the cores it kept busy)");
     println!("every bspweb output equals the native reference's:");
     for line in &expected {
         println!("  {line}");

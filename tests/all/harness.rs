@@ -330,12 +330,43 @@ impl Cluster {
         assert!(status.success(), "kill -TERM {pid} failed: {status}");
     }
 
-    /// Wait (polling, at most `limit`) for the peer at `index` to exit.
     /// The OS process id of the peer at `index`.
     pub fn peer_pid(&self, index: usize) -> u32 {
         self.peers[index].child.id()
     }
 
+    /// CPU time (user and system, all threads) the cluster's processes —
+    /// supernodes and peers still running — have used so far, in seconds
+    /// (Linux `/proc/PID/stat`, in clock ticks; 0 elsewhere).
+    pub fn cpu_seconds(&self) -> f64 {
+        let pids = std::iter::once(self.supernode.id())
+            .chain(
+                self.others
+                    .iter()
+                    .filter_map(|(c, _)| c.as_ref().map(Child::id)),
+            )
+            .chain(
+                self.peers
+                    .iter()
+                    .filter(|p| !p.stopped)
+                    .map(|p| p.child.id()),
+            );
+        // SAFETY: sysconf only reads its integer argument.
+        let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        let tick = if tick > 0 { tick as f64 } else { 100.0 };
+        pids.filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // The fields after the command name (which may hold spaces):
+            // state is the first, utime and stime the 12th and 13th.
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            let utime: u64 = fields.get(11)?.parse().ok()?;
+            let stime: u64 = fields.get(12)?.parse().ok()?;
+            Some((utime + stime) as f64 / tick)
+        })
+        .sum()
+    }
+
+    /// Wait (polling, at most `limit`) for the peer at `index` to exit.
     pub async fn wait_peer_exit(&mut self, index: usize, limit: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + limit;
         loop {

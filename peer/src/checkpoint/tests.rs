@@ -1164,6 +1164,9 @@ fn page_hashes_are_xxh3_128_on_every_cpu() {
     let hex = |h: PageHash| format!("{:032x}", u128::from_le_bytes(h));
     let pattern: Vec<u8> = (0..PAGE_SIZE).map(|i| (i % 251) as u8).collect();
     assert_eq!(hex(page_hash(&[])), "99aa06d3014798d86001c324468d497f");
-    assert_eq!(hex(page_hash(&[0; PAGE_SIZE])), "fd5ee061c8433a0f33b202d302b65caa");
+    assert_eq!(
+        hex(page_hash(&[0; PAGE_SIZE])),
+        "fd5ee061c8433a0f33b202d302b65caa"
+    );
     assert_eq!(hex(page_hash(&pattern)), "f5e7bc5d3d8675bfaaae63800707a868");
 }
