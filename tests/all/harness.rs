@@ -338,6 +338,7 @@ impl Cluster {
     /// CPU time (user and system, all threads) the cluster's processes —
     /// supernodes and peers still running — have used so far, in seconds
     /// (Linux `/proc/PID/stat`, in clock ticks; 0 elsewhere).
+    #[allow(dead_code)] // the benchmarks' (`benches/`), which include this file
     pub fn cpu_seconds(&self) -> f64 {
         let pids = std::iter::once(self.supernode.id())
             .chain(
