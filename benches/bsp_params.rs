@@ -58,7 +58,9 @@
 //!
 //! Run: `cargo bench --bench bsp_params` (about 5 minutes on 2 cores; add
 //! `-- --quick` for fewer points and repetitions, about 1 minute, where
-//! `grow` is too noisy to read). Results: `docs/benchmarks.md`.
+//! `grow` is too noisy to read). To compare builds or profile one point:
+//! `-- --p N` runs only that process count, `-- --l` only h = 0 (l, no g).
+//! Results: `docs/benchmarks.md`.
 
 #[path = "../tests/all/harness.rs"]
 #[allow(dead_code)]
@@ -68,6 +70,9 @@ mod throwaway_pg;
 
 #[path = "common/loopback.rs"]
 mod loopback;
+
+#[path = "common/args.rs"]
+mod args;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -334,9 +339,49 @@ fn num(x: Option<f64>, scale: f64, digits: usize) -> String {
     x.map_or("—".to_string(), |x| format!("{:.digits$}", x * scale))
 }
 
+/// The g table.
+fn print_g(rows: &[Row], bw: f64) {
+    println!();
+    println!("g: ns per byte a process sends (least-squares slope of T(h) − l)");
+    println!(
+        "{:>3} {:>9} {:>10} {:>10} {:>10} | {:<18} | {:<18}",
+        "p", "MPI", "off", "sync", "loopback", "off / MPI (≤ 2×)", "sync / MPI (≤ 4×)"
+    );
+    for r in rows {
+        let m = r.mpi.map(|x| x.0);
+        println!(
+            "{:>3} {:>9} {:>10.3} {:>10.3} {:>10.3} | {:<18} | {:<18}",
+            r.p,
+            num(m, 1e9, 3),
+            r.off.0 * 1e9,
+            r.sync.0 * 1e9,
+            1e9 / bw,
+            ratio(r.off.0, m, 2.0),
+            ratio(r.sync.0, m, 4.0)
+        );
+    }
+}
+
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let settings = if quick {
+    let argv: Vec<String> = std::env::args().collect();
+    let quick = argv.iter().any(|a| a == "--quick");
+    // `--l`: only h = 0 (l); `--p N`: only N processes.
+    let l_only = argv.iter().any(|a| a == "--l");
+    let ps: Vec<u32> = match args::flag_value(&argv, "--p") {
+        Some(p) if (2..=64).contains(&p) => vec![p],
+        Some(p) => {
+            eprintln!("error: --p {p}: the cluster runs 2 to 64 processes");
+            std::process::exit(2)
+        }
+        None => vec![4, 8, 16],
+    };
+    let settings = if l_only {
+        Settings {
+            hs: &[0],
+            reps: if quick { 2 } else { 3 },
+            target: if quick { 0.4 } else { 1.5 },
+        }
+    } else if quick {
         Settings {
             hs: &[0, 65_536, 1_048_576],
             reps: 2,
@@ -394,7 +439,7 @@ fn main() {
             "p", "h", "MPI", "k₂", "off", "k₂", "noise", "grow", "sync", "k₂", "noise", "grow"
         );
         let mut rows = vec![];
-        for p in [4u32, 8, 16] {
+        for &p in &ps {
             let mpi_pts = match &mpi {
                 Ok(m) => {
                     let (m, s) = (m.clone(), *s);
@@ -445,24 +490,8 @@ fn main() {
         rows
     });
 
-    println!();
-    println!("g: ns per byte a process sends (least-squares slope of T(h) − l)");
-    println!(
-        "{:>3} {:>9} {:>10} {:>10} {:>10} | {:<18} | {:<18}",
-        "p", "MPI", "off", "sync", "loopback", "off / MPI (≤ 2×)", "sync / MPI (≤ 4×)"
-    );
-    for r in &rows {
-        let m = r.mpi.map(|x| x.0);
-        println!(
-            "{:>3} {:>9} {:>10.3} {:>10.3} {:>10.3} | {:<18} | {:<18}",
-            r.p,
-            num(m, 1e9, 3),
-            r.off.0 * 1e9,
-            r.sync.0 * 1e9,
-            1e9 / bw,
-            ratio(r.off.0, m, 2.0),
-            ratio(r.sync.0, m, 4.0)
-        );
+    if !l_only {
+        print_g(&rows, bw);
     }
     println!();
     println!("l: µs per superstep, T(0)");
@@ -482,6 +511,10 @@ fn main() {
             ratio(r.off.1, m, 1.5),
             ratio(r.sync.1, m, 1.5)
         );
+    }
+    if l_only {
+        println!("load average at the end: {}", load_average());
+        return;
     }
     println!();
     println!(
