@@ -339,25 +339,48 @@ fn num(x: Option<f64>, scale: f64, digits: usize) -> String {
     x.map_or("—".to_string(), |x| format!("{:.digits$}", x * scale))
 }
 
-/// The g table.
-fn print_g(rows: &[Row], bw: f64) {
+/// One of the g and l tables.
+struct Table<'a> {
+    title: &'a str,
+    /// g (`.0`) or l (`.1`) of a series' parameters.
+    pick: fn((f64, f64)) -> f64,
+    /// Display unit and decimals.
+    scale: f64,
+    digits: usize,
+    /// The machine's own figure for scale: its column heading and value
+    /// (already in the display unit).
+    physical: (&'a str, f64),
+    /// Issue 13's goals, off / MPI and sync / MPI.
+    goals: (f64, f64),
+}
+
+fn print_table(rows: &[Row], t: &Table) {
+    let (goal_off, goal_sync) = t.goals;
+    let d = t.digits;
     println!();
-    println!("g: ns per byte a process sends (least-squares slope of T(h) − l)");
+    println!("{}", t.title);
     println!(
         "{:>3} {:>9} {:>10} {:>10} {:>10} | {:<18} | {:<18}",
-        "p", "MPI", "off", "sync", "loopback", "off / MPI (≤ 2×)", "sync / MPI (≤ 4×)"
+        "p",
+        "MPI",
+        "off",
+        "sync",
+        t.physical.0,
+        format!("off / MPI (≤ {goal_off}×)"),
+        format!("sync / MPI (≤ {goal_sync}×)")
     );
     for r in rows {
-        let m = r.mpi.map(|x| x.0);
+        let m = r.mpi.map(t.pick);
+        let (off, sync) = ((t.pick)(r.off), (t.pick)(r.sync));
         println!(
-            "{:>3} {:>9} {:>10.3} {:>10.3} {:>10.3} | {:<18} | {:<18}",
+            "{:>3} {:>9} {:>10.d$} {:>10.d$} {:>10.d$} | {:<18} | {:<18}",
             r.p,
-            num(m, 1e9, 3),
-            r.off.0 * 1e9,
-            r.sync.0 * 1e9,
-            1e9 / bw,
-            ratio(r.off.0, m, 2.0),
-            ratio(r.sync.0, m, 4.0)
+            num(m, t.scale, d),
+            off * t.scale,
+            sync * t.scale,
+            t.physical.1,
+            ratio(off, m, goal_off),
+            ratio(sync, m, goal_sync)
         );
     }
 }
@@ -491,27 +514,29 @@ fn main() {
     });
 
     if !l_only {
-        print_g(&rows, bw);
-    }
-    println!();
-    println!("l: µs per superstep, T(0)");
-    println!(
-        "{:>3} {:>9} {:>10} {:>10} {:>10} | {:<18} | {:<18}",
-        "p", "MPI", "off", "sync", "RTT", "off / MPI (≤ 1.5×)", "sync / MPI (≤ 1.5×)"
-    );
-    for r in &rows {
-        let m = r.mpi.map(|x| x.1);
-        println!(
-            "{:>3} {:>9} {:>10.1} {:>10.1} {:>10.1} | {:<18} | {:<18}",
-            r.p,
-            num(m, 1e6, 1),
-            r.off.1 * 1e6,
-            r.sync.1 * 1e6,
-            rtt.as_secs_f64() * 1e6,
-            ratio(r.off.1, m, 1.5),
-            ratio(r.sync.1, m, 1.5)
+        print_table(
+            &rows,
+            &Table {
+                title: "g: ns per byte a process sends (least-squares slope of T(h) − l)",
+                pick: |x| x.0,
+                scale: 1e9,
+                digits: 3,
+                physical: ("loopback", 1e9 / bw),
+                goals: (2.0, 4.0),
+            },
         );
     }
+    print_table(
+        &rows,
+        &Table {
+            title: "l: µs per superstep, T(0)",
+            pick: |x| x.1,
+            scale: 1e6,
+            digits: 1,
+            physical: ("RTT", rtt.as_secs_f64() * 1e6),
+            goals: (1.5, 1.5),
+        },
+    );
     if l_only {
         println!("load average at the end: {}", load_average());
         return;
