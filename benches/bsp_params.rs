@@ -398,13 +398,7 @@ fn main() {
         }
         None => vec![4, 8, 16],
     };
-    let settings = if l_only {
-        Settings {
-            hs: &[0],
-            reps: if quick { 2 } else { 3 },
-            target: if quick { 0.4 } else { 1.5 },
-        }
-    } else if quick {
+    let mut settings = if quick {
         Settings {
             hs: &[0, 65_536, 1_048_576],
             reps: 2,
@@ -417,6 +411,9 @@ fn main() {
             target: 1.5,
         }
     };
+    if l_only {
+        settings.hs = &[0];
+    }
     println!("load average at the start: {}", load_average());
     let rtt = loopback_rtt();
     let bw = loopback_bandwidth();
