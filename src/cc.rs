@@ -339,26 +339,78 @@ fn example_key(source: &str) -> String {
     }
     feed(&STACK_BYTES.to_le_bytes());
     // The compiler too: a new clang or binaryen makes another module.
-    for tool in ["clang", "wasm-opt"] {
-        if let Ok(out) = Command::new(tool).arg("--version").output() {
-            feed(&out.stdout);
-        }
-    }
+    static TOOLS: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    feed(TOOLS.get_or_init(|| {
+        ["clang", "wasm-opt"]
+            .iter()
+            .filter_map(|tool| Command::new(tool).arg("--version").output().ok())
+            .flat_map(|out| out.stdout)
+            .collect()
+    }));
     format!("{h:016x}")
 }
 
-/// The module of an example, compiled once and kept in `cache_dir`.
-pub fn cached_example(cache_dir: &Path, name: &str, source: &str) -> anyhow::Result<Vec<u8>> {
-    let path = cache_dir.join(format!("{name}-{}.wasm", example_key(source)));
-    if let Ok(bytes) = std::fs::read(&path)
-        && bspweb_abi::validate(&bytes).is_ok()
-    {
-        return Ok(bytes);
+/// Where compiled C examples are kept, best first: `$BSPWEB_CACHE_DIR`,
+/// else `$XDG_CACHE_HOME/bspweb`, else `~/.cache/bspweb` (shared by every
+/// supernode of the user, so a fresh `--data` directory does not compile
+/// them again), then the supernode's own `data` directory (for a service
+/// user without a home).
+pub fn example_cache_dirs(data: &Path) -> Vec<PathBuf> {
+    cache_dirs(
+        std::env::var_os("BSPWEB_CACHE_DIR"),
+        std::env::var_os("XDG_CACHE_HOME"),
+        std::env::var_os("HOME"),
+        data,
+    )
+}
+
+fn cache_dirs(
+    bspweb_cache_dir: Option<std::ffi::OsString>,
+    xdg_cache_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+    data: &Path,
+) -> Vec<PathBuf> {
+    let shared = match (bspweb_cache_dir, xdg_cache_home, home) {
+        (Some(d), _, _) => Some(PathBuf::from(d)),
+        (None, Some(x), _) => Some(PathBuf::from(x).join("bspweb")),
+        (None, None, Some(h)) => Some(PathBuf::from(h).join(".cache").join("bspweb")),
+        (None, None, None) => None,
+    };
+    shared
+        .into_iter()
+        .chain([data.to_path_buf()])
+        .map(|d| d.join("c-examples"))
+        .collect()
+}
+
+/// The module of an example, compiled once and kept in the first of
+/// `cache_dirs` that can be written (found in any of them). A cache that
+/// cannot be written only costs a compilation at the next start: the module
+/// is returned all the same.
+pub fn cached_example(cache_dirs: &[PathBuf], name: &str, source: &str) -> anyhow::Result<Vec<u8>> {
+    let file = format!("{name}-{}.wasm", example_key(source));
+    for dir in cache_dirs {
+        if let Ok(bytes) = std::fs::read(dir.join(&file))
+            && bspweb_abi::validate(&bytes).is_ok()
+        {
+            return Ok(bytes);
+        }
     }
     let bytes = compile_source(name, source)?;
-    std::fs::create_dir_all(cache_dir)
-        .with_context(|| format!("could not create {}", cache_dir.display()))?;
-    write_atomically(&path, &bytes)?;
+    let mut failures = Vec::new();
+    for dir in cache_dirs {
+        let stored = std::fs::create_dir_all(dir)
+            .with_context(|| format!("could not create {}", dir.display()))
+            .and_then(|()| write_atomically(&dir.join(&file), &bytes));
+        match stored {
+            Ok(()) => return Ok(bytes),
+            Err(e) => failures.push(format!("{e:#}")),
+        }
+    }
+    eprintln!(
+        "note: the compiled C example {name} is not cached ({}); it is compiled again at the next start",
+        failures.join("; ")
+    );
     Ok(bytes)
 }
 
@@ -404,4 +456,36 @@ fn write_atomically(out: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     #[cfg(not(unix))]
     drop(file);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_cache_is_the_users_then_the_data_directory() {
+        let data = Path::new("/srv/bspweb");
+        let dirs = |c: Option<&str>, x: Option<&str>, h: Option<&str>| {
+            cache_dirs(
+                c.map(Into::into),
+                x.map(Into::into),
+                h.map(Into::into),
+                data,
+            )
+        };
+        let local = PathBuf::from("/srv/bspweb/c-examples");
+        assert_eq!(
+            dirs(Some("/c"), Some("/x"), Some("/h")),
+            [PathBuf::from("/c/c-examples"), local.clone()]
+        );
+        assert_eq!(
+            dirs(None, Some("/x"), Some("/h")),
+            [PathBuf::from("/x/bspweb/c-examples"), local.clone()]
+        );
+        assert_eq!(
+            dirs(None, None, Some("/h")),
+            [PathBuf::from("/h/.cache/bspweb/c-examples"), local.clone()]
+        );
+        assert_eq!(dirs(None, None, None), [local]);
+    }
 }

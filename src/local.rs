@@ -79,8 +79,8 @@ async fn register_examples(
         n += 1;
     }
     // The C examples need the C toolchain (`bspweb cc`); compiled once,
-    // then kept in the data directory.
-    let cache = data.join("c-examples");
+    // then kept in the user's cache (or the data directory).
+    let cache = crate::cc::example_cache_dirs(data);
     let compiled = tokio::task::spawn_blocking(move || {
         crate::cc::EXAMPLES
             .iter()

@@ -23,10 +23,18 @@ pub const ADMIN_PASSWORD: &str = "correct horse battery staple";
 /// The `bspweb` binary the children run: this build's, or `BSPWEB_BIN`
 /// (a benchmark compares two builds with it).
 pub fn bspweb() -> Command {
-    match std::env::var_os("BSPWEB_BIN") {
+    let mut cmd = match std::env::var_os("BSPWEB_BIN") {
         Some(bin) => Command::new(bin),
         None => Command::new(env!("CARGO_BIN_EXE_bspweb")),
-    }
+    };
+    // Compiled C examples: one cache for every supernode the tests start
+    // (each would otherwise compile them into its fresh data directory,
+    // seconds of clang and wasm-opt), and none in the user's home.
+    cmd.env(
+        "BSPWEB_CACHE_DIR",
+        concat!(env!("CARGO_TARGET_TMPDIR"), "/bspweb-cache"),
+    );
+    cmd
 }
 
 /// Assert that a finished command succeeded, showing its stderr if not.
