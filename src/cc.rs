@@ -370,7 +370,9 @@ fn cache_dirs(
     home: Option<std::ffi::OsString>,
     data: &Path,
 ) -> Vec<PathBuf> {
-    let shared = match (bspweb_cache_dir, xdg_cache_home, home) {
+    // As the XDG spec asks, an empty or relative path is ignored.
+    let set = |v: Option<std::ffi::OsString>| v.filter(|v| Path::new(v).is_absolute());
+    let shared = match (set(bspweb_cache_dir), set(xdg_cache_home), set(home)) {
         (Some(d), _, _) => Some(PathBuf::from(d)),
         (None, Some(x), _) => Some(PathBuf::from(x).join("bspweb")),
         (None, None, Some(h)) => Some(PathBuf::from(h).join(".cache").join("bspweb")),
@@ -486,6 +488,11 @@ mod tests {
             dirs(None, None, Some("/h")),
             [PathBuf::from("/h/.cache/bspweb/c-examples"), local.clone()]
         );
-        assert_eq!(dirs(None, None, None), [local]);
+        assert_eq!(dirs(None, None, None), [local.clone()]);
+        // Empty or relative values count as unset.
+        assert_eq!(
+            dirs(Some(""), Some("cache"), Some("/h")),
+            [PathBuf::from("/h/.cache/bspweb/c-examples"), local]
+        );
     }
 }
