@@ -488,7 +488,7 @@ mod tests {
             dirs(None, None, Some("/h")),
             [PathBuf::from("/h/.cache/bspweb/c-examples"), local.clone()]
         );
-        assert_eq!(dirs(None, None, None), [local.clone()]);
+        assert_eq!(dirs(None, None, None), std::slice::from_ref(&local));
         // Empty or relative values count as unset.
         assert_eq!(
             dirs(Some(""), Some("cache"), Some("/h")),
