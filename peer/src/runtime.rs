@@ -366,6 +366,7 @@ impl Runtime {
             ended: false,
             writes: None,
             writes_tried: false,
+            runs: ShortRuns::default(),
         })
     }
 
@@ -747,10 +748,12 @@ impl ResourceLimiter for ProcState {
 }
 
 mod host;
+mod inline;
 mod niceness;
 mod process;
 
 use host::*;
+pub use inline::*;
 pub use niceness::*;
 pub use process::*;
 

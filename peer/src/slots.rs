@@ -181,6 +181,7 @@ impl Slots {
             slots: self.clone(),
             job,
             since: Instant::now(),
+            may_park: true,
         }
     }
 
@@ -221,6 +222,8 @@ pub struct Slot {
     slots: Arc<Slots>,
     job: JobId,
     since: Instant,
+    /// Whether [`Slot::share`] may park the thread.
+    may_park: bool,
 }
 
 impl std::fmt::Debug for Slot {
@@ -230,12 +233,20 @@ impl std::fmt::Debug for Slot {
 }
 
 impl Slot {
+    /// This slot for a superstep that runs on a thread that must not park
+    /// (the async runtime's, for a short superstep): [`Slot::share`] then
+    /// keeps the slot, as when too many threads are parked already.
+    pub fn never_park(mut self) -> Slot {
+        self.may_park = false;
+        self
+    }
+
     /// Called on the process's thread at an epoch tick: after a
     /// [`QUANTUM`] of holding the slot while others wait, queue again, give
     /// the slot to the next job's process and park this thread until the
     /// turn comes back. Returns how long it waited (not guest time).
     pub fn share(&mut self) -> Duration {
-        if self.since.elapsed() < QUANTUM {
+        if !self.may_park || self.since.elapsed() < QUANTUM {
             return Duration::ZERO;
         }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
@@ -407,5 +418,17 @@ mod tests {
         assert_eq!(slots.load(), (0, 0), "the long runner has the slot again");
         drop(long);
         assert_eq!(slots.load(), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn a_slot_that_must_not_park_keeps_running_while_others_wait() {
+        let slots = Slots::new(1);
+        let mut inline = slots.try_acquire(1).expect("a free slot").never_park();
+        let waiting = queued_waiter(&slots, 2).await;
+        inline.since = Instant::now() - QUANTUM;
+        assert_eq!(inline.share(), Duration::ZERO, "it keeps its thread");
+        assert_eq!(slots.load(), (0, 1), "and its slot; the other job waits");
+        drop(inline);
+        assert_eq!(waiting.await.unwrap(), Ok(2));
     }
 }

@@ -4,7 +4,7 @@
 //! program downloaded or compiled, and the reporter, the peer's counters and
 //! its memory budget.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -70,12 +70,18 @@ pub(super) struct TokioIo {
     module: Option<Module>,
     writers: HashMap<PeerId, (mpsc::UnboundedSender<Outgoing>, JoinHandle<()>)>,
     tasks: JoinSet<Task<Process>>,
+    /// Supersteps that ran on the driver's thread, done: handed back
+    /// before the task set's (no task, no wake-up).
+    ran: VecDeque<Task<Process>>,
     channels: Channels,
     download: Option<Download>,
     /// What this job adds to `env.stats.held`.
     held: u64,
     /// Machine time 0.
     origin: Instant,
+    /// Whether short supersteps may run on the driver's own thread: the
+    /// runtime has other worker threads to go on with the rest meanwhile.
+    inline: bool,
 }
 
 impl TokioIo {
@@ -99,10 +105,15 @@ impl TokioIo {
             module: None,
             writers: HashMap::new(),
             tasks: JoinSet::new(),
+            ran: VecDeque::new(),
             channels,
             download: Some(download),
             held: 0,
             origin,
+            inline: tokio::runtime::Handle::try_current().is_ok_and(|h| {
+                h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+                    && h.metrics().num_workers() > 1
+            }),
         }
     }
 
@@ -111,6 +122,9 @@ impl TokioIo {
     pub(super) async fn join_next(
         &mut self,
     ) -> Option<Result<Task<Process>, tokio::task::JoinError>> {
+        if let Some(task) = self.ran.pop_front() {
+            return Some(Ok(task));
+        }
         self.tasks.join_next().await
     }
 
@@ -119,6 +133,7 @@ impl TokioIo {
         self.env.stats.observed.forget(self.job);
         self.info.kill.store(true, Ordering::Relaxed);
         self.tasks.abort_all();
+        self.ran.clear();
         for (_, (_, task)) in self.writers.drain() {
             task.abort();
         }
@@ -218,11 +233,25 @@ impl JobIo for TokioIo {
         let slots = self.env.slots.clone();
         let job = self.job;
         let early = self.channels.early.clone();
+        // A short superstep with a free slot runs right here, on the
+        // driver's thread: no hand-over to a blocking thread and back
+        // (`runtime::ShortRuns`; its result is handed back as the next
+        // finished task).
+        if self.inline
+            && p.process.predicts_short()
+            && crate::runtime::thread_may_run_guests()
+            && let Some(slot) = slots.try_acquire(job)
+        {
+            let task =
+                resume_and_capture(pid, superstep, p, slot.never_park(), capture, early, true);
+            self.ran.push_back(task);
+            return;
+        }
         // A free slot: straight to a blocking thread (one thread hop less
         // per superstep than queueing for it).
         if let Some(slot) = slots.try_acquire(job) {
             self.tasks.spawn_blocking(move || {
-                resume_and_capture(pid, superstep, p, slot, capture, early)
+                resume_and_capture(pid, superstep, p, slot, capture, early, false)
             });
             return;
         }
@@ -232,7 +261,7 @@ impl JobIo for TokioIo {
                 Err(e) => return Task::Resumed(pid, Err(e.into())),
             };
             tokio::task::spawn_blocking(move || {
-                resume_and_capture(pid, superstep, p, slot, capture, early)
+                resume_and_capture(pid, superstep, p, slot, capture, early, false)
             })
             .await
             .unwrap_or_else(|e| Task::Resumed(pid, Err(e.into())))
@@ -407,8 +436,31 @@ fn synced(pid: Pid, s: u32, p: &mut Proc<Process>) -> Vec<WireMessage> {
 /// Run `p`'s superstep `s`; with `capture` (a checkpointed superstep), a
 /// sync or exit is captured right here, on the same thread, after the
 /// messages were handed to the driver ([`Early`]): no trip through the
-/// driver between the superstep and its checkpoint.
+/// driver between the superstep and its checkpoint. The time it all took
+/// goes to the process's [`crate::runtime::ShortRuns`]; `inline`: this is
+/// the driver's thread.
 fn resume_and_capture(
+    pid: Pid,
+    s: u32,
+    p: Proc<Process>,
+    slot: crate::slots::Slot,
+    capture_input: Option<CaptureInput>,
+    early: mpsc::UnboundedSender<Early>,
+    inline: bool,
+) -> Task<Process> {
+    let start = std::time::Instant::now();
+    let mut task = run_and_capture(pid, s, p, slot, capture_input, early);
+    let took = start.elapsed();
+    match &mut task {
+        Task::Resumed(_, Ok((p, ..))) | Task::Captured(_, Ok((p, ..))) => {
+            p.process.note_run(took, inline);
+        }
+        _ => {}
+    }
+    task
+}
+
+fn run_and_capture(
     pid: Pid,
     s: u32,
     mut p: Proc<Process>,

@@ -18,6 +18,9 @@ pub struct Process {
     /// (a descriptor per process that checkpoints, none for others).
     pub(super) writes: Option<crate::dirty::Tracking>,
     pub(super) writes_tried: bool,
+    /// How long its recent supersteps took, for the driver's choice of
+    /// thread ([`ShortRuns`]).
+    pub(super) runs: ShortRuns,
 }
 
 impl std::fmt::Debug for Process {
@@ -34,6 +37,18 @@ impl Process {
     /// This process's id.
     pub fn pid(&self) -> Pid {
         self.store.data().host.pid
+    }
+
+    /// Whether its next superstep is expected to be short enough to run on
+    /// the job driver's thread ([`ShortRuns`]).
+    pub fn predicts_short(&self) -> bool {
+        self.runs.predicts_short()
+    }
+
+    /// Record that a superstep, with its capture if any, took `took` of the
+    /// host's time; `inline`: on the job driver's thread.
+    pub fn note_run(&mut self, took: Duration, inline: bool) {
+        self.runs.note(took, inline);
     }
 
     /// The current superstep.
