@@ -57,6 +57,9 @@ pub struct DataStats {
     pub checkpoints: std::sync::atomic::AtomicU64,
     /// Checkpoint bytes (whole pages and deltas) planned for replicas.
     pub checkpoint_bytes: std::sync::atomic::AtomicU64,
+    /// Supersteps that ran on a job driver's thread, not a blocking one
+    /// ([`crate::runtime::ShortRuns`]).
+    pub inline_supersteps: std::sync::atomic::AtomicU64,
     /// How the other peers of the jobs kept up ([`crate::observe`]).
     pub observed: crate::observe::Ledger,
 }

@@ -245,6 +245,10 @@ impl JobIo for TokioIo {
             let task =
                 resume_and_capture(pid, superstep, p, slot.never_park(), capture, early, true);
             self.ran.push_back(task);
+            self.env
+                .stats
+                .inline_supersteps
+                .fetch_add(1, Ordering::Relaxed);
             return;
         }
         // A free slot: straight to a blocking thread (one thread hop less

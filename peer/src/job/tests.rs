@@ -399,6 +399,77 @@ async fn three_peers_run_a_ring_and_deliver_every_message_in_order() {
     }
 }
 
+/// A ring of short supersteps on two peers: after a few supersteps the
+/// processes run on the job drivers' threads (`runtime::ShortRuns`), and
+/// every message still arrives once, in order, checkpoints included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_supersteps_run_on_the_drivers_thread_and_lose_nothing() {
+    let (got, inline) = short_ring(2).await;
+    assert_eq!(got, short_ring_records());
+    for (peer, inline) in inline.iter().enumerate() {
+        assert!(*inline > 0, "peer {peer} ran no superstep inline");
+    }
+}
+
+/// With one thread for everything (a single-threaded runtime), a
+/// superstep never runs on it: nothing else could run meanwhile.
+#[tokio::test]
+async fn a_single_threaded_runtime_never_runs_supersteps_inline() {
+    let (got, inline) = short_ring(2).await;
+    assert_eq!(got, short_ring_records());
+    assert_eq!(inline, vec![0, 0]);
+}
+
+const SHORT_RING_PROCS: u32 = 4;
+const SHORT_RING_ROUNDS: u32 = 40;
+
+/// Run the ring of [`SHORT_RING_ROUNDS`] supersteps on `n` peers: its
+/// records (ordered by process and superstep, in delivery order within
+/// one) and each peer's count of inline supersteps.
+async fn short_ring(n: usize) -> (Vec<[u32; 6]>, Vec<u64>) {
+    let peers = start_peers(n).await;
+    let wasm = ring_guest(&format!("(i32.const {SHORT_RING_ROUNDS})"), 1000, None);
+    let placement = (0..SHORT_RING_PROCS).map(|p| p % n as u32).collect();
+    let a = assignment(1, &wasm, &peers, placement);
+    let handles = start_everywhere(&peers, &a, &wasm);
+    let events = run_to_end(&peers, 1, SHORT_RING_PROCS, handles).await;
+    assert!(
+        !events.iter().any(|e| matches!(
+            e,
+            PeerEvent::ProcessFailed { .. } | PeerEvent::ProcessAborted { .. }
+        )),
+        "{events:?}"
+    );
+    let mut got = records(&events);
+    got.sort_by_key(|r| (r[0], r[1]));
+    let inline = peers
+        .iter()
+        .map(|p| {
+            p.stats
+                .inline_supersteps
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .collect();
+    (got, inline)
+}
+
+/// What [`short_ring`]'s processes read: from both neighbours, in every
+/// superstep after the first, the value they sent one superstep before.
+fn short_ring_records() -> Vec<[u32; 6]> {
+    let n = SHORT_RING_PROCS;
+    let mut expected = Vec::new();
+    for pid in 0..n {
+        for s in 1..=SHORT_RING_ROUNDS {
+            let mut srcs = [(pid + n - 1) % n, (pid + 1) % n];
+            srcs.sort();
+            for src in srcs {
+                expected.push([pid, s, src, s - 1, 4, src * 100 + s - 1]);
+            }
+        }
+    }
+    expected
+}
+
 /// Redundancy 2: three processes, each on two of four peers, returning at
 /// different supersteps (a process's copy 0 must announce its exit although
 /// its exit checkpoint waits for the copies to agree): every copy exits,
