@@ -202,7 +202,7 @@ pub async fn run(
         None => tokio::task::spawn_blocking(|| {
             let nice = runtime::guest_niceness();
             if nice != 0
-                && let Err(e) = runtime::set_thread_niceness(nice)
+                && let Err(e) = runtime::nice_thread_at_least(nice)
             {
                 tracing::warn!("cannot lower the benchmark's priority: {e}");
             }

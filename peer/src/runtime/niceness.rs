@@ -28,7 +28,7 @@ pub(super) fn set_thread_niceness_once() {
         return;
     }
     NICED.with(|n| n.set(true));
-    if let Err(e) = set_thread_niceness(nice)
+    if let Err(e) = nice_thread_at_least(nice)
         && !NICE_WARNED.swap(true, Ordering::Relaxed)
     {
         tracing::warn!("could not lower the priority of the threads running programs: {e}");
@@ -72,6 +72,17 @@ pub(super) fn thread_niceness() -> Option<i32> {
 #[cfg(not(unix))]
 pub(super) fn thread_niceness() -> Option<i32> {
     None
+}
+
+/// Give the calling thread OS niceness `nice` unless it is niced more
+/// already (the whole peer under `nice`, or the service's `Nice=19`):
+/// raising its priority would fail without privileges, and is not wanted
+/// anyway.
+pub fn nice_thread_at_least(nice: i32) -> std::io::Result<()> {
+    if thread_niceness().is_some_and(|own| own >= nice) {
+        return Ok(());
+    }
+    set_thread_niceness(nice)
 }
 
 /// Give the calling thread OS niceness `nice` (Linux: niceness is per thread,
@@ -125,5 +136,19 @@ mod tests {
         .join()
         .unwrap();
         assert_eq!(read, Some(set));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_thread_niced_more_already_is_left_as_it_is() {
+        let (before, after) = std::thread::spawn(|| {
+            let more = thread_niceness().map_or(12, |n| (n + 2).clamp(2, 19));
+            set_thread_niceness(more).unwrap();
+            nice_thread_at_least(more - 1).unwrap();
+            (more, thread_niceness())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(after, Some(before));
     }
 }
