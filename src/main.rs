@@ -261,6 +261,23 @@ fn init_tracing(default: &str) {
         .try_init();
 }
 
+/// A client command whose output goes to a pipe that closed (`bspweb jobs
+/// | head -3`) ends quietly, killed by SIGPIPE as Unix tools are, instead of
+/// panicking at its next `println!` (Rust ignores SIGPIPE). Daemons keep
+/// ignoring it: their sockets report a closed connection as an error. Sockets
+/// are unaffected either way (they write with `MSG_NOSIGNAL`).
+#[cfg(unix)]
+fn die_quietly_on_a_closed_pipe() {
+    // SAFETY: called at the start of `main`, before any other thread exists;
+    // SIG_DFL installs no handler, so no Rust code runs in a signal context.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(not(unix))]
+fn die_quietly_on_a_closed_pipe() {}
+
 fn main() -> ExitCode {
     // `bspweb peer` reads its settings file into flags first.
     let args = match peer_cmd::with_config_file(std::env::args_os().collect()) {
@@ -271,6 +288,14 @@ fn main() -> ExitCode {
         }
     };
     let cli = Cli::parse_from(args);
+    let daemon = match &cli.command {
+        Command::Up(_) | Command::Supernode(_) => true,
+        Command::Peer(a) => a.runs(),
+        _ => false,
+    };
+    if !daemon {
+        die_quietly_on_a_closed_pipe();
+    }
     if matches!(&cli.command, Command::Peer(a) if a.runs()) {
         // Before the async runtime starts its threads.
         bspweb_peer::sysinfo::use_one_allocator_arena();

@@ -412,6 +412,32 @@ fn cluster_sim_compares_didic_with_mcl_reproducibly() {
     );
 }
 
+/// Output to a pipe whose reader is gone (`bspweb programs | head -1`)
+/// ends a command quietly, as it ends Unix tools: killed by SIGPIPE, with
+/// no panic on stderr.
+#[cfg(unix)]
+#[test]
+fn output_to_a_closed_pipe_ends_the_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let config = tempfile::tempdir().unwrap();
+    for args in [&["programs"][..], &["peers"], &["programs", "--json"]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = as_admin(args, config.path())
+            .stdout(writer)
+            .output()
+            .unwrap();
+        let (_, stderr) = text(&out);
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGPIPE),
+            "{args:?}: {:?}, {stderr}",
+            out.status
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
 /// Every `--json` output parses: arrays for lists, an object for a
 /// submitted job, one `JobEvent` per line for `submit --follow` and `logs`.
 #[test]
