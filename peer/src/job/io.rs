@@ -73,6 +73,10 @@ pub(super) struct TokioIo {
     /// Supersteps that ran on the driver's thread, done: handed back
     /// before the task set's (no task, no wake-up).
     ran: VecDeque<Task<Process>>,
+    /// The time those took: once it reaches `INLINE_MAX`, further
+    /// processes go to blocking threads (in parallel) until the driver has
+    /// taken them all.
+    ran_for: Duration,
     channels: Channels,
     download: Option<Download>,
     /// What this job adds to `env.stats.held`.
@@ -106,6 +110,7 @@ impl TokioIo {
             writers: HashMap::new(),
             tasks: JoinSet::new(),
             ran: VecDeque::new(),
+            ran_for: Duration::ZERO,
             channels,
             download: Some(download),
             held: 0,
@@ -123,6 +128,9 @@ impl TokioIo {
         &mut self,
     ) -> Option<Result<Task<Process>, tokio::task::JoinError>> {
         if let Some(task) = self.ran.pop_front() {
+            if self.ran.is_empty() {
+                self.ran_for = Duration::ZERO;
+            }
             return Some(Ok(task));
         }
         self.tasks.join_next().await
@@ -134,6 +142,7 @@ impl TokioIo {
         self.info.kill.store(true, Ordering::Relaxed);
         self.tasks.abort_all();
         self.ran.clear();
+        self.ran_for = Duration::ZERO;
         for (_, (_, task)) in self.writers.drain() {
             task.abort();
         }
@@ -237,13 +246,18 @@ impl JobIo for TokioIo {
         // driver's thread: no hand-over to a blocking thread and back
         // (`runtime::ShortRuns`; its result is handed back as the next
         // finished task).
+        // Several processes of one barrier run here one after the other
+        // only while that stays short.
         if self.inline
+            && self.ran_for < crate::runtime::INLINE_MAX
             && p.process.predicts_short()
             && crate::runtime::thread_may_run_guests()
             && let Some(slot) = slots.try_acquire(job)
         {
+            let start = std::time::Instant::now();
             let task =
                 resume_and_capture(pid, superstep, p, slot.never_park(), capture, early, true);
+            self.ran_for += start.elapsed();
             self.ran.push_back(task);
             self.env
                 .stats

@@ -17,7 +17,11 @@
 //! so a program whose supersteps alternate between short and long runs its
 //! long ones inline rarely. The driver adds its own conditions
 //! (`job/io.rs`): a runtime with more than one worker thread, a free slot,
-//! and a thread whose OS priority is no higher than the guests'.
+//! a thread whose OS priority is no higher than the guests', and no more
+//! than [`INLINE_MAX`] spent on the supersteps it ran inline and has not
+//! taken back yet (the processes of one barrier run one after another
+//! there only while that is short; the others go to blocking threads, in
+//! parallel).
 
 use std::time::Duration;
 
