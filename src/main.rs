@@ -263,9 +263,11 @@ fn init_tracing(default: &str) {
 
 /// A client command whose output goes to a pipe that closed (`bspweb jobs
 /// | head -3`) ends quietly, killed by SIGPIPE as Unix tools are, instead of
-/// panicking at its next `println!` (Rust ignores SIGPIPE). Daemons keep
-/// ignoring it: their sockets report a closed connection as an error. Sockets
-/// are unaffected either way (they write with `MSG_NOSIGNAL`).
+/// panicking at its next `println!` (Rust ignores SIGPIPE). Its TCP
+/// connections are unaffected (std writes to them with `MSG_NOSIGNAL`).
+/// Daemons keep ignoring it, and so does `bspweb peer` with its
+/// subcommands, which talk to the running peer over a Unix socket (plain
+/// `write`): a closed socket must be an error message, not a silent death.
 #[cfg(unix)]
 fn die_quietly_on_a_closed_pipe() {
     // SAFETY: called at the start of `main`, before any other thread exists;
@@ -288,12 +290,10 @@ fn main() -> ExitCode {
         }
     };
     let cli = Cli::parse_from(args);
-    let daemon = match &cli.command {
-        Command::Up(_) | Command::Supernode(_) => true,
-        Command::Peer(a) => a.runs(),
-        _ => false,
-    };
-    if !daemon {
+    if !matches!(
+        &cli.command,
+        Command::Up(_) | Command::Supernode(_) | Command::Peer(_)
+    ) {
         die_quietly_on_a_closed_pipe();
     }
     if matches!(&cli.command, Command::Peer(a) if a.runs()) {

@@ -225,6 +225,7 @@ async fn start_peers(runtime: &Arc<Runtime>, n: usize) -> Vec<Peer> {
             connect_timeout: Duration::from_secs(5),
             broadcast: Default::default(),
             stats: Default::default(),
+            inline_max: bspweb_peer::runtime::INLINE_MAX,
         });
         peers.push(Peer {
             id: 100 + i as PeerId,

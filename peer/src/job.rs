@@ -63,6 +63,11 @@ pub struct JobEnv {
     pub broadcast: BroadcastPolicy,
     /// Payload bytes sent, direct and relayed.
     pub stats: Arc<DataStats>,
+    /// Supersteps (with their capture) of at most this much host time count
+    /// as short, and may then run on the driver's thread
+    /// ([`crate::runtime::ShortRuns`]); normally [`crate::runtime::INLINE_MAX`],
+    /// zero for never.
+    pub inline_max: Duration,
 }
 
 struct Running {

@@ -269,6 +269,7 @@ pub async fn run(
     );
 
     let env = JobEnv {
+        inline_max: runtime::INLINE_MAX,
         runtime: runtime.clone(),
         registry,
         reporter: reporter.clone(),

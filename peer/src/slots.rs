@@ -241,6 +241,24 @@ impl Slot {
         self
     }
 
+    /// Whether [`Slot::never_park`] holds (and [`Slot::may_park_again`]
+    /// was not called since).
+    pub fn pinned(&self) -> bool {
+        !self.may_park
+    }
+
+    /// The thread became one that may park after all (the async runtime
+    /// handed its duties to another thread).
+    pub fn may_park_again(&mut self) {
+        self.may_park = true;
+    }
+
+    /// How long since this slot was taken (or last came back after
+    /// parking).
+    pub fn held_for(&self) -> Duration {
+        self.since.elapsed()
+    }
+
     /// Called on the process's thread at an epoch tick: after a
     /// [`QUANTUM`] of holding the slot while others wait, queue again, give
     /// the slot to the next job's process and park this thread until the

@@ -131,6 +131,10 @@ impl TokioIo {
             if self.ran.is_empty() {
                 self.ran_for = Duration::ZERO;
             }
+            // Ready at once, so count it against the task's budget: a job
+            // whose processes only run here would otherwise never let the
+            // driver yield its worker thread.
+            tokio::task::coop::consume_budget().await;
             return Some(Ok(task));
         }
         self.tasks.join_next().await
@@ -248,15 +252,16 @@ impl JobIo for TokioIo {
         // finished task).
         // Several processes of one barrier run here one after the other
         // only while that stays short.
+        let short = self.env.inline_max;
         if self.inline
-            && self.ran_for < crate::runtime::INLINE_MAX
+            && self.ran_for < short
             && p.process.predicts_short()
             && crate::runtime::thread_may_run_guests()
             && let Some(slot) = slots.try_acquire(job)
         {
             let start = std::time::Instant::now();
             let task =
-                resume_and_capture(pid, superstep, p, slot.never_park(), capture, early, true);
+                resume_and_capture(pid, superstep, p, slot.never_park(), capture, early, short);
             self.ran_for += start.elapsed();
             self.ran.push_back(task);
             self.env
@@ -269,7 +274,7 @@ impl JobIo for TokioIo {
         // per superstep than queueing for it).
         if let Some(slot) = slots.try_acquire(job) {
             self.tasks.spawn_blocking(move || {
-                resume_and_capture(pid, superstep, p, slot, capture, early, false)
+                resume_and_capture(pid, superstep, p, slot, capture, early, short)
             });
             return;
         }
@@ -279,7 +284,7 @@ impl JobIo for TokioIo {
                 Err(e) => return Task::Resumed(pid, Err(e.into())),
             };
             tokio::task::spawn_blocking(move || {
-                resume_and_capture(pid, superstep, p, slot, capture, early, false)
+                resume_and_capture(pid, superstep, p, slot, capture, early, short)
             })
             .await
             .unwrap_or_else(|e| Task::Resumed(pid, Err(e.into())))
@@ -454,9 +459,8 @@ fn synced(pid: Pid, s: u32, p: &mut Proc<Process>) -> Vec<WireMessage> {
 /// Run `p`'s superstep `s`; with `capture` (a checkpointed superstep), a
 /// sync or exit is captured right here, on the same thread, after the
 /// messages were handed to the driver ([`Early`]): no trip through the
-/// driver between the superstep and its checkpoint. The time it all took
-/// goes to the process's [`crate::runtime::ShortRuns`]; `inline`: this is
-/// the driver's thread.
+/// driver between the superstep and its checkpoint. Whether it all took at
+/// most `short` goes to the process's [`crate::runtime::ShortRuns`].
 fn resume_and_capture(
     pid: Pid,
     s: u32,
@@ -464,14 +468,16 @@ fn resume_and_capture(
     slot: crate::slots::Slot,
     capture_input: Option<CaptureInput>,
     early: mpsc::UnboundedSender<Early>,
-    inline: bool,
+    short: Duration,
 ) -> Task<Process> {
+    // A slot that never parks is the driver's thread's.
+    let inline = slot.pinned();
     let start = std::time::Instant::now();
     let mut task = run_and_capture(pid, s, p, slot, capture_input, early);
-    let took = start.elapsed();
+    let was_short = start.elapsed() <= short;
     match &mut task {
         Task::Resumed(_, Ok((p, ..))) | Task::Captured(_, Ok((p, ..))) => {
-            p.process.note_run(took, inline);
+            p.process.note_run(was_short, inline);
         }
         _ => {}
     }

@@ -303,8 +303,13 @@ pub(super) fn emit_output(
 ) -> HostResult<()> {
     let seq = account_output(c, len)?;
     let s = c.data_mut();
-    // Back-pressure: wait while the peer has too much undelivered output.
-    if !s.job.reporter.wait_for_room(s.deadline, &s.job.kill) {
+    // Back-pressure: wait while the peer has too much undelivered output
+    // (off the async runtime's threads: the upload runs there).
+    let job = s.job.clone();
+    let deadline = s.deadline;
+    let room = job.reporter.wait_for_room(Instant::now(), &job.kill)
+        || off_async_worker(&s.slot, || job.reporter.wait_for_room(deadline, &job.kill));
+    if !room {
         let stop = if s.job.kill.load(Ordering::Relaxed) {
             Stop::Killed
         } else {
@@ -364,7 +369,12 @@ pub(super) fn host_write_raw(mut c: Caller<'_, ProcState>, ptr: i32, len: i32) -
 
 pub(super) fn host_flush(mut c: Caller<'_, ProcState>) -> HostResult<i32> {
     let job = c.data().job.clone();
-    job.reporter.flush_blocking(FLUSH_TIMEOUT, &job.kill);
+    // Off the async runtime's threads: the upload it waits for runs there.
+    if !job.reporter.flush_blocking(Duration::ZERO, &job.kill) {
+        off_async_worker(&c.data().slot, || {
+            job.reporter.flush_blocking(FLUSH_TIMEOUT, &job.kill)
+        });
+    }
     if job.kill.load(Ordering::Relaxed) {
         return Err(c.data_mut().stop_with(Stop::Killed));
     }

@@ -45,10 +45,10 @@ impl Process {
         self.runs.predicts_short()
     }
 
-    /// Record that a superstep, with its capture if any, took `took` of the
-    /// host's time; `inline`: on the job driver's thread.
-    pub fn note_run(&mut self, took: Duration, inline: bool) {
-        self.runs.note(took, inline);
+    /// Record whether a superstep, with its capture if any, was short
+    /// ([`ShortRuns::note`]); `inline`: it ran on the job driver's thread.
+    pub fn note_run(&mut self, short: bool, inline: bool) {
+        self.runs.note(short, inline);
     }
 
     /// The current superstep.
@@ -356,6 +356,50 @@ pub(super) fn demangle(name: &str) -> String {
     out
 }
 
+/// How long a superstep that runs on an async worker thread (a short one,
+/// run inline by its job's driver) may go on there before it hands the
+/// worker's duties to another thread.
+pub const INLINE_HAND_OFF_AFTER: Duration = Duration::from_millis(1);
+
+/// Run `wait`, which blocks until something else on the peer happens: on
+/// an async worker thread (`slot` is pinned: an inline superstep), inside
+/// tokio's `block_in_place`, so that the worker's other tasks (the upload
+/// it waits for, say) run on another thread meanwhile.
+pub(super) fn off_async_worker<R>(
+    slot: &Option<crate::slots::Slot>,
+    wait: impl FnOnce() -> R,
+) -> R {
+    if slot.as_ref().is_some_and(|s| s.pinned()) && on_multi_thread_runtime() {
+        tokio::task::block_in_place(wait)
+    } else {
+        wait()
+    }
+}
+
+fn on_multi_thread_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
+/// An inline superstep (see [`off_async_worker`]) that has run for
+/// [`INLINE_HAND_OFF_AFTER`] was predicted wrongly: hand the worker's duties
+/// to another thread and go on as on a blocking thread, whose slot may park.
+/// `block_in_place` takes the worker back if the thread it starts has not
+/// taken over by the time its closure returns, so the closure waits a
+/// moment for that.
+pub(super) fn hand_off_long_inline_run(slot: &mut Option<crate::slots::Slot>) {
+    let Some(slot) = slot.as_mut().filter(|s| s.pinned()) else {
+        return;
+    };
+    if slot.held_for() < INLINE_HAND_OFF_AFTER {
+        return;
+    }
+    if on_multi_thread_runtime() {
+        tokio::task::block_in_place(|| std::thread::sleep(Duration::from_millis(1)));
+    }
+    slot.may_park_again();
+}
+
 pub(super) fn on_epoch(
     mut ctx: StoreContextMut<'_, ProcState>,
 ) -> wasmtime::Result<UpdateDeadline> {
@@ -363,6 +407,7 @@ pub(super) fn on_epoch(
     if s.job.kill.load(Ordering::Relaxed) {
         return Err(s.stop_with(Stop::Killed));
     }
+    hand_off_long_inline_run(&mut s.slot);
     if let Some(slot) = s.slot.as_mut() {
         // Time parked while other jobs ran is not this superstep's time.
         let parked = slot.share();
