@@ -1145,26 +1145,31 @@ fn the_peers_memory_budget_stops_growth_and_floods() {
     );
 }
 
-/// A superstep that runs on an async worker thread and must wait (for the
-/// upload of its output, say) waits off the worker: tasks queued on that
-/// worker run meanwhile. One worker, so otherwise nothing else could run.
-#[test]
-fn an_inline_superstep_waits_off_the_async_worker() {
+/// Run `superstep` as a task on a multi-threaded runtime of one worker,
+/// with a slot as an inline superstep holds it.
+fn on_the_only_worker(superstep: impl FnOnce(Option<crate::slots::Slot>) + Send + 'static) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .build()
         .unwrap();
     let slots = crate::slots::Slots::new(1);
     rt.block_on(async move {
-        tokio::spawn(async move {
-            let slot = Some(slots.try_acquire(1).unwrap().never_park());
-            let (done_tx, done_rx) = std::sync::mpsc::channel();
-            tokio::spawn(async move { done_tx.send(()).unwrap() });
-            off_async_worker(&slot, || done_rx.recv_timeout(Duration::from_secs(10)))
-                .expect("the worker's other task ran while this one waited");
-        })
-        .await
-        .unwrap();
+        tokio::spawn(async move { superstep(Some(slots.try_acquire(1).unwrap().never_park())) })
+            .await
+            .unwrap();
+    });
+}
+
+/// A superstep that runs on an async worker thread and must wait (for the
+/// upload of its output, say) waits off the worker: tasks queued on that
+/// worker run meanwhile. One worker, so otherwise nothing else could run.
+#[test]
+fn an_inline_superstep_waits_off_the_async_worker() {
+    on_the_only_worker(|slot| {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        tokio::spawn(async move { done_tx.send(()).unwrap() });
+        off_async_worker(&slot, || done_rx.recv_timeout(Duration::from_secs(10)))
+            .expect("the worker's other task ran while this one waited");
     });
 }
 
@@ -1173,21 +1178,11 @@ fn an_inline_superstep_waits_off_the_async_worker() {
 /// then park.
 #[test]
 fn a_long_inline_superstep_hands_the_worker_off() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .build()
-        .unwrap();
-    let slots = crate::slots::Slots::new(1);
-    rt.block_on(async move {
-        tokio::spawn(async move {
-            let mut slot = Some(slots.try_acquire(1).unwrap().never_park());
-            hand_off_long_inline_run(&mut slot);
-            assert!(slot.as_ref().unwrap().pinned(), "too early");
-            std::thread::sleep(INLINE_HAND_OFF_AFTER);
-            hand_off_long_inline_run(&mut slot);
-            assert!(!slot.as_ref().unwrap().pinned(), "handed off");
-        })
-        .await
-        .unwrap();
+    on_the_only_worker(|mut slot| {
+        hand_off_long_inline_run(&mut slot);
+        assert!(slot.as_ref().unwrap().pinned(), "too early");
+        std::thread::sleep(INLINE_HAND_OFF_AFTER);
+        hand_off_long_inline_run(&mut slot);
+        assert!(!slot.as_ref().unwrap().pinned(), "handed off");
     });
 }
