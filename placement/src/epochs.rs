@@ -211,10 +211,13 @@ pub struct Rebalance {
 /// where `row` should run now (its DHHT host, perhaps adjusted by the twin
 /// rule; `running` as in [`plan_restore`]); a slot that is still being
 /// handed over does not move again; one that leaves a `draining` peer must
-/// move; any other moves only where `allows(slot, to)` (the hysteresis).
+/// move; one that leaves a `busy` peer (no power: its volunteer uses the
+/// machine) moves whatever the hysteresis says, as a load move; any other
+/// moves only where `allows(slot, to)` (the hysteresis).
 pub fn plan_rebalance(
     rows: &[Placed],
     draining: &BTreeSet<PeerId>,
+    busy: &BTreeSet<PeerId>,
     mut target: impl FnMut(&Placed, &[Vec<PeerId>]) -> Option<PeerId>,
     mut allows: impl FnMut(Slot, PeerId) -> bool,
 ) -> Rebalance {
@@ -230,7 +233,7 @@ pub fn plan_rebalance(
         }
         if draining.contains(&row.peer) {
             plan.forced = true;
-        } else if allows(row.pid, to) {
+        } else if busy.contains(&row.peer) || allows(row.pid, to) {
             plan.load_moves.push((row.pid, row.peer));
         } else {
             plan.pending = true;

@@ -408,6 +408,13 @@ impl Supernode {
             Some(url) => tracing::info!(%addr, public_url = %url, "supernode listening"),
             None => tracing::info!(%addr, "supernode listening"),
         }
+        // Peers could not renew until now.
+        if let Err(e) = self
+            .with_core(|core, inner, _| core.extend_leases_at_start(inner, now_ms()))
+            .await
+        {
+            tracing::error!(error = %e, "cannot extend the peers' leases at start");
+        }
         suspect::check_at_start(&self).await;
         let scheduler = tokio::spawn(state::scheduler_task(self.clone()));
         let sweeper = tokio::spawn(state::lease_task(self.clone()));

@@ -97,6 +97,17 @@ impl Harness {
         adjust: impl FnOnce(&mut Config),
         create_users: bool,
     ) -> Harness {
+        Harness::start_in_after(dir, adjust, create_users, Duration::ZERO).await
+    }
+
+    /// [`Harness::start_in`], `pause` passing between opening the state
+    /// and serving (a slow start).
+    async fn start_in_after(
+        dir: tempfile::TempDir,
+        adjust: impl FnOnce(&mut Config),
+        create_users: bool,
+        pause: Duration,
+    ) -> Harness {
         // RUST_LOG=… shows the supernode's log with a test's output.
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -126,6 +137,7 @@ impl Harness {
             .await
             .unwrap()
             .token;
+        tokio::time::sleep(pause).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -1930,6 +1942,19 @@ async fn commands_leases_and_event_ids_survive_a_restart() {
     );
 }
 
+/// A supernode that takes longer than a lease to start serving (examples
+/// to register, a loaded machine) declares no peer gone for it: peers
+/// cannot renew before it serves, so their leases run from then.
+#[tokio::test]
+async fn a_slow_start_costs_no_peer_its_lease() {
+    let ttl = Duration::from_millis(500);
+    let h = Harness::start_with(|c| c.lease_ttl = ttl).await;
+    let peer = h.peer_login(login_body("p1", 4, None)).await;
+    let dir = h.stop().await;
+    let h = Harness::start_in_after(dir, |c| c.lease_ttl = ttl, false, 2 * ttl).await;
+    assert_eq!(h.renew(&peer).await.0, StatusCode::OK);
+}
+
 #[tokio::test]
 async fn jobs_wait_in_the_ready_queue_under_overload() {
     let h = Harness::start_with(|c| c.overload_factor = 1.0).await;
@@ -2684,6 +2709,39 @@ async fn at_the_connection_limit_new_clients_wait_for_a_free_slot() {
     h.stop().await;
 }
 
+/// `p1` of [`ring16_on_two_peers`] reports `idle`: some of its processes
+/// move to `p2` in epoch 1 and are handed over; that assignment.
+async fn first_load_move(
+    h: &Harness,
+    job: i64,
+    (p1, p2): (&FakePeer, &mut FakePeer),
+    first: &JobAssignment,
+    idle: f64,
+) -> JobAssignment {
+    assert_eq!(h.renew_with(p1, idle, false).await, StatusCode::OK);
+    let next = h.assignment_at(p2, job, 1).await;
+    assert!(!next.migrate.is_empty());
+    for &pid in &next.migrate {
+        assert_eq!((host_of(first, pid), host_of(&next, pid)), (p1.id, p2.id));
+        let handed = PeerEvent::ProcessHandedOver {
+            job,
+            pid,
+            superstep: 3,
+            epoch: 1,
+        };
+        h.report(p1, vec![handed]).await;
+        let restored = PeerEvent::ProcessRestored {
+            job,
+            pid,
+            superstep: 3,
+            epoch: 1,
+            from_start: false,
+        };
+        h.report(p2, vec![restored]).await;
+    }
+    next
+}
+
 /// Issue 20, finding 9: a process that moved for a load change does not
 /// move straight back when the load swings back, even when the job's
 /// migration interval has long passed (1 ms here).
@@ -2692,28 +2750,7 @@ async fn a_process_does_not_move_back_and_forth_when_the_load_swings() {
     let (h, alice, p1, mut p2, job, first) = ring16_on_two_peers(Duration::from_millis(1)).await;
 
     // p1 gets busy: some of its processes move to p2, and are handed over.
-    assert_eq!(h.renew_with(&p1, 0.1, false).await, StatusCode::OK);
-    let next = h.assignment_at(&mut p2, job.id, 1).await;
-    let moved = next.migrate.clone();
-    assert!(!moved.is_empty());
-    for &pid in &moved {
-        assert_eq!((host_of(&first, pid), host_of(&next, pid)), (p1.id, p2.id));
-        let handed = PeerEvent::ProcessHandedOver {
-            job: job.id,
-            pid,
-            superstep: 3,
-            epoch: 1,
-        };
-        h.report(&p1, vec![handed]).await;
-        let restored = PeerEvent::ProcessRestored {
-            job: job.id,
-            pid,
-            superstep: 3,
-            epoch: 1,
-            from_start: false,
-        };
-        h.report(&p2, vec![restored]).await;
-    }
+    let next = first_load_move(&h, job.id, (&p1, &mut p2), &first, 0.1).await;
     let placed = h.job(&alice, job.id).await.placement;
     assert_eq!(placed, hosts_by_pid(&next));
 
@@ -2741,6 +2778,31 @@ async fn a_process_does_not_move_back_and_forth_when_the_load_swings() {
         })
         .count();
     assert_eq!(migrations, 1);
+}
+
+/// The hysteresis never keeps a process on a busy peer: processes that
+/// just came to `p2` from `p1` leave it for `p1` when `p2`'s volunteer takes
+/// the machine back (idle 0), although they would not return to `p1` for a
+/// mere load change yet.
+#[tokio::test]
+async fn a_busy_peer_s_processes_leave_it_whatever_their_history() {
+    let (h, alice, mut p1, mut p2, job, first) =
+        ring16_on_two_peers(Duration::from_millis(1)).await;
+    let next = first_load_move(&h, job.id, (&p1, &mut p2), &first, 0.1).await;
+    let came = next.migrate.clone();
+    // p1 is idle again: the newcomers stay on p2 (no return yet).
+    assert_eq!(h.renew_with(&p1, 1.0, false).await, StatusCode::OK);
+    assert_eq!(h.job(&alice, job.id).await.placement, hosts_by_pid(&next));
+
+    // p2 gets busy: every process goes to p1, the newcomers too.
+    assert_eq!(h.renew_with(&p2, 0.0, false).await, StatusCode::OK);
+    let last = h.assignment_at(&mut p1, job.id, 2).await;
+    assert_eq!(
+        hosts_by_pid(&last),
+        vec![p1.id; 16],
+        "the processes that came from p1 ({came:?}) stayed on the busy p2"
+    );
+    assert!(came.iter().all(|pid| last.migrate.contains(pid)));
 }
 
 /// The next `StartJob` command for `peer` (after any others).

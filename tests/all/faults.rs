@@ -1490,7 +1490,8 @@ fn processes_migrate_away(test: &str, salt: u64, w: Workload) {
         let (client, job, follower, victim, index, pids) = start_and_pick(cluster, rng, &w).await?;
         let fault_ms = now_ms();
         cluster.set_idle(index, 0.0);
-        eprintln!("  peer {victim} (pids {pids:?}) now reports idle 0");
+        let at = max_step(&follower.snapshot()).unwrap_or(0);
+        eprintln!("  peer {victim} (pids {pids:?}) now reports idle 0 (superstep {at})");
         follower
             .wait_for(
                 &format!("every process migrating away from peer {victim}"),
@@ -1508,9 +1509,17 @@ fn processes_migrate_away(test: &str, salt: u64, w: Workload) {
         let events = follower.finish().await?;
         check_run(&events, &reference, w.nprocs)?;
         fault_landed(&client, job, fault_ms).await?;
+        let at_sync: Vec<u32> = events
+            .iter()
+            .filter_map(|e| match e.kind {
+                JobEventKind::ProcessMigrated { superstep, .. } => Some(superstep),
+                _ => None,
+            })
+            .collect();
         Ok(format!(
-            "peer {victim}: pids {pids:?} migrated: {:?}",
-            migrations(&events)
+            "peer {victim}: pids {pids:?} migrated: {:?}, at supersteps {at_sync:?} of {} (idle 0 from superstep {at})",
+            migrations(&events),
+            w.steps
         ))
     });
 }

@@ -535,10 +535,18 @@ pub async fn until<T>(what: &str, limit: Duration, mut check: impl AsyncFnMut() 
     }
 }
 
-/// One cluster shared by the tests that only run well-behaved jobs.
+/// One cluster shared by the tests that only run well-behaved jobs. It
+/// logs to files: it outlives the tests (a static is never dropped), and
+/// what its peers say when its supernode goes at exit would otherwise
+/// follow the test binary's summary of failures.
 pub fn shared() -> &'static Cluster {
     static SHARED: OnceLock<Cluster> = OnceLock::new();
-    SHARED.get_or_init(|| Cluster::start(Options::default()))
+    SHARED.get_or_init(|| {
+        Cluster::start(Options {
+            log_files: true,
+            ..Options::default()
+        })
+    })
 }
 
 pub fn job(program: &str, nprocs: u32, args: serde_json::Value) -> SubmitJob {

@@ -16,13 +16,15 @@ use crate::harness::{
     without_client_env,
 };
 
-/// One TLS cluster shared by the tests that only talk to it.
+/// One TLS cluster shared by the tests that only talk to it (logging to
+/// files, as [`crate::harness::shared`] does).
 fn tls_cluster() -> &'static Cluster {
     static CLUSTER: OnceLock<Cluster> = OnceLock::new();
     CLUSTER.get_or_init(|| {
         Cluster::start(Options {
             peers: 2,
             tls: true,
+            log_files: true,
             ..Options::default()
         })
     })

@@ -148,17 +148,19 @@ proptest! {
 
     /// A rebalance moves exactly the slots whose target differs from
     /// their host, are not being handed over, and either leave a draining
-    /// peer or are allowed by the hysteresis; the moves migrate.
+    /// or busy peer or are allowed by the hysteresis; the moves migrate.
     #[test]
     fn rebalances_move_what_they_may(
         (rows, before) in arb_job(),
         targets in prop::collection::vec(prop::option::of(1i64..7), 6),
         draining in prop::collection::btree_set(1i64..7, 0..2),
+        busy in prop::collection::btree_set(1i64..7, 0..2),
         refused in prop::collection::btree_set(0u32..6, 0..3),
     ) {
         let plan = plan_rebalance(
             &rows,
             &draining,
+            &busy,
             |r, _| targets[r.pid as usize],
             |slot, _| !refused.contains(&slot),
         );
@@ -169,7 +171,10 @@ proptest! {
                 Some(t) if t != r.peer => {
                     if r.handing_over_from().is_some() {
                         pending = true;
-                    } else if draining.contains(&r.peer) || !refused.contains(&r.pid) {
+                    } else if draining.contains(&r.peer)
+                        || busy.contains(&r.peer)
+                        || !refused.contains(&r.pid)
+                    {
                         expect.push((r.pid, t));
                     } else {
                         pending = true;
@@ -184,6 +189,15 @@ proptest! {
             plan.forced,
             plan.moves.iter().any(|&(s, _)| draining.contains(&rows[s as usize].peer))
         );
+        // Every move but a drain's is remembered by the hysteresis (a busy
+        // peer's too: its processes do not come straight back).
+        let load: Vec<_> = plan
+            .moves
+            .iter()
+            .map(|&(s, _)| (s, rows[s as usize].peer))
+            .filter(|(_, from)| !draining.contains(from))
+            .collect();
+        prop_assert_eq!(&plan.load_moves, &load);
         let change = Change { moves: plan.moves.clone(), migrate: true, ..Change::default() };
         let mut after = rows.clone();
         apply(&mut after, &change, 3);

@@ -8,7 +8,8 @@ use super::*;
 /// than the migration interval ago wait, unless a process sits on a draining
 /// peer; a process still being handed over does not move again; a process
 /// that moved for a load change recently backs off and does not go
-/// straight back ([`crate::hysteresis`]). With redundancy a copy moves
+/// straight back ([`crate::hysteresis`]), unless its host became busy (no
+/// power): no back-off keeps it on a machine its volunteer now uses. With redundancy a copy moves
 /// only where the twin rule allows ([`crate::twins::settle`]): to its DHHT
 /// peer if allowed, else it stays where it is if allowed there, else to
 /// the best allowed peer. Returns whether some job has moves left for
@@ -23,6 +24,7 @@ pub(crate) fn rebalance(
     let interval = i64::try_from(inner.config.migration_interval.as_millis()).unwrap_or(i64::MAX);
     let usable = usable_peers(tx, now)?;
     let draining = draining_peers(tx)?;
+    let busy = busy_peers(tx)?;
     let jobs: Vec<(JobId, Option<i64>)> = {
         let mut stmt = tx.prepare_cached(
             "SELECT id, migrated_at FROM jobs WHERE state = 'active' ORDER BY id",
@@ -56,6 +58,7 @@ pub(crate) fn rebalance(
         let plan = placement::epochs::plan_rebalance(
             &rows,
             &draining,
+            &busy,
             |row, running| {
                 let dhht = two_level_target(&table, job, row.pid, nprocs, row.position, peer_of)
                     .filter(|p| usable.contains(p));

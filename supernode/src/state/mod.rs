@@ -63,7 +63,7 @@ const MAX_REPLICAS: u32 = 8;
 /// no processes (weight 0, out of the DHHT) and the ones it hosts migrate
 /// away, as a switched-off host leaves the balancer in §4.3. Its index on
 /// the ring is kept, so it returns to the same position when idle again.
-const MIN_AVAILABILITY: f64 = 0.05;
+pub(crate) const MIN_AVAILABILITY: f64 = 0.05;
 
 /// The state behind the supernode's lock: the database and the placement
 /// tables derived from it.
@@ -188,7 +188,8 @@ impl Core {
     /// Builds the in-memory state from the database at start. The leases of
     /// peers recorded online are extended to at least one TTL from now, so
     /// peers that kept running while the supernode was down can renew and
-    /// their jobs carry on; peers that did not are declared gone a TTL later.
+    /// their jobs carry on; peers that did not are declared gone a TTL later
+    /// (counted from when it serves: [`Core::extend_leases_at_start`]).
     pub(crate) fn load(conn: Connection, ttl: std::time::Duration) -> anyhow::Result<(Core, Live)> {
         let shared = match conn.engine() {
             crate::sql::Engine::Sqlite => None,
@@ -201,14 +202,25 @@ impl Core {
             place: Place::default(),
             shared,
         };
-        core.conn.execute(
-            "UPDATE peers SET lease_expires_at = CASE WHEN lease_expires_at > ?1 THEN lease_expires_at ELSE ?1 END WHERE state = 'online'",
-            [lease::expiry(now_ms(), ttl)],
-        )?;
+        extend_stored_leases(&core.conn, lease::expiry(now_ms(), ttl))?;
         core.rebuild_placement()?;
         let mut live = Live::default();
         live.peers.extend(core.read_live_peers()?);
         Ok((core, live))
+    }
+
+    /// Extends every online peer's lease to at least one TTL from `now`,
+    /// stored and in memory, when the supernode starts serving: peers
+    /// cannot renew before, and what came between [`Core::load`] and
+    /// serving (registering examples, hashing a password, a loaded
+    /// machine) must not count against them.
+    pub(crate) fn extend_leases_at_start(&mut self, inner: &Inner, now: i64) -> Result<(), Error> {
+        let until = lease::expiry(now, inner.config.lease_ttl);
+        extend_stored_leases(&self.conn, until)?;
+        for p in inner.live().peers.values_mut() {
+            p.expires_at = p.expires_at.max(until);
+        }
+        Ok(())
     }
 
     /// The online peers' leases and command queues, as stored.
@@ -521,6 +533,15 @@ pub(crate) async fn scheduler_task(sn: Supernode) {
 }
 
 /// Declares peers gone when their lease expires, every TTL/4.
+/// Extends the stored lease of every online peer to at least `until`.
+fn extend_stored_leases(conn: &Connection, until: i64) -> Result<(), Error> {
+    conn.execute(
+        "UPDATE peers SET lease_expires_at = CASE WHEN lease_expires_at > ?1 THEN lease_expires_at ELSE ?1 END WHERE state = 'online'",
+        [until],
+    )?;
+    Ok(())
+}
+
 pub(crate) async fn lease_task(sn: Supernode) {
     let mut tick = tokio::time::interval(lease::sweep_every(sn.inner.config.lease_ttl));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

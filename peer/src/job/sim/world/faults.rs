@@ -218,7 +218,13 @@ impl World {
                 moved.or(Some(r.peer))
             }
         };
-        let plan = epochs::plan_rebalance(&self.rows, &self.draining, |r, _| dhht(r), |_, _| true);
+        let plan = epochs::plan_rebalance(
+            &self.rows,
+            &self.draining,
+            &BTreeSet::new(),
+            |r, _| dhht(r),
+            |_, _| true,
+        );
         if !plan.moves.is_empty() {
             self.new_epoch(epochs::Change {
                 moves: plan.moves,
