@@ -9,11 +9,11 @@ use super::*;
 /// peer; a process still being handed over does not move again; a process
 /// that moved for a load change recently backs off and does not go
 /// straight back ([`crate::hysteresis`]), unless its host became busy (no
-/// power): no back-off keeps it on a machine its volunteer now uses. With redundancy a copy moves
-/// only where the twin rule allows ([`crate::twins::settle`]): to its DHHT
-/// peer if allowed, else it stays where it is if allowed there, else to
-/// the best allowed peer. Returns whether some job has moves left for
-/// later.
+/// power): no back-off keeps it on a machine its volunteer now uses. With
+/// redundancy a copy moves only where the twin rule allows
+/// ([`crate::twins::settle`]): to its DHHT peer if allowed, else it stays
+/// where it is if allowed there, else to the best allowed peer. Returns
+/// whether some job has moves left for later.
 pub(crate) fn rebalance(
     tx: &Connection,
     place: &mut Place,
