@@ -532,7 +532,6 @@ pub(crate) async fn scheduler_task(sn: Supernode) {
     }
 }
 
-/// Declares peers gone when their lease expires, every TTL/4.
 /// Extends the stored lease of every online peer to at least `until`.
 fn extend_stored_leases(conn: &Connection, until: i64) -> Result<(), Error> {
     conn.execute(
@@ -542,6 +541,7 @@ fn extend_stored_leases(conn: &Connection, until: i64) -> Result<(), Error> {
     Ok(())
 }
 
+/// Declares peers gone when their lease expires, every TTL/4.
 pub(crate) async fn lease_task(sn: Supernode) {
     let mut tick = tokio::time::interval(lease::sweep_every(sn.inner.config.lease_ttl));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
