@@ -12,7 +12,8 @@ use super::*;
 /// power): no back-off keeps it on a machine its volunteer now uses. With
 /// redundancy a copy moves only where the twin rule allows
 /// ([`crate::twins::settle`]): to its DHHT peer if allowed, else it stays
-/// where it is if allowed there, else to the best allowed peer. Returns
+/// where it is if allowed there and its host is not busy, else to the best
+/// allowed peer. Returns
 /// whether some job has moves left for later.
 pub(crate) fn rebalance(
     tx: &Connection,
@@ -64,7 +65,9 @@ pub(crate) fn rebalance(
                     .filter(|p| usable.contains(p));
                 if twin {
                     let others = twin_hosts(copies, &rows, running, row.pid);
-                    let keep = Some(row.peer).filter(|p| usable.contains(p));
+                    // A busy host is usable (it still serves the job's
+                    // messages and replicas) but keeps no copy.
+                    let keep = Some(row.peer).filter(|p| usable.contains(p) && !busy.contains(p));
                     twins::settle(job, row.pid, dhht, keep, &usable_cands, &vol, &others)
                 } else {
                     dhht

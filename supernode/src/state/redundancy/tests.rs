@@ -600,6 +600,34 @@ fn lost_and_revoked_peers_keep_twins_apart() {
     );
 }
 
+/// A copy whose host gets busy (its volunteer uses the machine) leaves
+/// it, also when its DHHT peer holds its twin: it goes to another allowed
+/// peer, not back to the busy one it was on.
+#[test]
+fn a_busy_peer_s_copies_leave_it_for_an_allowed_peer() {
+    // Volunteer 1 has peer 1, volunteer 2 peers 2 and 3: every pid has a
+    // copy on peer 1 and one on peer 2 or 3.
+    let w = world(&[1, 2, 2], 8);
+    let _ = w.placed();
+    assert_twins_apart(&w);
+    let on = |peer: PeerId| -> i64 {
+        w.query(&format!(
+            "SELECT count(*) FROM placements WHERE job = 1 AND peer_id = {peer}"
+        ))
+    };
+    assert!(on(2) > 0, "the layout puts copies on peer 2");
+    let renew = bsp_api::control::PeerRenew {
+        idle: 0.0,
+        jobs: vec![JOB],
+        ..bsp_api::control::PeerRenew::idle(1.0)
+    };
+    let (r, fx) = w.run(|c, i, fx| c.peer_renew(i, fx, 2, "l", &renew, now_ms()));
+    r.unwrap();
+    assert!(!started(&fx).is_empty(), "a new epoch moves copies");
+    assert_eq!(on(2), 0, "copies stayed on the busy peer 2");
+    assert_twins_apart(&w);
+}
+
 #[test]
 fn placement_keeps_twins_apart_for_many_layouts() {
     // Volunteer layouts (peer i of volunteer vols[i]) and job sizes.
