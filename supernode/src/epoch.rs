@@ -107,10 +107,11 @@ fn live_peers(tx: &Connection, now: i64) -> Result<BTreeSet<PeerId>, Error> {
 /// Online peers that take no processes now (no power: their volunteers
 /// use the machines), draining or not.
 fn busy_peers(tx: &Connection) -> Result<BTreeSet<PeerId>, Error> {
-    let mut stmt = tx.prepare_cached(
-        "SELECT id FROM peers WHERE state = 'online' AND \
-         coalesce(power, CASE WHEN idle < ?1 THEN 0.0 ELSE speed * idle END) <= 0.0",
-    )?;
+    let mut stmt = tx.prepare_cached(concat!(
+        "SELECT id FROM peers WHERE state = 'online' AND ",
+        crate::state::power_sql!(),
+        " <= 0.0"
+    ))?;
     let rows = stmt.query_map([crate::state::MIN_AVAILABILITY], |r| r.get::<_, PeerId>(0))?;
     Ok(rows.collect::<crate::sql::Result<_>>()?)
 }

@@ -78,6 +78,16 @@ pub(crate) struct Core {
 /// Points sampled to measure each peer's share of the ring (`GET /api/v1/ring`).
 const RING_SAMPLES: u32 = 1 << 14;
 
+/// A peer's placement power as an SQL expression over `peers`: the power
+/// stored at its last renewal, else [`weight`] of its claim, with `?1`
+/// bound to [`MIN_AVAILABILITY`]. A literal, for `concat!`.
+macro_rules! power_sql {
+    () => {
+        "coalesce(power, CASE WHEN idle < ?1 THEN 0.0 ELSE speed * idle END)"
+    };
+}
+pub(crate) use power_sql;
+
 /// A peer's weight in the DHHT: speed × availability; 0 (no share) below
 /// [`MIN_AVAILABILITY`].
 fn weight(speed: f64, idle: f64) -> f64 {
@@ -430,11 +440,11 @@ impl Core {
             weight,
         };
         {
-            let mut stmt = self.conn.prepare(
-                "SELECT id, golden, \
-                 coalesce(power, CASE WHEN idle < ?1 THEN 0.0 ELSE speed * idle END), draining \
-                 FROM peers WHERE state = 'online' ORDER BY id",
-            )?;
+            let mut stmt = self.conn.prepare(concat!(
+                "SELECT id, golden, ",
+                power_sql!(),
+                ", draining FROM peers WHERE state = 'online' ORDER BY id"
+            ))?;
             let rows = stmt.query_map([MIN_AVAILABILITY], |r| {
                 Ok((
                     r.get::<_, PeerId>(0)?,
