@@ -13,8 +13,7 @@ use super::*;
 /// redundancy a copy moves only where the twin rule allows
 /// ([`crate::twins::settle`]): to its DHHT peer if allowed, else it stays
 /// where it is if allowed there and its host is not busy, else to the best
-/// allowed peer. Returns
-/// whether some job has moves left for later.
+/// allowed peer. Returns whether some job has moves left for later.
 pub(crate) fn rebalance(
     tx: &Connection,
     place: &mut Place,
