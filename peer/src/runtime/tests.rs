@@ -324,6 +324,87 @@ fn an_infinite_loop_hits_the_superstep_time_limit() {
     );
 }
 
+/// Runs a guest whose `bspweb_resume` body never ends and checks that the
+/// superstep time limit stops it.
+fn stops_at_the_time_limit(body: &str) {
+    let wasm = guest(1, "", body);
+    let budget = Duration::from_millis(100);
+    let mut p = start(
+        &wasm,
+        job_with(Limits {
+            budget,
+            ..Limits::default()
+        }),
+        0,
+    );
+    // On its own thread, so that a loop the epoch checks miss fails the
+    // test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let outcome = p.resume();
+        let _ = tx.send(outcome);
+    });
+    let outcome = rx
+        .recv_timeout(budget + Duration::from_secs(10))
+        .expect("the loop was not stopped within 10 s of its time limit");
+    let reason = failure(outcome);
+    assert!(
+        reason.starts_with("time limit exceeded: superstep 0"),
+        "{reason}"
+    );
+}
+
+// Loop headers check the epoch only once the static size of the loop
+// bodies run since the last check adds up to a budget (the vendored
+// Cranelift's `epoch_check`, vendor/wasmtime-internal-cranelift/PATCHED.md).
+// These loops exercise the accounting: every one must still be stopped.
+
+#[test]
+fn a_loop_with_a_body_larger_than_the_check_budget_is_stopped() {
+    // 40 000 operators per iteration, more than the 16 384 of the budget.
+    let step = "(local.set $i (i32.add (local.get $i) (i32.const 1)))";
+    stops_at_the_time_limit(&format!(
+        "(local $i i32) (loop $l {} (br $l)) (i32.const 0)",
+        step.repeat(10_000)
+    ));
+}
+
+#[test]
+fn nested_loops_and_dead_loops_are_stopped() {
+    // An outer loop whose body holds blocks, an `if`, an inner loop run once
+    // per iteration, and loops in unreachable code (after `br` and in the
+    // untaken arm), which have no header but still open and close frames.
+    stops_at_the_time_limit(
+        r#"(local $i i32)
+        (loop $outer
+          (block $b
+            (loop $inner
+              (local.set $i (i32.add (local.get $i) (i32.const 1)))
+              (br_if $inner (i32.and (local.get $i) (i32.const 0))))
+            (br $b)
+            (loop $dead (br $dead)))
+          (if (i32.eqz (local.get $i))
+            (then (loop $never (br $never)))
+            (else (nop)))
+          (br $outer))
+        (i32.const 0)"#,
+    );
+}
+
+#[test]
+fn a_loop_reached_through_br_table_is_stopped() {
+    stops_at_the_time_limit(
+        r#"(local $i i32)
+        (loop $l
+          (block $a
+            (block $b
+              (br_table $a $b $l (i32.and (local.get $i) (i32.const 3)))))
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br $l))
+        (i32.const 0)"#,
+    );
+}
+
 #[test]
 fn the_time_budget_spans_the_yields_of_one_superstep() {
     // Spins ~forever, but yields on every call: the budget is the sum.

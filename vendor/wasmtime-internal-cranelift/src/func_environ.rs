@@ -52,6 +52,11 @@ pub(crate) enum Extension {
     Zero,
 }
 
+/// bspweb patch (see PATCHED.md): at most this many wasm operators of loop
+/// bodies, by their static count, run between two epoch checks.
+const EPOCH_CHECK_OPERATORS_U32: u32 = 1 << 14;
+const EPOCH_CHECK_OPERATORS: i64 = EPOCH_CHECK_OPERATORS_U32 as i64;
+
 /// A struct with an `Option<ir::FuncRef>` member for every builtin
 /// function, to de-duplicate constructing/getting its function.
 pub(crate) struct BuiltinFunctions {
@@ -232,6 +237,21 @@ pub struct FuncEnvironment<'module_environment> {
     /// spill, and this isn't any worse than reloading each time.
     epoch_ptr_var: cranelift_frontend::Variable,
 
+    // bspweb patch (see PATCHED.md): loop headers count down instead of
+    // loading the epoch.
+    /// How many more wasm operators this function may run, by the static
+    /// count of its loop bodies, before a loop header checks the epoch.
+    epoch_countdown_var: cranelift_frontend::Variable,
+    /// One entry per open control frame (`block`, `loop`, `if`,
+    /// `try_table`, and the function body): for a reachable `loop`, the
+    /// `iconst` of its countdown decrement (fixed once the loop's `end`
+    /// gives its size) and the operator count at the loop's start.
+    epoch_loops: Vec<Option<(ir::Inst, u32)>>,
+    /// Wasm operators translated so far in this function.
+    epoch_op_count: u32,
+    /// Set by a `loop` operator for `translate_loop_header`.
+    epoch_loop_pending: bool,
+
     fuel_consumed: i64,
 
     /// A stack limit for when signals-based traps are disabled.
@@ -322,6 +342,10 @@ impl<'module_environment> FuncEnvironment<'module_environment> {
             fuel_var: Variable::reserved_value(),
             epoch_deadline_var: Variable::reserved_value(),
             epoch_ptr_var: Variable::reserved_value(),
+            epoch_countdown_var: Variable::reserved_value(),
+            epoch_loops: Vec::new(),
+            epoch_op_count: 0,
+            epoch_loop_pending: false,
 
             // Start with at least one fuel being consumed because even empty
             // functions should consume at least some fuel.
@@ -706,6 +730,13 @@ impl<'module_environment> FuncEnvironment<'module_environment> {
         let epoch_ptr = self.epoch_ptr(builder);
         builder.def_var(self.epoch_ptr_var, epoch_ptr);
 
+        // bspweb patch (see PATCHED.md): the loop headers' countdown, and
+        // the function body's control frame.
+        self.epoch_countdown_var = builder.declare_var(ir::types::I32);
+        let budget = builder.ins().iconst(ir::types::I32, EPOCH_CHECK_OPERATORS);
+        builder.def_var(self.epoch_countdown_var, budget);
+        self.epoch_loops.push(None);
+
         // We must check for an epoch change when entering a
         // function. Why? Why aren't checks at loops sufficient to
         // bound runtime to O(|static program size|)?
@@ -779,18 +810,115 @@ impl<'module_environment> FuncEnvironment<'module_environment> {
             .epoch_counter(&mut builder.cursor(), addr)
     }
 
+    /// bspweb patch (see PATCHED.md): a loop header's epoch check. It
+    /// subtracts the loop body's static size in wasm operators from a
+    /// function-local countdown, and only when that reaches zero reloads the
+    /// epoch pointer and the deadline from the context and checks the epoch,
+    /// so the hot path is a subtraction and a branch on a register, and
+    /// neither the epoch pointer nor the deadline stays live across the
+    /// loop. Between two checks a function runs at most
+    /// `EPOCH_CHECK_OPERATORS` wasm operators of loop bodies, by their
+    /// static count (plus one body), or calls a function, whose entry
+    /// checks the epoch as before. A header that is not a `loop`'s (bulk
+    /// memory operations split into chunks) subtracts the whole budget, so
+    /// it checks every time.
     fn epoch_check(&mut self, builder: &mut FunctionBuilder<'_>) {
+        let is_loop = mem::take(&mut self.epoch_loop_pending);
+        let cost = builder.ins().iconst(ir::types::I32, EPOCH_CHECK_OPERATORS);
+        if is_loop {
+            let start = self.epoch_op_count;
+            if let Some(top) = self.epoch_loops.last_mut() {
+                *top = Some((builder.func.dfg.value_def(cost).unwrap_inst(), start));
+            }
+        }
+        let countdown = builder.use_var(self.epoch_countdown_var);
+        let countdown = builder.ins().isub(countdown, cost);
+        builder.def_var(self.epoch_countdown_var, countdown);
+        let exhausted = builder
+            .ins()
+            .icmp_imm_s(IntCC::SignedLessThanOrEqual, countdown, 0);
+        let check_block = builder.create_block();
+        builder.set_cold_block(check_block);
         let continuation_block = builder.create_block();
+        builder
+            .ins()
+            .brif(exhausted, check_block, &[], continuation_block, &[]);
+        builder.seal_block(check_block);
 
-        // Load new epoch and check against the cached deadline.
-        let cur_epoch_value = self.epoch_load_current(builder);
-        self.epoch_check_cached(builder, cur_epoch_value, continuation_block);
+        // The cold path: reset the countdown, then compare the epoch with
+        // the deadline, both loaded afresh through plain loads that are
+        // neither hoisted out of the loop nor merged with the entry's, so no
+        // pointer stays live across the loop for them. It ends in a block
+        // of its own that jumps to the continuation, so the countdown's
+        // reset value is moved into place here, not on a block the hot path
+        // has to jump over.
+        builder.switch_to_block(check_block);
+        let budget = builder.ins().iconst(ir::types::I32, EPOCH_CHECK_OPERATORS);
+        builder.def_var(self.epoch_countdown_var, budget);
+        let vmctx = self.vmctx_val(&mut builder.cursor());
+        let epoch_ptr = self.epoch_ptr(builder);
+        let cur_epoch_value = self
+            .alias_regions
+            .epoch_counter(&mut builder.cursor(), epoch_ptr);
+        let store_ctx = self.alias_regions.vmctx_store_context_load(builder.func);
+        let vmstore_ctx = builder.ins().load(
+            store_ctx.ty,
+            ir::MemFlagsData::trusted().with_alias_region(store_ctx.flags.alias_region()),
+            vmctx,
+            i32::try_from(store_ctx.offset).unwrap(),
+        );
+        let deadline = self
+            .alias_regions
+            .vmstore_context_epoch_deadline(&mut builder.cursor(), vmstore_ctx);
+        let passed = builder.ins().icmp(
+            IntCC::UnsignedGreaterThanOrEqual,
+            cur_epoch_value,
+            deadline,
+        );
+        let new_epoch_block = builder.create_block();
+        builder.set_cold_block(new_epoch_block);
+        let done_block = builder.create_block();
+        builder.set_cold_block(done_block);
+        builder
+            .ins()
+            .brif(passed, new_epoch_block, &[], done_block, &[]);
+        builder.seal_block(new_epoch_block);
+        builder.switch_to_block(new_epoch_block);
+        let new_epoch = self.builtin_functions.preserve_all_new_epoch(builder.func);
+        builder.ins().call(new_epoch, &[vmctx]);
+        builder.ins().jump(done_block, &[]);
+        builder.seal_block(done_block);
+        builder.switch_to_block(done_block);
+        builder.ins().jump(continuation_block, &[]);
+        builder.seal_block(continuation_block);
+        builder.switch_to_block(continuation_block);
+    }
 
-        // At this point we've noticed that the epoch has exceeded our
-        // cached deadline. However the real deadline may have been
-        // updated (within another yield) during some function that we
-        // called in the meantime, so reload the cache and check again.
-        self.epoch_check_full(builder, cur_epoch_value, continuation_block);
+    /// bspweb patch (see PATCHED.md): follows the control frames, and once
+    /// a loop's `end` is reached fixes its countdown decrement to the number
+    /// of operators in its body.
+    fn epoch_track_operator(&mut self, op: &Operator, builder: &mut FunctionBuilder<'_>) {
+        self.epoch_op_count = self.epoch_op_count.saturating_add(1);
+        match op {
+            Operator::Loop { .. } => {
+                self.epoch_loops.push(None);
+                self.epoch_loop_pending = true;
+            }
+            Operator::Block { .. } | Operator::If { .. } | Operator::TryTable { .. } => {
+                self.epoch_loops.push(None);
+            }
+            Operator::End => {
+                if let Some(Some((inst, start))) = self.epoch_loops.pop() {
+                    let size = self.epoch_op_count.saturating_sub(start);
+                    let cost = i64::from(size.clamp(1, EPOCH_CHECK_OPERATORS_U32));
+                    builder.func.dfg.insts[inst] = ir::InstructionData::UnaryImm {
+                        opcode: ir::Opcode::Iconst,
+                        imm: Imm64::new(cost),
+                    };
+                }
+            }
+            _ => {}
+        }
     }
 
     fn epoch_check_cached(
@@ -5126,6 +5254,10 @@ impl FuncEnvironment<'_> {
         if self.tunables.consume_fuel {
             self.fuel_before_op(op, builder, self.is_reachable());
         }
+        // bspweb patch (see PATCHED.md).
+        if self.tunables.epoch_interruption {
+            self.epoch_track_operator(op, builder);
+        }
         if self.is_reachable() && self.state_slot.is_some() {
             let builtin = self.builtin_functions.patchable_breakpoint(builder.func);
             let vmctx = self.vmctx_val(&mut builder.cursor());
@@ -5146,6 +5278,8 @@ impl FuncEnvironment<'_> {
         if self.tunables.consume_fuel && self.is_reachable() {
             self.fuel_after_op(op, builder);
         }
+        // bspweb patch (see PATCHED.md): an unreachable `loop` has no header.
+        self.epoch_loop_pending = false;
         if self.is_reachable() {
             self.update_state_slot_stack(validator, builder)?;
         }
