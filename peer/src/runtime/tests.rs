@@ -372,8 +372,8 @@ fn a_loop_with_a_body_larger_than_the_check_budget_is_stopped() {
 #[test]
 fn nested_loops_and_dead_loops_are_stopped() {
     // An outer loop whose body holds blocks, an `if`, an inner loop run once
-    // per iteration, and loops in unreachable code (after `br` and in the
-    // untaken arm), which have no header but still open and close frames.
+    // per iteration, a loop after `br` (dead code: it gets no header, but
+    // still opens and closes a frame) and one in an arm never taken.
     stops_at_the_time_limit(
         r#"(local $i i32)
         (loop $outer
