@@ -342,6 +342,7 @@ impl<'module_environment> FuncEnvironment<'module_environment> {
             fuel_var: Variable::reserved_value(),
             epoch_deadline_var: Variable::reserved_value(),
             epoch_ptr_var: Variable::reserved_value(),
+            // bspweb patch (see PATCHED.md).
             epoch_countdown_var: Variable::reserved_value(),
             epoch_loops: Vec::new(),
             epoch_op_count: 0,
