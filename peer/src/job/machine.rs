@@ -160,12 +160,16 @@ pub(crate) trait JobIo {
     /// Run `pid`'s superstep `superstep` ([`Task::Resumed`]); with
     /// `capture`, a sync or exit is captured right after it: an
     /// [`Input::Early`] with the messages, then a [`Task::Captured`].
+    /// `alone`: nothing of the job needs the machine until this superstep
+    /// ends ([`Machine::runs_alone`]), so it may run on the driver's own
+    /// thread, however long it takes.
     fn resume(
         &mut self,
         pid: Pid,
         superstep: u32,
         p: Proc<Self::Guest>,
         capture: Option<CaptureInput>,
+        alone: bool,
     );
     /// Capture `p` ([`capture`]) and encode it for `targets`
     /// ([`Task::Captured`]).

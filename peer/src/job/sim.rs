@@ -120,6 +120,16 @@ impl Plan {
         .with_drain(&mut r, horizon)
     }
 
+    /// The same schedule for a job of one process, whose supersteps run
+    /// on its driver's thread (`Machine::runs_alone`).
+    pub(crate) fn with_one_process(mut self) -> Plan {
+        self.nprocs = 1;
+        if let Some((_, pid)) = &mut self.migrate {
+            *pid = 0;
+        }
+        self
+    }
+
     /// Perhaps a peer of the job drained (one schedule in five). A drained
     /// peer that leaves takes its checkpoint replicas with it, so until
     /// every process's next checkpoint is on its new replicas the job
@@ -242,6 +252,31 @@ fn seeded_fault_schedules_keep_every_guarantee() {
         started.elapsed().as_secs_f64()
     );
 }
+
+/// Schedules of a job of one process: its supersteps run alone on its
+/// driver's thread, and that keeps every guarantee; the world checks that
+/// each such superstep starts only after the checkpoints its process may
+/// send have left.
+#[test]
+fn one_process_schedules_keep_every_guarantee() {
+    let mut alone = 0;
+    for seed in 0..ONE_PROCESS_SCHEDULES {
+        match World::with_plan(seed, Plan::from_seed(seed).with_one_process()).run() {
+            Ok(o) => alone += o.alone,
+            Err(e) => panic!(
+                "one-process schedule {seed} failed: {e}\n{:?}",
+                Plan::from_seed(seed).with_one_process()
+            ),
+        }
+    }
+    assert!(
+        alone > ONE_PROCESS_SCHEDULES,
+        "only {alone} supersteps ran alone in {ONE_PROCESS_SCHEDULES} schedules"
+    );
+}
+
+/// One-process schedules run by [`one_process_schedules_keep_every_guarantee`].
+const ONE_PROCESS_SCHEDULES: u64 = 2_000;
 
 /// The same seed gives the same run, event for event.
 #[test]

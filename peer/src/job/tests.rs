@@ -62,12 +62,27 @@ async fn start_peers_with(n: usize, broadcast: BroadcastPolicy) -> Vec<TestPeer>
     start_peers_on(n, broadcast, |_| runtime()).await
 }
 
+/// Generous, so that whether the short ring's supersteps count as short
+/// does not depend on this machine's load.
+const GENEROUS_INLINE_MAX: Duration = Duration::from_secs(1);
+
 /// Peers with a runtime (engine and module cache) each, as separate
 /// machines would have.
 async fn start_peers_on(
     n: usize,
     broadcast: BroadcastPolicy,
     runtime_of: impl Fn(usize) -> Arc<Runtime>,
+) -> Vec<TestPeer> {
+    start_peers_full(n, broadcast, runtime_of, GENEROUS_INLINE_MAX).await
+}
+
+/// [`start_peers_on`] where supersteps count as short up to `inline_max`
+/// ([`crate::runtime::ShortRuns`]).
+async fn start_peers_full(
+    n: usize,
+    broadcast: BroadcastPolicy,
+    runtime_of: impl Fn(usize) -> Arc<Runtime>,
+    inline_max: Duration,
 ) -> Vec<TestPeer> {
     let mut peers = Vec::new();
     for i in 0..n {
@@ -88,9 +103,7 @@ async fn start_peers_on(
             connect_timeout: Duration::from_secs(5),
             broadcast,
             stats: stats.clone(),
-            // Generous, so that whether the short ring's supersteps count
-            // as short does not depend on this machine's load.
-            inline_max: Duration::from_secs(1),
+            inline_max,
         });
         peers.push(TestPeer {
             id: 100 + i as PeerId,
@@ -421,6 +434,64 @@ async fn a_single_threaded_runtime_never_runs_supersteps_inline() {
     let (got, inline) = short_ring(2).await;
     assert_eq!(got, short_ring_records());
     assert_eq!(inline, vec![0, 0]);
+}
+
+/// A job's only process runs on its driver's thread however long its
+/// supersteps (`Machine::runs_alone`; here none counts as short, so the
+/// short-superstep path never takes them), its checkpoints going out to
+/// their replicas as before; two processes of a job on one peer do not,
+/// they run in parallel on blocking threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_only_process_runs_on_the_drivers_thread() {
+    const ROUNDS: u32 = 30;
+    let peers =
+        start_peers_full(3, BroadcastPolicy::default(), |_| runtime(), Duration::ZERO).await;
+    let wasm = ring_guest(&format!("(i32.const {ROUNDS})"), 0, None);
+    let a = assignment(1, &wasm, &peers, vec![0]);
+    let handles = start_everywhere(&peers, &a, &wasm);
+    let events = run_to_end(&peers, 1, 1, handles).await;
+    assert_eq!(exited_pids(&events), BTreeSet::from([0]), "{events:?}");
+    let on_driver = |p: &TestPeer| {
+        p.stats
+            .inline_supersteps
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    // Every superstep after the first (which instantiates the process),
+    // checkpointed at every sync.
+    assert_eq!(on_driver(&peers[0]), u64::from(ROUNDS), "{events:?}");
+    let checkpoints = peers[0]
+        .stats
+        .checkpoints
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(checkpoints > u64::from(ROUNDS), "{checkpoints} checkpoints");
+
+    let wasm = ring_guest(&format!("(i32.const {ROUNDS})"), 0, None);
+    let a = assignment(2, &wasm, &peers, vec![1, 1]);
+    let handles = start_everywhere(&peers, &a, &wasm);
+    let events = run_to_end(&peers, 2, 2, handles).await;
+    assert_eq!(exited_pids(&events), BTreeSet::from([0, 1]), "{events:?}");
+    assert_eq!(on_driver(&peers[1]), 0);
+}
+
+/// A job's only process that writes output at every superstep: its
+/// checkpoints wait for that output to reach the supernode, so some of
+/// its supersteps run on blocking threads, some on the driver's; what it
+/// wrote arrives whole and in order either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_only_process_that_prints_loses_nothing() {
+    const ROUNDS: u32 = 30;
+    let peers =
+        start_peers_full(3, BroadcastPolicy::default(), |_| runtime(), Duration::ZERO).await;
+    let wasm = ring_guest(&format!("(i32.const {ROUNDS})"), ROUNDS + 1, None);
+    let a = assignment(1, &wasm, &peers, vec![0]);
+    let handles = start_everywhere(&peers, &a, &wasm);
+    let events = run_to_end(&peers, 1, 1, handles).await;
+    assert_eq!(exited_pids(&events), BTreeSet::from([0]), "{events:?}");
+    // Its two messages to itself, sent in superstep s − 1, read in s.
+    let expected: Vec<[u32; 6]> = (1..=ROUNDS)
+        .flat_map(|s| [[0, s, 0, s - 1, 4, s - 1]; 2])
+        .collect();
+    assert_eq!(records(&dedup_output(&events)), expected);
 }
 
 const SHORT_RING_PROCS: u32 = 4;

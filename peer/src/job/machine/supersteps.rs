@@ -59,7 +59,30 @@ impl<I: JobIo> Machine<I> {
             outbox: self.retained.get(&pid).cloned().unwrap_or_default(),
             targets: self.replica_targets(pid),
         });
-        self.io.resume(pid, s, p, capture_input);
+        let alone = self.runs_alone(pid);
+        self.io.resume(pid, s, p, capture_input, alone);
+    }
+
+    /// Whether nothing of the job needs this machine while `pid`'s next
+    /// superstep runs: it is the job's only process, without copies, not
+    /// leaving, and each of its checkpoints is sent or may be sent now (its
+    /// output reached the supernode). Other peers then send only
+    /// acknowledgements of its checkpoints, which wait until it syncs
+    /// (`Done(s + 1)` needs those of `K_s` only then), and no other process
+    /// waits for anything from here. Such a superstep may run on the
+    /// driver's thread, which saves two thread wake-ups per superstep (on
+    /// this VM 60–190 µs each, some 7 % of a PageRank superstep).
+    pub(super) fn runs_alone(&self, pid: Pid) -> bool {
+        let delivered = self.io.delivered();
+        self.info.nprocs == 1
+            && self.hosts.copies() == 1
+            && self.local.get(&pid).is_some_and(|l| {
+                !l.leaving
+                    && l.handover.is_none()
+                    && l.pending
+                        .iter()
+                        .all(|p| p.unsent.is_empty() || delivered >= p.output_mark)
+            })
     }
 
     pub(super) fn on_task(&mut self, task: Task<I::Guest>) {
@@ -271,8 +294,12 @@ impl<I: JobIo> Machine<I> {
         // The process goes on first, if it may: its thread then wakes
         // before the connections' writers take the cores (on two cores
         // this alone took PageRank at p = 1 from 1.44–1.52× native to
-        // 1.23–1.42×).
+        // 1.23–1.42×). One that runs alone, on this thread, would hold
+        // its checkpoint back for a whole superstep: that goes first.
         if !leaving {
+            if self.runs_alone(pid) {
+                self.send_checkpoint(pid);
+            }
             self.pump();
         }
         self.send_checkpoint(pid);

@@ -11,7 +11,7 @@ enum Effect {
     Close(PeerId),
     Send(PeerId, Outgoing),
     Start(Pid, bool, u32),
-    Resume(Pid, Proc<FakeGuest>, Option<CaptureInput>),
+    Resume(Pid, Proc<FakeGuest>, Option<CaptureInput>, bool),
     Capture(Pid, Proc<FakeGuest>, CaptureRequest),
     Restore(Pid, Arc<Snapshot>, Option<u32>),
     Download,
@@ -80,8 +80,9 @@ impl JobIo for SimIo {
         _superstep: u32,
         p: Proc<FakeGuest>,
         capture: Option<CaptureInput>,
+        alone: bool,
     ) {
-        self.effects.push(Effect::Resume(pid, p, capture));
+        self.effects.push(Effect::Resume(pid, p, capture, alone));
     }
 
     fn capture(&mut self, pid: Pid, p: Proc<FakeGuest>, c: CaptureRequest) {
@@ -275,6 +276,11 @@ pub(crate) struct World {
     /// Output lines it got, per pid and sequence number.
     output: BTreeMap<Pid, BTreeMap<u64, String>>,
     exited: BTreeSet<Pid>,
+    /// Captures with replicas whose checkpoint frames have not left their
+    /// peer yet: (peer, pid, superstep).
+    unsent_captures: BTreeSet<(PeerId, Pid, u32)>,
+    /// Supersteps that ran alone on their driver's thread.
+    alone: u64,
     /// What went wrong (the first violation ends the run).
     violation: Option<String>,
     /// Everything that happened, hashed: equal for equal seeds.
@@ -292,6 +298,8 @@ pub(crate) struct Finished {
     pub(crate) restores: u32,
     pub(crate) tally: Tally,
     pub(crate) finished_at: u64,
+    /// Supersteps that ran alone on their driver's thread.
+    pub(crate) alone: u64,
 }
 
 /// What the supernode's decisions did in a schedule.
@@ -322,7 +330,11 @@ const REPLICAS: u32 = 2;
 
 impl World {
     pub(crate) fn new(seed: u64) -> World {
-        let plan = Plan::from_seed(seed);
+        World::with_plan(seed, Plan::from_seed(seed))
+    }
+
+    /// The world of schedule `seed` with its parameters replaced by `plan`.
+    pub(crate) fn with_plan(seed: u64, plan: Plan) -> World {
         let mut rng = Rng::new(seed);
         let program: Vec<u8> = (0..20_000u32)
             .map(|i| (mix(seed, u64::from(i)) & 0xff) as u8)
@@ -406,6 +418,8 @@ impl World {
             assign_at: BTreeMap::new(),
             output: BTreeMap::new(),
             exited: BTreeSet::new(),
+            unsent_captures: BTreeSet::new(),
+            alone: 0,
             violation: None,
             trace: seed,
             restores: 0,
@@ -439,6 +453,13 @@ impl World {
 
     fn note(&mut self, what: u64) {
         self.trace = mix(self.trace, what ^ self.now.rotate_left(32));
+    }
+
+    /// `pid` starts afresh on `peer`: its earlier captures there are no
+    /// longer its own.
+    fn forget_captures(&mut self, peer: PeerId, pid: Pid) {
+        self.unsent_captures
+            .retain(|&(p, q, _)| (p, q) != (peer, pid));
     }
 
     fn violate(&mut self, what: String) {
@@ -509,6 +530,7 @@ impl World {
             restores: self.restores,
             tally: self.tally,
             finished_at: self.now,
+            alone: self.alone,
         })
     }
 
@@ -719,9 +741,13 @@ impl World {
                         Err(e) => return self.violate(format!("a frame does not decode: {e}")),
                     },
                 };
+                if let Frame::Checkpoint(c) = &frame {
+                    self.unsent_captures.remove(&(me, c.pid, c.superstep));
+                }
                 self.transmit(me, to, Some(frame));
             }
             Effect::Start(pid, redundant, every) => {
+                self.forget_captures(me, pid);
                 let p = Proc::new(
                     FakeGuest::new(
                         pid,
@@ -735,12 +761,37 @@ impl World {
                 let d = self.rng.range(1, 10);
                 self.at(d, Event::Resumed(me, pid, Box::new(p), None));
             }
-            Effect::Resume(pid, p, capture) => {
+            Effect::Resume(pid, p, capture, alone) => {
+                // A superstep that runs alone holds its driver until it
+                // ends: the job must have no other process, and the
+                // checkpoints it may send must have left already.
+                if alone && self.plan.nprocs != 1 {
+                    return self.violate(format!(
+                        "pid {pid} of {} runs alone on peer {me}",
+                        self.plan.nprocs
+                    ));
+                }
+                if alone
+                    && let Some((_, _, s)) = self
+                        .unsent_captures
+                        .range((me, pid, 0)..=(me, pid, u32::MAX))
+                        .next()
+                {
+                    return self.violate(format!(
+                        "pid {pid} runs alone on peer {me} before its checkpoint of superstep {s} left"
+                    ));
+                }
+                self.alone += u64::from(alone);
                 let d = self.rng.range(1, 10);
                 self.at(d, Event::Resumed(me, pid, Box::new(p), capture));
             }
             Effect::Capture(pid, mut p, c) => {
                 let r = capture(&mut p, c.outbox, c.exited, c.acks, &c.targets);
+                if let Ok((snapshot, _)) = &r
+                    && !c.targets.is_empty()
+                {
+                    self.unsent_captures.insert((me, pid, snapshot.superstep));
+                }
                 let d = self.rng.range(0, 5);
                 self.at(
                     d,
@@ -748,6 +799,7 @@ impl World {
                 );
             }
             Effect::Restore(pid, snapshot, digests) => {
+                self.forget_captures(me, pid);
                 let r = (!snapshot.exited).then(|| Proc {
                     process: FakeGuest::restored(
                         &snapshot,
@@ -866,6 +918,11 @@ impl World {
                     }),
                 );
                 let r = capture(&mut p, outbox, step.exited, Vec::new(), &c.targets);
+                if let Ok((snapshot, _)) = &r
+                    && !c.targets.is_empty()
+                {
+                    self.unsent_captures.insert((peer, pid, snapshot.superstep));
+                }
                 let d = self.rng.range(0, 5);
                 self.at(
                     d,
