@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -74,6 +74,11 @@ struct Running {
     /// The identity (peer id) this peer runs the job under.
     me: PeerId,
     cancel: CancellationToken,
+    /// Stops the job's processes at their next check. Set with `cancel`:
+    /// a superstep that runs on the driver's own thread (a job's only
+    /// process, or a short superstep that turned out long) holds the
+    /// driver, which would only see `cancel` once it ends.
+    kill: Arc<AtomicBool>,
     epoch: u64,
     updates: mpsc::UnboundedSender<JobAssignment>,
 }
@@ -135,6 +140,7 @@ impl Jobs {
     {
         let job = assignment.job;
         let cancel = CancellationToken::new();
+        let kill = Arc::new(AtomicBool::new(false));
         let (updates_tx, updates) = mpsc::unbounded_channel();
         let mine = updates_tx.clone();
         {
@@ -168,6 +174,7 @@ impl Jobs {
                 Running {
                     me,
                     cancel: cancel.clone(),
+                    kill: kill.clone(),
                     epoch: assignment.epoch,
                     updates: updates_tx,
                 },
@@ -194,6 +201,7 @@ impl Jobs {
                 rx,
                 updates,
                 cancel,
+                kill,
             )
             .await;
             jobs.env.registry.unregister(job, &inbound);
@@ -225,6 +233,7 @@ impl Jobs {
     pub fn kill(&self, job: JobId) -> bool {
         match self.lock().running.get(&job) {
             Some(r) => {
+                r.kill.store(true, Ordering::Relaxed);
                 r.cancel.cancel();
                 true
             }
@@ -235,6 +244,7 @@ impl Jobs {
     /// Stop every job.
     pub fn kill_all(&self) {
         for r in self.lock().running.values() {
+            r.kill.store(true, Ordering::Relaxed);
             r.cancel.cancel();
         }
     }
@@ -266,10 +276,10 @@ async fn run_job(
     mut events: mpsc::Receiver<Inbound>,
     mut updates: mpsc::UnboundedReceiver<JobAssignment>,
     cancel: CancellationToken,
+    kill: Arc<AtomicBool>,
 ) {
     let job = a.job;
     tracing::trace!(target: "bspweb::timeline", job, me, "job assigned");
-    let kill = Arc::new(AtomicBool::new(false));
     let setup = check_assignment(me, &a)
         .and_then(|hosts| job_info(&env, &a, kill.clone()).map(|info| (hosts, info)));
     let (hosts, info) = match setup {

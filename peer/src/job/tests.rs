@@ -473,6 +473,46 @@ async fn a_jobs_only_process_runs_on_the_drivers_thread() {
     assert_eq!(on_driver(&peers[1]), 0);
 }
 
+/// Killing a job whose only process is in an endless superstep on its
+/// driver's thread stops it at once, not at the superstep time limit
+/// (these peers' cap of a minute): the kill reaches the process without
+/// the driver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_stops_a_superstep_that_holds_the_driver() {
+    let peers =
+        start_peers_full(3, BroadcastPolicy::default(), |_| runtime(), Duration::ZERO).await;
+    // Superstep 0 syncs; superstep 1 never ends.
+    let wasm = wat::parse_str(
+        r#"(module
+          (import "bspweb_v1" "superstep" (func $superstep (result i32)))
+          (memory (export "memory") 1)
+          (func (export "bspweb_resume") (result i32)
+            (if (i32.eqz (call $superstep)) (then (return (i32.const 0))))
+            (loop $forever (br $forever))
+            (i32.const 1)))"#,
+    )
+    .expect("the guest parses");
+    let mut a = assignment(1, &wasm, &peers, vec![0]);
+    a.limits.superstep_ms = 600_000;
+    let handles = start_everywhere(&peers, &a, &wasm);
+    // Superstep 1 has started once the process reports it.
+    let refs: Vec<&TestPeer> = peers.iter().collect();
+    collect_until(&refs, |all| {
+        all.iter()
+            .any(|e| matches!(e, PeerEvent::Progress { superstep: 1, .. }))
+    })
+    .await;
+    for p in &peers {
+        p.jobs.kill(1);
+    }
+    for h in handles {
+        tokio::time::timeout(Duration::from_secs(30), h)
+            .await
+            .expect("the kill stops the superstep long before its time limit")
+            .expect("the job task does not panic");
+    }
+}
+
 /// A job's only process that writes output at every superstep: its
 /// checkpoints wait for that output to reach the supernode, so some of
 /// its supersteps run on blocking threads, some on the driver's; what it
