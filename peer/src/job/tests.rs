@@ -495,7 +495,8 @@ async fn a_kill_stops_a_superstep_that_holds_the_driver() {
     let mut a = assignment(1, &wasm, &peers, vec![0]);
     a.limits.superstep_ms = 600_000;
     let handles = start_everywhere(&peers, &a, &wasm);
-    // Superstep 1 has started once the process reports it.
+    // The process reports superstep 1 as it passes barrier 0, just
+    // before it runs it.
     let refs: Vec<&TestPeer> = peers.iter().collect();
     collect_until(&refs, |all| {
         all.iter()
