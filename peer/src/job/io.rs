@@ -141,6 +141,16 @@ impl TokioIo {
     }
 
     /// The job is over here: stop its processes and close its connections.
+    /// A superstep that ran on the driver's thread: its result is the next
+    /// finished task.
+    fn ran_here(&mut self, task: Task<Process>) {
+        self.ran.push_back(task);
+        self.env
+            .stats
+            .inline_supersteps
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(super) fn shut_down(&mut self) {
         self.env.stats.observed.forget(self.job);
         self.info.kill.store(true, Ordering::Relaxed);
@@ -264,11 +274,7 @@ impl JobIo for TokioIo {
             let task =
                 resume_and_capture(pid, superstep, p, slot.never_park(), capture, early, short);
             self.ran_for += start.elapsed();
-            self.ran.push_back(task);
-            self.env
-                .stats
-                .inline_supersteps
-                .fetch_add(1, Ordering::Relaxed);
+            self.ran_here(task);
             return;
         }
         // A job's only process, however long its supersteps, runs on this
@@ -290,11 +296,7 @@ impl JobIo for TokioIo {
             let task = tokio::task::block_in_place(|| {
                 resume_and_capture(pid, superstep, p, slot, capture, early, short)
             });
-            self.ran.push_back(task);
-            self.env
-                .stats
-                .inline_supersteps
-                .fetch_add(1, Ordering::Relaxed);
+            self.ran_here(task);
             return;
         }
         // A free slot: straight to a blocking thread (one thread hop less

@@ -358,6 +358,15 @@ pub(crate) struct Pending {
     agreed: bool,
 }
 
+impl Pending {
+    /// Whether its frames may leave for the replicas, `delivered` being
+    /// the reporter's mark: its output reached the supernode and the
+    /// copies agreed on it.
+    fn may_leave(&self, delivered: u64) -> bool {
+        delivered >= self.output_mark && self.agreed
+    }
+}
+
 /// A checkpoint's frames for each replica it was planned for, encoded by
 /// the capture (once per distinct plan: replicas with the same base
 /// share the bytes).

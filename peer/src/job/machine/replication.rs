@@ -84,7 +84,7 @@ impl<I: JobIo> Machine<I> {
         let mut frames = Vec::new();
         // Oldest first: a delta travels after its base.
         for p in l.pending.iter_mut() {
-            if delivered < p.output_mark || !p.agreed {
+            if !p.may_leave(delivered) {
                 break;
             }
             frames.append(&mut p.unsent);

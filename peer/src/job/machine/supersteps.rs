@@ -81,7 +81,7 @@ impl<I: JobIo> Machine<I> {
                     && l.handover.is_none()
                     && l.pending
                         .iter()
-                        .all(|p| p.unsent.is_empty() || delivered >= p.output_mark)
+                        .all(|p| p.unsent.is_empty() || p.may_leave(delivered))
             })
     }
 
