@@ -61,8 +61,10 @@ use crate::{JobId, PeerId, Pid};
 /// records (was: a clear `Hello` showing the job token). 8: `ProcDone`'s
 /// state digest (redundancy). 9: `FetchCheckpoint` names the asker's epoch.
 /// 10: checkpoint deltas carry page and payload patches ([`PAGE_PATCH`],
-/// [`Checkpoint::patched`]).
-pub const WIRE_VERSION: u32 = 10;
+/// [`Checkpoint::patched`]). 11: a patch may be XOR-packed (marker
+/// `0xff 0xff`: a byte width per 16 words, then each word's changed low
+/// bytes).
+pub const WIRE_VERSION: u32 = 11;
 
 /// Largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
@@ -260,8 +262,9 @@ pub struct ProcDone {
 /// page `index & !PAGE_PATCH` of the delta's base, not the page: runs of
 /// 8-byte words, each a 4-byte header (first word and number of words, two
 /// little-endian `u16`s; at least one word, inside the page's 8 192) and the
-/// words, in ascending order without overlap (`peer/src/checkpoint/patch.rs`).
-/// Only a delta carries patches.
+/// words, in ascending order without overlap; or XOR-packed, after the
+/// marker `0xff 0xff` (`peer/src/checkpoint/patch.rs`). Only a delta
+/// carries patches.
 pub const PAGE_PATCH: u32 = 1 << 31;
 
 /// A process's state at the end of a superstep (docs/fault-tolerance.md).

@@ -98,13 +98,21 @@ impl FakeGuest {
     }
 
     /// Its linear memory: the state in page 0, and a page that changes
-    /// every other superstep (so checkpoints are deltas of one or two pages).
+    /// every other superstep (so checkpoints are deltas of one or two
+    /// pages): 64 bytes of it, and the low byte of each of 1 024 words
+    /// whose high bytes stay (so its patches are XOR-packed).
     pub(super) fn memory(&self) -> Vec<u8> {
         let mut m = vec![0u8; 2 * PAGE_SIZE];
         m[0..8].copy_from_slice(&self.acc.to_le_bytes());
         m[8..16].copy_from_slice(&self.output_seq.to_le_bytes());
-        let fill = (mix(self.acc, u64::from(self.superstep / 2)) & 0xff) as u8;
+        let r = mix(self.acc, u64::from(self.superstep / 2));
+        let fill = (r & 0xff) as u8;
         m[PAGE_SIZE..PAGE_SIZE + 64].fill(fill.max(1));
+        let words = m[PAGE_SIZE + 8192..PAGE_SIZE + 16384].chunks_exact_mut(8);
+        for (i, w) in words.enumerate() {
+            let low = r.rotate_left(i as u32) & 0xff;
+            w.copy_from_slice(&(0x5a5a_5a5a_5a5a_5a00 | low).to_le_bytes());
+        }
         m
     }
 
