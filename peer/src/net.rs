@@ -592,7 +592,7 @@ mod tests {
             epoch: 0,
             deadline: soon(),
         };
-        let writer = spawn_writer(dial, frames_rx, events_tx);
+        let writer = spawn_writer(dial, frames_rx, events_tx, Default::default());
         frames.send(Frame::Welcome.into()).unwrap();
         assert_eq!(rx.recv().await, Some(Inbound::Connected { from: 3 }));
         assert!(matches!(

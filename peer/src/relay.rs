@@ -36,6 +36,7 @@
 
 use std::collections::BTreeSet;
 use std::ops::Range;
+use std::sync::Arc;
 
 use bsp_api::wire::{Frame, MAX_MESSAGE_BYTES, RelayAlgorithm, RelayHead};
 use bsp_api::{PeerId, Pid};
@@ -55,8 +56,9 @@ pub struct DataStats {
     pub held: std::sync::atomic::AtomicU64,
     /// Checkpoints of this peer's processes taken.
     pub checkpoints: std::sync::atomic::AtomicU64,
-    /// Checkpoint bytes (whole pages and deltas) planned for replicas.
-    pub checkpoint_bytes: std::sync::atomic::AtomicU64,
+    /// Checkpoint bytes (whole pages and deltas) written to replicas (by
+    /// the connections' writers, which make a checkpoint's frames).
+    pub checkpoint_bytes: Arc<std::sync::atomic::AtomicU64>,
     /// Supersteps that ran on a job driver's thread, not a blocking one
     /// ([`crate::runtime::ShortRuns`]).
     pub inline_supersteps: std::sync::atomic::AtomicU64,

@@ -200,7 +200,8 @@ impl JobIo for TokioIo {
             epoch,
             deadline: Instant::now() + self.env.connect_timeout,
         };
-        let task = net::spawn_writer(dial, wrx, self.channels.events.clone());
+        let written = self.env.stats.checkpoint_bytes.clone();
+        let task = net::spawn_writer(dial, wrx, self.channels.events.clone(), written);
         if let Some((_, old)) = self.writers.insert(peer, (wtx, task)) {
             old.abort();
         }
@@ -436,12 +437,9 @@ impl JobIo for TokioIo {
         (budget.exceeded() && budget.largest_holder() == Some(self.job)).then(|| budget.state())
     }
 
-    fn count_checkpoint(&mut self, bytes: u64) {
+    fn count_checkpoint(&mut self) {
+        // Its bytes are counted by the writers that make its frames.
         self.env.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
-        self.env
-            .stats
-            .checkpoint_bytes
-            .fetch_add(bytes, Ordering::Relaxed);
     }
 
     fn publish_observations(

@@ -42,7 +42,7 @@
 //! `rules` (captures and the small rules of checkpoints and `Done`s).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bsp_api::control::{JobAssignment, PeerEvent};
@@ -196,8 +196,8 @@ pub(crate) trait JobIo {
     /// `Some(why)` when the peer is over its memory budget and this job
     /// holds the most of it.
     fn over_budget(&self) -> Option<String>;
-    /// A checkpoint of `bytes` went out.
-    fn count_checkpoint(&mut self, bytes: u64);
+    /// A checkpoint was taken (its frames go out as they are written).
+    fn count_checkpoint(&mut self);
     /// What this peer saw of the job's other peers, for the next renewal:
     /// the barrier has waited since `since_ms` (machine time) for
     /// `waiting_for`.
@@ -367,10 +367,11 @@ impl Pending {
     }
 }
 
-/// A checkpoint's frames for each replica it was planned for, encoded by
-/// the capture (once per distinct plan: replicas with the same base
-/// share the bytes).
-pub(crate) type Encoded = Vec<(PeerId, Vec<net::Segments>)>;
+/// A checkpoint's frames for each replica it was planned for: planned by
+/// the capture, made by the first connection writer that sends them
+/// ([`rules::CheckpointFrames`], once per distinct plan: replicas with the
+/// same base share the bytes).
+pub(crate) type Encoded = Vec<(PeerId, Outgoing)>;
 
 /// What a process's thread says as soon as the guest reached a sync that
 /// is checkpointed (or returned), before it captures the process there: the
@@ -403,7 +404,7 @@ pub(crate) struct CaptureRequest {
 /// when it synced or returned (none otherwise).
 pub(crate) type Resumed<G> = Result<(Proc<G>, Outcome, Vec<WireMessage>), HostError>;
 
-/// A process after a capture: the snapshot, encoded for its replicas.
+/// A process after a capture: the snapshot, and its frames for its replicas.
 pub(crate) type Captured<G> = Result<(Proc<G>, Arc<Snapshot>, Encoded), HostError>;
 
 /// What a resume, capture or restore hands back.

@@ -1573,8 +1573,12 @@ fn checkpoints_patch_sparse_pages_against_a_base_the_owner_holds() {
     let s1 = Arc::new(t.capture(head(1), &m1));
     t.sent(7, 0);
     t.sent(8, 0);
-    let entries = |segments: &[net::Segments]| -> Vec<(u32, Frame)> {
-        segments
+    let entries = |out: &net::Outgoing| -> Vec<(u32, Frame)> {
+        let net::Outgoing::Deferred(d) = out else {
+            panic!("a checkpoint's frames are made by the writer")
+        };
+        d.segments()
+            .expect("encodes")
             .iter()
             .map(|s| net::decode(s.to_bytes()).expect("decodes"))
             .map(|f| match &f {
@@ -1584,10 +1588,10 @@ fn checkpoints_patch_sparse_pages_against_a_base_the_owner_holds() {
             .collect()
     };
     let held: std::collections::VecDeque<_> = [s0.clone()].into();
-    let encoded = encode_for(&mut t, &s1, &[7], &held).unwrap();
+    let encoded = encode_for(&mut t, &s1, &[7], &held);
     let frames = entries(&encoded[0].1);
     assert_eq!(frames.last().unwrap().0, 1 | patch::PAGE_PATCH);
-    let encoded = encode_for(&mut t, &s1, &[8], &Default::default()).unwrap();
+    let encoded = encode_for(&mut t, &s1, &[8], &Default::default());
     assert_eq!(entries(&encoded[0].1).last().unwrap().0, 1);
 
     for (_, frame) in frames.into_iter().chain(entries(&encoded[0].1)) {
@@ -1601,6 +1605,81 @@ fn checkpoints_patch_sparse_pages_against_a_base_the_owner_holds() {
         };
         assert_eq!(got, *s1);
     }
+}
+
+/// A capture only plans its checkpoint's frames: the first writer makes
+/// them (off the process's critical path; on a blocking thread when there
+/// are many patches to make), once for every replica of the same plan, and
+/// they rebuild the snapshot, low-byte changes XOR-packed.
+#[test]
+fn a_checkpoints_frames_are_made_once_by_the_first_writer() {
+    use crate::checkpoint::{Assembler, PAGE_SIZE, PageTracker, ReplicaStore, Snapshot, patch};
+    let head = |superstep| Snapshot {
+        pid: 3,
+        superstep,
+        memory: Vec::new(),
+        globals: vec![],
+        output_seq: 0,
+        output_bytes: 0,
+        exited: false,
+        outbox: vec![],
+        hash: [0; 32],
+    };
+    let pages = 20;
+    let m0: Vec<u8> = (0..pages * PAGE_SIZE).map(|i| (i % 251) as u8).collect();
+    // Every word of every page changes in its low byte.
+    let m1: Vec<u8> = m0
+        .iter()
+        .enumerate()
+        .map(|(i, b)| if i % 8 == 0 { b ^ 0x3c } else { *b })
+        .collect();
+    let mut t = PageTracker::new();
+    let s0 = Arc::new(t.capture(head(0), &m0));
+    let s1 = Arc::new(t.capture(head(1), &m1));
+    t.sent(7, 0);
+    t.sent(8, 0);
+    let held: std::collections::VecDeque<_> = [s0.clone()].into();
+    let encoded = encode_for(&mut t, &s1, &[7, 8], &held);
+    let made: Vec<_> = encoded
+        .iter()
+        .map(|(_, o)| match o {
+            net::Outgoing::Deferred(d) => d.clone(),
+            other => panic!("the capture encoded {other:?}"),
+        })
+        .collect();
+    assert!(
+        Arc::ptr_eq(&made[0], &made[1]),
+        "one plan, one set of frames"
+    );
+    assert!(made[0].slow(), "20 patches are left to a blocking thread");
+    let first = made[0].segments().unwrap();
+    assert!(!made[1].slow(), "made once");
+    assert!(std::ptr::eq(first, made[1].segments().unwrap()));
+    let bytes: usize = first.iter().map(net::Segments::len).sum();
+    // Each page: its block widths and a byte per word, not 64 KiB.
+    assert!(
+        bytes < pages * (PAGE_SIZE / 8 + PAGE_SIZE / 128 + 64),
+        "{bytes} bytes"
+    );
+    let frames: Vec<Frame> = first
+        .iter()
+        .map(|s| net::decode(s.to_bytes()).unwrap())
+        .collect();
+    let Some(Frame::Checkpoint(last)) = frames.last() else {
+        panic!("ends with the checkpoint")
+    };
+    assert!(last.pages.iter().all(|(i, _)| i & patch::PAGE_PATCH != 0));
+    let mut asm = Assembler::new(1 << 30);
+    let mut store = ReplicaStore::new();
+    store.insert((*s0).clone());
+    let mut got = None;
+    for f in frames {
+        got = asm.push(f, &mut store).unwrap();
+    }
+    let Some(crate::checkpoint::Assembled::Checkpoint(got)) = got else {
+        panic!("a checkpoint")
+    };
+    assert_eq!(got, *s1);
 }
 
 /// Status lines name the clusters the job's peers are in, as the

@@ -232,12 +232,27 @@ pub(super) async fn write_segments(conn: &mut SecureConn, frame: Segments) -> st
     Ok(())
 }
 
-/// What a job's driver queues for a connection: a frame, or one it encoded
-/// already (a checkpoint encoded once for all the replicas it goes to).
+/// What a job's driver queues for a connection: a frame, one it encoded
+/// already, or frames the connection's writer makes when it gets to them
+/// (a checkpoint's: made once for all the replicas it goes to, while its
+/// process computes its next superstep).
 #[derive(Debug, Clone)]
 pub enum Outgoing {
     Frame(Frame),
     Encoded(Segments),
+    Deferred(Arc<dyn Deferred>),
+}
+
+/// Frames made when first written rather than when queued, and shared by
+/// every connection they are queued on.
+pub trait Deferred: std::fmt::Debug + Send + Sync {
+    /// The frames, in order: the first call makes them (on the caller's
+    /// thread; a concurrent call waits for it), later calls share them.
+    fn segments(&self) -> Result<&[Segments], postcard::Error>;
+    /// Whether [`segments`](Deferred::segments) is still to make them and
+    /// may take long: the writer then makes them on a blocking thread, not
+    /// on its async worker.
+    fn slow(&self) -> bool;
 }
 
 impl From<Frame> for Outgoing {

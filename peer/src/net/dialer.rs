@@ -3,6 +3,7 @@
 //! task of each connection.
 
 use super::*;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// First wait before asking a peer again that did not know the job yet
 /// (doubled at each try, up to 1 s).
@@ -217,6 +218,20 @@ pub(super) async fn handshake(
     Ok(conn)
 }
 
+/// Write one frame: a large one straight to the socket, a small one into
+/// the codec's buffer (flushed once the queue is empty).
+async fn write(conn: &mut SecureConn, segments: Segments, to: PeerId) -> Result<(), SendError> {
+    if segments.len() >= DIRECT_WRITE_BYTES {
+        let bytes = segments.len();
+        tracing::trace!(target: "bspweb::timeline", to, bytes, "writing");
+        write_segments(conn, segments).await?;
+        tracing::trace!(target: "bspweb::timeline", to, bytes, "written");
+    } else {
+        conn.feed(segments.to_bytes()).await?;
+    }
+    Ok(())
+}
+
 /// What a job needs to dial one remote peer.
 #[derive(Debug, Clone)]
 pub struct Dial {
@@ -239,11 +254,13 @@ pub struct Dial {
 /// Spawn the writer of one outbound connection: it connects, then sends the
 /// frames queued on `frames` in order until the queue is closed (then it
 /// flushes and closes the connection). A failure is reported on `events` as
-/// [`Inbound::SendFailed`].
+/// [`Inbound::SendFailed`]. The bytes of [`Outgoing::Deferred`] frames it
+/// writes (checkpoints) are added to `written`.
 pub fn spawn_writer(
     dial: Dial,
     mut frames: mpsc::UnboundedReceiver<Outgoing>,
     events: mpsc::Sender<Inbound>,
+    written: Arc<AtomicU64>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let result: Result<(), SendError> = async {
@@ -282,17 +299,31 @@ pub fn spawn_writer(
                 let mut next = Some(frame);
                 // Feed everything queued, then flush once.
                 while let Some(f) = next {
-                    let segments = match f {
-                        Outgoing::Frame(f) => encode_segments(&f).map_err(SendError::Encode)?,
-                        Outgoing::Encoded(s) => s,
-                    };
-                    if segments.len() >= DIRECT_WRITE_BYTES {
-                        let bytes = segments.len();
-                        tracing::trace!(target: "bspweb::timeline", to = dial.to, bytes, "writing");
-                        write_segments(&mut conn, segments).await?;
-                        tracing::trace!(target: "bspweb::timeline", to = dial.to, bytes, "written");
-                    } else {
-                        conn.feed(segments.to_bytes()).await?;
+                    match f {
+                        Outgoing::Frame(f) => {
+                            let segments = encode_segments(&f).map_err(SendError::Encode)?;
+                            write(&mut conn, segments, dial.to).await?;
+                        }
+                        Outgoing::Encoded(s) => write(&mut conn, s, dial.to).await?,
+                        Outgoing::Deferred(d) => {
+                            tracing::trace!(target: "bspweb::timeline", to = dial.to, "making frames");
+                            if d.slow() {
+                                // Many page patches would hold up this
+                                // worker's other tasks (a panic there
+                                // leaves them unmade: made below).
+                                let making = d.clone();
+                                let _ = tokio::task::spawn_blocking(move || {
+                                    let _ = making.segments();
+                                })
+                                .await;
+                            }
+                            let made = d.segments().map_err(SendError::Encode)?;
+                            let bytes: usize = made.iter().map(Segments::len).sum();
+                            written.fetch_add(bytes as u64, Ordering::Relaxed);
+                            for s in made {
+                                write(&mut conn, s.clone(), dial.to).await?;
+                            }
+                        }
                     }
                     next = frames.try_recv().ok();
                 }

@@ -22,8 +22,8 @@ pub(crate) fn wire_messages(
         .collect()
 }
 
-/// Capture `p` with `outbox` and encode the checkpoint for `targets` (the
-/// body of every capture task).
+/// Capture `p` with `outbox` and plan the checkpoint's frames for
+/// `targets` (the body of every capture task).
 pub(crate) fn capture<G: Guest>(
     p: &mut Proc<G>,
     outbox: Vec<WireMessage>,
@@ -55,7 +55,7 @@ pub(crate) fn capture<G: Guest>(
     }
     // Shared: the frames' pages are slices of its memory.
     let snapshot = Arc::new(snapshot);
-    let encoded = encode_for(&mut p.tracker, &snapshot, targets, &p.recent)?;
+    let encoded = encode_for(&mut p.tracker, &snapshot, targets, &p.recent);
     Ok((snapshot, encoded))
 }
 
@@ -67,54 +67,95 @@ pub(crate) fn timeline(pid: Pid, superstep: u32, what: &str) {
     tracing::trace!(target: "bspweb::timeline", pid, superstep, "{what}");
 }
 
-/// Plan `snapshot`'s frames for each of `targets` and encode them, once per
-/// distinct plan. The next checkpoint is planned as a delta against this
-/// one, sent before this one is acknowledged: frames to a replica arrive in
-/// order, so it will hold this one as its base (if not, it refuses the
-/// delta and gets the next checkpoint whole). A delta's pages that changed
-/// in few words go as patches when `recent` (the process's last captures)
-/// still holds its base.
+/// Plan `snapshot`'s frames for each of `targets`, once per distinct plan;
+/// the first connection writer that sends them makes them
+/// ([`CheckpointFrames`]). The next checkpoint is planned as a delta
+/// against this one, sent before this one is acknowledged: frames to a
+/// replica arrive in order, so it will hold this one as its base (if not,
+/// it refuses the delta and gets the next checkpoint whole). A delta's
+/// pages that changed in few words or bytes go as patches when `recent`
+/// (the process's last captures) still holds its base.
 pub(crate) fn encode_for(
     tracker: &mut PageTracker,
     snapshot: &Arc<Snapshot>,
     targets: &[PeerId],
     recent: &VecDeque<Arc<Snapshot>>,
-) -> Result<Encoded, HostError> {
-    let mut done: Vec<(checkpoint::Plan, Vec<net::Segments>)> = Vec::new();
+) -> Encoded {
+    let mut done: Vec<(checkpoint::Plan, Arc<CheckpointFrames>)> = Vec::new();
     let mut out = Vec::with_capacity(targets.len());
     for &r in targets {
         let plan = tracker.plan(r, snapshot);
         let frames = match done.iter().find(|(p, _)| *p == plan) {
             Some((_, frames)) => frames.clone(),
             None => {
-                let base = base_memory(tracker, recent, plan.base);
-                let frames = checkpoint::to_frames_shared(snapshot, &plan.pages, plan.base, base)
-                    .iter()
-                    .map(net::encode_segments)
-                    .collect::<Result<Vec<_>, _>>()?;
+                let frames = Arc::new(CheckpointFrames {
+                    snapshot: snapshot.clone(),
+                    pages: plan.pages.clone(),
+                    base: plan.base,
+                    base_capture: base_capture(tracker, recent, plan.base).cloned(),
+                    made: OnceLock::new(),
+                });
                 done.push((plan, frames.clone()));
                 frames
             }
         };
         tracker.sent(r, snapshot.superstep);
-        out.push((r, frames));
+        out.push((r, Outgoing::Deferred(frames)));
     }
-    Ok(out)
+    out
 }
 
-/// The memory of the capture of superstep `base` among `recent`, if it is
-/// one the tracker took since it last started over (so the replica holding
-/// `base` holds exactly it).
-pub(crate) fn base_memory<'a>(
+/// A checkpoint's frames for the replicas of one plan, made when the first
+/// of their connections' writers gets to them: the page patches take a
+/// while (about 10 µs a page), and the process computes its next
+/// superstep meanwhile instead of waiting for them.
+#[derive(Debug)]
+pub(crate) struct CheckpointFrames {
+    snapshot: Arc<Snapshot>,
+    pages: Vec<u32>,
+    base: Option<u32>,
+    /// The capture of `base` the patches are made against (the replica
+    /// holds exactly it), if the process still has it.
+    base_capture: Option<Arc<Snapshot>>,
+    made: OnceLock<Result<Vec<net::Segments>, postcard::Error>>,
+}
+
+impl net::Deferred for CheckpointFrames {
+    fn segments(&self) -> Result<&[net::Segments], postcard::Error> {
+        self.made
+            .get_or_init(|| {
+                let base = self.base_capture.as_ref().map(|s| s.memory.as_slice());
+                checkpoint::to_frames_shared(&self.snapshot, &self.pages, self.base, base)
+                    .iter()
+                    .map(net::encode_segments)
+                    .collect()
+            })
+            .as_deref()
+            .map_err(Clone::clone)
+    }
+
+    fn slow(&self) -> bool {
+        self.made.get().is_none() && self.base_capture.is_some() && self.pages.len() > QUICK_PATCHES
+    }
+}
+
+/// Pages a connection's writer may diff against their base on its async
+/// worker (about 10 µs each); a checkpoint with more is made on a blocking
+/// thread.
+const QUICK_PATCHES: usize = 16;
+
+/// The capture of superstep `base` among `recent`, if it is one the
+/// tracker took since it last started over (so the replica holding `base`
+/// holds exactly it).
+pub(crate) fn base_capture<'a>(
     tracker: &PageTracker,
     recent: &'a VecDeque<Arc<Snapshot>>,
     base: Option<u32>,
-) -> Option<&'a [u8]> {
+) -> Option<&'a Arc<Snapshot>> {
     let b = base?;
     recent
         .iter()
         .find(|s| s.superstep == b && tracker.is_recent_capture(s.superstep, s.hash))
-        .map(|s| s.memory.as_slice())
 }
 
 /// The frames that carry `s` whole to a replica.

@@ -240,24 +240,9 @@ impl<I: JobIo> Machine<I> {
             .copied()
             .filter(|t| !encoded.iter().any(|(r, _)| r == t))
             .collect();
-        let mut bytes: usize = encoded
-            .iter()
-            .flat_map(|(_, frames)| frames.iter().map(|b| b.len()))
-            .sum();
-        let mut unsent: Vec<(PeerId, Outgoing)> = encoded
-            .into_iter()
-            .flat_map(|(r, frames)| frames.into_iter().map(move |b| (r, Outgoing::Encoded(b))))
-            .collect();
-        for r in late {
-            let plan = p.tracker.plan(r, &snapshot);
-            bytes += plan.pages.len() * checkpoint::PAGE_SIZE;
-            let base = rules::base_memory(&p.tracker, &p.recent, plan.base);
-            for f in checkpoint::to_frames_shared(&snapshot, &plan.pages, plan.base, base) {
-                unsent.push((r, f.into()));
-            }
-            p.tracker.sent(r, snapshot.superstep);
-        }
-        self.io.count_checkpoint(bytes as u64);
+        let mut unsent = encoded;
+        unsent.extend(encode_for(&mut p.tracker, &snapshot, &late, &p.recent));
+        self.io.count_checkpoint();
         let redundant = self.hosts.copies() > 1;
         let digest = p.tracker.last_state_digest();
         if redundant {

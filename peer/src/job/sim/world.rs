@@ -121,7 +121,7 @@ impl JobIo for SimIo {
         None
     }
 
-    fn count_checkpoint(&mut self, _bytes: u64) {}
+    fn count_checkpoint(&mut self) {}
 
     fn publish_observations(
         &mut self,
@@ -734,17 +734,34 @@ impl World {
                 c.up = false;
             }
             Effect::Send(to, frame) => {
-                let frame = match frame {
-                    Outgoing::Frame(f) => f,
+                let frames = match frame {
+                    Outgoing::Frame(f) => vec![f],
                     Outgoing::Encoded(s) => match net::decode(s.to_bytes()) {
-                        Ok(f) => f,
+                        Ok(f) => vec![f],
                         Err(e) => return self.violate(format!("a frame does not decode: {e}")),
                     },
+                    // Made here, as the connection's writer makes them.
+                    Outgoing::Deferred(d) => {
+                        let made = d.segments().map(|segments| {
+                            segments
+                                .iter()
+                                .map(|s| net::decode(s.to_bytes()))
+                                .collect::<Result<Vec<_>, _>>()
+                        });
+                        match made {
+                            Ok(Ok(frames)) => frames,
+                            Ok(Err(e)) | Err(e) => {
+                                return self.violate(format!("a frame does not decode: {e}"));
+                            }
+                        }
+                    }
                 };
-                if let Frame::Checkpoint(c) = &frame {
-                    self.unsent_captures.remove(&(me, c.pid, c.superstep));
+                for frame in frames {
+                    if let Frame::Checkpoint(c) = &frame {
+                        self.unsent_captures.remove(&(me, c.pid, c.superstep));
+                    }
+                    self.transmit(me, to, Some(frame));
                 }
-                self.transmit(me, to, Some(frame));
             }
             Effect::Start(pid, redundant, every) => {
                 self.forget_captures(me, pid);
