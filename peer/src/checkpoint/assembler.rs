@@ -517,12 +517,11 @@ impl Assembler {
                 page_hash(bytes)
             } else {
                 scratch.clear();
-                scratch.resize(PAGE_SIZE, 0);
                 if let Some(b) = base.as_ref().map(BaseSnap::get) {
                     let old = b.memory.get(index * PAGE_SIZE..).unwrap_or(&[]);
-                    let n = old.len().min(PAGE_SIZE);
-                    scratch[..n].copy_from_slice(&old[..n]);
+                    scratch.extend_from_slice(&old[..old.len().min(PAGE_SIZE)]);
                 }
+                scratch.resize(PAGE_SIZE, 0);
                 if let Err(why) = patch::apply(&mut scratch, bytes) {
                     let error = CheckpointError::BadPatch {
                         pid,
