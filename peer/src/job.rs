@@ -368,7 +368,7 @@ pub(crate) use io::fetch_inputs;
 pub use machine::ProtocolError;
 use machine::{Flow, Input, Limits, Machine, Setup};
 #[cfg(test)]
-use machine::{checkpointed, encode_for, newest_checkpointed_before};
+use machine::{checkpointed, newest_checkpointed_before, plan_frames};
 
 #[cfg(test)]
 mod sim;

@@ -221,7 +221,9 @@ fn xor_block(
         (_mm_cvtsi128_si64(or) as u64, !equal & 0xffff)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    xor_words(base, new, xors)
+    {
+        xor_words(base, new, xors)
+    }
 }
 
 /// [`xor_block`] for a block of up to [`BLOCK_WORDS`] words (the last of a

@@ -371,7 +371,7 @@ impl Pending {
 /// the capture, made by the first connection writer that sends them
 /// ([`rules::CheckpointFrames`], once per distinct plan: replicas with the
 /// same base share the bytes).
-pub(crate) type Encoded = Vec<(PeerId, Outgoing)>;
+pub(crate) type Planned = Vec<(PeerId, Outgoing)>;
 
 /// What a process's thread says as soon as the guest reached a sync that
 /// is checkpointed (or returned), before it captures the process there: the
@@ -405,7 +405,7 @@ pub(crate) struct CaptureRequest {
 pub(crate) type Resumed<G> = Result<(Proc<G>, Outcome, Vec<WireMessage>), HostError>;
 
 /// A process after a capture: the snapshot, and its frames for its replicas.
-pub(crate) type Captured<G> = Result<(Proc<G>, Arc<Snapshot>, Encoded), HostError>;
+pub(crate) type Captured<G> = Result<(Proc<G>, Arc<Snapshot>, Planned), HostError>;
 
 /// What a resume, capture or restore hands back.
 pub(crate) enum Task<G> {

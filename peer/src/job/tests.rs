@@ -1546,13 +1546,9 @@ fn newest_checkpointed_before_matches_a_scan() {
     }
 }
 
-/// A replica whose base the owner still holds gets the pages that changed
-/// in a few words as patches; one whose base the owner no longer holds
-/// gets them whole. Either way it rebuilds the snapshot.
-#[test]
-fn checkpoints_patch_sparse_pages_against_a_base_the_owner_holds() {
-    use crate::checkpoint::{Assembler, PAGE_SIZE, PageTracker, ReplicaStore, Snapshot, patch};
-    let head = |superstep| Snapshot {
+/// The head of a snapshot of pid 3 at `superstep` (memory to be captured).
+fn head(superstep: u32) -> crate::checkpoint::Snapshot {
+    crate::checkpoint::Snapshot {
         pid: 3,
         superstep,
         memory: Vec::new(),
@@ -1562,7 +1558,15 @@ fn checkpoints_patch_sparse_pages_against_a_base_the_owner_holds() {
         exited: false,
         outbox: vec![],
         hash: [0; 32],
-    };
+    }
+}
+
+/// A replica whose base the owner still holds gets the pages that changed
+/// in a few words as patches; one whose base the owner no longer holds
+/// gets them whole. Either way it rebuilds the snapshot.
+#[test]
+fn checkpoints_patch_sparse_pages_against_a_base_the_owner_holds() {
+    use crate::checkpoint::{Assembler, PAGE_SIZE, PageTracker, ReplicaStore, patch};
     let m0: Vec<u8> = (0..3 * PAGE_SIZE).map(|i| (i % 251) as u8).collect();
     let mut m1 = m0.clone();
     for w in [5, 700, 8000] {
@@ -1588,13 +1592,13 @@ fn checkpoints_patch_sparse_pages_against_a_base_the_owner_holds() {
             .collect()
     };
     let held: std::collections::VecDeque<_> = [s0.clone()].into();
-    let encoded = encode_for(&mut t, &s1, &[7], &held);
-    let frames = entries(&encoded[0].1);
+    let planned = plan_frames(&mut t, &s1, &[7], &held);
+    let frames = entries(&planned[0].1);
     assert_eq!(frames.last().unwrap().0, 1 | patch::PAGE_PATCH);
-    let encoded = encode_for(&mut t, &s1, &[8], &Default::default());
-    assert_eq!(entries(&encoded[0].1).last().unwrap().0, 1);
+    let planned = plan_frames(&mut t, &s1, &[8], &Default::default());
+    assert_eq!(entries(&planned[0].1).last().unwrap().0, 1);
 
-    for (_, frame) in frames.into_iter().chain(entries(&encoded[0].1)) {
+    for (_, frame) in frames.into_iter().chain(entries(&planned[0].1)) {
         let mut asm = Assembler::new(1 << 30);
         let mut store = ReplicaStore::new();
         store.insert((*s0).clone());
@@ -1613,18 +1617,7 @@ fn checkpoints_patch_sparse_pages_against_a_base_the_owner_holds() {
 /// they rebuild the snapshot, low-byte changes XOR-packed.
 #[test]
 fn a_checkpoints_frames_are_made_once_by_the_first_writer() {
-    use crate::checkpoint::{Assembler, PAGE_SIZE, PageTracker, ReplicaStore, Snapshot, patch};
-    let head = |superstep| Snapshot {
-        pid: 3,
-        superstep,
-        memory: Vec::new(),
-        globals: vec![],
-        output_seq: 0,
-        output_bytes: 0,
-        exited: false,
-        outbox: vec![],
-        hash: [0; 32],
-    };
+    use crate::checkpoint::{Assembler, PAGE_SIZE, PageTracker, ReplicaStore, patch};
     let pages = 20;
     let m0: Vec<u8> = (0..pages * PAGE_SIZE).map(|i| (i % 251) as u8).collect();
     // Every word of every page changes in its low byte.
@@ -1639,8 +1632,8 @@ fn a_checkpoints_frames_are_made_once_by_the_first_writer() {
     t.sent(7, 0);
     t.sent(8, 0);
     let held: std::collections::VecDeque<_> = [s0.clone()].into();
-    let encoded = encode_for(&mut t, &s1, &[7, 8], &held);
-    let made: Vec<_> = encoded
+    let planned = plan_frames(&mut t, &s1, &[7, 8], &held);
+    let made: Vec<_> = planned
         .iter()
         .map(|(_, o)| match o {
             net::Outgoing::Deferred(d) => d.clone(),

@@ -232,14 +232,13 @@ pub(super) async fn write_segments(conn: &mut SecureConn, frame: Segments) -> st
     Ok(())
 }
 
-/// What a job's driver queues for a connection: a frame, one it encoded
-/// already, or frames the connection's writer makes when it gets to them
-/// (a checkpoint's: made once for all the replicas it goes to, while its
-/// process computes its next superstep).
+/// What a job's driver queues for a connection: a frame, or frames the
+/// connection's writer makes when it gets to them (a checkpoint's: made
+/// once for all the replicas it goes to, while its process computes its
+/// next superstep).
 #[derive(Debug, Clone)]
 pub enum Outgoing {
     Frame(Frame),
-    Encoded(Segments),
     Deferred(Arc<dyn Deferred>),
 }
 

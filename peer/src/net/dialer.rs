@@ -304,7 +304,6 @@ pub fn spawn_writer(
                             let segments = encode_segments(&f).map_err(SendError::Encode)?;
                             write(&mut conn, segments, dial.to).await?;
                         }
-                        Outgoing::Encoded(s) => write(&mut conn, s, dial.to).await?,
                         Outgoing::Deferred(d) => {
                             tracing::trace!(target: "bspweb::timeline", to = dial.to, "making frames");
                             if d.slow() {

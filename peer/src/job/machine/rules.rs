@@ -30,7 +30,7 @@ pub(crate) fn capture<G: Guest>(
     exited: bool,
     acks: Vec<(PeerId, u32, bool)>,
     targets: &[PeerId],
-) -> Result<(Arc<Snapshot>, Encoded), HostError> {
+) -> Result<(Arc<Snapshot>, Planned), HostError> {
     // The newest buffer only this process still holds, but not the last
     // capture's while another is free: the replicas' base is usually the
     // last capture, and its pages are what the patches are made against.
@@ -55,8 +55,8 @@ pub(crate) fn capture<G: Guest>(
     }
     // Shared: the frames' pages are slices of its memory.
     let snapshot = Arc::new(snapshot);
-    let encoded = encode_for(&mut p.tracker, &snapshot, targets, &p.recent);
-    Ok((snapshot, encoded))
+    let planned = plan_frames(&mut p.tracker, &snapshot, targets, &p.recent);
+    Ok((snapshot, planned))
 }
 
 /// A point of a superstep's life on this peer, for
@@ -75,12 +75,12 @@ pub(crate) fn timeline(pid: Pid, superstep: u32, what: &str) {
 /// it refuses the delta and gets the next checkpoint whole). A delta's
 /// pages that changed in few words or bytes go as patches when `recent`
 /// (the process's last captures) still holds its base.
-pub(crate) fn encode_for(
+pub(crate) fn plan_frames(
     tracker: &mut PageTracker,
     snapshot: &Arc<Snapshot>,
     targets: &[PeerId],
     recent: &VecDeque<Arc<Snapshot>>,
-) -> Encoded {
+) -> Planned {
     let mut done: Vec<(checkpoint::Plan, Arc<CheckpointFrames>)> = Vec::new();
     let mut out = Vec::with_capacity(targets.len());
     for &r in targets {

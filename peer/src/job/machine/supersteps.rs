@@ -211,7 +211,7 @@ impl<I: JobIo> Machine<I> {
             self.local.get(&pid).map_or(0, |l| l.superstep),
             "capture handed over",
         );
-        let (mut p, snapshot, mut encoded) = match r {
+        let (mut p, snapshot, mut planned) = match r {
             Ok(x) => x,
             Err(e) => {
                 return self.fail(Some(pid), format!("could not checkpoint the process: {e}"));
@@ -230,18 +230,18 @@ impl<I: JobIo> Machine<I> {
         // The replicas may have changed while it was captured: new ones get
         // frames planned here, gone ones none.
         let targets = self.replica_targets(pid);
-        for (r, _) in encoded.iter().filter(|(r, _)| !targets.contains(r)) {
+        for (r, _) in planned.iter().filter(|(r, _)| !targets.contains(r)) {
             // Planned for, never sent: it holds no base from this capture.
             p.tracker.forget(*r);
         }
-        encoded.retain(|(r, _)| targets.contains(r));
+        planned.retain(|(r, _)| targets.contains(r));
         let late: Vec<PeerId> = targets
             .iter()
             .copied()
-            .filter(|t| !encoded.iter().any(|(r, _)| r == t))
+            .filter(|t| !planned.iter().any(|(r, _)| r == t))
             .collect();
-        let mut unsent = encoded;
-        unsent.extend(encode_for(&mut p.tracker, &snapshot, &late, &p.recent));
+        let mut unsent = planned;
+        unsent.extend(plan_frames(&mut p.tracker, &snapshot, &late, &p.recent));
         self.io.count_checkpoint();
         let redundant = self.hosts.copies() > 1;
         let digest = p.tracker.last_state_digest();

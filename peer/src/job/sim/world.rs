@@ -736,10 +736,6 @@ impl World {
             Effect::Send(to, frame) => {
                 let frames = match frame {
                     Outgoing::Frame(f) => vec![f],
-                    Outgoing::Encoded(s) => match net::decode(s.to_bytes()) {
-                        Ok(f) => vec![f],
-                        Err(e) => return self.violate(format!("a frame does not decode: {e}")),
-                    },
                     // Made here, as the connection's writer makes them.
                     Outgoing::Deferred(d) => {
                         let made = d.segments().map(|segments| {
