@@ -642,17 +642,6 @@ impl Barrier {
             .collect()
     }
 
-    /// The newest superstep of which some process's `Done` is here. Its
-    /// sender passed every barrier before it, so those are complete
-    /// whether or not all their `Done`s reach this peer.
-    pub fn newest_done(&self) -> Option<u32> {
-        self.done
-            .iter()
-            .rev()
-            .find(|(_, dones)| !dones.is_empty())
-            .map(|(&s, _)| s)
-    }
-
     /// Whether every process's `Done` for `s` is here (or it exited before).
     pub fn complete(&self, s: u32) -> bool {
         (0..self.nprocs).all(|q| self.done_rec(q, s).is_some())

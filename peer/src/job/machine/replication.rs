@@ -247,18 +247,6 @@ impl<I: JobIo> Machine<I> {
             self.observer.on_complete(s, self.now);
             s += 1;
         }
-        // A `Done` for `t` means its sender passed barrier `t − 1`: that
-        // barrier is complete even if some of its `Done`s never come here.
-        // A peer that joins the job late gets the others' `Done`s only from
-        // their safe points on, so without this its safe point could stay
-        // behind a barrier that never completes here, and it would retain
-        // every message it sends for the rest of the job (found by the
-        // simulator, seed 1466324).
-        if let Some(t) = self.barrier.newest_done().and_then(|t| t.checked_sub(1))
-            && self.complete < Some(t)
-        {
-            self.complete = Some(t);
-        }
         // The newest checkpointed superstep before it.
         let safe = self
             .complete
