@@ -236,10 +236,11 @@ fn copy_page(dst: &mut [u8], src: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     if (dst.as_ptr() as usize).is_multiple_of(16) {
         let chunks = src.len() / 64;
-        // SAFETY: SSE2 is part of x86-64. Chunk k reads and writes bytes
-        // 64 k .. 64 k + 64 < 64 chunks <= len of both slices (equal
-        // lengths, asserted); the loads are unaligned, and the streaming
-        // stores go to dst + 64 k + 16 j, 16-byte aligned since dst is.
+        // SAFETY: SSE2 is part of x86-64. Chunk k < chunks reads and
+        // writes bytes 64 k .. 64 k + 64, and 64 k + 64 <= 64 chunks <= the
+        // length of both slices (equal, asserted); the loads are unaligned,
+        // and the streaming stores go to dst + 64 k + 16 j, 16-byte aligned
+        // since dst is.
         // The fence orders the streaming stores before any later store, so
         // whoever gets the buffer afterwards sees them.
         unsafe {

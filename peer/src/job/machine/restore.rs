@@ -174,9 +174,9 @@ impl<I: JobIo> Machine<I> {
         // Checkpointed at the sync of `c`, the process had passed barrier
         // `c − 1`, so that barrier is complete. A peer that joins the job
         // to restore it gets the others' `Done`s only from their safe points
-        // on (never before `c`), so without this it might never see a
-        // barrier between complete, and would retain every message for the
-        // rest of the job (found by the simulator, seed 1466324). The
+        // on (never later than `c`), so without this it might never see
+        // some barrier before `c` complete, and would retain every message
+        // for the rest of the job (found by the simulator, seed 1466324). The
         // observer measures nothing across it: the hosts just changed.
         if let Some(passed) = c.checked_sub(1)
             && self.complete < Some(passed)
