@@ -226,41 +226,6 @@ fn resized(mut memory: Vec<u8>, len: usize) -> Vec<u8> {
     grown
 }
 
-/// `dst.copy_from_slice(src)` for a capture's page, with stores that bypass
-/// the caches where the target has them (x86-64, a 16-byte aligned
-/// destination): the copy is read again only by the connection writer that
-/// makes the frames, so it should not evict the guest's working set, which
-/// the guest touches again as soon as it resumes.
-fn copy_page(dst: &mut [u8], src: &[u8]) {
-    assert_eq!(dst.len(), src.len(), "copy_page: lengths differ");
-    #[cfg(target_arch = "x86_64")]
-    if (dst.as_ptr() as usize).is_multiple_of(16) {
-        let chunks = src.len() / 64;
-        // SAFETY: SSE2 is part of x86-64. Chunk k < chunks reads and
-        // writes bytes 64 k .. 64 k + 64, and 64 k + 64 <= 64 chunks <= the
-        // length of both slices (equal, asserted); the loads are unaligned,
-        // and the streaming stores go to dst + 64 k + 16 j, 16-byte aligned
-        // since dst is.
-        // The fence orders the streaming stores before any later store, so
-        // whoever gets the buffer afterwards sees them.
-        unsafe {
-            use std::arch::x86_64::*;
-            let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
-            for k in 0..chunks {
-                for j in 0..4 {
-                    let v = _mm_loadu_si128(s.add(64 * k + 16 * j).cast());
-                    _mm_stream_si128(d.add(64 * k + 16 * j).cast(), v);
-                }
-            }
-            _mm_sfence();
-        }
-        let done = chunks * 64;
-        dst[done..].copy_from_slice(&src[done..]);
-        return;
-    }
-    dst.copy_from_slice(src);
-}
-
 /// Whether every byte is zero: 256-byte blocks OR-folded (vectorized),
 /// stopping at the first block that is not.
 fn is_zero(bytes: &[u8]) -> bool {

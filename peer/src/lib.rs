@@ -34,6 +34,7 @@ pub mod relay;
 pub mod report;
 pub mod runtime;
 pub mod slots;
+mod stream;
 pub mod sysinfo;
 
 use std::future::Future;

@@ -224,13 +224,13 @@ impl PageTracker {
                 None => {
                     if !is_zero(page) {
                         let start = i * PAGE_SIZE;
-                        copy_page(&mut copy[start..start + page.len()], page);
+                        crate::stream::copy(&mut copy[start..start + page.len()], page);
                     }
                 }
                 // Changed at a capture after `b` (this one included).
                 Some(b) if self.changed[i] > b => {
                     let start = i * PAGE_SIZE;
-                    copy_page(&mut copy[start..start + page.len()], page);
+                    crate::stream::copy(&mut copy[start..start + page.len()], page);
                 }
                 Some(_) => {}
             }

@@ -90,6 +90,9 @@ pub(super) fn out_of_bounds(
     )
 }
 
+/// Reads of guest memory this long or longer are streamed.
+const STREAM_FROM: usize = 64 << 10;
+
 /// Copy `len` bytes out of guest memory, trapping on an out-of-range pointer.
 pub(super) fn read_guest(
     c: &mut Caller<'_, ProcState>,
@@ -100,6 +103,10 @@ pub(super) fn read_guest(
     let mem = guest_memory(c, call)?;
     let data = mem.data(&*c);
     match guest_range(data.len(), ptr, len) {
+        // A large message (a block of numbers, a page of rows) is read
+        // next by the writer that sends it: streamed, it leaves the guest's
+        // cache alone (`crate::stream`).
+        Some(r) if r.len() >= STREAM_FROM => Ok(crate::stream::to_vec(&data[r])),
         Some(r) => Ok(data[r].to_vec()),
         None => {
             let msg = out_of_bounds(call, "read", ptr, len, data.len());
