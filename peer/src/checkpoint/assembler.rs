@@ -508,31 +508,56 @@ impl Assembler {
                 };
             }
         }
-        // A patched page is hashed as the base's page with the patch applied
-        // (in a scratch page: the base stays untouched until the hash holds).
-        let mut scratch: Vec<u8> = Vec::new();
-        for (entry, bytes) in &all_pages {
+        // The memory, patched: the base's own buffer when we may consume it
+        // (and the result is not shorter), else a copy. Each patch is
+        // applied once, in place, and its page hashed there while it is in
+        // the cache; a consumed base gets its old words back (an undo log)
+        // if a patch or the hash fails. Whole pages are copied in once the
+        // hash holds.
+        let (mut memory, mut back, taken) = match base {
+            Some(BaseSnap::Owned(mut b)) if b.memory.len() <= len => {
+                let taken = b.memory.len();
+                let m = resized(std::mem::take(&mut b.memory), len);
+                (m, Some(Box::new(b)), Some(taken))
+            }
+            Some(b) => {
+                let old = &b.get().memory;
+                let n = old.len().min(len);
+                let mut copy = crate::sysinfo::zeroed_buffer(len);
+                copy[..n].copy_from_slice(&old[..n]);
+                (copy, b.into_owned(), None)
+            }
+            None => (
+                crate::sysinfo::zeroed_buffer(len),
+                unused.and_then(BaseSnap::into_owned),
+                None,
+            ),
+        };
+        let mut undo = Vec::new();
+        let mut failed = None;
+        let mut upto = all_pages.len();
+        for (k, (entry, bytes)) in all_pages.iter().enumerate() {
             let index = (entry & !patch::PAGE_PATCH) as usize;
-            hashes[index] = if entry & patch::PAGE_PATCH == 0 {
-                page_hash(bytes)
-            } else {
-                scratch.clear();
-                if let Some(b) = base.as_ref().map(BaseSnap::get) {
-                    let old = b.memory.get(index * PAGE_SIZE..).unwrap_or(&[]);
-                    scratch.extend_from_slice(&old[..old.len().min(PAGE_SIZE)]);
-                }
-                scratch.resize(PAGE_SIZE, 0);
-                if let Err(why) = patch::apply(&mut scratch, bytes) {
-                    let error = CheckpointError::BadPatch {
-                        pid,
-                        superstep,
-                        index: index as u32,
-                        why,
-                    };
-                    return Err((error, base.or(unused).and_then(BaseSnap::into_owned)));
-                }
-                page_hash(&scratch)
+            if entry & patch::PAGE_PATCH == 0 {
+                hashes[index] = page_hash(bytes);
+                continue;
+            }
+            let page = &mut memory[index * PAGE_SIZE..(index + 1) * PAGE_SIZE];
+            let applied = match taken {
+                Some(_) => patch::apply_undoable(page, bytes, &mut undo),
+                None => patch::apply(page, bytes),
             };
+            if let Err(why) = applied {
+                failed = Some(CheckpointError::BadPatch {
+                    pid,
+                    superstep,
+                    index: index as u32,
+                    why,
+                });
+                upto = k;
+                break;
+            }
+            hashes[index] = page_hash(page);
         }
         let mut snapshot = Snapshot {
             pid,
@@ -545,38 +570,42 @@ impl Assembler {
             outbox: all_outbox,
             hash,
         };
-        let actual = canonical_hash_cached(
-            &snapshot,
-            memory_len,
-            hashes.iter().copied(),
-            self.payloads.entry(pid).or_default(),
-            None,
-        );
-        if actual != hash {
-            let error = CheckpointError::HashMismatch {
-                pid,
-                superstep,
-                expected: hex::encode(hash),
-                actual: hex::encode(actual),
-            };
-            return Err((error, base.or(unused).and_then(BaseSnap::into_owned)));
+        if failed.is_none() {
+            let actual = canonical_hash_cached(
+                &snapshot,
+                memory_len,
+                hashes.iter().copied(),
+                self.payloads.entry(pid).or_default(),
+                None,
+            );
+            if actual != hash {
+                failed = Some(CheckpointError::HashMismatch {
+                    pid,
+                    superstep,
+                    expected: hex::encode(hash),
+                    actual: hex::encode(actual),
+                });
+            }
         }
-        // The memory: the base's own buffer when we may consume it, else a copy.
-        let memory = match base {
-            Some(BaseSnap::Owned(mut b)) => std::mem::take(&mut b.memory),
-            Some(b) => b.get().memory.clone(),
-            None => crate::sysinfo::zeroed_buffer(len),
-        };
-        let mut memory = resized(memory, len);
+        if let Some(error) = failed {
+            // A consumed base is put back as it was.
+            if let (Some(taken), Some(b)) = (taken, back.as_mut()) {
+                for (entry, bytes) in all_pages[..upto].iter().rev() {
+                    if entry & patch::PAGE_PATCH != 0 {
+                        let i = (entry & !patch::PAGE_PATCH) as usize;
+                        let page = &mut memory[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+                        patch::revert(page, bytes, &mut undo);
+                    }
+                }
+                memory.truncate(taken);
+                b.memory = memory;
+            }
+            return Err((error, back));
+        }
         for (entry, bytes) in &all_pages {
-            let i = (entry & !patch::PAGE_PATCH) as usize;
-            let page = &mut memory[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
             if entry & patch::PAGE_PATCH == 0 {
-                page.copy_from_slice(bytes);
-            } else {
-                // Checked, and hashed to the right page above.
-                let applied = patch::apply(page, bytes);
-                debug_assert!(applied.is_ok());
+                let i = *entry as usize;
+                memory[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(bytes);
             }
         }
         snapshot.memory = memory;

@@ -451,6 +451,47 @@ pub fn apply(page: &mut [u8], patch: &[u8]) -> Result<(), PatchError> {
     Ok(())
 }
 
+/// [`apply`], keeping in `undo` what it overwrites so that [`revert`] can
+/// put it back: the old words of a patch's runs, appended (an XOR-packed
+/// patch is its own inverse and keeps nothing). A malformed patch is an
+/// error and leaves the page and `undo` as they were.
+pub fn apply_undoable(page: &mut [u8], patch: &[u8], undo: &mut Vec<u8>) -> Result<(), PatchError> {
+    check_within(patch, page.len() / 8)?;
+    if let Some(packed) = patch.strip_prefix(&PACKED) {
+        apply_packed(page, packed);
+        return Ok(());
+    }
+    // Checked: every run is well formed.
+    for (start, words) in runs(patch).map_while(Result::ok) {
+        let at = &mut page[start * 8..start * 8 + words.len()];
+        undo.extend_from_slice(at);
+        at.copy_from_slice(words);
+    }
+    Ok(())
+}
+
+/// Undoes [`apply_undoable`] of `patch` on `page`, taking the bytes it
+/// kept off the end of `undo`: patches applied one after another are
+/// reverted in the reverse order.
+pub fn revert(page: &mut [u8], patch: &[u8], undo: &mut Vec<u8>) {
+    if let Some(packed) = patch.strip_prefix(&PACKED) {
+        apply_packed(page, packed);
+        return;
+    }
+    let kept: usize = runs(patch)
+        .map_while(Result::ok)
+        .map(|(_, w)| w.len())
+        .sum();
+    let from = undo.len().saturating_sub(kept);
+    let mut old = &undo[from..];
+    for (start, words) in runs(patch).map_while(Result::ok) {
+        let (run, rest) = old.split_at(words.len().min(old.len()));
+        page[start * 8..start * 8 + run.len()].copy_from_slice(run);
+        old = rest;
+    }
+    undo.truncate(from);
+}
+
 /// The runs of a patch as (first word, the words' bytes), checked.
 fn runs(patch: &[u8]) -> impl Iterator<Item = Result<(usize, &[u8]), PatchError>> {
     let mut pos = 0;
@@ -572,6 +613,58 @@ mod tests {
                 // most half of the first check's bytes never is.
                 prop_assert!(reference_len(&base, &new) > CHECK_EVERY / 2);
             }
+        }
+
+        /// Patches of both forms (and hostile bytes among them) applied one
+        /// after another with an undo log, then reverted in reverse order:
+        /// each step is what `apply` does, and the page and the log end
+        /// as they started.
+        #[test]
+        fn reverting_undoable_patches_restores_the_page(
+            steps in proptest::collection::vec(
+                (
+                    proptest::collection::vec((0usize..WORDS, any::<u64>()), 0..300),
+                    any::<Option<u16>>(),
+                    proptest::collection::vec(any::<u8>(), 0..40),
+                ),
+                1..6,
+            ),
+            seed in any::<u8>(),
+        ) {
+            let (start, _) = page_with(&[], seed);
+            let mut page = start.clone();
+            let mut undo = vec![seed];
+            let mut applied = Vec::new();
+            for (changes, dense, hostile) in &steps {
+                let mut new = page.clone();
+                for &(w, v) in changes {
+                    new[w * 8..w * 8 + 8].copy_from_slice(&v.to_le_bytes());
+                }
+                if let Some(d) = dense {
+                    // Every word's low bytes move: the packed form.
+                    for (i, c) in new.chunks_exact_mut(8).enumerate() {
+                        let x = word(c) ^ (u64::from(*d).wrapping_mul(i as u64 + 1) & 0xffff);
+                        c.copy_from_slice(&x.to_le_bytes());
+                    }
+                }
+                for patch in [diff(&page, &new), Some(hostile.clone())].into_iter().flatten() {
+                    let mut expected = page.clone();
+                    let before = undo.len();
+                    match apply_undoable(&mut page, &patch, &mut undo) {
+                        Ok(()) => {
+                            prop_assert!(apply(&mut expected, &patch).is_ok());
+                            applied.push(patch);
+                        }
+                        Err(_) => prop_assert_eq!(undo.len(), before),
+                    }
+                    prop_assert!(page == expected);
+                }
+            }
+            for patch in applied.iter().rev() {
+                revert(&mut page, patch, &mut undo);
+            }
+            prop_assert!(page == start);
+            prop_assert_eq!(undo, vec![seed]);
         }
 
         /// Any bytes as a patch: an error that leaves the page as it was,

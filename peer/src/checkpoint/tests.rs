@@ -580,6 +580,56 @@ fn a_rejected_delta_leaves_the_base_in_the_store_unchanged() {
     assert_eq!(store.pids(), vec![1]);
 }
 
+/// The replica patches its base in place, each page once: when the result
+/// does not hash right (here a whole page corrupted after two patched
+/// ones, one XOR-packed and one of runs, while the memory grew), the
+/// patches are undone and the base is back byte for byte.
+#[test]
+fn a_rejected_delta_of_both_patch_forms_is_undone() {
+    let m0: Vec<u8> = [1u8, 2, 3].iter().flat_map(|&s| page_of(s)).collect();
+    let mut m1 = m0.clone();
+    // Page 0: the low byte of every word moves (packed); page 1: one run.
+    for w in m1[..P].chunks_exact_mut(8) {
+        w[0] = w[0].wrapping_add(1);
+    }
+    m1[P + 80..P + 96].copy_from_slice(&[0xcd; 16]);
+    m1[2 * P..].copy_from_slice(&page_of(8));
+    m1.extend(page_of(9));
+    let mut t = PageTracker::new();
+    let s0 = Arc::new(t.capture(head(1, 0, vec![]), &m0));
+    let s1 = Arc::new(t.capture(head(1, 1, vec![]), &m1));
+    t.acked(5, 0, true);
+    let plan = t.plan(5, &s1);
+    assert_eq!(plan.pages, vec![0, 1, 2, 3]);
+    let frames = || to_frames_shared(&s1, &plan.pages, plan.base, Some(&s0.memory));
+    let kinds: Vec<(u32, bool)> = last_checkpoint(&mut frames())
+        .pages
+        .iter()
+        .map(|(i, b)| (*i, b.starts_with(&[0xff, 0xff])))
+        .collect();
+    let patched = |i: u32| i | patch::PAGE_PATCH;
+    assert_eq!(
+        kinds,
+        vec![
+            (patched(0), true),
+            (patched(1), false),
+            (2, false),
+            (3, false)
+        ]
+    );
+
+    let (mut asm, mut store) = replica_holding(&s0);
+    let mut bad = frames();
+    flip(&mut last_checkpoint(&mut bad).pages[3].1, 5);
+    let err = deliver(&mut asm, &mut store, bad).unwrap_err();
+    assert!(matches!(err, CheckpointError::HashMismatch { .. }), "{err}");
+    assert_eq!(store.newest(1), Some(&*s0));
+    assert!(store.newest(1).is_some_and(Snapshot::verify));
+
+    let got = deliver(&mut asm, &mut store, frames()).unwrap();
+    assert_eq!(got, *s1);
+}
+
 /// A page that changed in a few words travels as a patch of the base's
 /// page; a corrupted or malformed patch is refused and leaves the base in
 /// the store as it was.
