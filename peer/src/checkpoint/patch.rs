@@ -142,8 +142,21 @@ fn diff_into(base: &[u8], new: &[u8], body: &mut [u8]) -> Option<Vec<u8>> {
             // Each word's XOR is stored whole; the bytes above its width
             // are overwritten by the next one's.
             let out = &mut body[packed..packed + (words - 1) * w + 8];
-            for (i, x) in xors[..words].iter().enumerate() {
-                out[i * w..i * w + 8].copy_from_slice(&x.to_le_bytes());
+            if words == BLOCK_WORDS {
+                match w {
+                    1 => pack::<1>(&xors, out),
+                    2 => pack::<2>(&xors, out),
+                    3 => pack::<3>(&xors, out),
+                    4 => pack::<4>(&xors, out),
+                    5 => pack::<5>(&xors, out),
+                    6 => pack::<6>(&xors, out),
+                    7 => pack::<7>(&xors, out),
+                    _ => pack::<8>(&xors, out),
+                }
+            } else {
+                for (i, x) in xors[..words].iter().enumerate() {
+                    out[i * w..i * w + 8].copy_from_slice(&x.to_le_bytes());
+                }
             }
             packed += words * w;
         } else {
@@ -349,6 +362,17 @@ fn apply_packed(page: &mut [u8], patch: &[u8]) {
             }
         }
         pos += words * w;
+    }
+}
+
+/// Stores a whole block's XORs at width `W` (each whole, at `W` bytes
+/// apart: `out` holds the `15 W + 8` bytes the stores reach), unrolled
+/// with the bounds checked once.
+#[inline(always)]
+fn pack<const W: usize>(xors: &[u64; BLOCK_WORDS], out: &mut [u8]) {
+    let out = &mut out[..(BLOCK_WORDS - 1) * W + 8];
+    for (i, x) in xors.iter().enumerate() {
+        out[i * W..i * W + 8].copy_from_slice(&x.to_le_bytes());
     }
 }
 
