@@ -455,11 +455,12 @@ impl Assembler {
             for &i in &all_patched {
                 let m = &mut all_outbox[i];
                 let rebuilt = match references.get(&(m.dst, m.seq)) {
-                    Some(r) => patch::apply_payload(r, &m.payload),
+                    Some(&r) if patch::payload_unchanged(r.len(), &m.payload) => Ok(r.clone()),
+                    Some(r) => patch::apply_payload(r, &m.payload).map(Bytes::from),
                     None => Err(patch::PatchError::NoReference),
                 };
                 match rebuilt {
-                    Ok(p) => m.payload = Bytes::from(p),
+                    Ok(p) => m.payload = p,
                     Err(why) => fail!(CheckpointError::MessagePatch {
                         pid,
                         superstep,

@@ -433,6 +433,17 @@ pub fn diff_payload(reference: &[u8], new: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// Whether `patch`, in [`diff_payload`]'s form, changes nothing in a
+/// payload of `len` bytes (whole words): every chunk's patch is empty, so
+/// [`apply_payload`] would give the reference back byte for byte. The
+/// replica then shares the reference's buffer, and its cached hash,
+/// instead of copying it: a converged PageRank's contributions repeat.
+pub fn payload_unchanged(len: usize, patch: &[u8]) -> bool {
+    len.is_multiple_of(8)
+        && patch.len() == 4 * len.div_ceil(PAGE_SIZE)
+        && patch.iter().all(|&b| b == 0)
+}
+
 /// The payload [`diff_payload`] described: `reference` with `patch` applied.
 pub fn apply_payload(reference: &[u8], patch: &[u8]) -> Result<Vec<u8>, PatchError> {
     if !reference.len().is_multiple_of(8) {
@@ -808,8 +819,28 @@ mod tests {
             }
             if let Some(p) = diff_payload(&reference, &new) {
                 prop_assert!(p.len() <= new.len() / 4 * 3);
+                prop_assert_eq!(payload_unchanged(reference.len(), &p), new == reference);
                 prop_assert_eq!(apply_payload(&reference, &p).unwrap(), new);
             }
+        }
+
+        /// A patch said to change nothing is one that `apply_payload`
+        /// accepts and that gives the reference back, for any bytes and
+        /// any length.
+        #[test]
+        fn an_unchanged_payload_is_what_applying_gives(
+            len in 0usize..200_000,
+            patch in proptest::collection::vec(0u8..2, 0..20),
+        ) {
+            let reference: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            if payload_unchanged(len, &patch) {
+                prop_assert_eq!(apply_payload(&reference, &patch), Ok(reference.clone()));
+            }
+            let empty = vec![0; 4 * len.div_ceil(PAGE_SIZE)];
+            prop_assert_eq!(
+                payload_unchanged(len, &empty),
+                apply_payload(&reference, &empty).is_ok()
+            );
         }
 
         /// Any bytes as a payload patch: an error or a payload of the

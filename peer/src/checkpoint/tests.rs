@@ -779,6 +779,37 @@ fn repeated_sends_travel_as_payload_patches() {
     assert_eq!(deliver(&mut asm, &mut store, frames()).unwrap(), s1);
 }
 
+/// A send that repeats the same send of the superstep before byte for byte
+/// (a converged PageRank's contributions) costs the replica no copy: the
+/// message it rebuilds shares the base's buffer.
+#[test]
+fn a_repeated_payload_shares_the_replicas_buffer() {
+    let send = |superstep| WireMessage {
+        src: 1,
+        dst: 0,
+        superstep,
+        seq: 0,
+        tag: 0,
+        payload: vec![5u8; 200_000].into(),
+    };
+    let m: Vec<u8> = page_of(1);
+    let mut t = PageTracker::new();
+    let s0 = t.capture(head_retaining(1, 0, vec![send(0)]), &m);
+    let s1 = t.capture(head_retaining(1, 1, vec![send(0), send(1)]), &m);
+    t.acked(5, 0, true);
+    let plan = t.plan(5, &s1);
+    let mut frames = to_frames(&s1, &plan.pages, plan.base);
+    assert_eq!(last_checkpoint(&mut frames).patched, vec![0]);
+    let (mut asm, mut store) = replica_holding(&s0);
+    let got = deliver(&mut asm, &mut store, frames).unwrap();
+    assert_eq!(got, s1);
+    let held = store.newest(1).expect("stored");
+    assert_eq!(
+        held.outbox[1].payload.as_ptr(),
+        held.outbox[0].payload.as_ptr()
+    );
+}
+
 #[test]
 fn deltas_against_an_older_base_include_every_page_changed_since() {
     let mut m: Vec<u8> = [1u8, 2, 3, 4].iter().flat_map(|&s| page_of(s)).collect();
