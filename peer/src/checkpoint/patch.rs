@@ -474,16 +474,7 @@ pub fn apply_payload(reference: &[u8], patch: &[u8]) -> Result<Vec<u8>, PatchErr
 /// Writes `patch` into `page` (a whole page, or a chunk of a payload). A
 /// malformed patch is an error and leaves the page as it was.
 pub fn apply(page: &mut [u8], patch: &[u8]) -> Result<(), PatchError> {
-    check_within(patch, page.len() / 8)?;
-    if let Some(packed) = patch.strip_prefix(&PACKED) {
-        apply_packed(page, packed);
-        return Ok(());
-    }
-    for r in runs(patch) {
-        let (start, words) = r?;
-        page[start * 8..start * 8 + words.len()].copy_from_slice(words);
-    }
-    Ok(())
+    apply_keeping(page, patch, |_| {})
 }
 
 /// [`apply`], keeping in `undo` what it overwrites so that [`revert`] can
@@ -491,6 +482,16 @@ pub fn apply(page: &mut [u8], patch: &[u8]) -> Result<(), PatchError> {
 /// patch is its own inverse and keeps nothing). A malformed patch is an
 /// error and leaves the page and `undo` as they were.
 pub fn apply_undoable(page: &mut [u8], patch: &[u8], undo: &mut Vec<u8>) -> Result<(), PatchError> {
+    apply_keeping(page, patch, |old| undo.extend_from_slice(old))
+}
+
+/// [`apply`], showing `keep` the bytes of each run before it overwrites
+/// them.
+fn apply_keeping(
+    page: &mut [u8],
+    patch: &[u8],
+    mut keep: impl FnMut(&[u8]),
+) -> Result<(), PatchError> {
     check_within(patch, page.len() / 8)?;
     if let Some(packed) = patch.strip_prefix(&PACKED) {
         apply_packed(page, packed);
@@ -499,7 +500,7 @@ pub fn apply_undoable(page: &mut [u8], patch: &[u8], undo: &mut Vec<u8>) -> Resu
     // Checked: every run is well formed.
     for (start, words) in runs(patch).map_while(Result::ok) {
         let at = &mut page[start * 8..start * 8 + words.len()];
-        undo.extend_from_slice(at);
+        keep(at);
         at.copy_from_slice(words);
     }
     Ok(())
