@@ -296,9 +296,19 @@ fn main() -> ExitCode {
     ) {
         die_quietly_on_a_closed_pipe();
     }
-    if matches!(&cli.command, Command::Peer(a) if a.runs()) {
+    if let Command::Peer(a) = &cli.command
+        && let Some(nice) = a.niceness()
+    {
         // Before the async runtime starts its threads.
         bspweb_peer::sysinfo::use_one_allocator_arena();
+        // Every thread of the peer inherits this thread's niceness: its
+        // checkpoint, replica and network work yields to the volunteer's
+        // programs as its guests do (and its time counts as niced, which
+        // the idle estimate does not count as busy). Threads niced at
+        // least as much as guests may run short supersteps themselves.
+        if let Err(e) = bspweb_peer::runtime::nice_thread_at_least(nice) {
+            eprintln!("warning: could not lower the peer's priority to niceness {nice}: {e}");
+        }
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

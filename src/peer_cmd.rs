@@ -265,6 +265,12 @@ impl PeerArgs {
     pub fn runs(&self) -> bool {
         self.command.is_none()
     }
+
+    /// The OS niceness the whole peer runs at when it runs (`--nice`): its
+    /// own work (checkpoints, replicas, the network) as well as programs.
+    pub fn niceness(&self) -> Option<i32> {
+        self.runs().then_some(self.run.nice)
+    }
 }
 
 /// The unit's name.

@@ -230,7 +230,14 @@ impl Cluster {
             "--listen",
             "127.0.0.1:0",
         ])
-        .args(["--name", name, "--nice", "0", "--slots", "2"])
+        .args(["--name", name, "--slots", "2"])
+        // Not niced (the machine is the tests') unless the test says.
+        .args(
+            (!extra.iter().any(|a| a == "--nice"))
+                .then_some(["--nice", "0"])
+                .into_iter()
+                .flatten(),
+        )
         // Speed 1 unless the test claims another.
         .args(
             (!extra.iter().any(|a| a == "--speed"))

@@ -126,6 +126,57 @@ async fn pause_moves_the_processes_away_and_resume_takes_work_again() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no peer is running"));
 }
 
+/// The OS niceness of every thread of process `pid` (Linux: niceness is
+/// per thread), by thread name.
+fn thread_niceness(pid: u32) -> Vec<(String, i32)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let Ok(stat) = std::fs::read_to_string(t.unwrap().path().join("stat")) else {
+            continue; // the thread ended meanwhile
+        };
+        // `pid (comm) state ppid …`: the comm may hold spaces and
+        // parentheses, the fields after its last `)` do not; niceness is
+        // the 19th field, the 17th after the comm.
+        let (head, rest) = stat.rsplit_once(')').unwrap();
+        let name = head.split_once('(').unwrap().1.to_string();
+        let nice = rest.split_whitespace().nth(16).unwrap().parse().unwrap();
+        out.push((name, nice));
+    }
+    out
+}
+
+/// A peer started by hand with `--nice N` runs all of its threads at N, not
+/// only the ones running programs: its checkpoint, replica and network work
+/// yields to the volunteer's programs too (and counts as niced time in the
+/// idle estimate, `docs/volunteer.md`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_runs_every_thread_at_its_niceness() {
+    let nice = 7;
+    let cluster = Cluster::start(Options {
+        peers: 2,
+        peer_args: vec!["--nice".into(), nice.to_string()],
+        ..Options::default()
+    });
+    let client = cluster.admin().await;
+    // A job with processes, checkpoints and replicas on both peers: their
+    // blocking and network threads have all been started.
+    let done = crate::harness::run(
+        &client,
+        job("supersteps", 4, serde_json::json!({"k": 30, "h": 4096})),
+    )
+    .await;
+    done.assert_exited();
+    for i in 0..2 {
+        let threads = thread_niceness(cluster.peer_pid(i));
+        assert!(threads.len() > 2, "peer {i}: {threads:?}");
+        let low: Vec<_> = threads.iter().filter(|(_, n)| *n < nice).collect();
+        assert!(
+            low.is_empty(),
+            "peer {i}: threads below niceness {nice}: {low:?} (all: {threads:?})"
+        );
+    }
+}
+
 /// `bspweb peer install --user` writes a settings file and a unit that
 /// `systemd-analyze verify` accepts without a warning; `uninstall` removes
 /// the unit. (Starting it needs a running systemd, which a CI container
