@@ -221,6 +221,13 @@ impl Cluster {
         extra: &[String],
         env: &[(&str, &str)],
     ) -> usize {
+        // `flag value` unless the test passes `flag` itself.
+        let default = |flag: &'static str, value: &'static str| {
+            (!extra.iter().any(|a| a == flag))
+                .then_some([flag, value])
+                .into_iter()
+                .flatten()
+        };
         let mut cmd = bspweb();
         cmd.envs(env.iter().copied());
         cmd.args([
@@ -231,20 +238,10 @@ impl Cluster {
             "127.0.0.1:0",
         ])
         .args(["--name", name, "--slots", "2"])
-        // Not niced (the machine is the tests') unless the test says.
-        .args(
-            (!extra.iter().any(|a| a == "--nice"))
-                .then_some(["--nice", "0"])
-                .into_iter()
-                .flatten(),
-        )
-        // Speed 1 unless the test claims another.
-        .args(
-            (!extra.iter().any(|a| a == "--speed"))
-                .then_some(["--speed", "1.0"])
-                .into_iter()
-                .flatten(),
-        )
+        // Not niced (the machine is the tests'), speed 1, unless the test
+        // says otherwise.
+        .args(default("--nice", "0"))
+        .args(default("--speed", "1.0"))
         .arg("--exit-on-stdin-eof")
         .arg("--control-socket")
         .arg(self.control_socket(name))

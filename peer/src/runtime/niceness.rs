@@ -75,7 +75,7 @@ pub(super) fn thread_niceness() -> Option<i32> {
 }
 
 /// Give the calling thread OS niceness `nice` unless it is niced more
-/// already (the whole peer under `nice`, or the service's `Nice=19`):
+/// already (the whole `bspweb peer` at `--nice`, or the service's `Nice=19`):
 /// raising its priority would fail without privileges, and is not wanted
 /// anyway.
 pub fn nice_thread_at_least(nice: i32) -> std::io::Result<()> {
