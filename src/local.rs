@@ -194,6 +194,7 @@ fn local_peer(
     idle_file: Option<&Path>,
     data: &Path,
     token: &bsp_api::control::EnrollmentToken,
+    budget_mib: u64,
 ) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(exe);
     cmd.args(["peer", "--supernode", url, "--listen", "127.0.0.1:0"])
@@ -204,12 +205,26 @@ fn local_peer(
         .arg("--control-socket")
         .arg(data.join(format!("peer-local-{i}.sock")))
         .arg("--exit-on-stdin-eof")
+        // Its share of the machine: every local peer budgeting half of it
+        // would let them together run the machine out of memory.
+        .args(["--memory-budget-mib", &budget_mib.to_string()])
         .stdin(std::process::Stdio::piped())
         .kill_on_drop(true);
     if let Some(f) = idle_file {
         cmd.arg("--idle-file").arg(f);
     }
     cmd
+}
+
+/// Each local peer's memory budget in MiB: an equal share of `total` (by
+/// default half the machine's memory), at least 1 MiB; 0 (no budget) stays
+/// 0.
+fn peer_budget_mib(total: Option<u64>, peers: usize) -> u64 {
+    let total = total.unwrap_or_else(|| bspweb_peer::budget::default_limit() >> 20);
+    if total == 0 {
+        return 0;
+    }
+    (total / peers.max(1) as u64).max(1)
 }
 
 pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
@@ -220,7 +235,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         lease_ttl_secs,
         idle_file,
         cluster_step_ms,
+        memory_budget_mib,
     } = args;
+    let budget_mib = peer_budget_mib(memory_budget_mib, peers);
     // From the start: a SIGTERM while it starts stops it like one later
     // (the default action would end it at once, its peers without a word).
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -254,11 +271,19 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         let log_path = logs.join(format!("peer-{i}.log"));
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("cannot create {}", log_path.display()))?;
-        let child = local_peer(&exe, &url, i, idle_file.as_deref(), &data, &token)
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("cannot start a local peer")?;
+        let child = local_peer(
+            &exe,
+            &url,
+            i,
+            idle_file.as_deref(),
+            &data,
+            &token,
+            budget_mib,
+        )
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("cannot start a local peer")?;
         children.push((i, child, log_path));
     }
 
@@ -357,7 +382,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
                                     eprintln!("warning: local peer {i} stopped ({status}); see {}", log.display());
                                 }
                             }
-                            *child = local_peer(&exe, &url, *i, idle_file.as_deref(), &data, &token)
+                            *child = local_peer(&exe, &url, *i, idle_file.as_deref(), &data, &token, budget_mib)
                                 .stdout(std::fs::File::options().append(true).open(&*log)?)
                                 .stderr(std::fs::File::options().append(true).open(&*log)?)
                                 .spawn()

@@ -125,6 +125,13 @@ pub struct UpArgs {
     /// links, in milliseconds (as for `bspweb supernode`)
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
     cluster_step_ms: u64,
+    /// The most memory the local peers together may use for bspweb, in
+    /// MiB, shared equally among them (each peer's `--memory-budget-mib`):
+    /// a job that would take a peer past its share fails, saying so,
+    /// instead of the machine running out [default: half the machine's
+    /// memory; 0: no budget]
+    #[arg(long)]
+    memory_budget_mib: Option<u64>,
 }
 
 const SUPERNODE_ABOUT: &str =

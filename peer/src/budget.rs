@@ -110,8 +110,21 @@ impl MemoryBudget {
     /// Why a request for `more` bytes is refused, for the person who runs
     /// the job.
     pub fn refusal(&self, what: &str, more: u64) -> String {
+        let held: u64 = {
+            let h = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            h.values().sum()
+        };
+        // Mostly messages kept for a restore: say how to keep fewer.
+        let retained = if held >= self.resident() / 2 && held > 0 {
+            format!(
+                "; {} MiB of it are messages and checkpoints kept for fault tolerance (senders keep every message since the last checkpoint): checkpoint more often,",
+                held / MIB
+            )
+        } else {
+            ";".to_string()
+        };
         format!(
-            "{}, and {what} {} MiB more; use fewer or smaller processes per peer, or send less per superstep",
+            "{}, and {what} {} MiB more{retained} use fewer or smaller processes per peer, or send less per superstep",
             self.state(),
             more.div_ceil(MIB)
         )
@@ -158,6 +171,16 @@ mod tests {
         let why = b.refusal("this process asked for", 3 * MIB);
         assert!(why.contains("it holds 11 MiB of the 10 MiB"), "{why}");
         assert!(why.contains("asked for 3 MiB more"), "{why}");
+        assert!(!why.contains("checkpoint more often"), "{why}");
+        // Mostly messages kept for a restore: the advice says how to keep
+        // fewer.
+        b.set_held(7, 6 * MIB);
+        let why = b.refusal("this process asked for", 3 * MIB);
+        assert!(
+            why.contains("6 MiB of it are messages and checkpoints kept for fault tolerance")
+                && why.contains("checkpoint more often"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -497,6 +497,20 @@ async fn finding_1_a_job_cannot_make_peers_run_out_of_memory() {
             );
         }
     }
+    // Checkpoints off and 4 MiB sent per superstep: the senders keep every
+    // message since the start, and the job fails once they fill a budget,
+    // saying to checkpoint more often.
+    let mut piling = job("supersteps", 2, json!({"k": 100_000, "h": 4 << 20}));
+    piling.limits = Some(bsp_api::rest::JobLimits {
+        checkpoint_every: 1_000_000,
+        ..Default::default()
+    });
+    let failure = run(&client, piling).await.failure();
+    assert!(
+        failure.contains("the peer is out of memory for bspweb")
+            && failure.contains("checkpoint more often"),
+        "{failure}"
+    );
     run(&client, job("ring", 6, json!(null)))
         .await
         .assert_exited();

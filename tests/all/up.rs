@@ -116,6 +116,25 @@ fn up_serves_and_its_peers_stop_with_it_on_sigterm_or_sigkill() {
     }
     let peers = children(child.id());
     assert_eq!(peers.len(), 2, "two local peers: {peers:?}");
+    // The peers share half the machine's memory as their budgets: each
+    // taking half would let them run the machine out together.
+    let mem_total_mib = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        / 1024;
+    let share = format!("of a {} MiB budget", mem_total_mib / 2 / 2);
+    for i in 0..2 {
+        let status = bspweb()
+            .args(["peer", "status", "--socket"])
+            .arg(data.path().join(format!("peer-local-{i}.sock")))
+            .output()
+            .expect("run bspweb peer status");
+        let status = String::from_utf8_lossy(&status.stdout);
+        assert!(status.contains(&share), "peer {i}: {status}");
+    }
     signal(child.id(), "-TERM");
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}");

@@ -640,9 +640,12 @@ impl<I: JobIo> Machine<I> {
         if self.failed {
             return;
         }
-        let superstep = pid
-            .and_then(|p| self.local.get(&p))
-            .map_or(0, |l| l.superstep);
+        // The process's superstep; for the whole job here, the furthest of
+        // its local processes.
+        let superstep = match pid {
+            Some(p) => self.local.get(&p).map_or(0, |l| l.superstep),
+            None => self.local.values().map(|l| l.superstep).max().unwrap_or(0),
+        };
         tracing::warn!(job = self.job, ?pid, "job failed on this peer: {reason}");
         self.emit(PeerEvent::ProcessFailed {
             job: self.job,

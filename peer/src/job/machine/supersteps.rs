@@ -308,8 +308,18 @@ impl<I: JobIo> Machine<I> {
         // Over the peer's memory budget: the job holding the most here
         // fails, rather than the peer (issue 20, finding 1).
         if let Some(state) = self.io.over_budget() {
+            // Senders keep every message sent since the last checkpoint
+            // (a restore replays them): rare checkpoints pile them up.
+            let advice = if self.checkpoint_every > 1 {
+                format!(
+                    "checkpoint more often (senders keep every message since the last checkpoint, and it is every {} supersteps), use fewer processes per peer or send less per superstep",
+                    self.checkpoint_every
+                )
+            } else {
+                "use fewer processes per peer or send less per superstep".to_string()
+            };
             let why = format!(
-                "{state}; this job holds {} MiB of messages and checkpoints on it, the most of its jobs; use fewer processes per peer or send less per superstep",
+                "{state}; this job holds {} MiB of messages and checkpoints on it, the most of its jobs; {advice}",
                 self.held >> 20
             );
             return self.fail(None, why);
