@@ -117,7 +117,7 @@ impl MemoryBudget {
         // Mostly messages kept for a restore: say how to keep fewer.
         let retained = if held >= self.resident() / 2 && held > 0 {
             format!(
-                "; {} MiB of it are messages and checkpoints kept for fault tolerance (senders keep every message since the last checkpoint): checkpoint more often,",
+                "; {} MiB of it are messages and checkpoints kept for fault tolerance (senders keep every message since the last checkpoint): checkpoint more often if the job checkpoints rarely,",
                 held / MIB
             )
         } else {
