@@ -118,14 +118,9 @@ fn up_serves_and_its_peers_stop_with_it_on_sigterm_or_sigkill() {
     assert_eq!(peers.len(), 2, "two local peers: {peers:?}");
     // The peers share half the machine's memory as their budgets: each
     // taking half would let them run the machine out together.
-    let mem_total_mib = std::fs::read_to_string("/proc/meminfo")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .unwrap()
-        / 1024;
-    let share = format!("of a {} MiB budget", mem_total_mib / 2 / 2);
+    let half_mib = bspweb_peer::budget::default_limit() >> 20;
+    assert!(half_mib > 0, "/proc/meminfo gives the machine's memory");
+    let share = format!("of a {} MiB budget", half_mib / 2);
     for i in 0..2 {
         let status = bspweb()
             .args(["peer", "status", "--socket"])
