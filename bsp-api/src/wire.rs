@@ -63,8 +63,10 @@ use crate::{JobId, PeerId, Pid};
 /// 10: checkpoint deltas carry page and payload patches ([`PAGE_PATCH`],
 /// [`Checkpoint::patched`]). 11: a patch may be XOR-packed (marker
 /// `0xff 0xff`: a byte width per 16 words, then each word's changed low
-/// bytes).
-pub const WIRE_VERSION: u32 = 11;
+/// bytes). 12: [`Frame::Done`] carries the sender's acknowledgements of
+/// checkpoints (`acks`), and a `Done` waits only for the checkpoints two
+/// supersteps back.
+pub const WIRE_VERSION: u32 = 12;
 
 /// Largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
@@ -102,6 +104,11 @@ pub enum Frame {
     Done {
         superstep: u32,
         procs: Vec<ProcDone>,
+        /// `(pid, superstep)`: the sender holds `pid`'s checkpoint of
+        /// `superstep`, as a [`Frame::CheckpointAck`] with `ok` would say
+        /// (a replica's acknowledgements ride with its next `Done` to the
+        /// checkpoint's owner instead of taking a write of their own).
+        acks: Vec<(Pid, u32)>,
     },
     /// Part of the [`Frame::Checkpoint`] or [`Frame::Snapshot`] for the same
     /// `(pid, superstep)` that follows on this connection: more pages and

@@ -142,6 +142,7 @@ mod tests {
         let data = Frame::Done {
             superstep,
             procs: Vec::new(),
+            acks: Vec::new(),
         };
         c.send(encode(&data).unwrap()).await.unwrap();
         assert_eq!(rx.recv().await, Some(Inbound::Connected { from: 2 }));
@@ -165,6 +166,7 @@ mod tests {
                 counts: vec![(0, 9)],
                 digest: None,
             }],
+            acks: vec![(2, 7)],
         };
         let mut b = encode(&f).unwrap().to_vec();
         assert_eq!(decode(b.clone()).unwrap(), f);

@@ -6,10 +6,11 @@
 //! Per process and superstep: resume it until it syncs or returns; route
 //! what it sent (local destinations straight into the [`Barrier`], remote
 //! ones in `Data` frames) and retain it; at a checkpointed superstep capture
-//! its state and send it to its replicas; once they all acknowledged (at
-//! once when the superstep is not checkpointed), tell every peer
-//! `Done(pid, s)`; when the barrier says the process has everything for
-//! `s`, give it its inbox and resume it.
+//! its state and send it to its replicas; once they all acknowledged its
+//! checkpoints before `s − 1`, tell every peer `Done(pid, s)` (with the
+//! acknowledgements this peer held back for each of them); when the
+//! barrier says the process has everything for `s`, give it its inbox and
+//! resume it.
 //!
 //! A new assignment (a higher epoch) changes the routing table; processes
 //! that moved here are restored from the newest snapshot any peer holds, and
@@ -286,12 +287,13 @@ struct Local<G> {
     superstep: u32,
     /// Checkpoints not yet acknowledged by all their replicas (or whose
     /// output is not yet delivered), oldest first. Replication overlaps
-    /// the next superstep, so there are at most two: `K_{s-1}` still in
-    /// flight and `K_s` just taken (`Done(s + 1)` waits for `K_{s-1}`, so
-    /// the barrier of `s + 1` cannot pass before it is safe).
+    /// the next two supersteps, so there are at most three: `K_{s-2}` and
+    /// `K_{s-1}` still in flight and `K_s` just taken (`Done(s + 1)` waits
+    /// for `K_{s-1}`, so the barrier of `s + 1` cannot pass before it is
+    /// safe).
     pending: VecDeque<Pending>,
     /// `Done`s not yet sent, ascending: `Done(s)` goes out once every
-    /// checkpoint before `s` is safe ([`may_announce`]).
+    /// checkpoint before `s − 1` is safe ([`may_announce`]).
     held: Vec<(u32, ProcDone)>,
     /// With redundancy: the `Done` of a superstep being captured, which
     /// waits for the digest of the capture.
@@ -463,7 +465,11 @@ pub(crate) struct Machine<I: JobIo> {
     /// How the job's other peers keep up ([`crate::observe`]), in machine
     /// time.
     observer: crate::observe::Observer,
-    /// The newest checkpointed superstep before `complete`: every process
+    /// Acknowledgements of other peers' checkpoints held back to travel
+    /// with this peer's next `Done` to them: per owner's peer, the newest
+    /// superstep held per pid ([`ack_may_wait`]).
+    held_acks: BTreeMap<PeerId, BTreeMap<Pid, u32>>,
+    /// The newest checkpointed superstep before `complete − 1`: every process
     /// has a safe checkpoint at or after it, so nobody is ever restored from
     /// before it.
     safe: Option<u32>,
@@ -506,6 +512,7 @@ impl<I: JobIo> Machine<I> {
             observer: crate::observe::Observer::new(0),
             safe: None,
             store: ReplicaStore::new(),
+            held_acks: BTreeMap::new(),
             assemblers: BTreeMap::new(),
             failed: false,
             program: ProgramFetch::new(a),
@@ -556,6 +563,7 @@ impl<I: JobIo> Machine<I> {
             }
         }
         self.pump();
+        self.flush_acks();
         Flow::Continue
     }
 
@@ -687,7 +695,7 @@ impl<I: JobIo> Machine<I> {
             }
             // In steady state the local processes are within a superstep of
             // each other and of the newest barrier complete here, and the
-            // safe point trails them by at most `checkpoint_every + 1`. A
+            // safe point trails them by at most `checkpoint_every + 2`. A
             // process restored from an older checkpoint than another's
             // (found by the simulator, seed 557238) widens that by their
             // distance until it catches up; one restored from a checkpoint
@@ -703,13 +711,13 @@ impl<I: JobIo> Machine<I> {
             let newest_local = running.clone().max().unwrap_or(0);
             let spread = newest_local - running.min().unwrap_or(0);
             let ahead = newest_local.saturating_sub(self.complete.map_or(0, |c| c + 1));
-            let bound = self.checkpoint_every + 2 + spread + ahead;
+            let bound = self.checkpoint_every + 3 + spread + ahead;
             let newest = self.retained.values().flatten().map(|m| m.superstep).max();
             if let Some(n) = newest
                 && n - g > bound
             {
                 return Err(format!(
-                    "messages of supersteps {g}..={n} are retained, more than checkpoint_every + 2 + the local processes' spread + how far they are ahead of the complete barrier = {bound}"
+                    "messages of supersteps {g}..={n} are retained, more than checkpoint_every + 3 + the local processes' spread + how far they are ahead of the complete barrier = {bound}"
                 ));
             }
             if let Some(&(_, s, _)) = self.routing.relays.keys().find(|&&(_, s, _)| s < g) {
@@ -733,7 +741,7 @@ impl<I: JobIo> Machine<I> {
             return Err("the bytes held are not what was reported".into());
         }
         for (pid, l) in &self.local {
-            // Two in flight, and one that gates the process's own `Done`
+            // Three in flight, and one that gates the process's own `Done`
             // (an exit, or a restored snapshot). A process restored from
             // checkpoint `r` older than the complete barrier `c` replays
             // supersteps `r + 1..=c + 1` without waiting for
@@ -747,9 +755,9 @@ impl<I: JobIo> Machine<I> {
                 (Some(o), Some(c)) => c.saturating_sub(o) as usize,
                 _ => 0,
             };
-            if l.pending.len() > 3 + catch_up {
+            if l.pending.len() > 4 + catch_up {
                 return Err(format!(
-                    "pid {pid} has {} checkpoints pending, more than 3 + its catch-up of {catch_up} supersteps",
+                    "pid {pid} has {} checkpoints pending, more than 4 + its catch-up of {catch_up} supersteps",
                     l.pending.len()
                 ));
             }

@@ -1171,6 +1171,7 @@ async fn a_peer_that_breaks_the_protocol_fails_the_job() {
                         counts: vec![(0, 1)],
                         digest: None,
                     }],
+                    acks: Vec::new(),
                 };
                 conn.send(net::encode(&frame).unwrap()).await.unwrap();
                 let frame = Frame::Done {
@@ -1181,6 +1182,7 @@ async fn a_peer_that_breaks_the_protocol_fails_the_job() {
                         counts: vec![(0, 2)],
                         digest: None,
                     }],
+                    acks: Vec::new(),
                 };
                 conn.send(net::encode(&frame).unwrap()).await.unwrap();
                 "peer #999 broke the data-plane protocol: two different reports that pid 1 finished superstep 0".to_string()

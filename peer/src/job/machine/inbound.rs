@@ -78,19 +78,26 @@ impl<I: JobIo> Machine<I> {
                     self.barrier.on_message_from(m, from)?;
                 }
             }
-            Frame::Done { superstep, procs } => {
+            Frame::Done {
+                superstep,
+                procs,
+                acks,
+            } => {
                 if from != self.me {
                     self.observer.on_done(from, superstep, self.now);
                 }
                 for d in procs {
                     self.barrier.on_done_from(superstep, d, from)?;
                 }
+                for (pid, s) in acks {
+                    self.on_ack(from, pid, s, true);
+                }
             }
             f @ (Frame::CheckpointPart { .. } | Frame::Checkpoint(_)) => {
                 let cap = (self.info.memory_limit as u64)
                     .saturating_add(self.info.outbox_limit as u64 * 4);
                 let last = match &f {
-                    Frame::Checkpoint(c) => Some((c.pid, c.superstep)),
+                    Frame::Checkpoint(c) => Some((c.pid, c.superstep, c.base.is_none())),
                     _ => None,
                 };
                 let built = self
@@ -100,22 +107,29 @@ impl<I: JobIo> Machine<I> {
                     .push(f, &mut self.store);
                 match built {
                     Ok(Some(Assembled::Checkpoint(snap))) => {
-                        let (pid, superstep) = (snap.pid, snap.superstep);
+                        let (pid, superstep, exited) = (snap.pid, snap.superstep, snap.exited);
                         tracing::trace!(target: "bspweb::timeline", pid, superstep, from, "replica stored");
                         self.store.insert(snap);
-                        self.send_to(
-                            from,
-                            Frame::CheckpointAck {
-                                pid,
-                                superstep,
-                                ok: true,
-                            },
-                        );
+                        let whole = last.is_some_and(|(_, _, whole)| whole);
+                        if self.routing.links.contains_key(&from)
+                            && ack_may_wait(
+                                exited,
+                                whole,
+                                self.hosts.copies() > 1,
+                                self.owes_done(superstep + 1),
+                            )
+                        {
+                            let held = self.held_acks.entry(from).or_default();
+                            let newest = held.entry(pid).or_insert(superstep);
+                            *newest = (*newest).max(superstep);
+                        } else {
+                            self.send_ack(from, pid, superstep);
+                        }
                     }
                     Ok(_) => {}
                     Err(e) => {
                         tracing::info!(job = self.job, from, "discarding a checkpoint: {e}");
-                        if let Some((pid, superstep)) = last {
+                        if let Some((pid, superstep, _)) = last {
                             self.send_to(
                                 from,
                                 Frame::CheckpointAck {
@@ -255,6 +269,7 @@ impl<I: JobIo> Machine<I> {
                 Frame::Done {
                     superstep: s,
                     procs: vec![d],
+                    acks: Vec::new(),
                 },
             );
         }
@@ -283,6 +298,7 @@ impl<I: JobIo> Machine<I> {
             // (found by the simulator, seed 221173: the acknowledgement of
             // a migrated process's first checkpoint was lost, and its Dones
             // waited forever). An owner ignores acks it does not wait for.
+            self.held_acks.remove(&peer);
             let acks: Vec<Frame> = self
                 .store
                 .pids()

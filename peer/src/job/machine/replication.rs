@@ -125,6 +125,58 @@ impl<I: JobIo> Machine<I> {
         }
     }
 
+    /// Acknowledge `pid`'s checkpoint of `superstep` to its owner now (and
+    /// with it any older one held back for the same pid).
+    pub(super) fn send_ack(&mut self, owner: PeerId, pid: Pid, superstep: u32) {
+        if let Some(held) = self.held_acks.get_mut(&owner) {
+            held.remove(&pid);
+            if held.is_empty() {
+                self.held_acks.remove(&owner);
+            }
+        }
+        self.send_to(
+            owner,
+            Frame::CheckpointAck {
+                pid,
+                superstep,
+                ok: true,
+            },
+        );
+    }
+
+    /// Whether some local process still owes its `Done(s)` and will send
+    /// it from here (it has not exited, is not leaving, and `s` is not
+    /// behind the safe point, before which every `Done` went long ago).
+    pub(super) fn owes_done(&self, s: u32) -> bool {
+        self.safe.is_none_or(|g| s >= g)
+            && self.local.iter().any(|(&pid, l)| {
+                !matches!(l.state, State::Exited)
+                    && l.handover.is_none()
+                    && !l.leaving
+                    && !self.dones.contains_key(&(pid, s))
+            })
+    }
+
+    /// Send the acknowledgements held back whose `Done` is no longer to
+    /// come: each must leave no later than this peer's `Done` of the
+    /// superstep after it ([`ack_may_wait`]).
+    pub(super) fn flush_acks(&mut self) {
+        if self.held_acks.is_empty() {
+            return;
+        }
+        let due: Vec<(PeerId, Pid, u32)> = self
+            .held_acks
+            .iter()
+            .flat_map(|(&owner, h)| h.iter().map(move |(&pid, &s)| (owner, pid, s)))
+            .filter(|&(owner, _, s)| {
+                !self.routing.links.contains_key(&owner) || !self.owes_done(s + 1)
+            })
+            .collect();
+        for (owner, pid, s) in due {
+            self.send_ack(owner, pid, s);
+        }
+    }
+
     pub(super) fn on_ack(&mut self, from: PeerId, pid: Pid, superstep: u32, ok: bool) {
         tracing::trace!(target: "bspweb::timeline", pid, superstep, from, ok, "checkpoint acknowledged");
         let Some(l) = self.local.get_mut(&pid) else {
@@ -234,9 +286,7 @@ impl<I: JobIo> Machine<I> {
             .filter(|l| !matches!(l.state, State::Exited))
             .map(|l| l.superstep)
             .min();
-        // The newest superstep whose barrier is complete. `Done(q, s)` is
-        // sent only once q's checkpoints before `s` are safe, so a complete
-        // barrier `s` makes every process's checkpoint before `s` safe.
+        // The newest superstep whose barrier is complete.
         let mut s = self.complete.map_or(0, |s| s + 1);
         // No `Done` can exist beyond the furthest local process (plus the
         // one superstep others may be ahead): once everyone exited, every
@@ -247,9 +297,13 @@ impl<I: JobIo> Machine<I> {
             self.observer.on_complete(s, self.now);
             s += 1;
         }
-        // The newest checkpointed superstep before it.
+        // The newest checkpointed superstep before `c − 1`: `Done(q, c)`
+        // waits only for q's checkpoints before `c − 1` (`K_{c−1}` may still
+        // be on its way), so those are what a complete barrier `c` proves
+        // safe.
         let safe = self
             .complete
+            .and_then(|c| c.checked_sub(1))
             .and_then(|c| newest_checkpointed_before(c, self.checkpoint_every))
             .or(self.safe);
         if safe <= self.safe {

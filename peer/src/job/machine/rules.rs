@@ -177,9 +177,12 @@ pub(crate) fn checkpointed(s: u32, every: u32) -> bool {
 }
 
 /// Whether a process's `Done(s)` may go out with these checkpoints still
-/// pending (docs/fault-tolerance.md, "`Done` after replication"): every
-/// checkpoint before `s` must be safe, and one of `s` itself when it gates
-/// its own `Done` (an exit or a restored snapshot).
+/// pending (docs/fault-tolerance.md, "`Done` after replication, two
+/// supersteps late"): every checkpoint before `s − 1` must be safe, and
+/// the one of `s` itself when it gates its own `Done` (an exit or a
+/// restored snapshot). `K_{s−1}` may still be on its way: its replicas
+/// acknowledge it with their own `Done(s)` at the latest
+/// ([`ack_may_wait`]), which needs nothing from this process's `Done(s)`.
 pub(crate) fn may_announce(
     pending: &VecDeque<Pending>,
     capturing_exit: Option<u32>,
@@ -188,7 +191,26 @@ pub(crate) fn may_announce(
     capturing_exit.is_none_or(|c| c > s)
         && pending
             .iter()
-            .all(|p| p.superstep > s || (p.superstep == s && !p.gates_own))
+            .all(|p| p.superstep + 1 >= s && !(p.superstep == s && p.gates_own))
+}
+
+/// Whether a replica may hold back its acknowledgement of the checkpoint
+/// `K_c` of another peer's process, to send it with its next `Done` to
+/// that peer instead of in a frame of its own. The owner's `Done(c + 2)`
+/// waits for it ([`may_announce`]), so it must leave no later than this
+/// peer's `Done(c + 1)`, which waits for nothing the owner sends after
+/// its `Done(c)`: some local process must still owe that `Done`
+/// (`owes_done_after_c` says whether one does). Never for a checkpoint
+/// that gates its owner's own `Done` (an exit, or a restored process's
+/// snapshot, which travels whole), since the `Done`s of this peer that
+/// would carry it wait for that one; and never with redundancy.
+pub(crate) fn ack_may_wait(
+    exited: bool,
+    whole: bool,
+    redundant: bool,
+    owes_done_after_c: bool,
+) -> bool {
+    !exited && !whole && !redundant && owes_done_after_c
 }
 
 /// The `Done` of `pid` for superstep `s`, counted from its messages.

@@ -11,11 +11,18 @@ impl<I: JobIo> Machine<I> {
         self.dones.insert((d.pid, s), d.clone());
         let peers: Vec<PeerId> = self.routing.links.keys().copied().collect();
         for p in peers {
+            // The acknowledgements held for `p` ride with it.
+            let acks = self
+                .held_acks
+                .remove(&p)
+                .map(|h| h.into_iter().collect())
+                .unwrap_or_default();
             self.send_to(
                 p,
                 Frame::Done {
                     superstep: s,
                     procs: vec![d.clone()],
+                    acks,
                 },
             );
         }

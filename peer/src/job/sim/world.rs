@@ -314,6 +314,10 @@ pub(crate) struct Tally {
     pub(crate) joined: u32,
     /// Drained peers that left the job.
     pub(crate) drained: u32,
+    /// Acknowledgements of checkpoints sent in frames of their own.
+    pub(crate) acks_alone: u32,
+    /// Acknowledgements of checkpoints that rode with a `Done`.
+    pub(crate) acks_riding: u32,
 }
 
 impl Tally {
@@ -322,6 +326,8 @@ impl Tally {
         self.in_place += o.in_place;
         self.joined += o.joined;
         self.drained += o.drained;
+        self.acks_alone += o.acks_alone;
+        self.acks_riding += o.acks_riding;
     }
 }
 
@@ -753,8 +759,15 @@ impl World {
                     }
                 };
                 for frame in frames {
-                    if let Frame::Checkpoint(c) = &frame {
-                        self.unsent_captures.remove(&(me, c.pid, c.superstep));
+                    match &frame {
+                        Frame::Checkpoint(c) => {
+                            self.unsent_captures.remove(&(me, c.pid, c.superstep));
+                        }
+                        Frame::CheckpointAck { ok: true, .. } => self.tally.acks_alone += 1,
+                        Frame::Done { acks, .. } => {
+                            self.tally.acks_riding += u32::try_from(acks.len()).unwrap_or(u32::MAX);
+                        }
+                        _ => {}
                     }
                     self.transmit(me, to, Some(frame));
                 }
