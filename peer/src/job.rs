@@ -344,17 +344,7 @@ async fn run_job(
                 Err(e) => Input::ThreadFailed(e.into()),
             },
             Some(e) = early.recv() => Input::Early(e),
-            Some(event) = events.recv() => {
-                // Frames that are already here are all taken before the
-                // processes go on (`Machine::take`).
-                let mut event = event;
-                for _ in 0..BURST {
-                    let Ok(next) = events.try_recv() else { break };
-                    m.take(Input::Inbound(event), ms(Instant::now()));
-                    event = next;
-                }
-                Input::Inbound(event)
-            }
+            Some(event) = events.recv() => Input::Inbound(event),
             Some(a) = updates.recv() => Input::Assignment(Box::new(a)),
         };
         if m.handle(input, ms(Instant::now())) == Flow::Leave {
@@ -364,9 +354,6 @@ async fn run_job(
     // Stop whatever still runs, close our connections.
     m.io_mut().shut_down();
 }
-
-/// Most inbound events a job's driver takes before its processes go on.
-const BURST: usize = 64;
 
 mod assignment;
 mod errors;

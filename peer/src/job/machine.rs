@@ -545,20 +545,6 @@ impl<I: JobIo> Machine<I> {
     /// What the machine does with `input`, which happened at `now` (ms
     /// since it started; never earlier than the last input's).
     pub(crate) fn handle(&mut self, input: Input<I>, now: u64) -> Flow {
-        let flow = self.take(input, now);
-        if flow == Flow::Continue {
-            self.settle();
-        }
-        flow
-    }
-
-    /// [`Machine::handle`] without its last step, for all but the last of
-    /// several inputs that are ready at once ([`Machine::settle`] after
-    /// them): a burst of frames is read in full before the processes go
-    /// on, so that a checkpoint that came right behind the `Done` which
-    /// completes a barrier is stored before the next superstep's `Done`
-    /// leaves, and its acknowledgement rides with that `Done`.
-    pub(crate) fn take(&mut self, input: Input<I>, now: u64) -> Flow {
         self.now = self.now.max(now);
         match input {
             Input::Inbound(event) => self.on_inbound(event),
@@ -576,15 +562,9 @@ impl<I: JobIo> Machine<I> {
                 self.fail(None, format!("a process could not run: {e}"));
             }
         }
-        self.report_held();
-        Flow::Continue
-    }
-
-    /// Start whatever the inputs taken so far allow: pass barriers, resume
-    /// processes, send the acknowledgements no `Done` will carry.
-    pub(crate) fn settle(&mut self) {
         self.pump();
         self.flush_acks();
+        Flow::Continue
     }
 
     /// When the machine next wants an [`Input::Timer`] (machine time, ms).

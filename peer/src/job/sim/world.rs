@@ -155,8 +155,6 @@ enum Event {
     /// The peer's reporter uploads what it emitted so far.
     Upload(PeerId),
     Timer(PeerId),
-    /// The peer's driver has taken a burst of frames (`Machine::settle`).
-    Settle(PeerId),
     Assign(PeerId, Box<JobAssignment>),
     /// Faults.
     Kill(PeerId),
@@ -204,7 +202,6 @@ impl Event {
             Event::Program(p, _) => format!("peer {p}: program"),
             Event::Upload(p) => format!("peer {p}: upload"),
             Event::Timer(p) => format!("peer {p}: timer"),
-            Event::Settle(p) => format!("peer {p}: settle"),
             Event::Assign(p, a) => format!(
                 "peer {p}: assignment epoch {} peers {:?} placement {:?} restore {:?}",
                 a.epoch,
@@ -321,8 +318,6 @@ pub(crate) struct Tally {
     pub(crate) acks_alone: u32,
     /// Acknowledgements of checkpoints that rode with a `Done`.
     pub(crate) acks_riding: u32,
-    /// Frames taken without settling, in a burst with the next one.
-    pub(crate) bursts: u32,
 }
 
 impl Tally {
@@ -333,7 +328,6 @@ impl Tally {
         self.drained += o.drained;
         self.acks_alone += o.acks_alone;
         self.acks_riding += o.acks_riding;
-        self.bursts += o.bursts;
     }
 }
 
@@ -577,20 +571,7 @@ impl World {
                     p.early_frames.push((from, event));
                     return;
                 }
-                // Another frame for the same peer at the same time: its
-                // driver takes both before its processes go on, as the
-                // real one does with frames already read.
-                let burst = matches!(
-                    self.events.first_key_value(),
-                    Some(((t, _), Event::Frame { to: next, .. })) if *t == self.now && *next == to
-                );
-                if burst {
-                    self.tally.bursts += 1;
-                    self.take(to, Input::Inbound(event));
-                    self.at(0, Event::Settle(to));
-                } else {
-                    self.handle(to, Input::Inbound(event));
-                }
+                self.handle(to, Input::Inbound(event));
             }
             Event::Inbound(to, i) => {
                 if self.alive(to) && self.peers[&to].m.is_some() {
@@ -611,15 +592,6 @@ impl World {
                 }
             }
             Event::Upload(peer) => self.upload(peer),
-            Event::Settle(peer) => {
-                if self.alive(peer) {
-                    self.note(4);
-                    if let Some(m) = self.peers.get_mut(&peer).and_then(|p| p.m.as_mut()) {
-                        m.settle();
-                    }
-                    self.after(peer);
-                }
-            }
             Event::Timer(peer) => {
                 let due = self.peers.get(&peer).and_then(|p| p.timer_at);
                 if self.alive(peer) && due == Some(self.now) {
@@ -697,19 +669,6 @@ impl World {
     }
 
     /// Feed one input to `peer`'s machine, then carry out what it asked.
-    /// `peer` takes `input` without settling (`Machine::take`).
-    fn take(&mut self, peer: PeerId, input: Input<SimIo>) {
-        let now = self.now;
-        let Some(m) = self.peers.get_mut(&peer).and_then(|p| p.m.as_mut()) else {
-            return;
-        };
-        if m.take(input, now) == Flow::Leave {
-            self.peers.get_mut(&peer).expect("checked").m = None;
-            return;
-        }
-        self.after(peer);
-    }
-
     fn handle(&mut self, peer: PeerId, input: Input<SimIo>) {
         let now = self.now;
         let Some(m) = self.peers.get_mut(&peer).and_then(|p| p.m.as_mut()) else {
