@@ -46,7 +46,8 @@
 //! cluster; a peer that makes no progress downloads it directly.
 //!
 //! **Checkpoints** travel on the same connections: [`Frame::Checkpoint`] from
-//! a process's host to its replicas, answered by [`Frame::CheckpointAck`];
+//! a process's host to its replicas, answered by [`Frame::CheckpointAck`] or
+//! in the `acks` of the replica's next [`Frame::Done`] to the host;
 //! [`Frame::FetchCheckpoint`] from a process's new host, answered by
 //! [`Frame::Snapshot`].
 
