@@ -226,3 +226,74 @@ pub(crate) fn done_of(pid: Pid, exited: bool, messages: &[WireMessage], s: u32) 
         digest: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(superstep: u32, gates_own: bool) -> Pending {
+        Pending {
+            superstep,
+            waiting: BTreeSet::from([7]),
+            snapshot: Arc::new(Snapshot {
+                pid: 0,
+                superstep,
+                memory: Vec::new(),
+                globals: vec![],
+                output_seq: 0,
+                output_bytes: 0,
+                exited: false,
+                outbox: vec![],
+                hash: [0; 32],
+            }),
+            gates_own,
+            output_mark: 0,
+            unsent: Vec::new(),
+            digest: [0; 32],
+            agreed: true,
+        }
+    }
+
+    fn may(pending_: &[(u32, bool)], capturing_exit: Option<u32>, s: u32) -> bool {
+        let p: VecDeque<Pending> = pending_.iter().map(|&(c, g)| pending(c, g)).collect();
+        may_announce(&p, capturing_exit, s)
+    }
+
+    /// `Done(s)` waits for the checkpoints before `s − 1`, not for
+    /// `K_{s−1}` (its replicas acknowledge it with their own `Done(s)`),
+    /// and for `K_s` only when that gates it.
+    #[test]
+    fn a_done_waits_for_the_checkpoints_two_supersteps_back() {
+        assert!(may(&[], None, 5));
+        assert!(may(&[(4, false)], None, 5));
+        assert!(may(&[(4, false), (5, false)], None, 5));
+        assert!(!may(&[(3, false), (4, false), (5, false)], None, 5));
+        assert!(!may(&[(3, false)], None, 5));
+        // An exit's or a restored snapshot's checkpoint gates its own `Done`.
+        assert!(!may(&[(5, true)], None, 5));
+        assert!(may(&[(5, true)], None, 4));
+        assert!(!may(&[], Some(5), 5));
+        assert!(may(&[], Some(5), 4));
+        // Superstep 0 and 1 have nothing two supersteps back.
+        assert!(may(&[(0, false)], None, 0));
+        assert!(may(&[(0, false)], None, 1));
+        assert!(!may(&[(0, false)], None, 2));
+    }
+
+    /// An acknowledgement waits for a `Done` only when one is owed and
+    /// nothing that `Done` waits for waits for the acknowledgement.
+    #[test]
+    fn an_acknowledgement_waits_only_for_a_done_that_needs_nothing_back() {
+        assert!(ack_may_wait(false, false, false, true));
+        assert!(
+            !ack_may_wait(true, false, false, true),
+            "an exit gates its own Done"
+        );
+        assert!(
+            !ack_may_wait(false, true, false, true),
+            "a whole one may be a restore"
+        );
+        assert!(!ack_may_wait(false, false, true, true), "redundancy");
+        assert!(!ack_may_wait(false, false, false, false), "no Done owed");
+    }
+}
