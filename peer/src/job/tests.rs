@@ -1549,7 +1549,7 @@ fn newest_checkpointed_before_matches_a_scan() {
 }
 
 /// The head of a snapshot of pid 3 at `superstep` (memory to be captured).
-fn head(superstep: u32) -> crate::checkpoint::Snapshot {
+pub(crate) fn head(superstep: u32) -> crate::checkpoint::Snapshot {
     crate::checkpoint::Snapshot {
         pid: 3,
         superstep,

@@ -235,17 +235,7 @@ mod tests {
         Pending {
             superstep,
             waiting: BTreeSet::from([7]),
-            snapshot: Arc::new(Snapshot {
-                pid: 0,
-                superstep,
-                memory: Vec::new(),
-                globals: vec![],
-                output_seq: 0,
-                output_bytes: 0,
-                exited: false,
-                outbox: vec![],
-                hash: [0; 32],
-            }),
+            snapshot: Arc::new(crate::job::tests::head(superstep)),
             gates_own,
             output_mark: 0,
             unsent: Vec::new(),
