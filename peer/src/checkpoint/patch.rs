@@ -203,7 +203,9 @@ fn width(x: u64) -> usize {
 }
 
 /// The XORs of a block's words with the base's into `xors`, their OR, and
-/// the mask of the words that differ (bit `i` for word `i`).
+/// the mask of the words that differ (bit `i` for word `i`). A block equal
+/// to the base's (most of a page whose few words changed, such as a stack's)
+/// returns `(0, 0)` after its loads and XORs alone, leaving `xors` as it was.
 #[inline(always)]
 fn xor_block(
     base: &[u8; BLOCK_BYTES],
@@ -218,20 +220,28 @@ fn xor_block(
     unsafe {
         use std::arch::x86_64::*;
         let zero = _mm_setzero_si128();
-        let (mut or, mut equal) = (zero, 0u32);
-        for j in 0..BLOCK_WORDS / 2 {
+        let mut x = [zero; BLOCK_WORDS / 2];
+        let mut or = zero;
+        for (j, x) in x.iter_mut().enumerate() {
             let b = _mm_loadu_si128(base.as_ptr().add(16 * j).cast());
             let n = _mm_loadu_si128(new.as_ptr().add(16 * j).cast());
-            let x = _mm_xor_si128(b, n);
+            *x = _mm_xor_si128(b, n);
+            or = _mm_or_si128(or, *x);
+        }
+        let or = _mm_or_si128(or, _mm_unpackhi_epi64(or, or));
+        let or = _mm_cvtsi128_si64(or) as u64;
+        if or == 0 {
+            return (0, 0);
+        }
+        let mut equal = 0u32;
+        for (j, &x) in x.iter().enumerate() {
             _mm_storeu_si128(xors.as_mut_ptr().add(2 * j).cast(), x);
-            or = _mm_or_si128(or, x);
             // A word is equal where both of its 4-byte halves are zero.
             let e = _mm_cmpeq_epi32(x, zero);
             let e = _mm_and_si128(e, _mm_shuffle_epi32::<0xb1>(e));
             equal |= (_mm_movemask_pd(_mm_castsi128_pd(e)) as u32) << (2 * j);
         }
-        let or = _mm_or_si128(or, _mm_unpackhi_epi64(or, or));
-        (_mm_cvtsi128_si64(or) as u64, !equal & 0xffff)
+        (or, !equal & 0xffff)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
