@@ -169,6 +169,9 @@ impl Jobs {
             if !assignment.peers.iter().any(|p| p.id == me) {
                 return None;
             }
+            // Snapshots are backed by huge pages while jobs run
+            // (`sysinfo::allow_huge_pages`).
+            crate::sysinfo::allow_huge_pages(true);
             t.running.insert(
                 job,
                 Running {
@@ -205,6 +208,17 @@ impl Jobs {
             )
             .await;
             jobs.env.registry.unregister(job, &inbound);
+            {
+                // The last job ended: no huge pages while the peer idles
+                // (under the lock, so a job starting now turns them on after).
+                let t = jobs.lock();
+                if t.running
+                    .iter()
+                    .all(|(&j, r)| j == job && r.updates.same_channel(&mine))
+                {
+                    crate::sysinfo::allow_huge_pages(false);
+                }
+            }
             // The job's buffers are freed: let the machine have them back.
             let _ = tokio::task::spawn_blocking(crate::sysinfo::release_free_memory).await;
             let mut t = jobs.lock();

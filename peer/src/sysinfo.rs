@@ -194,6 +194,37 @@ pub fn release_free_memory() {
     }
 }
 
+/// Whether the kernel may back this process's memory with transparent huge
+/// pages: on while jobs run, off while the peer idles.
+///
+/// [`zeroed_buffer`] asks for huge pages, and that advice stays on the
+/// address range after the buffer is freed: glibc hands buffers of up to
+/// 32 MiB out of its heap once it has freed a few, and [`release_free_memory`]
+/// gives their pages back but not the advice. The kernel's `khugepaged`
+/// then fills every such 2 MiB range that still holds a page of something
+/// else with a huge page of zeros, so an idle peer grew by megabytes in the
+/// seconds after a job (by the size of the snapshots it held, for big
+/// jobs). `PR_SET_THP_DISABLE` stops that for the whole process and takes
+/// the advice back at once. Where the system has no such switch this does
+/// nothing.
+pub fn allow_huge_pages(allowed: bool) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl(PR_SET_THP_DISABLE) takes integer arguments only and
+    // changes how the kernel may back this process's memory, never its
+    // contents; its failure (an old kernel) changes nothing.
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_THP_DISABLE,
+            libc::c_ulong::from(!allowed),
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        );
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = allowed;
+}
+
 /// A zeroed buffer of `len` bytes for a snapshot's memory, cheap to fill:
 /// the allocator hands large zeroed blocks over as fresh mappings (no
 /// `memset`, and pages never written are never faulted in), and the kernel
