@@ -34,6 +34,10 @@ use crate::runtime::Runtime;
 /// Job ids remembered after they ended, so a repeated `StartJob` is ignored.
 const REMEMBER_ENDED: usize = 4096;
 
+/// How long after a job ends the peer gives free memory back once more
+/// (`sysinfo::release_free_memory`), if no job runs by then.
+const LATE_RELEASE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A job's program (compiled, and its bytes to pass on to other peers) and
 /// its resources (`bsp_api::control::encode_resources` form; empty when the
 /// assignment carries them or there are none).
@@ -240,6 +244,17 @@ impl Jobs {
                     t.ended.remove(&old);
                 }
             }
+            drop(t);
+            // What the job's other tasks (its connections' writers with the
+            // checkpoint frames they still held) let go of after it ended
+            // goes back too, once the peer still idles.
+            let jobs = jobs.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(LATE_RELEASE).await;
+                if jobs.lock().running.is_empty() {
+                    let _ = tokio::task::spawn_blocking(crate::sysinfo::release_free_memory).await;
+                }
+            });
         }))
     }
 
