@@ -152,20 +152,7 @@ fn thread_niceness(pid: u32) -> Vec<(String, i32)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_runs_every_thread_at_its_niceness() {
     let nice = 7;
-    let cluster = Cluster::start(Options {
-        peers: 2,
-        peer_args: vec!["--nice".into(), nice.to_string()],
-        ..Options::default()
-    });
-    let client = cluster.admin().await;
-    // A job with processes, checkpoints and replicas on both peers: their
-    // blocking and network threads have all been started.
-    let done = crate::harness::run(
-        &client,
-        job("supersteps", 4, serde_json::json!({"k": 30, "h": 4096})),
-    )
-    .await;
-    done.assert_exited();
+    let cluster = two_peers_after_a_job(vec!["--nice".into(), nice.to_string()]).await;
     for i in 0..2 {
         let threads = thread_niceness(cluster.peer_pid(i));
         assert!(threads.len() > 2, "peer {i}: {threads:?}");
@@ -175,6 +162,25 @@ async fn a_peer_runs_every_thread_at_its_niceness() {
             "peer {i}: threads below niceness {nice}: {low:?} (all: {threads:?})"
         );
     }
+}
+
+/// Two peers started with `peer_args`, after a job with processes,
+/// checkpoints and replicas on both: their blocking and network threads
+/// have all been started, and the job has ended.
+async fn two_peers_after_a_job(peer_args: Vec<String>) -> Cluster {
+    let cluster = Cluster::start(Options {
+        peers: 2,
+        peer_args,
+        ..Options::default()
+    });
+    let client = cluster.admin().await;
+    crate::harness::run(
+        &client,
+        job("supersteps", 4, serde_json::json!({"k": 30, "h": 4096})),
+    )
+    .await
+    .assert_exited();
+    cluster
 }
 
 /// Whether the kernel may give process `pid` transparent huge pages
@@ -193,17 +199,7 @@ fn huge_pages_enabled(pid: u32) -> Option<bool> {
 /// megabytes in the seconds after a job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_idles_without_huge_pages() {
-    let cluster = Cluster::start(Options {
-        peers: 2,
-        ..Options::default()
-    });
-    let client = cluster.admin().await;
-    let done = crate::harness::run(
-        &client,
-        job("supersteps", 4, serde_json::json!({"k": 30, "h": 4096})),
-    )
-    .await;
-    done.assert_exited();
+    let cluster = two_peers_after_a_job(Vec::new()).await;
     for i in 0..2 {
         let pid = cluster.peer_pid(i);
         if huge_pages_enabled(pid).is_none() {
