@@ -204,9 +204,8 @@ pub fn release_free_memory() {
 /// then fills every such 2 MiB range that still holds a page of something
 /// else with a huge page of zeros, so an idle peer grew by megabytes in the
 /// seconds after a job (by the size of the snapshots it held, for big
-/// jobs). `PR_SET_THP_DISABLE` stops that for the whole process and takes
-/// the advice back at once. Where the system has no such switch this does
-/// nothing.
+/// jobs). `PR_SET_THP_DISABLE` stops that for the whole process while it
+/// is set. Where the system has no such switch this does nothing.
 pub fn allow_huge_pages(allowed: bool) {
     #[cfg(target_os = "linux")]
     // SAFETY: prctl(PR_SET_THP_DISABLE) takes integer arguments only and
