@@ -109,9 +109,20 @@ async fn a_peer_that_claims_a_hundred_times_its_speed_gets_about_its_real_share(
         .await
         .unwrap();
     let on_liar = hosted(&placed(&admin, first.id).await, liar.id);
-    let measured = until("the liar to be measured and capped", LIMIT, async || {
+    // Each change of what the supernode says of the liar (state, power,
+    // delivered power) is printed: the output of a failed run shows why it
+    // was not capped.
+    let mut seen = None;
+    let waiting = format!(
+        "the liar to be measured and capped (it hosts {on_liar} of the job's 16 processes)"
+    );
+    let measured = until(&waiting, LIMIT, async || {
         let peers = admin.peers().await.ok()?;
         let p = peers.into_iter().find(|p| p.id == liar.id)?;
+        if seen.as_ref() != Some(&(p.state.clone(), p.power, p.delivered_power)) {
+            seen = Some((p.state.clone(), p.power, p.delivered_power));
+            eprintln!("liar: {seen:?}");
+        }
         let (power, delivered) = (p.power?, p.delivered_power?);
         // A tenth of a core against the others' share of two cores:
         // a fifth of an honest peer's power or less (a third under load).
