@@ -248,7 +248,6 @@ impl Jobs {
             // What the job's other tasks (its connections' writers with the
             // checkpoint frames they still held) let go of after it ended
             // goes back too, if the peer is still idle by then.
-            let jobs = jobs.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(LATE_RELEASE).await;
                 if jobs.lock().running.is_empty() {
