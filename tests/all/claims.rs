@@ -103,11 +103,20 @@ async fn a_peer_that_claims_a_hundred_times_its_speed_gets_about_its_real_share(
     // measured): it must still run when the liar is timed, however slowly
     // a loaded machine gets there (with 400 iterations a CI run once
     // finished the job before the liar was measured, and waited in vain).
+    // Checkpoints off: what is timed is the liar's compute, and at a tenth
+    // of a core the checkpoints of its processes' 3 MiB accumulators (and
+    // the replicas it keeps for others) made each of its supersteps take
+    // seconds, so under CI load it was not measured within the limit.
     let args = serde_json::json!({"n": 400_000, "m": 2_000_000, "iters": 1_000_000});
-    let first = admin
-        .submit(&job("pagerank", 16, args.clone()))
-        .await
-        .unwrap();
+    let spec = {
+        let mut s = job("pagerank", 16, args);
+        s.limits = Some(JobLimits {
+            checkpoint_every: 1_000_000,
+            ..JobLimits::default()
+        });
+        s
+    };
+    let first = admin.submit(&spec).await.unwrap();
     let on_liar = hosted(&placed(&admin, first.id).await, liar.id);
     // Each change of what the supernode says of the liar (state, power,
     // delivered power) is printed: the output of a failed run shows why it
@@ -124,9 +133,14 @@ async fn a_peer_that_claims_a_hundred_times_its_speed_gets_about_its_real_share(
             eprintln!("liar: {seen:?}");
         }
         let (power, delivered) = (p.power?, p.delivered_power?);
-        // A tenth of a core against the others' share of two cores:
-        // a fifth of an honest peer's power or less (a third under load).
-        (power < 0.4).then_some((power, delivered))
+        // A tenth of a core against the others' share of two cores: a
+        // fifth of an honest peer's power or less on a quiet machine, but
+        // load slows the honest peers and not the capped liar (measured
+        // 0.23 beside three busy loops, so a power of 0.28); a CI run that
+        // waited in vain for 0.4 most likely met more load than that.
+        // Half an honest peer's power (1.0) still tells a capped liar
+        // from one believed (2.0 on probation, 100 claimed).
+        (power < 0.6).then_some((power, delivered))
     })
     .await;
     eprintln!(
@@ -137,7 +151,7 @@ async fn a_peer_that_claims_a_hundred_times_its_speed_gets_about_its_real_share(
     // The measurement outlives the job (ten minutes); the new job is
     // placed once the first one no longer holds the peers' slots.
     admin.kill(first.id).await.unwrap();
-    let second = admin.submit(&job("pagerank", 16, args)).await.unwrap();
+    let second = admin.submit(&spec).await.unwrap();
     let second_placement = placed(&admin, second.id).await;
     let share = hosted(&second_placement, liar.id);
     // Its real share is about 5 % (0.8 of 16 processes); the DHHT spreads
