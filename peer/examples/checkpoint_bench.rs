@@ -338,7 +338,7 @@ async fn run_driver(
             p.jobs
                 .start(p.id, a.clone(), async move {
                     Ok(Fetched {
-                        module: m,
+                        module: Some(m),
                         bytes: bytes::Bytes::new(),
                         resources: bytes::Bytes::new(),
                     })

@@ -375,6 +375,19 @@ impl JobIo for TokioIo {
         }
     }
 
+    fn compile(&mut self, bytes: bytes::Bytes) {
+        let runtime = self.env.runtime.clone();
+        let hash = self.program_hash.clone();
+        let tx = self.channels.program.clone();
+        tokio::spawn(async move {
+            let compiled = tokio::task::spawn_blocking(move || runtime.compile(&hash, &bytes))
+                .await
+                .map_err(FetchError::from)
+                .and_then(|r| r.map_err(FetchError::from));
+            let _ = tx.send(ProgramEvent::Compiled(compiled));
+        });
+    }
+
     fn assemble(&mut self, bundle: Vec<u8>, split: usize) {
         let runtime = self.env.runtime.clone();
         let hash = self.program_hash.clone();
@@ -542,8 +555,8 @@ fn run_and_capture(
     Task::Captured(pid, captured.map(|(s, e)| (p, s, e)))
 }
 
-/// What a job needs from the supernode: its program, compiled (from the
-/// cache, or downloaded and compiled), and its resources.
+/// What a job needs from the supernode: its program (compiled from the
+/// cache, or downloaded, for the job to compile), and its resources.
 pub(crate) fn fetch_inputs(
     client: Arc<crate::control::Client>,
     runtime: Arc<Runtime>,
@@ -571,15 +584,16 @@ pub(crate) fn fetch_inputs(
     }
 }
 
-/// The program `hash`, compiled, and its bytes: from the cache, or
-/// downloaded and compiled.
+/// The program `hash` and its bytes: compiled from the cache, or
+/// downloaded (the job compiles it once its other peers have their pieces,
+/// [`JobIo::compile`]).
 async fn fetch_module(
     client: Arc<crate::control::Client>,
     runtime: Arc<Runtime>,
     hash: String,
-) -> Result<(wasmtime::Module, bytes::Bytes), FetchError> {
-    if let Some(found) = runtime.cached_program(&hash) {
-        return Ok(found);
+) -> Result<(Option<wasmtime::Module>, bytes::Bytes), FetchError> {
+    if let Some((module, bytes)) = runtime.cached_program(&hash) {
+        return Ok((Some(module), bytes));
     }
     let mut backoff = Duration::from_millis(200);
     let bytes = loop {
@@ -594,8 +608,5 @@ async fn fetch_module(
         }
     };
     tracing::info!(program = %hash, bytes = bytes.len(), "downloaded the program from the supernode");
-    let bytes = bytes::Bytes::from(bytes);
-    let b = bytes.clone();
-    let module = tokio::task::spawn_blocking(move || runtime.compile(&hash, &b)).await??;
-    Ok((module, bytes))
+    Ok((None, bytes::Bytes::from(bytes)))
 }

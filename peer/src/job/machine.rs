@@ -98,11 +98,15 @@ const MAX_HEADS: usize = 8;
 /// Decoded resources, to replace the job's (none when they came inline).
 pub(crate) type Resources = Option<Vec<(String, Vec<u8>)>>;
 
-/// A job's program as downloaded (`M`: compiled), with its bytes to pass on
-/// to other peers, and its resources (`bsp_api::control::encode_resources`
-/// form; empty when the assignment carries them or there are none).
+/// A job's program as downloaded, with its bytes to pass on to other
+/// peers, and its resources (`bsp_api::control::encode_resources` form;
+/// empty when the assignment carries them or there are none).
 pub struct Downloaded<M> {
-    pub module: M,
+    /// Compiled (`M`) when it came from the cache; `None` when it came from
+    /// the supernode and is still to be compiled ([`JobIo::compile`]), so
+    /// its bytes reach the job's other peers by Robber while this peer
+    /// compiles them.
+    pub module: Option<M>,
     pub bytes: bytes::Bytes,
     pub resources: bytes::Bytes,
 }
@@ -111,6 +115,8 @@ pub struct Downloaded<M> {
 pub(crate) enum ProgramEvent<M> {
     /// The direct download (or the cache) answered.
     Downloaded(Result<Downloaded<M>, FetchError>),
+    /// The downloaded program compiled (or why not).
+    Compiled(Result<M, FetchError>),
     /// The bundle Robber assembled: the program compiled and the resources
     /// decoded (or why not).
     Assembled(Result<(M, Resources), FetchError>),
@@ -184,6 +190,8 @@ pub(crate) trait JobIo {
     fn cached_program(&self) -> Option<(Self::Program, bytes::Bytes)>;
     /// Start the direct download ([`ProgramEvent::Downloaded`]).
     fn start_download(&mut self);
+    /// Compile the downloaded program `bytes` ([`ProgramEvent::Compiled`]).
+    fn compile(&mut self, bytes: bytes::Bytes);
     /// Split Robber's `bundle` at `split` into program and resources,
     /// check and compile ([`ProgramEvent::Assembled`]).
     fn assemble(&mut self, bundle: Vec<u8>, split: usize);

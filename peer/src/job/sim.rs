@@ -336,6 +336,39 @@ fn schedules_restore_processes() {
 /// three in four ride (docs/benchmarks.md). The seeded schedules show
 /// fewer still: there first checkpoints, exits, restored snapshots and
 /// peers that hold replicas but run no process make most of them.
+/// The peer that downloads a job's program from the supernode passes it
+/// on by Robber before it compiles it, so the other peers' compiles run
+/// beside its own rather than after it.
+#[test]
+fn the_program_is_passed_on_before_it_compiles() {
+    let mut tally = Tally::default();
+    for seed in 0..40 {
+        let plan = Plan {
+            peers: 4,
+            spares: 0,
+            nprocs: 4,
+            last: 5,
+            checkpoint_every: 1,
+            robber: true,
+            kills: Vec::new(),
+            cuts: Vec::new(),
+            migrate: None,
+            drain: None,
+            jitter: 1 + seed % 10,
+            broadcast: None,
+        };
+        match World::with_plan(seed, plan.clone()).run() {
+            Ok(o) => tally.add(o.tally),
+            Err(e) => panic!("quiet schedule {seed} failed: {e}\n{plan:?}"),
+        }
+    }
+    assert!(tally.compiles > 0, "{tally:?} in 40 quiet schedules");
+    assert_eq!(
+        tally.compiles_before_passing_on, 0,
+        "{tally:?} in 40 quiet schedules"
+    );
+}
+
 #[test]
 fn replicas_acknowledge_checkpoints_with_their_dones() {
     let mut tally = Tally::default();

@@ -27,12 +27,6 @@ fn runtime() -> Arc<Runtime> {
     RT.get_or_init(|| Runtime::new().expect("engine")).clone()
 }
 
-impl TestPeer {
-    fn jobs_runtime(&self) -> Arc<Runtime> {
-        self.jobs.env.runtime.clone()
-    }
-}
-
 struct TestPeer {
     id: PeerId,
     addr: String,
@@ -161,7 +155,7 @@ fn start_everywhere(peers: &[TestPeer], a: &JobAssignment, wasm: &[u8]) -> Vec<J
             p.jobs
                 .start(p.id, a.clone(), async move {
                     Ok(Fetched {
-                        module: m,
+                        module: Some(m),
                         bytes: bytes::Bytes::new(),
                         resources: bytes::Bytes::new(),
                     })
@@ -1322,7 +1316,6 @@ async fn run_with_robber(mut a: JobAssignment, wasm: &[u8], resources: Vec<u8>) 
         .enumerate()
         .map(|(i, p)| {
             let root = i == 0;
-            let rt = p.jobs_runtime();
             let bytes = wasm.to_vec();
             let resources = bytes::Bytes::from(resources.clone());
             p.jobs
@@ -1330,9 +1323,9 @@ async fn run_with_robber(mut a: JobAssignment, wasm: &[u8], resources: Vec<u8>) 
                     if !root {
                         return Err(unavailable());
                     }
-                    let module = rt.compile(&module_hash(&bytes), &bytes)?;
+                    // As from the supernode: the job compiles it.
                     Ok(Fetched {
-                        module,
+                        module: None,
                         bytes: bytes.into(),
                         resources,
                     })

@@ -23,6 +23,9 @@ pub(super) struct ProgramFetch {
     pub(super) resources_hash: String,
     /// The program's and resources' size together (what Robber moves).
     pub(super) dist_bytes: u64,
+    /// The resources that came with the download, while its program
+    /// compiles (`Some` from the download to [`ProgramEvent::Compiled`]).
+    pub(super) compiling: Option<Resources>,
 }
 
 impl ProgramFetch {
@@ -37,6 +40,7 @@ impl ProgramFetch {
             program_bytes: a.program_bytes,
             resources_hash: a.resources_hash.clone(),
             dist_bytes: a.program_bytes.saturating_add(a.resources_bytes),
+            compiling: None,
         }
     }
 }
@@ -160,9 +164,24 @@ impl<I: JobIo> Machine<I> {
                         }
                     }
                 }
-                self.program_ready(f.module, resources);
+                // The other peers have their pieces before this one
+                // compiles: the compiles run at the same time.
+                match f.module {
+                    Some(module) => self.program_ready(module, resources),
+                    None if self.program.has_program || self.program.compiling.is_some() => {}
+                    None => {
+                        self.program.compiling = Some(resources);
+                        self.io.compile(f.bytes);
+                    }
+                }
             }
-            ProgramEvent::Downloaded(Err(reason)) => {
+            ProgramEvent::Compiled(Ok(module)) => {
+                if let Some(resources) = self.program.compiling.take() {
+                    self.program_ready(module, resources);
+                }
+            }
+            ProgramEvent::Downloaded(Err(reason)) | ProgramEvent::Compiled(Err(reason)) => {
+                self.program.compiling = None;
                 if !self.program.has_program {
                     self.fail(None, reason.to_string());
                 }

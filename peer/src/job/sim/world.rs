@@ -15,6 +15,7 @@ enum Effect {
     Capture(Pid, Proc<FakeGuest>, CaptureRequest),
     Restore(Pid, Arc<Snapshot>, Option<u32>),
     Download,
+    Compile(Bytes),
     Assemble(Vec<u8>, usize),
 }
 
@@ -103,6 +104,10 @@ impl JobIo for SimIo {
 
     fn start_download(&mut self) {
         self.effects.push(Effect::Download);
+    }
+
+    fn compile(&mut self, bytes: Bytes) {
+        self.effects.push(Effect::Compile(bytes));
     }
 
     fn assemble(&mut self, bundle: Vec<u8>, split: usize) {
@@ -279,6 +284,8 @@ pub(crate) struct World {
     /// Captures with replicas whose checkpoint frames have not left their
     /// peer yet: (peer, pid, superstep).
     unsent_captures: BTreeSet<(PeerId, Pid, u32)>,
+    /// Peers that have sent a frame of the program's distribution.
+    passed_on: BTreeSet<PeerId>,
     /// Supersteps that ran alone on their driver's thread.
     alone: u64,
     /// What went wrong (the first violation ends the run).
@@ -318,6 +325,11 @@ pub(crate) struct Tally {
     pub(crate) acks_alone: u32,
     /// Acknowledgements of checkpoints that rode with a `Done`.
     pub(crate) acks_riding: u32,
+    /// Downloaded programs compiled.
+    pub(crate) compiles: u32,
+    /// Of those, compiled by a peer that had sent no frame of the
+    /// program's distribution yet.
+    pub(crate) compiles_before_passing_on: u32,
 }
 
 impl Tally {
@@ -328,6 +340,8 @@ impl Tally {
         self.drained += o.drained;
         self.acks_alone += o.acks_alone;
         self.acks_riding += o.acks_riding;
+        self.compiles += o.compiles;
+        self.compiles_before_passing_on += o.compiles_before_passing_on;
     }
 }
 
@@ -425,6 +439,7 @@ impl World {
             output: BTreeMap::new(),
             exited: BTreeSet::new(),
             unsent_captures: BTreeSet::new(),
+            passed_on: BTreeSet::new(),
             alone: 0,
             violation: None,
             trace: seed,
@@ -767,6 +782,9 @@ impl World {
                         Frame::Done { acks, .. } => {
                             self.tally.acks_riding += u32::try_from(acks.len()).unwrap_or(u32::MAX);
                         }
+                        Frame::Program { .. } => {
+                            self.passed_on.insert(me);
+                        }
                         _ => {}
                     }
                     self.transmit(me, to, Some(frame));
@@ -843,17 +861,31 @@ impl World {
             Effect::Download => {
                 let d = self.rng.range(1, 50);
                 let bytes = Bytes::from(self.program.clone());
+                // Compiled from the cache, or from the supernode and still
+                // to compile.
+                let module = self.rng.chance(1, 2).then_some(());
                 self.at(
                     d,
                     Event::Program(
                         me,
                         ProgramEvent::Downloaded(Ok(Downloaded {
-                            module: (),
+                            module,
                             bytes,
                             resources: Bytes::new(),
                         })),
                     ),
                 );
+            }
+            Effect::Compile(bytes) => {
+                if bytes[..] != self.program[..] {
+                    self.violate(format!("peer {me} compiles a wrong program"));
+                }
+                self.tally.compiles += 1;
+                if !self.passed_on.contains(&me) {
+                    self.tally.compiles_before_passing_on += 1;
+                }
+                let d = self.rng.range(1, 30);
+                self.at(d, Event::Program(me, ProgramEvent::Compiled(Ok(()))));
             }
             Effect::Assemble(bundle, split) => {
                 let ok = bundle[..split] == self.program[..];
