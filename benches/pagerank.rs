@@ -32,6 +32,11 @@
 //! configuration (1: p = 1, 2: p = 2, 3: p = 4, 4: p = 2 without
 //! checkpoints, 5: p = 1 without, 6: p = 2 with one replica, 7: p = 2 with
 //! redundancy 2), for a profiler.
+//!
+//! After the table (not with `--only`): the start-up of a 4-process job
+//! whose program no peer has seen (the `pagerank` module with a custom
+//! section of its own, uploaded afresh), against the same job once the
+//! peers have it compiled, and against compiling the module once here.
 
 #[path = "../tests/all/harness.rs"]
 #[allow(dead_code)]
@@ -170,6 +175,88 @@ async fn bspweb(client: &Client, c: &Config, iters: u32) -> (Duration, Vec<Strin
     (elapsed, r.stdout(0))
 }
 
+/// What starting a job costs when its program is new to every peer.
+struct StartUp {
+    /// A 4-process job of a tiny PageRank whose program no peer has seen.
+    new: Duration,
+    /// The same job again: every peer has it compiled.
+    cached: Duration,
+    /// Compiling the program once, on this thread, as a peer does.
+    compile: Duration,
+}
+
+impl StartUp {
+    fn print(&self) {
+        let ms = |d: Duration| secs(d) * 1e3;
+        let extra = ms(self.new) - ms(self.cached);
+        println!();
+        println!(
+            "start-up of a 4-process job whose program is new to every peer (a tiny PageRank):"
+        );
+        println!(
+            "  program new: {:.0} ms; cached: {:.0} ms; compiling it once alone: {:.0} ms",
+            ms(self.new),
+            ms(self.cached),
+            ms(self.compile)
+        );
+        println!(
+            "  a new program costs {extra:.0} ms = {:.2} compiles (each peer of the job compiles it, \
+             all at once: with a core per peer, 1 at best)",
+            extra / ms(self.compile),
+        );
+    }
+}
+
+/// Times jobs of programs no peer has seen: the `pagerank` module with a
+/// custom section of its own (a new hash, the same code), each uploaded
+/// and run once, then run again from the peers' caches; and one compile of
+/// such a module here (the best of `runs` of each).
+async fn start_up(client: &Client, runs: u32) -> StartUp {
+    let wasm = bspweb_programs::get("pagerank")
+        .expect("pagerank is built in")
+        .wasm;
+    let variant = |nonce: &str| {
+        let mut body = vec![5u8];
+        body.extend_from_slice(b"nonce");
+        body.extend_from_slice(nonce.as_bytes());
+        let mut v = wasm.to_vec();
+        v.push(0); // a custom section
+        v.push(u8::try_from(body.len()).expect("a short section"));
+        v.extend_from_slice(&body);
+        v
+    };
+    let tiny = json!({"n": 1000, "m": 5000, "iters": 1, "seed": SEED});
+    let (mut new, mut cached, mut compile) = (Duration::MAX, Duration::MAX, Duration::MAX);
+    let runtime = bspweb_peer::runtime::Runtime::new().expect("a wasmtime engine");
+    let unique = std::process::id();
+    for run in 0..runs {
+        let name = format!("pagerank-new-{unique}-{run}");
+        client
+            .upload_program(variant(&name), Some(&name))
+            .await
+            .expect("the variant uploads");
+        for slot in [&mut new, &mut cached] {
+            let t = Instant::now();
+            harness::run(client, harness::job(&name, 4, tiny.clone()))
+                .await
+                .assert_exited();
+            *slot = (*slot).min(t.elapsed());
+        }
+        let bytes = variant(&format!("compile-{unique}-{run}"));
+        let hash = bspweb_peer::runtime::module_hash(&bytes);
+        let t = Instant::now();
+        runtime
+            .compile(&hash, &bytes)
+            .expect("the variant compiles");
+        compile = compile.min(t.elapsed());
+    }
+    StartUp {
+        new,
+        cached,
+        compile,
+    }
+}
+
 fn check(label: &str, got: &[String], expected: &[String]) {
     if got != expected {
         eprintln!("error: {label} printed\n  {}", got.join("\n  "));
@@ -248,6 +335,7 @@ fn main() {
         }
     });
     cluster.wait_for_peers(4);
+    let mut startup = None;
     rt.block_on(async {
         let client = cluster.admin().await;
         let warm = json!({"n": N, "m": M, "iters": 1, "seed": SEED});
@@ -278,6 +366,9 @@ fn main() {
                 one_iteration,
                 cpu_per_iter: (cpu_all - cpu_one).max(0.0) / f64::from(iters - 1),
             });
+        }
+        if only.is_none() {
+            startup = Some(start_up(&client, runs).await);
         }
     });
 
@@ -313,6 +404,10 @@ fn main() {
     println!("every bspweb output equals the native reference's:");
     for line in &expected {
         println!("  {line}");
+    }
+
+    if let Some(s) = startup {
+        s.print();
     }
 
     let time = |label: &str| {
