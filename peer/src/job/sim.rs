@@ -327,6 +327,46 @@ fn schedules_restore_processes() {
     assert!(tally.drained > 10, "{tally:?} in 400 schedules");
 }
 
+/// The tallies of 40 schedules without faults of `nprocs` processes on
+/// `peers` peers (and `spares` more), `last` supersteps long.
+fn quiet_tally(peers: u32, spares: u32, nprocs: u32, last: u32, robber: bool) -> Tally {
+    let mut tally = Tally::default();
+    for seed in 0..40 {
+        let plan = Plan {
+            peers,
+            spares,
+            nprocs,
+            last,
+            checkpoint_every: 1,
+            robber,
+            kills: Vec::new(),
+            cuts: Vec::new(),
+            migrate: None,
+            drain: None,
+            jitter: 1 + seed % 10,
+            broadcast: None,
+        };
+        match World::with_plan(seed, plan.clone()).run() {
+            Ok(o) => tally.add(o.tally),
+            Err(e) => panic!("quiet schedule {seed} failed: {e}\n{plan:?}"),
+        }
+    }
+    tally
+}
+
+/// The peer that downloads a job's program from the supernode passes it
+/// on by Robber before it compiles it, so the other peers' compiles run
+/// beside its own rather than after it.
+#[test]
+fn the_program_is_passed_on_before_it_compiles() {
+    let tally = quiet_tally(4, 0, 4, 5, true);
+    assert!(tally.compiles > 0, "{tally:?} in 40 quiet schedules");
+    assert_eq!(
+        tally.compiles_before_passing_on, 0,
+        "{tally:?} in 40 quiet schedules"
+    );
+}
+
 /// Without faults, replicas acknowledge many checkpoints with their next
 /// `Done` to its owner instead of in a frame of their own. Those that go
 /// alone: each process's first checkpoint (whole), its exit's, and those
@@ -336,62 +376,9 @@ fn schedules_restore_processes() {
 /// three in four ride (docs/benchmarks.md). The seeded schedules show
 /// fewer still: there first checkpoints, exits, restored snapshots and
 /// peers that hold replicas but run no process make most of them.
-/// The peer that downloads a job's program from the supernode passes it
-/// on by Robber before it compiles it, so the other peers' compiles run
-/// beside its own rather than after it.
-#[test]
-fn the_program_is_passed_on_before_it_compiles() {
-    let mut tally = Tally::default();
-    for seed in 0..40 {
-        let plan = Plan {
-            peers: 4,
-            spares: 0,
-            nprocs: 4,
-            last: 5,
-            checkpoint_every: 1,
-            robber: true,
-            kills: Vec::new(),
-            cuts: Vec::new(),
-            migrate: None,
-            drain: None,
-            jitter: 1 + seed % 10,
-            broadcast: None,
-        };
-        match World::with_plan(seed, plan.clone()).run() {
-            Ok(o) => tally.add(o.tally),
-            Err(e) => panic!("quiet schedule {seed} failed: {e}\n{plan:?}"),
-        }
-    }
-    assert!(tally.compiles > 0, "{tally:?} in 40 quiet schedules");
-    assert_eq!(
-        tally.compiles_before_passing_on, 0,
-        "{tally:?} in 40 quiet schedules"
-    );
-}
-
 #[test]
 fn replicas_acknowledge_checkpoints_with_their_dones() {
-    let mut tally = Tally::default();
-    for seed in 0..40 {
-        let plan = Plan {
-            peers: 3,
-            spares: 1,
-            nprocs: 3,
-            last: 40,
-            checkpoint_every: 1,
-            robber: false,
-            kills: Vec::new(),
-            cuts: Vec::new(),
-            migrate: None,
-            drain: None,
-            jitter: 1 + seed % 10,
-            broadcast: None,
-        };
-        match World::with_plan(seed, plan.clone()).run() {
-            Ok(o) => tally.add(o.tally),
-            Err(e) => panic!("quiet schedule {seed} failed: {e}\n{plan:?}"),
-        }
-    }
+    let tally = quiet_tally(3, 1, 3, 40, false);
     assert!(
         3 * tally.acks_riding > tally.acks_riding + tally.acks_alone,
         "{tally:?} in 40 quiet schedules"
