@@ -80,6 +80,19 @@ pub fn module_hash(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// Whether `bytes` are the module `hash` names.
+pub fn check_hash(hash: &str, bytes: &[u8]) -> Result<(), CompileError> {
+    let actual = module_hash(bytes);
+    if actual.eq_ignore_ascii_case(hash) {
+        Ok(())
+    } else {
+        Err(CompileError::HashMismatch {
+            expected: hash.to_string(),
+            actual,
+        })
+    }
+}
+
 /// Why a process could not be started.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum StartError {
@@ -287,13 +300,7 @@ impl Runtime {
     }
 
     fn compile_uncached(&self, hash: &str, bytes: &[u8]) -> Result<Module, CompileError> {
-        let actual = module_hash(bytes);
-        if !actual.eq_ignore_ascii_case(hash) {
-            return Err(CompileError::HashMismatch {
-                expected: hash.to_string(),
-                actual,
-            });
-        }
+        check_hash(hash, bytes)?;
         let started = Instant::now();
         let summary = bspweb_abi::validate(bytes)?;
         // Every mutable global exported under a reserved name, so that
@@ -315,7 +322,11 @@ impl Runtime {
             if cache.len() >= MODULE_CACHE {
                 cache.remove(0);
             }
-            cache.push((actual, module.clone(), Bytes::copy_from_slice(bytes)));
+            cache.push((
+                hash.to_ascii_lowercase(),
+                module.clone(),
+                Bytes::copy_from_slice(bytes),
+            ));
         }
         Ok(module)
     }

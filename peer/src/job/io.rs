@@ -585,8 +585,8 @@ pub(crate) fn fetch_inputs(
 }
 
 /// The program `hash` and its bytes: compiled from the cache, or
-/// downloaded (the job compiles it once its other peers have their pieces,
-/// [`JobIo::compile`]).
+/// downloaded and checked against `hash` (the job offers it to its other
+/// peers, then compiles it, [`JobIo::compile`]).
 async fn fetch_module(
     client: Arc<crate::control::Client>,
     runtime: Arc<Runtime>,
@@ -608,5 +608,7 @@ async fn fetch_module(
         }
     };
     tracing::info!(program = %hash, bytes = bytes.len(), "downloaded the program from the supernode");
+    // Checked before the job passes the bytes on (the compile checks again).
+    crate::runtime::check_hash(&hash, &bytes)?;
     Ok((None, bytes::Bytes::from(bytes)))
 }

@@ -713,6 +713,11 @@ fn compile_checks_the_hash_and_the_abi() {
         rt.compile(&"00".repeat(32), &wasm),
         Err(CompileError::HashMismatch { .. })
     ));
+    assert!(check_hash(&module_hash(&wasm).to_uppercase(), &wasm).is_ok());
+    assert!(matches!(
+        check_hash(&module_hash(&wasm), &wasm[1..]),
+        Err(CompileError::HashMismatch { .. })
+    ));
     let wasi = wat::parse_str(
         r#"(module
           (import "wasi_snapshot_preview1" "fd_write" (func (param i32 i32 i32 i32) (result i32)))

@@ -164,8 +164,8 @@ impl<I: JobIo> Machine<I> {
                         }
                     }
                 }
-                // The other peers have their pieces before this one
-                // compiles: the compiles run at the same time.
+                // The pieces are offered to the other peers before this
+                // one compiles: their compiles run beside its own.
                 match f.module {
                     Some(module) => self.program_ready(module, resources),
                     None if self.program.has_program || self.program.compiling.is_some() => {}
