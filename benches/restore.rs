@@ -5,7 +5,8 @@
 //! surviving peer's resident memory before the job and after it ended
 //! (its lowest over 1 s before, and 3–6 s after; goal: within 20 %; a
 //! peer that came in for an earlier victim is not compared in its first
-//! job, which pages in the code it runs). The output must equal the native reference's.
+//! job, which pages in the code it runs). The output must equal the
+//! native reference's.
 //!
 //! The superstep time is read from the job's progress (`supersteps` of
 //! `GET /jobs/{id}`, the slowest pid, polled every 20 ms): before = from

@@ -103,10 +103,10 @@ async fn a_peer_that_claims_a_hundred_times_its_speed_gets_about_its_real_share(
     // measured): it must still run when the liar is timed, however slowly
     // a loaded machine gets there (with 400 iterations a CI run once
     // finished the job before the liar was measured, and waited in vain).
-    // Checkpoints off: what is timed is the liar's compute, and at a tenth
-    // of a core the checkpoints of its processes' 3 MiB accumulators (and
-    // the replicas it keeps for others) made each of its supersteps take
-    // seconds, so under CI load it was not measured within the limit.
+    // Checkpoints off: what is timed is the liar's compute; at a tenth of
+    // a core, checkpointing its processes' 3 MiB accumulators (and keeping
+    // replicas for the others) would make each of its supersteps take
+    // seconds, and its measurement wait for them.
     let args = serde_json::json!({"n": 400_000, "m": 2_000_000, "iters": 1_000_000});
     let spec = {
         let mut s = job("pagerank", 16, args);

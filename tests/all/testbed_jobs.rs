@@ -278,9 +278,9 @@ const TB_PEERS: [(&str, Option<&str>); 6] = [
 
 /// Six peers in three clusters behind 20 Mbit/s gateways: the job's program
 /// reaches them by Robber (one download from the supernode, the other peers
-/// the job is placed on from each other), and `broadcast`'s large rounds are relayed along a
-/// chain ordered cluster by cluster, each receiver getting the sender's
-/// bytes (hash checked).
+/// the job is placed on from each other), and `broadcast`'s large rounds
+/// are relayed along a chain ordered cluster by cluster, each receiver
+/// getting the sender's bytes (hash checked).
 #[test]
 fn a_broadcast_job_gets_its_program_by_robber_and_relays_across_clusters() {
     use crate::harness::{job, run as run_job};
