@@ -220,8 +220,14 @@ async fn start_up(client: &Client, runs: u32) -> StartUp {
         body.extend_from_slice(b"nonce");
         body.extend_from_slice(nonce.as_bytes());
         let mut v = wasm.to_vec();
-        v.push(0); // a custom section
-        v.push(u8::try_from(body.len()).expect("a short section"));
+        // A custom section; a size below 128 is its own one-byte LEB128.
+        assert!(
+            body.len() < 128,
+            "a nonce of {} bytes is too long",
+            body.len()
+        );
+        v.push(0);
+        v.push(body.len() as u8);
         v.extend_from_slice(&body);
         v
     };
