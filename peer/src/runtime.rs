@@ -159,6 +159,10 @@ pub struct Runtime {
     compiling: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     /// Programs compiled so far (cache misses).
     compiled: std::sync::atomic::AtomicU64,
+    /// Compiled programs on disk ([`Runtime::use_compile_cache`]).
+    disk: std::sync::OnceLock<compile_cache::CompileCache>,
+    /// Programs read back from `disk` so far.
+    loaded: std::sync::atomic::AtomicU64,
     stop_ticker: Arc<AtomicBool>,
     ticker: Mutex<Option<JoinHandle<()>>>,
     /// The peer's memory budget, which every process asks before it holds
@@ -234,6 +238,8 @@ impl Runtime {
             modules: Mutex::new(Vec::new()),
             compiling: Mutex::new(HashMap::new()),
             compiled: std::sync::atomic::AtomicU64::new(0),
+            disk: std::sync::OnceLock::new(),
+            loaded: std::sync::atomic::AtomicU64::new(0),
             stop_ticker,
             ticker: Mutex::new(Some(ticker)),
             budget,
@@ -248,6 +254,30 @@ impl Runtime {
     /// How many programs this runtime compiled (each once while cached).
     pub fn compiled_count(&self) -> u64 {
         self.compiled.load(Ordering::Relaxed)
+    }
+
+    /// How many programs this runtime read back from its compile cache
+    /// instead of compiling them.
+    pub fn loaded_count(&self) -> u64 {
+        self.loaded.load(Ordering::Relaxed)
+    }
+
+    /// Keep compiled programs under `root` (at most `limit` bytes in all)
+    /// and read them back instead of compiling them again, also after a
+    /// restart ([`compile_cache`]). Returns the directory this build uses;
+    /// a second call changes nothing.
+    pub fn use_compile_cache(
+        &self,
+        root: &std::path::Path,
+        limit: u64,
+    ) -> Result<std::path::PathBuf, compile_cache::CacheDirError> {
+        if let Some(c) = self.disk.get() {
+            return Ok(c.dir().to_path_buf());
+        }
+        let cache = compile_cache::CompileCache::open(root, limit, &self.engine)?;
+        let dir = cache.dir().to_path_buf();
+        let _ = self.disk.set(cache);
+        Ok(dir)
     }
 
     /// A compiled module from the cache.
@@ -302,21 +332,33 @@ impl Runtime {
     fn compile_uncached(&self, hash: &str, bytes: &[u8]) -> Result<Module, CompileError> {
         check_hash(hash, bytes)?;
         let started = Instant::now();
-        let summary = bspweb_abi::validate(bytes)?;
-        // Every mutable global exported under a reserved name, so that
-        // checkpoints can record and restore it (`bspweb_abi` module docs).
-        let checkpointable = bspweb_abi::checkpointable(bytes, &summary)?;
-        // The same NaN bits on every peer, whatever its processor.
-        let deterministic = bspweb_abi::canonicalize_nans(&checkpointable)?;
-        let module = Module::new(&self.engine, &deterministic)
-            .map_err(|e| CompileError::Compile(format!("{e:#}")))?;
-        self.compiled.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(
-            program = hash,
-            kib = bytes.len() >> 10,
-            ms = started.elapsed().as_millis() as u64,
-            "compiled the program"
-        );
+        let disk = self.disk.get();
+        let module = match disk.and_then(|d| d.load(&self.engine, hash)) {
+            Some(module) => {
+                self.loaded.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    program = hash,
+                    kib = bytes.len() >> 10,
+                    ms = started.elapsed().as_millis() as u64,
+                    "read the compiled program from the compile cache"
+                );
+                module
+            }
+            None => {
+                let module = self.compile_checked(bytes)?;
+                self.compiled.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    program = hash,
+                    kib = bytes.len() >> 10,
+                    ms = started.elapsed().as_millis() as u64,
+                    "compiled the program"
+                );
+                if let Some(d) = disk {
+                    d.store(hash, &module);
+                }
+                module
+            }
+        };
         let mut cache = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if !cache.iter().any(|(h, _, _)| h.eq_ignore_ascii_case(hash)) {
             if cache.len() >= MODULE_CACHE {
@@ -329,6 +371,19 @@ impl Runtime {
             ));
         }
         Ok(module)
+    }
+
+    /// Validate `bytes` against the `bspweb_v1` contract, rewrite them for
+    /// checkpoints and determinism, and compile them.
+    fn compile_checked(&self, bytes: &[u8]) -> Result<Module, CompileError> {
+        let summary = bspweb_abi::validate(bytes)?;
+        // Every mutable global exported under a reserved name, so that
+        // checkpoints can record and restore it (`bspweb_abi` module docs).
+        let checkpointable = bspweb_abi::checkpointable(bytes, &summary)?;
+        // The same NaN bits on every peer, whatever its processor.
+        let deterministic = bspweb_abi::canonicalize_nans(&checkpointable)?;
+        Module::new(&self.engine, &deterministic)
+            .map_err(|e| CompileError::Compile(format!("{e:#}")))
     }
 
     /// Create process `pid` of a job: a fresh store with the job's limits and
@@ -758,6 +813,7 @@ impl ResourceLimiter for ProcState {
     }
 }
 
+pub mod compile_cache;
 mod host;
 mod inline;
 mod niceness;

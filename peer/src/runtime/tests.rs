@@ -836,8 +836,13 @@ struct World {
 
 impl World {
     fn start(module: &Module, job: Arc<JobInfo>) -> World {
+        World::start_on(&runtime(), module, job)
+    }
+
+    /// [`World::start`] on `rt`, whose engine `module` is for.
+    fn start_on(rt: &Runtime, module: &Module, job: Arc<JobInfo>) -> World {
         let procs = (0..job.nprocs)
-            .map(|pid| runtime().instantiate(module, job.clone(), pid).unwrap())
+            .map(|pid| rt.instantiate(module, job.clone(), pid).unwrap())
             .collect();
         World {
             trackers: (0..job.nprocs).map(|_| PageTracker::new()).collect(),
@@ -972,6 +977,56 @@ impl World {
 }
 
 const SORT_ARGS: &str = r#"{"n": 3000, "oversample": 16, "emit": true}"#;
+
+/// A restarted peer reads the programs it compiled before back from its
+/// compile cache instead of compiling them, and they run exactly like the
+/// compiled ones: the same output and the same checkpoints.
+#[test]
+fn a_program_read_back_from_the_compile_cache_runs_like_the_compiled_one() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let wasm = bspweb_programs::get("sample-sort").expect("built in").wasm;
+    let hash = module_hash(wasm);
+    let run = |rt: &Runtime| {
+        let module = rt.compile(&hash, wasm).expect("compiles");
+        let mut w = World::start_on(rt, &module, job_for(3, SORT_ARGS, 64));
+        let hashes: Vec<Vec<[u8; 32]>> = w
+            .run()
+            .iter()
+            .map(|step| step.iter().map(|s| s.hash).collect())
+            .collect();
+        (w.output(), hashes)
+    };
+    let first = Runtime::new().expect("engine");
+    let dir = first
+        .use_compile_cache(root.path(), 1 << 30)
+        .expect("a private directory");
+    let compiled = run(&first);
+    assert_eq!((first.compiled_count(), first.loaded_count()), (1, 0));
+    assert_eq!(std::fs::read_dir(&dir).expect("list").count(), 1, "kept");
+    drop(first);
+
+    // The peer restarted: a new engine, the same directory.
+    let second = Runtime::new().expect("engine");
+    second
+        .use_compile_cache(root.path(), 1 << 30)
+        .expect("a private directory");
+    let loaded = run(&second);
+    assert_eq!((second.compiled_count(), second.loaded_count()), (0, 1));
+    assert!(!compiled.0.is_empty());
+    assert_eq!(loaded, compiled);
+    // Bytes that are not the program are refused before the cache is read.
+    let third = Runtime::new().expect("engine");
+    third
+        .use_compile_cache(root.path(), 1 << 30)
+        .expect("a private directory");
+    let mut other = wasm.to_vec();
+    other.push(0);
+    assert!(matches!(
+        third.compile(&hash, &other),
+        Err(CompileError::HashMismatch { .. })
+    ));
+    assert_eq!(third.loaded_count(), 0);
+}
 
 #[test]
 fn a_restored_process_goes_on_exactly_like_the_original() {
