@@ -208,6 +208,11 @@ fn local_peer(
         // Its share of the machine: every local peer budgeting half of it
         // would let them together run the machine out of memory.
         .args(["--memory-budget-mib", &budget_mib.to_string()])
+        // One compile cache for the machine's peers, kept with the data: a
+        // program compiled once is read back by the others and after `up`
+        // restarts.
+        .arg("--compile-cache")
+        .arg(data.join("compiled"))
         .stdin(std::process::Stdio::piped())
         .kill_on_drop(true);
     if let Some(f) = idle_file {
@@ -580,6 +585,13 @@ pub async fn peer(a: PeerRunArgs) -> anyhow::Result<ExitCode> {
         windows: a.run_between,
         cpu_percent: a.cpu_percent,
         probe_mib_per_hour: a.probe_mib_per_hour,
+        compile_cache: (a.compile_cache_mib > 0)
+            .then(|| {
+                a.compile_cache
+                    .or_else(bspweb_peer::runtime::compile_cache::default_root)
+            })
+            .flatten(),
+        compile_cache_mib: a.compile_cache_mib,
         token: Some(
             crate::peer_cmd::read_token(a.token_file.as_deref(), a.token.as_deref())?.ok_or_else(
                 || {

@@ -236,6 +236,17 @@ pub struct PeerRunArgs {
     /// supernode clusters peers by what they measure (docs/clustering.md)
     #[arg(long, value_name = "MIB", default_value_t = bspweb_peer::links::DEFAULT_MIB_PER_HOUR)]
     pub(crate) probe_mib_per_hour: u64,
+    /// Keep the programs this peer compiles in this directory, so that it
+    /// need not compile them again after a restart; it must be this user's
+    /// and nobody else may write it [default: $CACHE_DIRECTORY/compiled
+    /// under systemd, else $XDG_CACHE_HOME/bspweb/compiled, else
+    /// ~/.cache/bspweb/compiled]
+    #[arg(long, value_name = "DIR")]
+    pub(crate) compile_cache: Option<PathBuf>,
+    /// Most disk space the compile cache may take, in MiB (the least
+    /// recently used programs go first); 0 keeps none
+    #[arg(long, value_name = "MIB", default_value_t = 1024)]
+    pub(crate) compile_cache_mib: u64,
     /// The enrollment token to log in with (from `bspweb token create` or
     /// the web UI's Peers page); the supernode admits no peer without one.
     /// A flag shows in the process list: prefer --token-file or the
@@ -558,6 +569,8 @@ Wants=network-online.target\n\
 Type=simple\n\
 ExecStart={exe} peer --config {config} --control-socket {socket}{token_arg}\n\
 {user_lines}\
+# Compiled programs, kept across restarts ($CACHE_DIRECTORY).\n\
+CacheDirectory=bspweb\n\
 Environment=BSPWEB_LOG=info\n\
 Restart=on-failure\n\
 RestartSec=10s\n\

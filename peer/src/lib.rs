@@ -114,6 +114,11 @@ pub struct PeerConfig {
     /// The cap on link-probe traffic, sent and answered, MiB per hour
     /// (`--probe-mib-per-hour`, [`links`]); 0: no probes.
     pub probe_mib_per_hour: u64,
+    /// Where compiled programs are kept across restarts
+    /// ([`runtime::compile_cache`]); `None`: in memory only.
+    pub compile_cache: Option<PathBuf>,
+    /// The most the compile cache may hold, MiB.
+    pub compile_cache_mib: u64,
     /// How an `https://` supernode's certificate is verified
     /// (`--supernode-fingerprint`; default: Mozilla's roots).
     pub supernode_tls: bsp_api::client::TlsOptions,
@@ -146,6 +151,8 @@ impl PeerConfig {
             windows: Vec::new(),
             cpu_percent: None,
             probe_mib_per_hour: links::DEFAULT_MIB_PER_HOUR,
+            compile_cache: None,
+            compile_cache_mib: 1024,
             supernode_tls: bsp_api::client::TlsOptions::default(),
             token: None,
         }
@@ -223,6 +230,18 @@ pub async fn run(
         None => budget::default_limit(),
     };
     runtime.budget().set_limit(budget);
+    if let Some(root) = config
+        .compile_cache
+        .as_deref()
+        .filter(|_| config.compile_cache_mib > 0)
+    {
+        match runtime.use_compile_cache(root, config.compile_cache_mib.saturating_mul(1 << 20)) {
+            Ok(dir) => tracing::info!("compiled programs are kept in {}", dir.display()),
+            Err(e) => tracing::warn!(
+                "compiled programs are kept in memory only, so a restart compiles them again: {e}"
+            ),
+        }
+    }
     let links = Arc::new(links::Links::new(
         config.probe_mib_per_hour.saturating_mul(1 << 20),
     ));

@@ -242,6 +242,14 @@ impl Cluster {
         // says otherwise.
         .args(default("--nice", "0"))
         .args(default("--speed", "1.0"))
+        // Each peer its own compile cache, as on its own machine; a peer
+        // started again with the same name finds its programs there.
+        .args(
+            (!extra.iter().any(|a| a == "--compile-cache"))
+                .then(|| ["--compile-cache".into(), self.compile_cache(name)])
+                .into_iter()
+                .flatten(),
+        )
         .arg("--exit-on-stdin-eof")
         .arg("--control-socket")
         .arg(self.control_socket(name))
@@ -276,6 +284,11 @@ impl Cluster {
 
     fn log_sink(&self, file: &str) -> Stdio {
         log_sink(&self.data_path, file, self.opts.log_files)
+    }
+
+    /// The compile cache of the peer named `name`.
+    pub fn compile_cache(&self, name: &str) -> std::ffi::OsString {
+        self.data_path.join(format!("compiled-{name}")).into()
     }
 
     /// The control socket of the peer named `name` (`bspweb peer status

@@ -41,6 +41,26 @@ const EXTENSION: &str = "cwasm";
 /// A temporary file older than this was left by a writer that died.
 const STALE_TEMPORARY: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// Where a peer keeps compiled programs unless told otherwise: under
+/// systemd's `CacheDirectory` (`$CACHE_DIRECTORY`, the first of them), else
+/// `$XDG_CACHE_HOME/bspweb`, else `~/.cache/bspweb`, in `compiled/`;
+/// `None` without any of these.
+pub fn default_root() -> Option<PathBuf> {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    let systemd = var("CACHE_DIRECTORY").and_then(|dirs| {
+        let first = dirs.to_string_lossy().split(':').next()?.to_string();
+        (!first.is_empty()).then(|| PathBuf::from(first))
+    });
+    let base = if let Some(dir) = systemd {
+        dir
+    } else if let Some(xdg) = var("XDG_CACHE_HOME") {
+        PathBuf::from(xdg).join("bspweb")
+    } else {
+        PathBuf::from(var("HOME")?).join(".cache/bspweb")
+    };
+    Some(base.join("compiled"))
+}
+
 /// Temporary files this process wrote: with its pid, a unique name.
 static TEMPORARIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -214,6 +234,49 @@ fn private_dir(dir: &Path) -> Result<(), CacheDirError> {
     Ok(())
 }
 
+/// The bytes of `path` if this user owns the file and nobody else may write
+/// it, checked on the open file (so a file swapped in after a check is
+/// never read); `PermissionDenied` if not.
+#[cfg(unix)]
+fn read_own(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let mut f = std::fs::File::open(path)?;
+    let meta = f.metadata()?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_file() || meta.uid() != me || meta.mode() & 0o022 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "it is not a file of this user's that nobody else may write (owner {}, mode {:o})",
+                meta.uid(),
+                meta.mode() & 0o7777
+            ),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    f.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Write `bytes` to a new file `path` that only this user may read or
+/// write, whatever the umask (a group-writable file would not be loaded).
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::File::options();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut f = options.open(path)?;
+    f.write_all(bytes)
+}
+
+#[cfg(not(unix))]
+fn read_own(_: &Path) -> std::io::Result<Vec<u8>> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
 /// Compiled programs on disk for one engine (see the module comment).
 #[derive(Debug)]
 pub struct CompileCache {
@@ -254,22 +317,23 @@ impl CompileCache {
     /// removed (and the caller compiles).
     pub fn load(&self, engine: &Engine, hash: &str) -> Option<Module> {
         let path = self.path(hash)?;
-        let file = match std::fs::read(&path) {
+        let file = match read_own(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
             Err(e) => {
-                tracing::warn!("cannot read the compiled program {}: {e}", path.display());
+                tracing::warn!("not loading the compiled program {}: {e}", path.display());
                 return None;
             }
         };
         let loaded = decode(&file)
             .map_err(|e| e.to_string())
             .and_then(|artifact| {
-                // SAFETY: `artifact` is the contents of a file in a directory
-                // only this user can write (`private_dir`, checked at `open`),
-                // whose hash matched, under this build's directory, so it is
-                // the `Module::serialize` output of this executable's engine
-                // with the same settings; `deserialize` also checks the
+                // SAFETY: `artifact` is the contents of a file that this user
+                // owns and nobody else may write (checked on the open file by
+                // `read_own`), found in this build's directory (also this
+                // user's own, checked at `open`), whose hash matched: the
+                // `Module::serialize` output of this executable's engine with
+                // the same settings, whole. `deserialize` also checks the
                 // artifact's header against this engine and errs on a mismatch.
                 unsafe { Module::deserialize(engine, artifact) }.map_err(|e| format!("{e:#}"))
             });
@@ -321,7 +385,7 @@ impl CompileCache {
             std::process::id(),
             TEMPORARIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
-        if let Err(e) = std::fs::write(&tmp, &file).and_then(|()| std::fs::rename(&tmp, &path)) {
+        if let Err(e) = write_private(&tmp, &file).and_then(|()| std::fs::rename(&tmp, &path)) {
             tracing::warn!(
                 "cannot keep the compiled program in {}: {e}",
                 path.display()
@@ -491,9 +555,14 @@ mod tests {
         let root = tempfile::tempdir().expect("tempdir");
         let cache = CompileCache::open(root.path(), 1 << 30, &engine).expect("open");
         let hash = "c".repeat(64);
+        // A umask that lets the group write: the files stay private.
+        // SAFETY: umask only sets the process's file mode mask.
+        let umask = unsafe { libc::umask(0o002) };
         assert!(cache.load(&engine, &hash).is_none(), "empty");
         let m = Module::new(&engine, tiny_wasm()).expect("compile");
         cache.store(&hash, &m);
+        // SAFETY: as above.
+        unsafe { libc::umask(umask) };
         let loaded = cache.load(&engine, &hash).expect("stored");
         assert_eq!(call_f(&engine, &loaded), 42);
 
@@ -516,6 +585,20 @@ mod tests {
         std::fs::write(&path, encode(&foreign.serialize().expect("serialize"))).expect("write");
         assert!(cache.load(&engine, &hash).is_none());
         assert!(!path.exists());
+
+        // A file others may write is not read (nor removed: who else wrote
+        // it is for a person to look into).
+        use std::os::unix::fs::PermissionsExt;
+        cache.store(&hash, &m);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        assert!(cache.load(&engine, &hash).is_none());
+        assert!(path.exists());
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        assert!(
+            cache.load(&engine, &hash).is_some(),
+            "and is once it is private"
+        );
+        std::fs::remove_file(&path).expect("rm");
 
         // Names that are not content addresses are neither read nor written.
         cache.store("../escape", &m);
