@@ -518,6 +518,15 @@ fn status_text(s: &PeerStatus) -> String {
         }
     ));
     out.push_str(&format!(
+        "  programs: {} compiled, {} read back from the compile cache{}\n",
+        s.compiled,
+        s.loaded,
+        s.compile_cache.as_ref().map_or_else(
+            || " (none: kept in memory only)".to_string(),
+            |d| format!(" in {d}")
+        )
+    ));
+    out.push_str(&format!(
         "  windows: {}\n",
         if s.windows.is_empty() {
             "always".to_string()

@@ -73,6 +73,16 @@ pub struct PeerStatus {
     pub rss_bytes: u64,
     /// 0: no budget.
     pub budget_bytes: u64,
+    /// Programs compiled since the peer started.
+    #[serde(default)]
+    pub compiled: u64,
+    /// Programs read back from the compile cache instead.
+    #[serde(default)]
+    pub loaded: u64,
+    /// Where compiled programs are kept across restarts; `None`: in memory
+    /// only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile_cache: Option<String>,
 }
 
 /// The peer's standing, shared by the socket, the availability loop and
@@ -312,7 +322,8 @@ pub(crate) struct StatusView {
     pub(crate) slots: usize,
     pub(crate) cpu_percent: Option<u8>,
     pub(crate) speed: f64,
-    pub(crate) budget_bytes: u64,
+    pub(crate) runtime: std::sync::Arc<crate::runtime::Runtime>,
+    pub(crate) compile_cache: Option<std::path::PathBuf>,
 }
 
 impl StatusView {
@@ -367,7 +378,10 @@ impl StatusView {
                 speed: self.speed,
                 idle: f64::from_bits(s.idle_bits.load(Ordering::Relaxed)),
                 rss_bytes: crate::sysinfo::rss_bytes().unwrap_or(0),
-                budget_bytes: self.budget_bytes,
+                budget_bytes: self.runtime.budget().limit(),
+                compiled: self.runtime.compiled_count(),
+                loaded: self.runtime.loaded_count(),
+                compile_cache: self.compile_cache.as_ref().map(|d| d.display().to_string()),
             }),
             error: None,
         }
@@ -394,6 +408,9 @@ mod tests {
             idle: 1.0,
             rss_bytes: 0,
             budget_bytes: 0,
+            compiled: 0,
+            loaded: 0,
+            compile_cache: None,
         }
     }
 

@@ -230,18 +230,25 @@ pub async fn run(
         None => budget::default_limit(),
     };
     runtime.budget().set_limit(budget);
-    if let Some(root) = config
+    let compile_cache = config
         .compile_cache
         .as_deref()
         .filter(|_| config.compile_cache_mib > 0)
-    {
-        match runtime.use_compile_cache(root, config.compile_cache_mib.saturating_mul(1 << 20)) {
-            Ok(dir) => tracing::info!("compiled programs are kept in {}", dir.display()),
-            Err(e) => tracing::warn!(
-                "compiled programs are kept in memory only, so a restart compiles them again: {e}"
-            ),
-        }
-    }
+        .and_then(|root| {
+            let limit = config.compile_cache_mib.saturating_mul(1 << 20);
+            match runtime.use_compile_cache(root, limit) {
+                Ok(dir) => {
+                    tracing::info!("compiled programs are kept in {}", dir.display());
+                    Some(dir)
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "compiled programs are kept in memory only, so a restart compiles them again: {e}"
+                    );
+                    None
+                }
+            }
+        });
     let links = Arc::new(links::Links::new(
         config.probe_mib_per_hour.saturating_mul(1 << 20),
     ));
@@ -328,7 +335,8 @@ pub async fn run(
                     slots,
                     cpu_percent: config.cpu_percent,
                     speed,
-                    budget_bytes: runtime.budget().limit(),
+                    runtime: runtime.clone(),
+                    compile_cache,
                 };
                 let handle = Arc::new(move |r| view.handle(r));
                 tokio::spawn(daemon::serve(

@@ -355,6 +355,26 @@ impl Cluster {
         assert!(status.success(), "kill -TERM {pid} failed: {status}");
     }
 
+    /// Send SIGTERM to the peer at `index` and wait (at most a minute) for
+    /// it to drain and exit.
+    pub fn stop_peer(&mut self, index: usize) -> std::process::ExitStatus {
+        self.terminate_peer(index);
+        let peer = &mut self.peers[index];
+        peer.stopped = true;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = peer.child.try_wait().expect("wait for a peer") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "peer {} did not exit within a minute of SIGTERM",
+                peer.name
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The OS process id of the peer at `index`.
     pub fn peer_pid(&self, index: usize) -> u32 {
         self.peers[index].child.id()

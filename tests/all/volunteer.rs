@@ -29,6 +29,72 @@ fn peer_cmd(cmd: &str, socket: &std::path::Path) -> PeerStatus {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// A peer keeps the programs it compiles on disk: started again, it reads
+/// them back instead of compiling them again, and `bspweb peer status`
+/// says which it did and where they are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_peer_reads_the_programs_it_compiled_back_from_disk() {
+    let mut cluster = Cluster::start(Options {
+        peers: 1,
+        ..Options::default()
+    });
+    let client = cluster.admin().await;
+    let name = cluster.peers[0].name.clone();
+    let socket = cluster.control_socket(&name);
+    let spec = || job("ring", 1, serde_json::json!({}));
+    let first = crate::harness::run(&client, spec()).await;
+    first.assert_exited();
+    let status = peer_cmd("status", &socket);
+    assert_eq!((status.compiled, status.loaded), (1, 0), "{status:?}");
+    let dir = std::path::PathBuf::from(status.compile_cache.expect("a compile cache"));
+    assert!(
+        dir.starts_with(cluster.compile_cache(&name)),
+        "{} is not under the peer's --compile-cache",
+        dir.display()
+    );
+    let kept = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(kept, 1, "one compiled program in {}", dir.display());
+    let before = status.peer_id;
+
+    // The peer stops and starts again, as after a reboot.
+    assert!(cluster.stop_peer(0).success());
+    cluster.add_peer(&name, &[]);
+    let status = until(
+        "the peer to log in again",
+        Duration::from_secs(60),
+        async || {
+            let out = bspweb()
+                .args(["peer", "status", "--json", "--socket"])
+                .arg(&socket)
+                .output()
+                .ok()?;
+            let s: PeerStatus = serde_json::from_slice(&out.stdout).ok()?;
+            (s.peer_id.is_some() && s.peer_id != before && s.state == "idle").then_some(s)
+        },
+    )
+    .await;
+    assert_eq!((status.compiled, status.loaded), (0, 0));
+    let again = crate::harness::run(&client, spec()).await;
+    again.assert_exited();
+    assert_eq!(again.stdout(0), first.stdout(0));
+    let status = peer_cmd("status", &socket);
+    assert_eq!((status.compiled, status.loaded), (0, 1), "{status:?}");
+
+    // People read it too.
+    let out = run(&[
+        "peer".as_ref(),
+        "status".as_ref(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+    ]);
+    assert_success(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("programs: 0 compiled, 1 read back from the compile cache in "),
+        "{text}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_moves_the_processes_away_and_resume_takes_work_again() {
     let cluster = Cluster::start(Options {
