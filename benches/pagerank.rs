@@ -36,7 +36,9 @@
 //! After the table (not with `--only`): the start-up of a 4-process job
 //! whose program no peer has seen (the `pagerank` module with a custom
 //! section of its own, uploaded afresh), against the same job once the
-//! peers have it compiled, and against compiling the module once here.
+//! peers have it compiled, the same job after every peer restarted (each
+//! reads the program back from its compile cache on disk), and compiling
+//! the module once here.
 
 #[path = "../tests/all/harness.rs"]
 #[allow(dead_code)]
@@ -181,6 +183,9 @@ struct StartUp {
     new: Duration,
     /// The same job again: every peer has it compiled.
     cached: Duration,
+    /// The same job after every peer restarted: each downloads the program
+    /// again and reads its compiled code back from its compile cache.
+    restarted: Duration,
     /// Compiling the program once, on this thread, as a peer does.
     compile: Duration,
 }
@@ -204,14 +209,21 @@ impl StartUp {
              all at once: with a core per peer, 1 at best)",
             extra / ms(self.compile),
         );
+        println!(
+            "  after every peer restarted: {:.0} ms = {:.2} compiles more than cached \
+             (the program downloaded again, its compiled code read from the compile cache)",
+            ms(self.restarted),
+            (ms(self.restarted) - ms(self.cached)) / ms(self.compile),
+        );
     }
 }
 
 /// Times jobs of programs no peer has seen: the `pagerank` module with a
 /// custom section of its own (a new hash, the same code), each uploaded
-/// and run once, then run again from the peers' caches; and one compile of
-/// such a module here (the best of `runs` of each).
-async fn start_up(client: &Client, runs: u32) -> StartUp {
+/// and run once, then run again from the peers' caches, then once more
+/// after every peer of `cluster` restarted; and one compile of such a
+/// module here (the best of `runs` of each).
+async fn start_up(cluster: &mut harness::Cluster, client: &Client, runs: u32) -> StartUp {
     let wasm = bspweb_programs::get("pagerank")
         .expect("pagerank is built in")
         .wasm;
@@ -233,6 +245,7 @@ async fn start_up(client: &Client, runs: u32) -> StartUp {
     };
     let tiny = json!({"n": 1000, "m": 5000, "iters": 1, "seed": SEED});
     let (mut new, mut cached, mut compile) = (Duration::MAX, Duration::MAX, Duration::MAX);
+    let mut restarted = Duration::MAX;
     let runtime = bspweb_peer::runtime::Runtime::new().expect("a wasmtime engine");
     let unique = std::process::id();
     for run in 0..runs {
@@ -248,6 +261,12 @@ async fn start_up(client: &Client, runs: u32) -> StartUp {
                 .assert_exited();
             *slot = (*slot).min(t.elapsed());
         }
+        restart_peers(cluster).await;
+        let t = Instant::now();
+        harness::run(client, harness::job(&name, 4, tiny.clone()))
+            .await
+            .assert_exited();
+        restarted = restarted.min(t.elapsed());
         let bytes = variant(&format!("compile-{unique}-{run}"));
         let hash = bspweb_peer::runtime::module_hash(&bytes);
         let t = Instant::now();
@@ -259,8 +278,33 @@ async fn start_up(client: &Client, runs: u32) -> StartUp {
     StartUp {
         new,
         cached,
+        restarted,
         compile,
     }
+}
+
+/// Stop every running peer of `cluster` (SIGTERM: each drains and exits)
+/// and start it again with its name, enrollment and compile cache, as after
+/// a reboot; returns once all are online again.
+async fn restart_peers(cluster: &mut harness::Cluster) {
+    let running: Vec<(usize, String)> = (0..cluster.peers.len())
+        .filter(|&i| !cluster.peers[i].is_stopped())
+        .map(|i| (i, cluster.peers[i].name.clone()))
+        .collect();
+    for (i, _) in &running {
+        assert!(cluster.stop_peer(*i).success());
+    }
+    for (_, name) in &running {
+        match name.strip_prefix("vera-") {
+            Some(_) => {
+                cluster.add_volunteer_peer("vera", name, &[]).await;
+            }
+            None => {
+                cluster.add_peer(name, &[]);
+            }
+        }
+    }
+    cluster.wait_for_peers(running.len());
 }
 
 fn check(label: &str, got: &[String], expected: &[String]) {
@@ -374,7 +418,7 @@ fn main() {
             });
         }
         if only.is_none() {
-            startup = Some(start_up(&client, runs).await);
+            startup = Some(start_up(&mut cluster, &client, runs).await);
         }
     });
 

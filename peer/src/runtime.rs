@@ -354,7 +354,13 @@ impl Runtime {
                     "compiled the program"
                 );
                 if let Some(d) = disk {
+                    let stored = Instant::now();
                     d.store(hash, &module);
+                    tracing::debug!(
+                        program = hash,
+                        ms = %format_args!("{:.1}", stored.elapsed().as_secs_f64() * 1e3),
+                        "kept the compiled program in the compile cache"
+                    );
                 }
                 module
             }
