@@ -63,6 +63,9 @@ use serde_json::json;
 const N: u64 = 200_000;
 const M: u64 = 1_000_000;
 const SEED: u64 = 1;
+/// Peers of the bench's cluster: two of the administrator's, two of a
+/// second volunteer's.
+const PEERS: usize = 4;
 
 /// Issue 13's goals.
 const P1_MAX_SLOWDOWN: f64 = 1.4;
@@ -283,12 +286,12 @@ async fn start_up(cluster: &mut harness::Cluster, client: &Client, runs: u32) ->
     }
 }
 
-/// Stop every running peer of `cluster` (SIGTERM: each drains and exits)
-/// and start it again with its name, enrollment and compile cache, as after
-/// a reboot; returns once all are online again.
+/// Stop the running peers of `cluster`, the last `PEERS` started (SIGTERM:
+/// each drains and exits), and start each again with its name, enrollment
+/// and compile cache, as after a reboot; returns once all are online again.
 async fn restart_peers(cluster: &mut harness::Cluster) {
-    let running: Vec<(usize, String)> = (0..cluster.peers.len())
-        .filter(|&i| !cluster.peers[i].is_stopped())
+    let n = cluster.peers.len();
+    let running: Vec<(usize, String)> = (n - PEERS..n)
         .map(|i| (i, cluster.peers[i].name.clone()))
         .collect();
     for (i, _) in &running {
@@ -384,7 +387,7 @@ fn main() {
             cluster.add_volunteer_peer("vera", name, &[]).await;
         }
     });
-    cluster.wait_for_peers(4);
+    cluster.wait_for_peers(PEERS);
     let mut startup = None;
     rt.block_on(async {
         let client = cluster.admin().await;

@@ -98,13 +98,6 @@ pub struct Cluster {
     data: Option<tempfile::TempDir>,
 }
 
-impl Peer {
-    /// Killed or stopped on purpose.
-    pub fn is_stopped(&self) -> bool {
-        self.stopped
-    }
-}
-
 impl Drop for Cluster {
     fn drop(&mut self) {
         for p in self.peers.iter_mut() {
