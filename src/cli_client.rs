@@ -1201,7 +1201,12 @@ pub async fn peers(a: PeersArgs) -> anyhow::Result<ExitCode> {
             p.power.map_or("-".to_string(), |w| format!("{w:.2}")),
             p.cores,
             p.processes,
-            mib(&p, p.memory.rss_bytes),
+            // A running process is never 0 bytes: not reported yet.
+            if p.memory.rss_bytes == 0 {
+                "-".to_string()
+            } else {
+                mib(&p, p.memory.rss_bytes)
+            },
             mib(&p, p.memory.held_bytes),
             p.links.len(),
             if p.quarantined.is_some() && p.state == "gone" {

@@ -82,6 +82,10 @@ pub enum CacheDirError {
     #[error("a compile cache needs Unix file permissions to be kept safe")]
     Unsupported,
     #[error(
+        "cannot look at this executable (was it replaced while it runs?), so no compiled program can be known to be its own"
+    )]
+    UnknownBuild,
+    #[error(
         "{path} belongs to user {owner}, not to this peer's user {me}: compiled code is read only from a directory of its own"
     )]
     NotOwned { path: PathBuf, owner: u32, me: u32 },
@@ -165,27 +169,26 @@ fn valid_hash(hash: &str) -> bool {
 /// The name of this build's directory: the bspweb version, the executable's
 /// size and modification time (a rebuilt or upgraded binary gets a new
 /// directory, as ccache tells compilers apart), and the engine's
-/// compatibility settings.
-pub fn build_id(engine: &Engine) -> String {
+/// compatibility settings. `None` when the executable cannot be looked at
+/// (say, it was replaced while it runs): then no artifact is trusted to be
+/// this build's.
+pub fn build_id(engine: &Engine) -> Option<String> {
     use std::hash::{Hash, Hasher};
+    let meta = std::fs::metadata(std::env::current_exe().ok()?).ok()?;
+    let modified = meta
+        .modified()
+        .ok()?
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .ok()?
+        .as_nanos();
     let mut h = blake3::Hasher::new();
     h.update(env!("CARGO_PKG_VERSION").as_bytes());
-    if let Some(meta) = std::env::current_exe()
-        .ok()
-        .and_then(|p| std::fs::metadata(p).ok())
-    {
-        h.update(&meta.len().to_le_bytes());
-        let modified = meta
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos());
-        h.update(&modified.to_le_bytes());
-    }
+    h.update(&meta.len().to_le_bytes());
+    h.update(&modified.to_le_bytes());
     let mut settings = std::collections::hash_map::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut settings);
     h.update(&settings.finish().to_le_bytes());
-    h.finalize().to_hex()[..16].to_string()
+    Some(h.finalize().to_hex()[..16].to_string())
 }
 
 /// Not on this OS: nothing checks who may write the directory.
@@ -291,7 +294,7 @@ impl CompileCache {
     /// or build directory that is not this user's own.
     pub fn open(root: &Path, limit: u64, engine: &Engine) -> Result<CompileCache, CacheDirError> {
         private_dir(root)?;
-        let dir = root.join(build_id(engine));
+        let dir = root.join(build_id(engine).ok_or(CacheDirError::UnknownBuild)?);
         private_dir(&dir)?;
         Ok(CompileCache {
             root: root.to_path_buf(),
