@@ -558,14 +558,18 @@ mod tests {
         let root = tempfile::tempdir().expect("tempdir");
         let cache = CompileCache::open(root.path(), 1 << 30, &engine).expect("open");
         let hash = "c".repeat(64);
-        // A umask that lets the group write: the files stay private.
-        // SAFETY: umask only sets the process's file mode mask.
-        let umask = unsafe { libc::umask(0o002) };
         assert!(cache.load(&engine, &hash).is_none(), "empty");
         let m = Module::new(&engine, tiny_wasm()).expect("compile");
         cache.store(&hash, &m);
-        // SAFETY: as above.
-        unsafe { libc::umask(umask) };
+        // Private whatever the umask: a file others may write is not loaded.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(cache.path(&hash).expect("path"))
+                .expect("stored")
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
         let loaded = cache.load(&engine, &hash).expect("stored");
         assert_eq!(call_f(&engine, &loaded), 42);
 
