@@ -12,20 +12,24 @@
 //! wasmtime's serialized module.
 //!
 //! Reading native code from disk is what [`Module::deserialize`] is unsafe
-//! for: the bytes must be an artifact wasmtime wrote. Three checks stand
+//! for: the bytes must be an artifact wasmtime wrote. These checks stand
 //! behind each load ([`CompileCache::load`]):
-//! - the directory is the peer user's own and nobody else may write it
-//!   (checked when the cache is opened; anyone who can write it already runs
-//!   code as that user);
+//! - the root and build directories are the peer user's own and nobody else
+//!   may write them (checked when the cache is opened), and so is the file
+//!   (checked on the open file): anyone who could write it already runs code
+//!   as that user;
 //! - the file's hash matches its contents, so a torn or bit-rotten file is
 //!   rejected, not run;
 //! - wasmtime itself checks that the artifact's header matches this engine's
 //!   version and settings.
 //!
-//! A file that fails any check is removed and the program compiled again;
-//! nothing about the cache can fail a job. The whole root is kept under a
+//! A file that fails the last two is removed, one that fails the first is
+//! left for a person to look at; either way the program is compiled again,
+//! so nothing about the cache can fail a job. The whole root is kept under a
 //! size limit by removing the least recently used files (a load marks a
-//! file used), across builds, so artifacts of old builds age out.
+//! file used), across builds, so artifacts of old builds age out. Only
+//! names the cache writes are ever removed (build directories of 16 hex
+//! digits, files of a content address), whatever else the root holds.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -164,6 +168,30 @@ pub fn to_evict(entries: &[Entry], limit: u64) -> Vec<usize> {
 /// digits, so nothing a job names can reach outside the cache directory.
 fn valid_hash(hash: &str) -> bool {
     hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Whether `name` is one [`build_id`] gives: 16 lowercase hex digits.
+fn build_dir_name(name: &str) -> bool {
+    name.len() == 16 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// What the cache keeps in a build directory.
+#[derive(Debug, PartialEq, Eq)]
+enum FileKind {
+    /// `HASH.cwasm`.
+    Program,
+    /// `.HASH.PID.N.tmp`, being written (or left by a writer that died).
+    Temporary,
+}
+
+/// Which of the cache's files `name` is, if any.
+fn file_kind(name: &str) -> Option<FileKind> {
+    if let Some(hash) = name.strip_suffix(&format!(".{EXTENSION}")) {
+        return valid_hash(hash).then_some(FileKind::Program);
+    }
+    let rest = name.strip_prefix('.')?.strip_suffix(".tmp")?;
+    let hash = rest.split('.').next()?;
+    valid_hash(hash).then_some(FileKind::Temporary)
 }
 
 /// The name of this build's directory: the bspweb version, the executable's
@@ -388,7 +416,18 @@ impl CompileCache {
             std::process::id(),
             TEMPORARIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
-        if let Err(e) = write_private(&tmp, &file).and_then(|()| std::fs::rename(&tmp, &path)) {
+        let mut written = write_private(&tmp, &file);
+        if written
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        {
+            // Another build's peer trimmed this directory away while it
+            // was empty: make it again.
+            written = private_dir(&self.dir)
+                .map_err(std::io::Error::other)
+                .and_then(|()| write_private(&tmp, &file));
+        }
+        if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, &path)) {
             tracing::warn!(
                 "cannot keep the compiled program in {}: {e}",
                 path.display()
@@ -411,27 +450,31 @@ impl CompileCache {
         };
         for build in builds.flatten() {
             let build_dir = build.path();
+            if !build_dir_name(&build.file_name().to_string_lossy()) {
+                continue;
+            }
             let Ok(list) = std::fs::read_dir(&build_dir) else {
                 continue;
             };
             let mut empty = true;
             for f in list.flatten() {
+                empty = false;
                 let path = f.path();
                 let Ok(meta) = f.metadata() else { continue };
+                if !meta.is_file() {
+                    continue;
+                }
                 let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                let temporary = path.extension().is_some_and(|e| e == "tmp");
-                if temporary {
-                    if now.duration_since(used).unwrap_or_default() > STALE_TEMPORARY {
-                        let _ = std::fs::remove_file(&path);
+                match file_kind(&f.file_name().to_string_lossy()) {
+                    Some(FileKind::Temporary) => {
+                        if now.duration_since(used).unwrap_or_default() > STALE_TEMPORARY {
+                            let _ = std::fs::remove_file(&path);
+                        }
+                        continue;
                     }
-                    empty = false;
-                    continue;
+                    Some(FileKind::Program) => {}
+                    None => continue,
                 }
-                if !meta.is_file() || path.extension().is_none_or(|e| e != EXTENSION) {
-                    empty = false;
-                    continue;
-                }
-                empty = false;
                 entries.push(Entry {
                     size: meta.len(),
                     used,
@@ -477,6 +520,58 @@ mod tests {
             Err(EntryError::Checksum),
             "a torn file"
         );
+    }
+
+    #[test]
+    fn trimming_touches_only_the_names_the_cache_writes() {
+        let h = "ab".repeat(32);
+        assert_eq!(file_kind(&format!("{h}.cwasm")), Some(FileKind::Program));
+        assert_eq!(
+            file_kind(&format!(".{h}.123.7.tmp")),
+            Some(FileKind::Temporary)
+        );
+        for other in [
+            "notes.txt",
+            "x.cwasm",
+            ".x.tmp",
+            "cwasm",
+            &format!("{h}.wasm"),
+        ] {
+            assert_eq!(file_kind(other), None, "{other}");
+        }
+        assert!(build_dir_name("0123456789abcdef"));
+        for other in [
+            "0123456789ABCDEF",
+            "0123456789abcde",
+            "fontconfig",
+            "0123456789abcdefg",
+        ] {
+            assert!(!build_dir_name(other), "{other}");
+        }
+        // A root shared with other things: only the cache's files go.
+        let engine = engine();
+        let root = tempfile::tempdir().expect("tempdir");
+        let theirs = root.path().join("fontconfig");
+        std::fs::create_dir(&theirs).expect("mkdir");
+        std::fs::write(theirs.join(format!("{h}.cwasm")), b"not ours").expect("write");
+        let empty_theirs = root.path().join("empty");
+        std::fs::create_dir(&empty_theirs).expect("mkdir");
+        let cache = CompileCache::open(root.path(), 0, &engine).expect("open");
+        let m = Module::new(&engine, tiny_wasm()).expect("compile");
+        let old = root.path().join("00000000000000aa");
+        std::fs::create_dir(&old).expect("mkdir");
+        cache.store(&h, &m);
+        cache.trim();
+        assert!(theirs.join(format!("{h}.cwasm")).exists());
+        assert!(empty_theirs.exists());
+        assert!(!old.exists(), "another build's empty directory goes");
+        assert!(cache.dir().exists());
+        // Its own, trimmed away by a peer of another build while empty,
+        // comes back at the next store.
+        let roomy = CompileCache::open(root.path(), 1 << 30, &engine).expect("open");
+        std::fs::remove_dir_all(roomy.dir()).expect("rm");
+        roomy.store(&h, &m);
+        assert!(roomy.load(&engine, &h).is_some());
     }
 
     #[test]
