@@ -333,38 +333,34 @@ impl Runtime {
         check_hash(hash, bytes)?;
         let started = Instant::now();
         let disk = self.disk.get();
-        let module = match disk.and_then(|d| d.load(&self.engine, hash)) {
-            Some(module) => {
-                self.loaded.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(
-                    program = hash,
-                    kib = bytes.len() >> 10,
-                    ms = started.elapsed().as_millis() as u64,
-                    "read the compiled program from the compile cache"
-                );
-                module
-            }
-            None => {
-                let module = self.compile_checked(bytes)?;
-                self.compiled.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(
-                    program = hash,
-                    kib = bytes.len() >> 10,
-                    ms = started.elapsed().as_millis() as u64,
-                    "compiled the program"
-                );
-                if let Some(d) = disk {
-                    let stored = Instant::now();
-                    d.store(hash, &module);
-                    tracing::debug!(
-                        program = hash,
-                        ms = %format_args!("{:.1}", stored.elapsed().as_secs_f64() * 1e3),
-                        "kept the compiled program in the compile cache"
-                    );
-                }
-                module
-            }
+        let (module, read_back) = match disk.and_then(|d| d.load(&self.engine, hash)) {
+            Some(module) => (module, true),
+            None => (self.compile_checked(bytes)?, false),
         };
+        let (count, what) = if read_back {
+            (
+                &self.loaded,
+                "read the compiled program from the compile cache",
+            )
+        } else {
+            (&self.compiled, "compiled the program")
+        };
+        count.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            program = hash,
+            kib = bytes.len() >> 10,
+            ms = started.elapsed().as_millis() as u64,
+            "{what}"
+        );
+        if let Some(d) = disk.filter(|_| !read_back) {
+            let stored = Instant::now();
+            d.store(hash, &module);
+            tracing::debug!(
+                program = hash,
+                ms = %format_args!("{:.1}", stored.elapsed().as_secs_f64() * 1e3),
+                "kept the compiled program in the compile cache"
+            );
+        }
         let mut cache = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if !cache.iter().any(|(h, _, _)| h.eq_ignore_ascii_case(hash)) {
             if cache.len() >= MODULE_CACHE {
