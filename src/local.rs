@@ -585,12 +585,9 @@ pub async fn peer(a: PeerRunArgs) -> anyhow::Result<ExitCode> {
         windows: a.run_between,
         cpu_percent: a.cpu_percent,
         probe_mib_per_hour: a.probe_mib_per_hour,
-        compile_cache: (a.compile_cache_mib > 0)
-            .then(|| {
-                a.compile_cache
-                    .or_else(bspweb_peer::runtime::compile_cache::default_root)
-            })
-            .flatten(),
+        compile_cache: a
+            .compile_cache
+            .or_else(bspweb_peer::runtime::compile_cache::default_root),
         compile_cache_mib: a.compile_cache_mib,
         token: Some(
             crate::peer_cmd::read_token(a.token_file.as_deref(), a.token.as_deref())?.ok_or_else(

@@ -517,15 +517,16 @@ fn status_text(s: &PeerStatus) -> String {
             String::new()
         }
     ));
-    out.push_str(&format!(
-        "  programs: {} compiled, {} read back from the compile cache{}\n",
-        s.compiled,
-        s.loaded,
-        s.compile_cache.as_ref().map_or_else(
-            || " (none: kept in memory only)".to_string(),
-            |d| format!(" in {d}")
-        )
-    ));
+    out.push_str(&match &s.compile_cache {
+        Some(dir) => format!(
+            "  programs: {} compiled, {} read back from the compile cache in {dir}\n",
+            s.compiled, s.loaded
+        ),
+        None => format!(
+            "  programs: {} compiled, kept in memory only (no compile cache)\n",
+            s.compiled
+        ),
+    });
     out.push_str(&format!(
         "  windows: {}\n",
         if s.windows.is_empty() {

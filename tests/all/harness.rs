@@ -246,7 +246,12 @@ impl Cluster {
         // started again with the same name finds its programs there.
         .args(
             (!extra.iter().any(|a| a == "--compile-cache"))
-                .then(|| ["--compile-cache".into(), self.compile_cache(name)])
+                .then(|| {
+                    [
+                        "--compile-cache".into(),
+                        self.compile_cache(name).into_os_string(),
+                    ]
+                })
                 .into_iter()
                 .flatten(),
         )
@@ -287,8 +292,8 @@ impl Cluster {
     }
 
     /// The compile cache of the peer named `name`.
-    pub fn compile_cache(&self, name: &str) -> std::ffi::OsString {
-        self.data_path.join(format!("compiled-{name}")).into()
+    pub fn compile_cache(&self, name: &str) -> PathBuf {
+        self.data_path.join(format!("compiled-{name}"))
     }
 
     /// The control socket of the peer named `name` (`bspweb peer status
