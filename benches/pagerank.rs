@@ -298,13 +298,10 @@ async fn restart_peers(cluster: &mut harness::Cluster) {
         assert!(cluster.stop_peer(*i).success());
     }
     for (_, name) in &running {
-        match name.strip_prefix("vera-") {
-            Some(_) => {
-                cluster.add_volunteer_peer("vera", name, &[]).await;
-            }
-            None => {
-                cluster.add_peer(name, &[]);
-            }
+        if name.starts_with("vera-") {
+            cluster.add_volunteer_peer("vera", name, &[]).await;
+        } else {
+            cluster.add_peer(name, &[]);
         }
     }
     cluster.wait_for_peers(running.len());
