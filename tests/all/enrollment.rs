@@ -69,6 +69,8 @@ async fn a_peer_without_a_valid_token_is_refused() {
             "127.0.0.1:0",
         ])
         .args(["--name", "forger", "--speed", "1", "--no-control-socket"])
+        .arg("--compile-cache")
+        .arg(cluster.data_dir().join("compiled-forger"))
         .env("BSPWEB_PEER_TOKEN", &forged)
         .env("BSPWEB_CONFIG_DIR", cluster.data_dir())
         .stdin(Stdio::null())

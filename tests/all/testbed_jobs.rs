@@ -103,6 +103,9 @@ fn deploy_with(
             .arg("--advertise")
             .arg(format!("{}:7900", tb.addr(host)))
             .args(["--name", &format!("tb-{host}"), "--nice", "0"])
+            // Each host its own compile cache, as a machine of its own.
+            .arg("--compile-cache")
+            .arg(data.path().join(format!("compiled-{host}")))
             .args(["--speed", "1.0", "--slots", "2", "--exit-on-stdin-eof"])
             .arg("--idle-file")
             .arg(&idle)

@@ -199,6 +199,8 @@ async fn a_peer_with_a_wrong_pin_never_logs_in_and_says_why() {
     let mut child = bspweb()
         .args(["peer", "--supernode", &c.url, "--listen", "127.0.0.1:0"])
         .args(["--name", "wrong-pin", "--speed", "1.0", "--slots", "1"])
+        .arg("--compile-cache")
+        .arg(c.data_dir().join("compiled-wrong-pin"))
         .args(["--supernode-fingerprint", &wrong])
         .args(["--no-control-socket", "--exit-on-stdin-eof"])
         .env("BSPWEB_CONFIG_DIR", c.data_dir())
@@ -250,6 +252,8 @@ async fn a_peer_trusts_a_private_ca_given_with_ca_cert() {
         let mut cmd = bspweb();
         cmd.args(["peer", "--supernode", &c.url, "--listen", "127.0.0.1:0"])
             .args(["--name", name, "--speed", "1.0", "--slots", "1"])
+            .arg("--compile-cache")
+            .arg(c.data_dir().join(format!("compiled-{name}")))
             .arg("--ca-cert")
             .arg(ca)
             .args(["--no-control-socket", "--exit-on-stdin-eof"])
