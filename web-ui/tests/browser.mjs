@@ -790,7 +790,9 @@ async function main() {
     fs.writeFileSync(idle, '1.0\n');
     // Enrolled with the token `bspweb up` keeps for its local peers.
     const token = fs.readFileSync(path.join(dataDir, 'local-peers.token'), 'utf8').trim();
-    extraPeer = spawn(BIN, ['peer', '--supernode', base, '--listen', '127.0.0.1:0', '--name', 'extra', '--idle-file', idle], {
+    // Its compile cache in the test's directory, not the machine's ~/.cache.
+    extraPeer = spawn(BIN, ['peer', '--supernode', base, '--listen', '127.0.0.1:0', '--name', 'extra', '--idle-file', idle,
+      '--compile-cache', path.join(tmp, 'extra-compiled')], {
       stdio: ['ignore', 'ignore', 'ignore'],
       env: { ...process.env, BSPWEB_PEER_TOKEN: token },
     });
