@@ -219,6 +219,17 @@ pub fn build_id(engine: &Engine) -> Option<String> {
     Some(h.finalize().to_hex()[..16].to_string())
 }
 
+/// Mode bits that let the group or others write.
+#[cfg(unix)]
+const OTHERS_WRITE: u32 = 0o022;
+
+/// The user this peer runs as (its effective uid).
+#[cfg(unix)]
+fn my_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// Not on this OS: nothing checks who may write the directory.
 #[cfg(not(unix))]
 fn private_dir(_: &Path) -> Result<(), CacheDirError> {
@@ -247,8 +258,7 @@ fn private_dir(dir: &Path) -> Result<(), CacheDirError> {
             path: dir.to_path_buf(),
         });
     }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
+    let me = my_uid();
     if meta.uid() != me {
         return Err(CacheDirError::NotOwned {
             path: dir.to_path_buf(),
@@ -256,7 +266,7 @@ fn private_dir(dir: &Path) -> Result<(), CacheDirError> {
             me,
         });
     }
-    if meta.mode() & 0o022 != 0 {
+    if meta.mode() & OTHERS_WRITE != 0 {
         return Err(CacheDirError::NotPrivate {
             path: dir.to_path_buf(),
             mode: meta.mode() & 0o7777,
@@ -274,9 +284,7 @@ fn read_own(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::os::unix::fs::MetadataExt;
     let mut f = std::fs::File::open(path)?;
     let meta = f.metadata()?;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if !meta.is_file() || meta.uid() != me || meta.mode() & 0o022 != 0 {
+    if !meta.is_file() || meta.uid() != my_uid() || meta.mode() & OTHERS_WRITE != 0 {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
             format!(
