@@ -522,17 +522,7 @@ async fn part1(runtime: &Arc<Runtime>) {
 // ---- part 2: bytes on the wire -----------------------------------------------------
 
 fn head(superstep: u32) -> Snapshot {
-    Snapshot {
-        pid: 0,
-        superstep,
-        memory: Vec::new(),
-        globals: Vec::new(),
-        output_seq: 0,
-        output_bytes: 0,
-        exited: false,
-        outbox: Vec::new(),
-        hash: [0; 32],
-    }
+    Snapshot::head(0, superstep)
 }
 
 /// Nonzero contents everywhere.

@@ -27,17 +27,7 @@ const ROUNDS: usize = 15;
 const REPLICA: bsp_api::PeerId = 5;
 
 fn head(superstep: u32) -> Snapshot {
-    Snapshot {
-        pid: 1,
-        superstep,
-        memory: Vec::new(),
-        globals: Vec::new(),
-        output_seq: 0,
-        output_bytes: 0,
-        exited: false,
-        outbox: Vec::new(),
-        hash: [0; 32],
-    }
+    Snapshot::head(1, superstep)
 }
 
 /// The captures of a chain of deltas and each delta's frames (against the

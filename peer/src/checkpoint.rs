@@ -109,6 +109,23 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// The header of `pid`'s snapshot at the end of `superstep`, before its
+    /// memory is captured ([`PageTracker::capture`]): no globals, output,
+    /// outbox or hash yet.
+    pub fn head(pid: Pid, superstep: u32) -> Snapshot {
+        Snapshot {
+            pid,
+            superstep,
+            memory: Vec::new(),
+            globals: Vec::new(),
+            output_seq: 0,
+            output_bytes: 0,
+            exited: false,
+            outbox: Vec::new(),
+            hash: [0; 32],
+        }
+    }
+
     /// Number of pages of memory.
     pub fn page_count(&self) -> usize {
         self.memory.len().div_ceil(PAGE_SIZE)

@@ -31,15 +31,11 @@ fn head(pid: Pid, superstep: u32, mut outbox: Vec<WireMessage>) -> Snapshot {
 /// retains, of the supersteps from the safe point on.
 fn head_retaining(pid: Pid, superstep: u32, outbox: Vec<WireMessage>) -> Snapshot {
     Snapshot {
-        pid,
-        superstep,
-        memory: Vec::new(),
         globals: vec![1 << 20],
         output_seq: u64::from(superstep) * 3,
         output_bytes: u64::from(superstep) * 100,
-        exited: false,
         outbox,
-        hash: [0; 32],
+        ..Snapshot::head(pid, superstep)
     }
 }
 

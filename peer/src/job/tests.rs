@@ -1543,17 +1543,7 @@ fn newest_checkpointed_before_matches_a_scan() {
 
 /// The head of a snapshot of pid 3 at `superstep` (memory to be captured).
 pub(crate) fn head(superstep: u32) -> crate::checkpoint::Snapshot {
-    crate::checkpoint::Snapshot {
-        pid: 3,
-        superstep,
-        memory: Vec::new(),
-        globals: vec![],
-        output_seq: 0,
-        output_bytes: 0,
-        exited: false,
-        outbox: vec![],
-        hash: [0; 32],
-    }
+    crate::checkpoint::Snapshot::head(3, superstep)
 }
 
 /// A replica whose base the owner still holds gets the pages that changed

@@ -114,15 +114,12 @@ impl Process {
             .collect();
         let host = &self.store.data().host;
         let head = Snapshot {
-            pid: host.pid,
-            superstep: host.superstep,
-            memory: Vec::new(),
             globals,
             output_seq: host.output_seq,
             output_bytes: host.output_bytes,
             exited,
             outbox,
-            hash: [0; 32],
+            ..Snapshot::head(host.pid, host.superstep)
         };
         let memory: &[u8] = match self.store.data().memory {
             Some(m) => m.data(&self.store),

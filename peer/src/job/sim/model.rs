@@ -231,15 +231,10 @@ impl Guest for FakeGuest {
         reuse: Option<Snapshot>,
     ) -> Snapshot {
         let head = Snapshot {
-            pid: self.pid,
-            superstep: self.superstep,
-            memory: Vec::new(),
-            globals: Vec::new(),
             output_seq: self.output_seq,
-            output_bytes: 0,
             exited,
             outbox,
-            hash: [0; 32],
+            ..Snapshot::head(self.pid, self.superstep)
         };
         let memory = self.memory();
         match reuse {
