@@ -183,42 +183,46 @@ async fn local_enrollment(
     Ok(created.token)
 }
 
-/// The command that starts local peer `i` of `bspweb up`. Its stdin is a
-/// pipe that `up` holds and never writes: when `up` ends in any way (even
-/// SIGKILL), the pipe closes and the peer stops (`--exit-on-stdin-eof`;
-/// its drain request fails at once without a supernode).
-fn local_peer(
-    exe: &Path,
-    url: &str,
-    i: usize,
-    idle_file: Option<&Path>,
-    data: &Path,
-    token: &bsp_api::control::EnrollmentToken,
+/// What every local peer of `bspweb up` is started with.
+struct LocalPeers {
+    exe: PathBuf,
+    url: String,
+    idle_file: Option<PathBuf>,
+    data: PathBuf,
+    token: bsp_api::control::EnrollmentToken,
     budget_mib: u64,
-) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(exe);
-    cmd.args(["peer", "--supernode", url, "--listen", "127.0.0.1:0"])
-        // In the environment, not the process list.
-        .env("BSPWEB_PEER_TOKEN", &token.0)
-        .args(["--name", &format!("local-{i}")])
-        // Each its own control socket: `bspweb peer status --socket DATA/peer-local-I.sock`.
-        .arg("--control-socket")
-        .arg(data.join(format!("peer-local-{i}.sock")))
-        .arg("--exit-on-stdin-eof")
-        // Its share of the machine: every local peer budgeting half of it
-        // would let them together run the machine out of memory.
-        .args(["--memory-budget-mib", &budget_mib.to_string()])
-        // One compile cache for the machine's peers, kept with the data: a
-        // program compiled once is read back by the others and after `up`
-        // restarts.
-        .arg("--compile-cache")
-        .arg(data.join("compiled"))
-        .stdin(std::process::Stdio::piped())
-        .kill_on_drop(true);
-    if let Some(f) = idle_file {
-        cmd.arg("--idle-file").arg(f);
+}
+
+impl LocalPeers {
+    /// The command that starts local peer `i`. Its stdin is a pipe that
+    /// `up` holds and never writes: when `up` ends in any way (even
+    /// SIGKILL), the pipe closes and the peer stops (`--exit-on-stdin-eof`;
+    /// its drain request fails at once without a supernode).
+    fn command(&self, i: usize) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(&self.exe);
+        cmd.args(["peer", "--supernode", &self.url, "--listen", "127.0.0.1:0"])
+            // In the environment, not the process list.
+            .env("BSPWEB_PEER_TOKEN", &self.token.0)
+            .args(["--name", &format!("local-{i}")])
+            // Each its own control socket: `bspweb peer status --socket DATA/peer-local-I.sock`.
+            .arg("--control-socket")
+            .arg(self.data.join(format!("peer-local-{i}.sock")))
+            .arg("--exit-on-stdin-eof")
+            // Its share of the machine: every local peer budgeting half of it
+            // would let them together run the machine out of memory.
+            .args(["--memory-budget-mib", &self.budget_mib.to_string()])
+            // One compile cache for the machine's peers, kept with the data: a
+            // program compiled once is read back by the others and after `up`
+            // restarts.
+            .arg("--compile-cache")
+            .arg(self.data.join("compiled"))
+            .stdin(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(f) = &self.idle_file {
+            cmd.arg("--idle-file").arg(f);
+        }
+        cmd
     }
-    cmd
 }
 
 /// Each local peer's memory budget in MiB: an equal share of `total` (by
@@ -266,7 +270,14 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     }));
 
     // The peers are separate OS processes, as a volunteer's would be.
-    let exe = std::env::current_exe().context("cannot find the bspweb executable")?;
+    let local = LocalPeers {
+        exe: std::env::current_exe().context("cannot find the bspweb executable")?,
+        url: url.clone(),
+        idle_file,
+        data: data.clone(),
+        token,
+        budget_mib,
+    };
     let logs = data.join("logs");
     std::fs::create_dir_all(&logs)?;
     let mut children = Vec::new();
@@ -276,19 +287,12 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         let log_path = logs.join(format!("peer-{i}.log"));
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("cannot create {}", log_path.display()))?;
-        let child = local_peer(
-            &exe,
-            &url,
-            i,
-            idle_file.as_deref(),
-            &data,
-            &token,
-            budget_mib,
-        )
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("cannot start a local peer")?;
+        let child = local
+            .command(i)
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("cannot start a local peer")?;
         children.push((i, child, log_path));
     }
 
@@ -387,7 +391,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
                                     eprintln!("warning: local peer {i} stopped ({status}); see {}", log.display());
                                 }
                             }
-                            *child = local_peer(&exe, &url, *i, idle_file.as_deref(), &data, &token, budget_mib)
+                            *child = local.command(*i)
                                 .stdout(std::fs::File::options().append(true).open(&*log)?)
                                 .stderr(std::fs::File::options().append(true).open(&*log)?)
                                 .spawn()
