@@ -15,7 +15,7 @@ use crate::cli_client::{Session, home, save_session, write_private};
 use crate::peer_cmd::PeerRunArgs;
 use crate::{SupernodeArgs, UpArgs};
 
-fn default_data_dir() -> PathBuf {
+pub(crate) fn default_data_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_DATA_HOME") {
         return PathBuf::from(d).join("bspweb");
     }
@@ -334,6 +334,12 @@ pub async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         println!("  password:        {password}");
         println!("  data directory:  {}", data.display());
         println!("  peer logs:       {}", logs.display());
+        if peers > 0 {
+            println!(
+                "  peer status:     bspweb peer status --socket {}",
+                data.join("peer-local-0.sock").display()
+            );
+        }
         println!(
             "  {examples} example programs registered; session saved in {}",
             session_path.display()

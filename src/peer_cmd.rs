@@ -458,7 +458,14 @@ async fn control(a: &SocketArgs, request: Request) -> anyhow::Result<ExitCode> {
         (None, false) => daemon::default_socket(),
     };
     let status = daemon::call(&path, request).await.map_err(|e| match e {
-        daemon::DaemonError::NotRunning { .. } => coded(exit::NOT_CONNECTED, e.to_string()),
+        daemon::DaemonError::NotRunning { .. } => {
+            let mut message = e.to_string();
+            if a.socket.is_none() && !a.system {
+                let local = crate::local::default_data_dir();
+                message.push_str(&other_sockets(&local, Path::new(SYSTEM_SOCKET)));
+            }
+            coded(exit::NOT_CONNECTED, message)
+        }
         e => anyhow::Error::new(e),
     })?;
     if a.json {
@@ -479,6 +486,41 @@ async fn control(a: &SocketArgs, request: Request) -> anyhow::Result<ExitCode> {
     }
     print!("{}", status_text(&status));
     Ok(ExitCode::SUCCESS)
+}
+
+/// Where else peers answer, for the error when the default socket has
+/// none: the local peers of `bspweb up` (their sockets in its data
+/// directory `data`) and the system service (`system`). Empty when there is
+/// no other socket.
+fn other_sockets(data: &Path, system: &Path) -> String {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(data)
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("peer-local-") && n.ends_with(".sock"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    let mut hint = String::new();
+    if let Some(first) = found.first() {
+        hint.push_str(&format!(
+            "\nthe local peers of `bspweb up` have their own sockets in {}: `bspweb peer status --socket {}`",
+            data.display(),
+            first.display()
+        ));
+        if found.len() > 1 {
+            hint.push_str(&format!(" (and {} more)", found.len() - 1));
+        }
+    }
+    if system.exists() {
+        hint.push_str("\nthe system service's peer answers with `bspweb peer status --system`");
+    }
+    hint
 }
 
 /// `bspweb peer status` for people.
@@ -824,6 +866,32 @@ fn uninstall(s: &ServiceArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_error_without_a_peer_points_at_the_sockets_that_have_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let none = dir.path().join("no-system.sock");
+        assert_eq!(other_sockets(dir.path(), &none), "");
+        assert_eq!(other_sockets(&dir.path().join("missing"), &none), "");
+        for name in [
+            "peer-local-1.sock",
+            "peer-local-0.sock",
+            "bspweb.sqlite3",
+            "peer-local-x.log",
+        ] {
+            std::fs::write(dir.path().join(name), b"").unwrap();
+        }
+        let hint = other_sockets(dir.path(), &none);
+        let zero = dir.path().join("peer-local-0.sock");
+        assert!(
+            hint.contains(&format!("bspweb peer status --socket {}", zero.display()))
+                && hint.contains("(and 1 more)")
+                && !hint.contains("--system"),
+            "{hint}"
+        );
+        let system = dir.path().join("bspweb.sqlite3");
+        assert!(other_sockets(dir.path(), &system).ends_with("`bspweb peer status --system`"));
+    }
 
     #[test]
     fn a_settings_file_becomes_flags_the_command_line_overrides() {

@@ -473,7 +473,9 @@ async fn part1(runtime: &Arc<Runtime>) {
     println!(
         "   the capture is in the gap, and Done(s + 1) waits for the replicas' acknowledgement of"
     );
-    println!("   the checkpoint of s − 1, so replication shows in the gap only if it is slower than");
+    println!(
+        "   the checkpoint of s − 1, so replication shows in the gap only if it is slower than"
+    );
     println!("   two supersteps);");
     println!("   superstep time = median compute of all runs + sync gap of the mode");
     println!(
