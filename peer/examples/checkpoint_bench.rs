@@ -6,7 +6,10 @@
 //! the state size and the dirty pages; and replication throughput against
 //! plain loopback TCP, all in one run.
 //!
-//! `cargo run --release -p bspweb-peer --example checkpoint_bench`
+//! `cargo run --release -p bspweb-peer --example checkpoint_bench`; with
+//! `-- --quick`, one short superstep length and one repetition of each
+//! timing (a few seconds: `scripts/test` runs it so that the example keeps
+//! working; its figures mean nothing).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -39,6 +42,19 @@ const MEMORY_LIMIT_MIB: u32 = 128;
 /// Superstep lengths (seconds of compute) of part 1, with the last
 /// superstep of each job (supersteps `0..=last`) and the runs per mode.
 const LENGTHS: [(f64, u32, usize); 4] = [(2.0, 6, 1), (1.0, 8, 2), (0.25, 12, 2), (0.1, 16, 2)];
+/// `--quick`: part 1's one length.
+const QUICK_LENGTHS: [(f64, u32, usize); 1] = [(0.02, 4, 1)];
+/// `--quick` was given.
+static QUICK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn quick() -> bool {
+    QUICK.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Repetitions of a timing of part 3 (`full` without `--quick`, else 1).
+fn reps(full: usize) -> usize {
+    if quick() { 1 } else { full }
+}
 /// Raw loopback TCP transfer of part 3.
 const TCP_BYTES: usize = 256 << 20;
 const TCP_CHUNK: usize = 1 << 20;
@@ -402,7 +418,8 @@ async fn part1(runtime: &Arc<Runtime>) {
     let peers = start_peers(runtime, 3).await;
     let mut job: JobId = 1;
     let mut rows = Vec::new();
-    for (secs, last, runs) in LENGTHS {
+    let lengths: &[(f64, u32, usize)] = if quick() { &QUICK_LENGTHS } else { &LENGTHS };
+    for &(secs, last, runs) in lengths {
         let iterations = (secs * 1e9 / ns) as u64;
         let wasm = bench_guest(iterations, last);
         // period: start of s to start of s + 1; compute: start to end of s;
@@ -702,7 +719,7 @@ async fn replicate(base: Option<&Snapshot>, snap: &Snapshot, plan: &Plan) -> Dur
 /// to_frames, encode, decode, assemble (+ verify).
 fn stages(base: &[u8], changed: Option<usize>) -> [f64; 5] {
     let mut best = [f64::MAX; 5];
-    for _ in 0..ROUNDS {
+    for _ in 0..reps(ROUNDS) {
         let mut t = [Duration::ZERO; 5];
         let (snap, plan, replica_base) = match changed {
             None => {
@@ -763,14 +780,15 @@ async fn part3(base: &[u8]) {
     println!("== 3. Replication throughput vs loopback TCP (same run) ==");
     println!("   goal: replication close to what loopback TCP carries");
     let mut best = Duration::MAX;
-    for _ in 0..TCP_ROUNDS {
+    for _ in 0..reps(TCP_ROUNDS) {
         best = best.min(raw_tcp().await);
     }
     let tcp = mib(TCP_BYTES) / best.as_secs_f64();
     println!(
-        "   raw loopback TCP, {} MiB in {} KiB writes (best of {TCP_ROUNDS}): {:>7.1} ms  {:>6.0} MiB/s",
+        "   raw loopback TCP, {} MiB in {} KiB writes (best of {}): {:>7.1} ms  {:>6.0} MiB/s",
         TCP_BYTES >> 20,
         TCP_CHUNK >> 10,
+        reps(TCP_ROUNDS),
         ms(best),
         tcp
     );
@@ -785,7 +803,7 @@ async fn part3(base: &[u8]) {
     );
     println!(
         "   {:<34} {:>9} {:>9} {:>10} {:>9} {:>14}",
-        format!("(best of {ROUNDS})"),
+        format!("(best of {})", reps(ROUNDS)),
         "sent MiB",
         "time ms",
         "MiB/s sent",
@@ -802,7 +820,7 @@ async fn part3(base: &[u8]) {
         ),
     ] {
         let mut best = Duration::MAX;
-        for _ in 0..ROUNDS {
+        for _ in 0..reps(ROUNDS) {
             best = best.min(replicate(b, snap, plan).await);
         }
         let sent = plan.pages.len() * PAGE_SIZE;
@@ -818,7 +836,10 @@ async fn part3(base: &[u8]) {
         );
     }
     println!();
-    println!("   the same stages on one thread, no socket (ms, best of {ROUNDS}):");
+    println!(
+        "   the same stages on one thread, no socket (ms, best of {}):",
+        reps(ROUNDS)
+    );
     println!(
         "   {:<34} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "", "capture", "to_frames", "encode", "decode", "assemble"
@@ -835,7 +856,7 @@ async fn part3(base: &[u8]) {
     }
     // For scale: a replica applies a delta to a copy of its base.
     let mut best = Duration::MAX;
-    for _ in 0..ROUNDS {
+    for _ in 0..reps(ROUNDS) {
         let t = Instant::now();
         let copy = std::hint::black_box(base.to_vec());
         best = best.min(t.elapsed());
@@ -849,6 +870,17 @@ async fn part3(base: &[u8]) {
 
 fn main() {
     let started = Instant::now();
+    for arg in std::env::args().skip(1) {
+        match arg.as_str() {
+            "--quick" => QUICK.store(true, std::sync::atomic::Ordering::Relaxed),
+            // `cargo bench` style runs pass it; nothing to do.
+            "--bench" => {}
+            other => {
+                eprintln!("error: unknown argument {other}; the only one is --quick");
+                std::process::exit(2);
+            }
+        }
+    }
     println!(
         "checkpoint benchmark: 64 MiB of state, load average at start {}",
         load_average()
