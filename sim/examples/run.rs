@@ -27,13 +27,13 @@ use sim::{BalancerSpec, JobProfile};
 
 fn list<T: std::str::FromStr>(arg: Option<&String>) -> Result<Option<Vec<T>>, String>
 where
-    T::Err: std::fmt::Debug,
+    T::Err: std::fmt::Display,
 {
     match arg.map(String::as_str) {
         None | Some("-") => Ok(None),
         Some(s) => s
             .split(',')
-            .map(|x| x.parse::<T>().map_err(|e| format!("{x}: {e:?}")))
+            .map(|x| x.parse::<T>().map_err(|e| format!("{x}: {e}")))
             .collect::<Result<_, _>>()
             .map(Some),
     }
@@ -82,10 +82,30 @@ fn clusters(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// The usage, from the module docs.
+const USAGE: &str = "usage: run <a|b|c> [profiles|-] [availability|-] [overloads|-] [balancers|-] \
+[out-dir] [hysteresis] [threads] [seed] [peer-id-base]
+       run clusters [topologies|-] [loads|-] [overloads|-] [jobs|-] [out-dir] [seed]
+(`-` keeps the experiment's default; `bspweb sim --help` explains each)";
+
+fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{USAGE}");
+        return std::process::ExitCode::SUCCESS;
+    }
+    match run(&args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}\n{USAGE}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     if args.first().map(String::as_str) == Some("clusters") {
-        return clusters(&args);
+        return clusters(args);
     }
     let kind: ExperimentKind = args.first().map_or("b", String::as_str).parse()?;
     let mut spec = ExperimentSpec::defaults(kind);
