@@ -162,7 +162,7 @@ fn native(params: &kernel::Params) -> (Duration, Vec<String>) {
 
 /// The same kernel on `threads` threads of this process, the way the guest
 /// runs it on `threads` processes but through shared memory: each thread
-/// owns a block of vertices ([`block`], as `bspweb::dist::block`), and each
+/// owns a block of vertices (`bspweb::dist::block`, as in the guest), and each
 /// iteration it scatters, copies each other block's accumulator entries
 /// (with its dangling sum) into a slot for their owner, waits at a barrier,
 /// adds what the others left for it and updates its ranks. No checkpoints,
@@ -170,7 +170,13 @@ fn native(params: &kernel::Params) -> (Duration, Vec<String>) {
 /// workload at best, the ceiling for bspweb's speed-up.
 fn native_threads(params: &kernel::Params, threads: u32) -> (Duration, Vec<String>) {
     let t = Instant::now();
-    let blocks: Vec<Range<u32>> = (0..threads).map(|q| block(params.n, threads, q)).collect();
+    // The guest's blocks (`bspweb::dist::block`); they fit u32 as `n` does.
+    let blocks: Vec<Range<u32>> = (0..threads)
+        .map(|q| {
+            let b = bspweb::dist::block(u64::from(params.n), threads, q);
+            b.start as u32..b.end as u32
+        })
+        .collect();
     // slots[from * threads + to]: what `from` sends `to` this iteration.
     let slots: Vec<Mutex<Vec<u8>>> = (0..threads * threads).map(|_| Mutex::default()).collect();
     let barrier = Barrier::new(threads as usize);
@@ -225,12 +231,6 @@ fn native_threads(params: &kernel::Params, threads: u32) -> (Duration, Vec<Strin
         total.merge(s);
     }
     (t.elapsed(), total.lines(params))
-}
-
-/// Process `q`'s block of `0..n` among `nprocs`: `bspweb::dist::block`.
-fn block(n: u32, nprocs: u32, q: u32) -> Range<u32> {
-    let bound = |p: u32| (u64::from(p) * u64::from(n) / u64::from(nprocs)) as u32;
-    bound(q)..bound(q + 1)
 }
 
 /// Runs one bspweb job to its end; its time and pid 0's output.

@@ -873,8 +873,6 @@ fn main() {
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "--quick" => QUICK.store(true, std::sync::atomic::Ordering::Relaxed),
-            // `cargo bench` style runs pass it; nothing to do.
-            "--bench" => {}
             other => {
                 eprintln!("error: unknown argument {other}; the only one is --quick");
                 std::process::exit(2);
