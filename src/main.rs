@@ -317,10 +317,16 @@ fn main() -> ExitCode {
             eprintln!("warning: could not lower the peer's priority to niceness {nice}: {e}");
         }
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Command::Peer(a) = &cli.command
+        && let Some(n) = a.io_threads()
     {
+        // A peer's async work is latency-bound message passing: on one
+        // worker, a superstep's frames and wake-ups stay on one thread
+        // instead of being stolen across threads (docs/benchmarks.md).
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -190,6 +190,14 @@ pub struct PeerRunArgs {
     /// OS niceness (0 = normal, 19 = lowest priority)
     #[arg(long, default_value_t = 10)]
     pub(crate) nice: i32,
+    /// Threads for the peer's networking, encryption and protocol work
+    /// (processes run on threads of their own, `--slots`). One thread
+    /// hands nothing to another at each superstep; one core seals records
+    /// at about 40 GB/s, faster than a NIC carries them, so more help only
+    /// a peer whose many links are busy at once
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub(crate) io_threads: u16,
     /// Override the benchmarked speed weight (1.0 = reference machine)
     #[arg(long)]
     pub(crate) speed: Option<f64>,
@@ -275,6 +283,12 @@ impl PeerArgs {
     /// Whether this runs a peer (not a subcommand).
     pub fn runs(&self) -> bool {
         self.command.is_none()
+    }
+
+    /// How many async worker threads the peer's runtime gets when it runs
+    /// (`--io-threads`).
+    pub fn io_threads(&self) -> Option<usize> {
+        self.runs().then_some(usize::from(self.run.io_threads))
     }
 
     /// The OS niceness the whole peer runs at when it runs (`--nice`): its
@@ -935,6 +949,31 @@ mod tests {
                 .unwrap_err()
                 .contains("not valid TOML")
         );
+    }
+
+    #[test]
+    fn a_running_peer_gets_one_io_thread_unless_told_otherwise() {
+        #[derive(clap::Parser)]
+        struct Bspweb {
+            #[command(flatten)]
+            peer: PeerArgs,
+        }
+        use clap::Parser;
+        let parse = |a: &[&str]| Bspweb::try_parse_from(a).map(|b| b.peer);
+        let peer = parse(&["peer", "--supernode", "http://sn:7878"]).unwrap();
+        assert_eq!(peer.io_threads(), Some(1));
+        let peer = parse(&["peer", "--supernode", "x", "--io-threads", "3"]).unwrap();
+        assert_eq!(peer.io_threads(), Some(3));
+        assert_eq!(parse(&["peer", "status"]).unwrap().io_threads(), None);
+        for bad in ["0", "257", "two"] {
+            let e = parse(&["peer", "--supernode", "x", "--io-threads", bad])
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains("--io-threads"), "{bad}: {e}");
+        }
+        let args = config_args("io-threads = 2", &[]).unwrap();
+        assert_eq!(args, ["--io-threads", "2"]);
     }
 
     #[test]

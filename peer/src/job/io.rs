@@ -83,8 +83,11 @@ pub(super) struct TokioIo {
     held: u64,
     /// Machine time 0.
     origin: Instant,
-    /// Whether short supersteps may run on the driver's own thread: the
-    /// runtime has other worker threads to go on with the rest meanwhile.
+    /// Whether short supersteps may run on the driver's own thread: on a
+    /// multi-threaded runtime, whose `block_in_place` can hand the worker's
+    /// other tasks to another thread when one runs long. (With one worker,
+    /// the peer's default, they wait for a short superstep: at most
+    /// `inline_max` predicted, `INLINE_HAND_OFF_AFTER` if mispredicted.)
     inline: bool,
 }
 
@@ -115,10 +118,8 @@ impl TokioIo {
             download: Some(download),
             held: 0,
             origin,
-            inline: tokio::runtime::Handle::try_current().is_ok_and(|h| {
-                h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
-                    && h.metrics().num_workers() > 1
-            }),
+            inline: tokio::runtime::Handle::try_current()
+                .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread),
         }
     }
 
