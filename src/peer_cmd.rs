@@ -195,7 +195,7 @@ pub struct PeerRunArgs {
     /// hands nothing to another at each superstep; one core seals records
     /// at about 40 GB/s, faster than a NIC carries them, so more help only
     /// a peer whose many links are busy at once
-    #[arg(long, value_name = "N", default_value_t = 1,
+    #[arg(long, env = "BSPWEB_IO_THREADS", value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=256))]
     pub(crate) io_threads: u16,
     /// Override the benchmarked speed weight (1.0 = reference machine)
