@@ -86,8 +86,9 @@ pub(super) struct TokioIo {
     /// Whether short supersteps may run on the driver's own thread: on a
     /// multi-threaded runtime, whose `block_in_place` can hand the worker's
     /// other tasks to another thread when one runs long. (With one worker,
-    /// the peer's default, they wait for a short superstep: at most
-    /// `inline_max` predicted, `INLINE_HAND_OFF_AFTER` if mispredicted.)
+    /// the peer's default, they wait for a short superstep: `inline_max`
+    /// as predicted; when mispredicted, until the first epoch tick after
+    /// `INLINE_HAND_OFF_AFTER`, at most `EPOCH_TICK` later.)
     inline: bool,
 }
 
