@@ -119,8 +119,7 @@ impl TokioIo {
             download: Some(download),
             held: 0,
             origin,
-            inline: tokio::runtime::Handle::try_current()
-                .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread),
+            inline: crate::runtime::on_multi_thread_runtime(),
         }
     }
 

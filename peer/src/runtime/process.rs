@@ -373,7 +373,9 @@ pub(super) fn off_async_worker<R>(
     }
 }
 
-fn on_multi_thread_runtime() -> bool {
+/// Whether the calling thread is in a multi-threaded tokio runtime (where
+/// `block_in_place` works).
+pub(crate) fn on_multi_thread_runtime() -> bool {
     tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
