@@ -38,6 +38,10 @@
 //! of each contribution block): what this machine's two cores give the
 //! workload at best, the ceiling for p = 2's speed-up.
 //!
+//! First it prints two facts about the machine that move every ratio
+//! (see [`machine`]): the work two busy cores do against one, and the
+//! cost of the first write to a fresh page.
+//!
 //! After the table (not with `--only`): the start-up of a 4-process job
 //! whose program no peer has seen (the `pagerank` module with a custom
 //! section of its own, uploaded afresh), against the same job once the
@@ -158,6 +162,61 @@ fn native(params: &kernel::Params) -> (Duration, Vec<String>) {
     let t = Instant::now();
     let lines = kernel::reference(params);
     (t.elapsed(), lines)
+}
+
+/// Two facts about this machine that move every ratio below, measured
+/// here so that runs on different machines can be compared: the work two
+/// busy cores do against one (a virtual machine whose two CPUs share a
+/// physical core, or compete with other guests, does well under 2×: every
+/// replica's or peer's thread that runs beside a guest slows it), and what
+/// the first write to a fresh 4 KiB page costs (memory the process has
+/// not touched yet: a snapshot's copy, a retained message; about 0.2 µs
+/// on bare metal, several µs in some virtual machines).
+fn machine() {
+    const SPIN: u64 = 500_000_000;
+    let spin = || {
+        let t = Instant::now();
+        let mut x = 0u64;
+        for i in 0..SPIN {
+            x = std::hint::black_box(x.wrapping_add(i));
+        }
+        std::hint::black_box(x);
+        t.elapsed()
+    };
+    // Best of three each: a moment's disturbance should not decide it.
+    let one = (0..3).map(|_| spin()).min().expect("three runs");
+    let two = (0..3)
+        .map(|_| {
+            std::thread::scope(|s| {
+                let other = s.spawn(spin);
+                let mine = spin();
+                mine.max(other.join().expect("the spin thread does not panic"))
+            })
+        })
+        .min()
+        .expect("three runs");
+    const LEN: usize = 64 << 20;
+    let page = vec![1u8; 4096];
+    let fill = |buffer: &mut [u8]| {
+        let t = Instant::now();
+        for chunk in buffer.chunks_mut(4096) {
+            chunk.copy_from_slice(&page);
+        }
+        std::hint::black_box(&buffer[..]);
+        t.elapsed()
+    };
+    // A zeroed allocation this large is a fresh mapping: its pages fault in
+    // as they are first written; the second fill writes the same pages.
+    let mut buffer = vec![0u8; LEN];
+    let fresh = fill(&mut buffer);
+    let warm = fill(&mut buffer);
+    let pages = (LEN / 4096) as f64;
+    println!(
+        "this machine: two busy cores do {:.2}× the work of one; the first write to a fresh 4 KiB page costs {:.2} µs (a warm page {:.2} µs)",
+        2.0 * secs(one) / secs(two),
+        secs(fresh.saturating_sub(warm)) * 1e6 / pages,
+        secs(warm) * 1e6 / pages,
+    );
 }
 
 /// The same kernel on `threads` threads of this process, the way the guest
@@ -447,6 +506,7 @@ fn main() {
         "native and bspweb times both include graph generation; bspweb's also include job start-up"
     );
     println!("(submission to end of output), shown on its own as the time of a 1-iteration job.");
+    machine();
 
     // Native first, on a quiet machine.
     let (mut native_total, mut native_one) = (Duration::MAX, Duration::MAX);
