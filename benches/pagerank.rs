@@ -170,8 +170,8 @@ fn native(params: &kernel::Params) -> (Duration, Vec<String>) {
 /// physical core, or compete with other guests, does well under 2×: every
 /// replica's or peer's thread that runs beside a guest slows it), and what
 /// the first write to a fresh 4 KiB page costs (memory the process has
-/// not touched yet: a snapshot's copy, a retained message; about 0.2 µs
-/// on bare metal, several µs in some virtual machines).
+/// not touched yet: a snapshot's copy, a retained message; a fraction of
+/// a µs on bare metal, several µs in some virtual machines).
 fn machine() {
     const SPIN: u64 = 500_000_000;
     let spin = || {
