@@ -66,8 +66,9 @@ use crate::{JobId, PeerId, Pid};
 /// `0xff 0xff`: a byte width per 16 words, then each word's changed low
 /// bytes). 12: [`Frame::Done`] carries the sender's acknowledgements of
 /// checkpoints (`acks`), and a `Done` waits only for the checkpoints two
-/// supersteps back.
-pub const WIRE_VERSION: u32 = 12;
+/// supersteps back. 13: a page's hash in a checkpoint's content hash is
+/// over its 4 KiB leaves' hashes (`bspweb-checkpoint-v6`).
+pub const WIRE_VERSION: u32 = 13;
 
 /// Largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;

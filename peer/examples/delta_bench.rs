@@ -54,7 +54,13 @@ fn chain(dense: bool) -> (Vec<Arc<Snapshot>>, Vec<Vec<Frame>>) {
         let plan = tracker.plan(REPLICA, &snap);
         assert_eq!(plan.base, Some(s - 1), "a delta against the last capture");
         let base = snaps.last().map(|b| b.memory.as_slice());
-        frames.push(to_frames_shared(&snap, &plan.pages, plan.base, base));
+        frames.push(to_frames_shared(
+            &snap,
+            &plan.pages,
+            &plan.leaves,
+            plan.base,
+            base,
+        ));
         tracker.sent(REPLICA, s);
         tracker.acked(REPLICA, s, true);
         snaps.push(snap);
@@ -103,6 +109,7 @@ fn main() {
                 std::hint::black_box(to_frames_shared(
                     &snaps[s],
                     &pages,
+                    &[],
                     Some(s as u32 - 1),
                     base,
                 ));

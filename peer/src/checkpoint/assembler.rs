@@ -186,6 +186,17 @@ fn patched_indices(
     Ok(())
 }
 
+/// The hashes of a snapshot's memory, kept for a delta against it.
+#[derive(Debug)]
+struct KnownHashes {
+    /// The snapshot's content hash.
+    hash: [u8; 32],
+    /// Per page, its hash.
+    pages: Vec<PageHash>,
+    /// Per page, its leaves' hashes.
+    leaves: Vec<LeafHashes>,
+}
+
 /// Rebuilds checkpoints from the frames of one connection: collects
 /// [`Frame::CheckpointPart`]s per pid and, on the final frame, applies the
 /// pages to the base (for a delta) or to zeros, and verifies the hash.
@@ -195,9 +206,10 @@ fn patched_indices(
 pub struct Assembler {
     cap: u64,
     pending: HashMap<Pid, Pending>,
-    /// Per pid, the hash and page hashes of the last snapshot assembled
-    /// here: a delta against it rehashes only the pages it carries.
-    page_hashes: HashMap<Pid, ([u8; 32], Vec<PageHash>)>,
+    /// Per pid, the hash, page hashes and leaf hashes of the last snapshot
+    /// assembled here: a delta against it rehashes only the pages it
+    /// carries, and of a patched page only the leaves the patch touches.
+    page_hashes: HashMap<Pid, KnownHashes>,
     /// Per pid, the payload hashes of the last snapshot assembled here (a
     /// delta repeats the base's retained messages as the same buffers).
     payloads: HashMap<Pid, PayloadHashes>,
@@ -490,25 +502,43 @@ impl Assembler {
         // checked against the hash before the base is touched.
         let npages = npages as usize;
         let len = memory_len as usize;
-        let mut hashes: Vec<PageHash> = vec![zero_page_hash(); npages];
-        if let Some(b) = base.as_ref().map(BaseSnap::get) {
-            let known = self
-                .page_hashes
-                .get(&pid)
-                .filter(|(h, v)| *h == b.hash && v.len() == b.page_count());
-            for (i, page) in b.memory.chunks(PAGE_SIZE).enumerate().take(npages) {
-                hashes[i] = match known {
-                    Some((_, v)) if page.len() == PAGE_SIZE => v[i],
-                    // A partial last page of the base is padded with zeros.
-                    _ if page.len() < PAGE_SIZE => {
-                        let mut padded = vec![0; PAGE_SIZE];
-                        padded[..page.len()].copy_from_slice(page);
-                        page_hash(&padded)
-                    }
-                    _ => page_hash(page),
-                };
+        let cached = self.page_hashes.remove(&pid);
+        let (mut hashes, mut leaves) = match (base.as_ref().map(BaseSnap::get), cached) {
+            // A base whose hashes are known, and whole pages only.
+            (
+                Some(b),
+                Some(KnownHashes {
+                    hash: h,
+                    pages: mut v,
+                    leaves: mut l,
+                }),
+            ) if h == b.hash
+                && v.len() == b.page_count()
+                && l.len() == v.len()
+                && b.memory.len().is_multiple_of(PAGE_SIZE) =>
+            {
+                v.resize(npages, zero_page_hash());
+                l.resize(npages, zero_leaves());
+                (v, l)
             }
-        }
+            (b, _) => {
+                let mut v = vec![zero_page_hash(); npages];
+                let mut l = vec![zero_leaves(); npages];
+                for (i, page) in b
+                    .map_or(&[][..], |b| &b.memory[..])
+                    .chunks(PAGE_SIZE)
+                    .enumerate()
+                    .take(npages)
+                {
+                    // A partial last page of the base is padded with zeros.
+                    let mut padded = [0u8; PAGE_SIZE];
+                    padded[..page.len()].copy_from_slice(page);
+                    l[i] = leaf_hashes(&padded);
+                    v[i] = combine(&l[i]);
+                }
+                (v, l)
+            }
+        };
         // The memory, patched: the base's own buffer when we may consume it
         // (and the result is not shorter), else a copy. Each patch is
         // applied once, in place, and its page hashed there while it is in
@@ -540,7 +570,11 @@ impl Assembler {
         for (k, (entry, bytes)) in all_pages.iter().enumerate() {
             let index = (entry & !patch::PAGE_PATCH) as usize;
             if entry & patch::PAGE_PATCH == 0 {
-                hashes[index] = page_hash(bytes);
+                // Checked: a whole page is exactly a page.
+                if let Ok(page) = <&[u8; PAGE_SIZE]>::try_from(&bytes[..]) {
+                    leaves[index] = leaf_hashes(page);
+                    hashes[index] = combine(&leaves[index]);
+                }
                 continue;
             }
             let page = &mut memory[index * PAGE_SIZE..(index + 1) * PAGE_SIZE];
@@ -558,7 +592,19 @@ impl Assembler {
                 upto = k;
                 break;
             }
-            hashes[index] = page_hash(page);
+            // Checked: the patch is well formed, so these are the only
+            // leaves it changed.
+            let touched = patch::touched_leaves(bytes);
+            for (j, (h, leaf)) in leaves[index]
+                .iter_mut()
+                .zip(page.chunks(LEAF_SIZE))
+                .enumerate()
+            {
+                if touched & (1 << j) != 0 {
+                    *h = xxh3(leaf);
+                }
+            }
+            hashes[index] = combine(&leaves[index]);
         }
         let mut snapshot = Snapshot {
             pid,
@@ -610,7 +656,14 @@ impl Assembler {
             }
         }
         snapshot.memory = memory;
-        self.page_hashes.insert(pid, (hash, hashes));
+        self.page_hashes.insert(
+            pid,
+            KnownHashes {
+                hash,
+                pages: hashes,
+                leaves,
+            },
+        );
         Ok(snapshot)
     }
 

@@ -20,10 +20,13 @@ pub fn to_frames(snapshot: &Snapshot, pages: &[u32], base: Option<u32>) -> Vec<F
 /// (they keep the snapshot alive until the frames are written). With
 /// `base_memory`, the memory of the delta's base (the snapshot of superstep
 /// `base` as the replica holds it), a page that differs from the base's in
-/// few words travels as a [`patch`](super::patch) of it.
+/// few words travels as a [`patch`](super::patch) of it. `leaves` (from
+/// [`Plan::leaves`], parallel to `pages`; empty for all leaves) tells which
+/// leaves of each page may differ from the base's: only those are compared.
 pub fn to_frames_shared(
     snapshot: &Arc<Snapshot>,
     pages: &[u32],
+    leaves: &[u16],
     base: Option<u32>,
     base_memory: Option<&[u8]>,
 ) -> Vec<Frame> {
@@ -33,10 +36,14 @@ pub fn to_frames_shared(
         let start = (i as usize * PAGE_SIZE).min(memory.len());
         let page = memory.slice(start..(start + PAGE_SIZE).min(memory.len()));
         let old = base_memory.and_then(|b| b.get(start..start + PAGE_SIZE));
-        match old
-            .filter(|_| page.len() == PAGE_SIZE)
-            .and_then(|old| patch::diff(old, &page))
-        {
+        match old.filter(|_| page.len() == PAGE_SIZE).and_then(|old| {
+            let mask = pages
+                .binary_search(&i)
+                .ok()
+                .and_then(|k| leaves.get(k).copied())
+                .unwrap_or(patch::ALL_LEAVES);
+            patch::diff_leaves(old, &page, mask)
+        }) {
             Some(p) => (i | patch::PAGE_PATCH, Bytes::from(p)),
             None => (i, page),
         }

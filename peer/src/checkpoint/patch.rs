@@ -109,12 +109,60 @@ pub fn diff(base: &[u8], new: &[u8]) -> Option<Vec<u8>> {
     }
     BODY.with_borrow_mut(|body| {
         body.resize(PAGE_SIZE + 8, 0);
-        diff_into(base, new, body)
+        diff_into(base, new, ALL_LEAVES, body)
     })
 }
 
-/// [`diff`] once its arguments are checked, packing into `body`.
-fn diff_into(base: &[u8], new: &[u8], body: &mut [u8]) -> Option<Vec<u8>> {
+/// Every leaf of a page, as a mask of [`diff_leaves`].
+pub const ALL_LEAVES: u16 = u16::MAX;
+
+/// [`diff`] of two whole pages that the caller knows to be equal outside
+/// the 4 KiB leaves in `leaves` (bit `j` for leaf `j`, as the owner's
+/// tracker knows from the leaves' hashes): only those leaves are read,
+/// and the patch is the same as [`diff`]'s.
+pub fn diff_leaves(base: &[u8], new: &[u8], leaves: u16) -> Option<Vec<u8>> {
+    if base.len() != PAGE_SIZE || new.len() != PAGE_SIZE {
+        return None;
+    }
+    thread_local! {
+        static BODY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    }
+    BODY.with_borrow_mut(|body| {
+        body.resize(PAGE_SIZE + 8, 0);
+        diff_into(base, new, leaves, body)
+    })
+}
+
+/// Blocks of [`BLOCK_BYTES`] per 4 KiB leaf.
+const LEAF_BLOCKS: usize = super::LEAF_SIZE / BLOCK_BYTES;
+
+/// The 4 KiB leaves of a page that applying `patch` (a well-formed page
+/// patch: [`check`] passed) may change, bit `j` for leaf `j`: those its
+/// runs overlap, or those with a block of non-zero width when it is
+/// XOR-packed.
+pub fn touched_leaves(patch: &[u8]) -> u16 {
+    const LEAF_WORDS: usize = super::LEAF_SIZE / 8;
+    let mut mask = 0u16;
+    if let Some(packed) = patch.strip_prefix(&PACKED) {
+        for (k, &w) in packed.iter().take(BLOCKS).enumerate() {
+            if w != 0 {
+                mask |= 1 << (k / LEAF_BLOCKS);
+            }
+        }
+        return mask;
+    }
+    for (start, words) in runs(patch).map_while(Result::ok) {
+        let end = start + words.len() / 8;
+        for leaf in start / LEAF_WORDS..end.div_ceil(LEAF_WORDS) {
+            mask |= 1 << leaf;
+        }
+    }
+    mask
+}
+
+/// [`diff`] once its arguments are checked, packing into `body`; blocks
+/// outside `leaves` count as equal without being read.
+fn diff_into(base: &[u8], new: &[u8], leaves: u16, body: &mut [u8]) -> Option<Vec<u8>> {
     let blocks = new.len().div_ceil(BLOCK_BYTES);
     let mut widths = [0u8; BLOCKS];
     let mut masks = [0u16; BLOCKS];
@@ -129,6 +177,7 @@ fn diff_into(base: &[u8], new: &[u8], body: &mut [u8]) -> Option<Vec<u8>> {
             <&[u8; BLOCK_BYTES]>::try_from(&base[from..to]),
             <&[u8; BLOCK_BYTES]>::try_from(&new[from..to]),
         ) {
+            _ if leaves & (1 << (k / LEAF_BLOCKS)) == 0 => (0, 0),
             (Ok(b), Ok(n)) => xor_block(b, n, &mut xors),
             _ => xor_words(&base[from..to], &new[from..to], &mut xors),
         };
@@ -658,6 +707,38 @@ mod tests {
                 // Only a patch that would be large is refused: one of at
                 // most half of the first check's bytes never is.
                 prop_assert!(reference_len(&base, &new) > CHECK_EVERY / 2);
+            }
+        }
+
+        /// Told which leaves may differ (every leaf that does, and some
+        /// that do not), `diff_leaves` makes the same patch as `diff`; and
+        /// the leaves a patch touches cover every leaf it changes.
+        #[test]
+        fn leaf_diffs_equal_whole_diffs_and_touch_what_they_change(
+            changes in proptest::collection::vec((0usize..WORDS, any::<u64>()), 0..600),
+            extra in any::<u16>(),
+            seed in any::<u8>(),
+        ) {
+            let (base, new) = page_with(&changes, seed);
+            const LEAF: usize = super::super::LEAF_SIZE;
+            let differ = base
+                .chunks(LEAF)
+                .zip(new.chunks(LEAF))
+                .enumerate()
+                .filter(|(_, (a, b))| a != b)
+                .fold(0u16, |m, (j, _)| m | 1 << j);
+            let patch = diff(&base, &new);
+            prop_assert_eq!(&diff_leaves(&base, &new, differ | extra), &patch);
+            if let Some(patch) = patch {
+                let touched = touched_leaves(&patch);
+                prop_assert_eq!(touched & differ, differ);
+                let mut page = base.clone();
+                apply(&mut page, &patch).unwrap();
+                for (j, (a, b)) in page.chunks(LEAF).zip(base.chunks(LEAF)).enumerate() {
+                    if touched & (1 << j) == 0 {
+                        prop_assert!(a == b, "leaf {} changed but was not touched", j);
+                    }
+                }
             }
         }
 

@@ -271,7 +271,13 @@ proptest! {
                     .iter()
                     .find(|b| Some(b.superstep) == plan.base)
                     .map(|b| b.memory.as_slice());
-                let frames = to_frames_shared(&Arc::new(snap.clone()), &plan.pages, plan.base, base);
+                let frames = to_frames_shared(
+                    &Arc::new(snap.clone()),
+                    &plan.pages,
+                    &plan.leaves,
+                    plan.base,
+                    base,
+                );
                 let got = match deliver(asm, store, frames) {
                     Ok(got) => got,
                     Err(e) => {
@@ -518,7 +524,8 @@ fn a_delta_on_a_wrong_base_is_detected_by_the_hash() {
         plan,
         Plan {
             base: Some(0),
-            pages: vec![0]
+            pages: vec![0],
+            leaves: vec![1],
         }
     );
     // The replica assembled s0 but then holds a different snapshot under
@@ -597,7 +604,7 @@ fn a_rejected_delta_of_both_patch_forms_is_undone() {
     t.acked(5, 0, true);
     let plan = t.plan(5, &s1);
     assert_eq!(plan.pages, vec![0, 1, 2, 3]);
-    let frames = || to_frames_shared(&s1, &plan.pages, plan.base, Some(&s0.memory));
+    let frames = || to_frames_shared(&s1, &plan.pages, &plan.leaves, plan.base, Some(&s0.memory));
     let kinds: Vec<(u32, bool)> = last_checkpoint(&mut frames())
         .pages
         .iter()
@@ -643,7 +650,7 @@ fn sparse_changes_travel_as_patches_and_bad_patches_are_refused() {
     t.acked(5, 0, true);
     let plan = t.plan(5, &s1);
     assert_eq!(plan.pages, vec![0, 1, 2]);
-    let frames = || to_frames_shared(&s1, &plan.pages, plan.base, Some(&s0.memory));
+    let frames = || to_frames_shared(&s1, &plan.pages, &plan.leaves, plan.base, Some(&s0.memory));
     let Some(Frame::Checkpoint(c)) = frames().pop() else {
         panic!("the last frame is the checkpoint")
     };
@@ -827,7 +834,8 @@ fn deltas_against_an_older_base_include_every_page_changed_since() {
         t.plan(2, &s2),
         Plan {
             base: None,
-            pages: vec![0, 1, 2, 3, 5]
+            pages: vec![0, 1, 2, 3, 5],
+            leaves: vec![],
         }
     );
     // A plan for a snapshot that is not the last capture is whole.
@@ -861,7 +869,8 @@ fn an_exited_snapshot_has_no_memory_and_travels_as_a_delta() {
         plan,
         Plan {
             base: Some(0),
-            pages: vec![]
+            pages: vec![],
+            leaves: vec![],
         }
     );
     let got = deliver(&mut asm, &mut store, to_frames(&s1, &plan.pages, plan.base)).unwrap();
@@ -884,7 +893,8 @@ fn a_seeded_tracker_sends_deltas_against_the_restored_snapshot() {
         plan,
         Plan {
             base: Some(5),
-            pages: vec![2]
+            pages: vec![2],
+            leaves: vec![1],
         }
     );
     let got = deliver(
@@ -1233,17 +1243,34 @@ fn the_state_digest_covers_the_state_and_the_messages_since_the_last_checkpoint(
 }
 
 /// Page hashes are part of every content hash that peers compare, so they
-/// must not depend on the CPU, the build or the hashing crate: they are
-/// XXH3-128 (reference values from the `xxhash-rust` crate, which this
-/// peer used before; an AVX2 and an SSE2 CPU must agree with them).
+/// must not depend on the CPU, the build or the hashing crate: leaves and
+/// payloads are hashed with XXH3-128 (reference values from the
+/// `xxhash-rust` crate, which this peer used before; an AVX2 and an SSE2
+/// CPU must agree with them), and a page's hash is XXH3-128 of its leaves'
+/// hashes in order.
 #[test]
-fn page_hashes_are_xxh3_128_on_every_cpu() {
+fn page_hashes_are_xxh3_128_of_leaf_hashes_on_every_cpu() {
     let hex = |h: PageHash| format!("{:032x}", u128::from_le_bytes(h));
     let pattern: Vec<u8> = (0..PAGE_SIZE).map(|i| (i % 251) as u8).collect();
-    assert_eq!(hex(page_hash(&[])), "99aa06d3014798d86001c324468d497f");
+    assert_eq!(hex(xxh3(&[])), "99aa06d3014798d86001c324468d497f");
     assert_eq!(
-        hex(page_hash(&[0; PAGE_SIZE])),
+        hex(xxh3(&[0; PAGE_SIZE])),
         "fd5ee061c8433a0f33b202d302b65caa"
     );
-    assert_eq!(hex(page_hash(&pattern)), "f5e7bc5d3d8675bfaaae63800707a868");
+    assert_eq!(hex(xxh3(&pattern)), "f5e7bc5d3d8675bfaaae63800707a868");
+    let reference = |page: &[u8]| {
+        let leaves: Vec<u8> = page.chunks(LEAF_SIZE).flat_map(xxh3).collect();
+        xxh3(&leaves)
+    };
+    assert_eq!(page_hash(&[]), xxh3(&[]));
+    for page in [
+        &pattern[..],
+        &[0; PAGE_SIZE],
+        &pattern[..5000],
+        &pattern[..4096],
+    ] {
+        assert_eq!(page_hash(page), reference(page));
+    }
+    let whole: &[u8; PAGE_SIZE] = pattern[..].try_into().unwrap();
+    assert_eq!(combine(&leaf_hashes(whole)), page_hash(&pattern));
 }

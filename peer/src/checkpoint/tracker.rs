@@ -11,14 +11,19 @@ pub struct Plan {
     pub base: Option<u32>,
     /// Page indices to send, ascending.
     pub pages: Vec<u32>,
+    /// For a delta, per page of `pages`, which of its 4 KiB leaves changed
+    /// since the base (bit `j` for leaf `j`): the others equal the base's,
+    /// so a patch need not compare them. Empty for a whole snapshot.
+    pub leaves: Vec<u16>,
 }
 
 /// Change detection for one process on its host.
 ///
-/// Keeps, per page, its [`PageHash`] (the content hash's, so a changed page
-/// is hashed once) and the superstep of the last capture at which the page
-/// changed. A capture costs one XXH3 pass over memory (at memory speed) and
-/// a copy of the changed pages. A guest that crafted a colliding page to hide
+/// Keeps, per page, its [`PageHash`] and its leaves' (the content hash's,
+/// so a changed page is hashed once) and, per 4 KiB leaf, the superstep of
+/// the last capture at which the leaf changed. A capture costs one XXH3
+/// pass over the pages that may have changed (at memory speed) and a copy
+/// of the changed leaves. A guest that crafted a colliding page to hide
 /// a change would only spoil the restore of its own job, as for the content
 /// hash. Pages
 /// beyond the memory of a capture count as zeros, so growth needs no special
@@ -30,8 +35,13 @@ pub struct Plan {
 #[derive(Debug)]
 pub struct PageTracker {
     page_hashes: Vec<PageHash>,
-    /// 0: never changed from zeros; `s + 1`: changed at the capture of `s`.
+    /// Per page, the hashes of its leaves.
+    leaves: Vec<LeafHashes>,
+    /// Per leaf (page `i`'s leaf `j` at `i * LEAVES + j`), 0: never changed
+    /// from zeros; `s + 1`: changed at the capture of `s`.
     changed: Vec<u64>,
+    /// Per page, the largest of its leaves' `changed`.
+    page_changed: Vec<u64>,
     /// Pages of the last capture.
     len_pages: usize,
     /// Superstep of the first capture since the tracker (re)started: deltas
@@ -63,7 +73,9 @@ impl PageTracker {
     pub fn new() -> Self {
         PageTracker {
             page_hashes: Vec::new(),
+            leaves: Vec::new(),
             changed: Vec::new(),
+            page_changed: Vec::new(),
             len_pages: 0,
             origin: None,
             last: None,
@@ -150,7 +162,7 @@ impl PageTracker {
 
     /// Whether page `i` changed at the last capture.
     pub fn changed_at_last_capture(&self, i: usize) -> bool {
-        match (self.last, self.changed.get(i)) {
+        match (self.last, self.page_changed.get(i)) {
             (Some((s, _)), Some(&tag)) => tag == u64::from(s) + 1,
             _ => false,
         }
@@ -195,42 +207,44 @@ impl PageTracker {
         let tag = u64::from(snapshot.superstep) + 1;
         if self.page_hashes.len() < n {
             self.page_hashes.resize(n, zero_page_hash());
-            self.changed.resize(n, 0);
+            self.leaves.resize(n, zero_leaves());
+            self.changed.resize(n * LEAVES, 0);
+            self.page_changed.resize(n, 0);
         }
         // With a reused buffer (an earlier capture `b`, pages beyond it
-        // zeros), the pages unchanged since `b` are already in place.
+        // zeros), the leaves unchanged since `b` are already in place.
         let (mut copy, since) = match reuse {
             Some(p) => {
                 let m = resized(p.memory, mem.len());
                 (m, Some(u64::from(p.superstep) + 1))
             }
-            // A fresh buffer is zeros already: zero pages are not copied
+            // A fresh buffer is zeros already: zero leaves are not copied
             // (nor faulted in).
             None => (crate::sysinfo::zeroed_buffer(mem.len()), None),
         };
         for (i, page) in mem.chunks(PAGE_SIZE).enumerate() {
-            let changed = !skip(i) && {
-                let h = page_hash(page);
-                let changed = h != self.page_hashes[i] || page.len() != PAGE_SIZE;
-                if changed {
-                    self.page_hashes[i] = h;
-                }
-                changed
-            };
-            if changed {
-                self.changed[i] = tag;
+            if !skip(i) {
+                self.rehash(i, page, tag);
             }
+            let start = i * PAGE_SIZE;
+            let tags = &self.changed[i * LEAVES..(i + 1) * LEAVES];
             match since {
                 None => {
-                    if !is_zero(page) {
-                        let start = i * PAGE_SIZE;
-                        crate::stream::copy(&mut copy[start..start + page.len()], page);
+                    for (j, leaf) in page.chunks(LEAF_SIZE).enumerate() {
+                        if !is_zero(leaf) {
+                            let at = start + j * LEAF_SIZE;
+                            crate::stream::copy(&mut copy[at..at + leaf.len()], leaf);
+                        }
                     }
                 }
                 // Changed at a capture after `b` (this one included).
-                Some(b) if self.changed[i] > b => {
-                    let start = i * PAGE_SIZE;
-                    crate::stream::copy(&mut copy[start..start + page.len()], page);
+                Some(b) if self.page_changed[i] > b => {
+                    for (j, leaf) in page.chunks(LEAF_SIZE).enumerate() {
+                        if tags[j] > b {
+                            let at = start + j * LEAF_SIZE;
+                            crate::stream::copy(&mut copy[at..at + leaf.len()], leaf);
+                        }
+                    }
                 }
                 Some(_) => {}
             }
@@ -239,7 +253,13 @@ impl PageTracker {
         for i in n..self.page_hashes.len() {
             if self.page_hashes[i] != zero_page_hash() {
                 self.page_hashes[i] = zero_page_hash();
-                self.changed[i] = tag;
+                for (j, h) in self.leaves[i].iter_mut().enumerate() {
+                    if *h != zero_leaf_hash() {
+                        *h = zero_leaf_hash();
+                        self.changed[i * LEAVES + j] = tag;
+                    }
+                }
+                self.page_changed[i] = tag;
             }
         }
         self.len_pages = n;
@@ -264,6 +284,39 @@ impl PageTracker {
         self.recent
             .push_back((snapshot.superstep, snapshot.hash, n));
         snapshot
+    }
+
+    /// Hash page `i` (`page`, its bytes in memory) and mark the leaves that
+    /// changed with `tag`. A page shorter than [`PAGE_SIZE`] (never in a
+    /// wasm memory) counts as changed in every leaf.
+    fn rehash(&mut self, i: usize, page: &[u8], tag: u64) {
+        let tags = &mut self.changed[i * LEAVES..(i + 1) * LEAVES];
+        match <&[u8; PAGE_SIZE]>::try_from(page) {
+            Ok(page) => {
+                let new = leaf_hashes(page);
+                let old = &mut self.leaves[i];
+                let mut any = false;
+                for ((t, o), n) in tags.iter_mut().zip(old.iter()).zip(&new) {
+                    if o != n {
+                        *t = tag;
+                        any = true;
+                    }
+                }
+                if any {
+                    *old = new;
+                    self.page_hashes[i] = combine(&new);
+                    self.page_changed[i] = tag;
+                }
+            }
+            Err(_) => {
+                // Leaves no real content hashes to, so that the page counts
+                // as changed again once it is whole.
+                self.leaves[i] = [[0xff; 16]; LEAVES];
+                self.page_hashes[i] = page_hash(page);
+                tags.fill(tag);
+                self.page_changed[i] = tag;
+            }
+        }
     }
 
     /// A tracker whose first capture is `snapshot` (a process restored from
@@ -295,18 +348,30 @@ impl PageTracker {
         match base {
             Some(b) => {
                 let after = u64::from(b) + 1;
-                let pages = (0..self.len_pages)
-                    .filter(|&i| self.changed[i] > after)
+                let pages: Vec<u32> = (0..self.len_pages)
+                    .filter(|&i| self.page_changed[i] > after)
                     .map(|i| i as u32)
+                    .collect();
+                let leaves = pages
+                    .iter()
+                    .map(|&i| {
+                        let tags = &self.changed[i as usize * LEAVES..(i as usize + 1) * LEAVES];
+                        tags.iter()
+                            .enumerate()
+                            .filter(|&(_, &t)| t > after)
+                            .fold(0u16, |m, (j, _)| m | 1 << j)
+                    })
                     .collect();
                 Plan {
                     base: Some(b),
                     pages,
+                    leaves,
                 }
             }
             None => Plan {
                 base: None,
                 pages: snapshot.nonzero_pages(),
+                leaves: Vec::new(),
             },
         }
     }
@@ -350,7 +415,9 @@ impl PageTracker {
 
     fn restart(&mut self) {
         self.page_hashes.clear();
+        self.leaves.clear();
         self.changed.clear();
+        self.page_changed.clear();
         self.len_pages = 0;
         self.origin = None;
         self.last = None;

@@ -91,6 +91,7 @@ pub(crate) fn plan_frames(
                 let frames = Arc::new(CheckpointFrames {
                     snapshot: snapshot.clone(),
                     pages: plan.pages.clone(),
+                    leaves: plan.leaves.clone(),
                     base: plan.base,
                     base_capture: base_capture(tracker, recent, plan.base).cloned(),
                     made: OnceLock::new(),
@@ -113,6 +114,8 @@ pub(crate) fn plan_frames(
 pub(crate) struct CheckpointFrames {
     snapshot: Arc<Snapshot>,
     pages: Vec<u32>,
+    /// [`checkpoint::Plan::leaves`].
+    leaves: Vec<u16>,
     base: Option<u32>,
     /// The capture of `base` the patches are made against (the replica
     /// holds exactly it), if the process still has it.
@@ -125,10 +128,16 @@ impl net::Deferred for CheckpointFrames {
         self.made
             .get_or_init(|| {
                 let base = self.base_capture.as_ref().map(|s| s.memory.as_slice());
-                checkpoint::to_frames_shared(&self.snapshot, &self.pages, self.base, base)
-                    .iter()
-                    .map(net::encode_segments)
-                    .collect()
+                checkpoint::to_frames_shared(
+                    &self.snapshot,
+                    &self.pages,
+                    &self.leaves,
+                    self.base,
+                    base,
+                )
+                .iter()
+                .map(net::encode_segments)
+                .collect()
             })
             .as_deref()
             .map_err(Clone::clone)
