@@ -102,15 +102,7 @@ pub fn diff(base: &[u8], new: &[u8]) -> Option<Vec<u8>> {
     if base.len() != new.len() || base.len() > PAGE_SIZE || !base.len().is_multiple_of(8) {
         return None;
     }
-    thread_local! {
-        /// The packed form's body as it is built: a page and the 8 bytes
-        /// the last word's store may write past it.
-        static BODY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-    }
-    BODY.with_borrow_mut(|body| {
-        body.resize(PAGE_SIZE + 8, 0);
-        diff_into(base, new, ALL_LEAVES, body)
-    })
+    diff_in_body(base, new, ALL_LEAVES)
 }
 
 /// Every leaf of a page, as a mask of [`diff_leaves`].
@@ -124,7 +116,14 @@ pub fn diff_leaves(base: &[u8], new: &[u8], leaves: u16) -> Option<Vec<u8>> {
     if base.len() != PAGE_SIZE || new.len() != PAGE_SIZE {
         return None;
     }
+    diff_in_body(base, new, leaves)
+}
+
+/// [`diff_into`] with this thread's body buffer.
+fn diff_in_body(base: &[u8], new: &[u8], leaves: u16) -> Option<Vec<u8>> {
     thread_local! {
+        /// The packed form's body as it is built: a page and the 8 bytes
+        /// the last word's store may write past it.
         static BODY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     }
     BODY.with_borrow_mut(|body| {
