@@ -1,5 +1,5 @@
-//! Which pages of a process's linear memory were written since its last
-//! checkpoint, from the kernel, so a capture need not hash the pages that
+//! Which 4 KiB leaves of a process's linear memory were written since its
+//! last checkpoint, from the kernel, so a capture need not hash the leaves that
 //! stay the same superstep after superstep (a program's input, its code's
 //! data, a graph it built once).
 //!
@@ -13,10 +13,12 @@
 //!
 //! A fault costs about as much as hashing a few pages (0.7 µs per 4 KiB
 //! page measured here, where XXH3 hashes 4 KiB in 0.12 µs), so only *cold*
-//! pages are protected: 64 KiB pages that were the same at
-//! [`COLD_AFTER`] captures in a row. Pages written at every superstep stay
-//! unprotected and are hashed at each capture, as without tracking. A cold
-//! page that changes becomes hot again.
+//! pages are protected: 4 KiB leaves (the kernel's pages; a checkpoint's
+//! 64 KiB page has sixteen) that were the same at [`COLD_AFTER`] captures
+//! in a row. Leaves written at every superstep stay unprotected and are
+//! hashed at each capture, as without tracking; the quiet leaves of the
+//! same 64 KiB page are not (a page holding a stack or a counter used to
+//! be hashed whole). A cold leaf that changes becomes hot again.
 //!
 //! Anything unexpected (another OS, an older kernel, a sandbox that forbids
 //! `userfaultfd`, a failed call) turns tracking off for the process: every
@@ -26,9 +28,13 @@
 
 use std::ops::Range;
 
-use crate::checkpoint::PAGE_SIZE;
+use crate::checkpoint::LEAF_SIZE;
 
-/// 64 KiB pages the same at this many captures in a row are write-protected
+/// The unit of tracking: a 4 KiB leaf of a checkpoint page
+/// ([`crate::checkpoint::LEAF_SIZE`]), the kernel's page.
+const UNIT: usize = LEAF_SIZE;
+
+/// Leaves the same at this many captures in a row are write-protected
 /// (doubled each time a protected page turns out to be written, up to 32
 /// times: a page written every superstep with the same bytes, such as a
 /// buffer zeroed before each sync, soon stops taking faults).
@@ -41,7 +47,7 @@ pub struct Tracking {
     /// The memory's address and the bytes registered from it.
     base: usize,
     registered: usize,
-    /// Per 64 KiB page: protected (cold); captures in a row unchanged;
+    /// Per 4 KiB leaf: protected (cold); captures in a row unchanged;
     /// times it was found written while protected; written while protected
     /// since the last capture.
     cold: Vec<bool>,
@@ -71,7 +77,7 @@ impl Tracking {
         })
     }
 
-    /// The pages of `memory` that may have changed since the capture
+    /// The leaves of `memory` that may have changed since the capture
     /// `last` (the page tracker's last capture): all of them unless this
     /// record started there, with the same memory. `None`: tracking failed
     /// and is off.
@@ -80,7 +86,7 @@ impl Tracking {
         memory: &[u8],
         last: Option<(u32, [u8; 32])>,
     ) -> Option<Vec<bool>> {
-        let n = memory.len().div_ceil(PAGE_SIZE);
+        let n = memory.len().div_ceil(UNIT);
         let mut out = vec![true; n];
         self.reported.clear();
         self.reported.resize(self.cold.len(), false);
@@ -101,10 +107,10 @@ impl Tracking {
                 out[i] = false;
                 i += 1;
             }
-            let range = self.base + start * PAGE_SIZE..self.base + i * PAGE_SIZE;
+            let range = self.base + start * UNIT..self.base + i * UNIT;
             for w in self.uffd.written(range).ok()? {
-                let first = (w.start - self.base) / PAGE_SIZE;
-                let last = (w.end - 1 - self.base) / PAGE_SIZE;
+                let first = (w.start - self.base) / UNIT;
+                let last = (w.end - 1 - self.base) / UNIT;
                 let pages = first..=last.min(n - 1);
                 for flag in &mut out[pages.clone()] {
                     *flag = true;
@@ -117,8 +123,8 @@ impl Tracking {
         Some(out)
     }
 
-    /// After a capture `at` of `memory` (`changed(i)`: page `i` changed at
-    /// it): protect the pages that have been the same long enough, release
+    /// After a capture `at` of `memory` (`changed(k)`: leaf `k` changed at
+    /// it): protect the leaves that have been the same long enough, release
     /// the cold ones that were written, and register memory that grew.
     /// `false`: tracking failed and is off.
     pub fn after_capture(
@@ -127,7 +133,7 @@ impl Tracking {
         at: Option<(u32, [u8; 32])>,
         changed: impl Fn(usize) -> bool,
     ) -> bool {
-        let n = memory.len().div_ceil(PAGE_SIZE);
+        let n = memory.len().div_ceil(UNIT);
         let base = memory.as_ptr() as usize;
         let restart = at.is_none() || base != self.base || self.since.is_none();
         if restart {
@@ -183,8 +189,7 @@ impl Tracking {
                 }
             }
         }
-        let pages =
-            |r: &Range<usize>| self.base + r.start * PAGE_SIZE..self.base + r.end * PAGE_SIZE;
+        let pages = |r: &Range<usize>| self.base + r.start * UNIT..self.base + r.end * UNIT;
         for r in &release {
             if self.uffd.protect(pages(r), false).is_err() {
                 return false;
@@ -199,7 +204,7 @@ impl Tracking {
         true
     }
 
-    /// 64 KiB pages protected now.
+    /// 4 KiB leaves protected now.
     pub fn cold_pages(&self) -> usize {
         self.cold.iter().filter(|&&c| c).count()
     }
@@ -522,7 +527,7 @@ mod tests {
 
     impl Mapping {
         fn new(pages: usize) -> Mapping {
-            let len = pages * PAGE_SIZE;
+            let len = pages * UNIT;
             let ptr = sys::map_anonymous(len).expect("a scratch mapping");
             Mapping { ptr, len }
         }
@@ -573,8 +578,8 @@ mod tests {
         assert_eq!(may, [true, false, false, false, false, false, false, false]);
         // A write to a cold page (never touched before) and to the last
         // byte of another.
-        m.write(3 * PAGE_SIZE + 5, 9);
-        m.write(6 * PAGE_SIZE + PAGE_SIZE - 1, 9);
+        m.write(3 * UNIT + 5, 9);
+        m.write(6 * UNIT + UNIT - 1, 9);
         let may = t.may_have_changed(m.bytes(), last).unwrap();
         assert_eq!(may, [true, false, false, true, false, false, true, false]);
         // Reported once: the scan protected them again.
@@ -587,7 +592,7 @@ mod tests {
         let s = u32::from(COLD_AFTER) + 1;
         assert!(t.after_capture(m.bytes(), at(s), |i| i == 0 || i == 3));
         assert_eq!(t.cold_pages(), 6);
-        m.write(3 * PAGE_SIZE, 1);
+        m.write(3 * UNIT, 1);
         let may = t.may_have_changed(m.bytes(), at(s)).unwrap();
         assert_eq!(may, [true, false, false, true, false, false, false, false]);
     }
@@ -612,7 +617,7 @@ mod tests {
                 !may[3] || s < u32::from(COLD_AFTER) + 1,
                 "page 3 is never written"
             );
-            m.write(2 * PAGE_SIZE, 0);
+            m.write(2 * UNIT, 0);
             assert!(t.after_capture(m.bytes(), at(s), |_| false));
             last = at(s);
         }

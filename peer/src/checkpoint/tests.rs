@@ -137,9 +137,9 @@ fn replica_event() -> impl Strategy<Value = ReplicaEvent> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
-    /// A tracker told which pages may have changed (every page written,
-    /// even with the same bytes, plus arbitrary others; never a page that
-    /// changed) takes exactly the snapshots of one that reads every page,
+    /// A tracker told which 4 KiB leaves may have changed (every leaf
+    /// written, even with the same bytes, plus arbitrary others; never a
+    /// leaf that changed) takes exactly the snapshots of one that reads every page,
     /// whatever buffers it recycles, and plans the same deltas.
     #[test]
     fn captures_of_the_written_pages_only_equal_full_captures(
@@ -157,23 +157,25 @@ proptest! {
         for (s, (steps, extra, reuse, restart)) in supersteps.into_iter().enumerate() {
             // A capture at an earlier superstep starts both trackers over.
             let s = if restart && s > 0 { s as u32 - 1 } else { s as u32 + 1 };
-            let mut written = vec![false; memory.len() / P];
+            // Per 4 KiB leaf, as the kernel reports writes.
+            let mut written = vec![false; memory.len() / LEAF_SIZE];
             for st in steps {
                 let pages = memory.len() / P;
                 match st {
                     Step::Write { page, offset, byte } => {
-                        memory[(page % pages) * P + offset] = byte;
-                        written[page % pages] = true;
+                        let at = (page % pages) * P + offset;
+                        memory[at] = byte;
+                        written[at / LEAF_SIZE] = true;
                     }
                     Step::Fill { page, seed } => {
                         let at = (page % pages) * P;
                         memory[at..at + P].copy_from_slice(&page_of(seed));
-                        written[page % pages] = true;
+                        written[at / LEAF_SIZE..(at + P) / LEAF_SIZE].fill(true);
                     }
                     // New pages are beyond what the trackers saw.
                     Step::Grow(k) => {
                         memory.resize(memory.len() + k * P, 0);
-                        written.resize(memory.len() / P, false);
+                        written.resize(memory.len() / LEAF_SIZE, false);
                     }
                 }
             }
@@ -192,8 +194,11 @@ proptest! {
             prop_assert_eq!(&got, &want);
             prop_assert_eq!(&got.memory, &memory);
             prop_assert_eq!(tracked.plan(1, &got), full.plan(1, &want));
-            for i in 0..memory.len() / P {
-                prop_assert_eq!(tracked.changed_at_last_capture(i), full.changed_at_last_capture(i));
+            for k in 0..memory.len() / LEAF_SIZE {
+                prop_assert_eq!(
+                    tracked.leaf_changed_at_last_capture(k),
+                    full.leaf_changed_at_last_capture(k)
+                );
             }
             previous.push(want);
             if previous.len() > 5 {

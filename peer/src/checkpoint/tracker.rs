@@ -130,12 +130,13 @@ impl PageTracker {
     }
 
     /// [`PageTracker::capture_reusing`] (or [`PageTracker::capture`] when
-    /// `previous` is `None`) that reads only the pages that may have changed
-    /// since the tracker's last capture: `may_have_changed[i]` for page `i`
-    /// (pages it does not cover, and every page when the tracker starts
-    /// over, are read). The caller vouches that a page it calls unchanged
-    /// was not written since the last capture (the peer knows it from the
-    /// kernel's write tracking; see `peer/src/dirty.rs`).
+    /// `previous` is `None`) that reads only the 4 KiB leaves that may have
+    /// changed since the tracker's last capture: `may_have_changed[k]` for
+    /// leaf `k` (page `k / LEAVES`'s leaf `k % LEAVES`; leaves it does not
+    /// cover, and every leaf when the tracker starts over, are read). The
+    /// caller vouches that a leaf it calls unchanged was not written since
+    /// the last capture (the peer knows it from the kernel's write
+    /// tracking, whose unit is the 4 KiB OS page; see `peer/src/dirty.rs`).
     pub fn capture_tracked(
         &mut self,
         snapshot: Snapshot,
@@ -160,9 +161,10 @@ impl PageTracker {
             .any(|&(s, h, _)| (s, h) == (superstep, hash))
     }
 
-    /// Whether page `i` changed at the last capture.
-    pub fn changed_at_last_capture(&self, i: usize) -> bool {
-        match (self.last, self.page_changed.get(i)) {
+    /// Whether leaf `k` (page `k / LEAVES`'s leaf `k % LEAVES`) changed at
+    /// the last capture.
+    pub fn leaf_changed_at_last_capture(&self, k: usize) -> bool {
+        match (self.last, self.changed.get(k)) {
             (Some((s, _)), Some(&tag)) => tag == u64::from(s) + 1,
             _ => false,
         }
@@ -200,8 +202,10 @@ impl PageTracker {
         } else {
             0
         };
-        let skip =
-            |i: usize| i < known && may_have_changed.is_some_and(|m| m.get(i) == Some(&false));
+        // Leaf `k` (page `k / LEAVES`) unchanged since the last capture.
+        let unwritten = |k: usize| {
+            k / LEAVES < known && may_have_changed.is_some_and(|m| m.get(k) == Some(&false))
+        };
         let mem: &[u8] = if snapshot.exited { &[] } else { memory };
         let n = mem.len().div_ceil(PAGE_SIZE);
         let tag = u64::from(snapshot.superstep) + 1;
@@ -223,8 +227,11 @@ impl PageTracker {
             None => (crate::sysinfo::zeroed_buffer(mem.len()), None),
         };
         for (i, page) in mem.chunks(PAGE_SIZE).enumerate() {
-            if !skip(i) {
-                self.rehash(i, page, tag);
+            let read = (0..LEAVES)
+                .filter(|&j| !unwritten(i * LEAVES + j))
+                .fold(0u16, |m, j| m | 1 << j);
+            if read != 0 {
+                self.rehash(i, page, tag, read);
             }
             let start = i * PAGE_SIZE;
             let tags = &self.changed[i * LEAVES..(i + 1) * LEAVES];
@@ -286,14 +293,21 @@ impl PageTracker {
         snapshot
     }
 
-    /// Hash page `i` (`page`, its bytes in memory) and mark the leaves that
-    /// changed with `tag`. A page shorter than [`PAGE_SIZE`] (never in a
-    /// wasm memory) counts as changed in every leaf.
-    fn rehash(&mut self, i: usize, page: &[u8], tag: u64) {
+    /// Hash the leaves in `read` (bit `j` for leaf `j`; the others are
+    /// known unchanged) of page `i` (`page`, its bytes in memory) and mark
+    /// the leaves that changed with `tag`. A page shorter than
+    /// [`PAGE_SIZE`] (never in a wasm memory) counts as changed in every
+    /// leaf.
+    fn rehash(&mut self, i: usize, page: &[u8], tag: u64, read: u16) {
         let tags = &mut self.changed[i * LEAVES..(i + 1) * LEAVES];
         match <&[u8; PAGE_SIZE]>::try_from(page) {
             Ok(page) => {
-                let new = leaf_hashes(page);
+                let mut new = self.leaves[i];
+                for (j, h) in new.iter_mut().enumerate() {
+                    if read & (1 << j) != 0 {
+                        *h = xxh3(&page[j * LEAF_SIZE..(j + 1) * LEAF_SIZE]);
+                    }
+                }
                 let old = &mut self.leaves[i];
                 let mut any = false;
                 for ((t, o), n) in tags.iter_mut().zip(old.iter()).zip(&new) {

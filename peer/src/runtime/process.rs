@@ -145,7 +145,7 @@ impl Process {
             tracker.capture_tracked(head, memory, previous, may.as_deref().unwrap_or(&[]));
         if let Some(w) = self.writes.as_mut().filter(|_| may.is_some()) {
             let at = tracker.last_capture();
-            if !w.after_capture(memory, at, |i| tracker.changed_at_last_capture(i)) {
+            if !w.after_capture(memory, at, |k| tracker.leaf_changed_at_last_capture(k)) {
                 tracing::debug!("write tracking failed; every page is hashed from now on");
                 self.writes = None;
             }
@@ -162,7 +162,7 @@ impl Process {
         }
     }
 
-    /// 64 KiB pages of memory write-protected as cold; `None`: no tracking.
+    /// 4 KiB leaves of memory write-protected as cold; `None`: no tracking.
     #[cfg(test)]
     pub(crate) fn cold_pages(&self) -> Option<usize> {
         self.writes.as_ref().map(crate::dirty::Tracking::cold_pages)
