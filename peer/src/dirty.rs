@@ -33,6 +33,8 @@ use crate::checkpoint::LEAF_SIZE;
 /// The unit of tracking: a 4 KiB leaf of a checkpoint page
 /// ([`crate::checkpoint::LEAF_SIZE`]), the kernel's page.
 const UNIT: usize = LEAF_SIZE;
+// Protection and `PAGEMAP_SCAN` work in whole kernel pages (`page_size`).
+const _: () = assert!(UNIT.is_multiple_of(4096));
 
 /// Leaves the same at this many captures in a row are write-protected
 /// (doubled each time a protected page turns out to be written, up to 32
