@@ -368,7 +368,9 @@ pub struct SubmitArgs {
     replicas: Option<u32>,
     /// Checkpoint every K supersteps [default: 1]; larger values suit huge
     /// state and short supersteps, but a lost process re-executes up to K
-    /// supersteps
+    /// supersteps, and every peer keeps the messages its processes sent in
+    /// the last K supersteps in memory (a job that sends much with a large
+    /// K can fill a peer's memory budget and fail)
     #[arg(long, value_name = "K")]
     checkpoint_every: Option<u32>,
     /// Run each process on this many peers of different volunteers, 1 or 2

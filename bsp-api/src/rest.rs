@@ -232,7 +232,9 @@ pub struct JobLimits {
     pub output_mib: u32,
     /// Checkpoint every this many supersteps (1 = at every sync). Larger
     /// values suit programs with huge state and tiny supersteps; a restore
-    /// then re-executes up to this many supersteps.
+    /// then re-executes up to this many supersteps, and each peer keeps the
+    /// messages its processes sent in that many supersteps in memory
+    /// (counted against its memory budget).
     #[serde(default = "default_checkpoint_every")]
     pub checkpoint_every: u32,
     /// Peers that hold a copy of each checkpoint (r). The job survives the
